@@ -1,0 +1,1 @@
+"""The admin JSON API (and, later, the web UI built on it)."""

@@ -1,0 +1,179 @@
+"""Admin JSON API: placement matrix and overrides, inventory, fleet status.
+
+All routes live under ``/admin/api`` and need the admin bearer token. Validation errors are 400/422,
+an unknown worker is 404, and nothing is written when a request fails.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from turnout.core.placement import resolve_placement, toggle_rule
+from turnout.core.routing import installed_name
+from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
+from turnout.fleet.state import Fleet, WorkerState
+from turnout.gateway.keys import DISPATCHER, FLEET
+from turnout.state.placement_store import PlacementFileError, parse_rules_body
+
+__all__ = ["add_admin_routes"]
+
+
+class Unprocessable(TurnoutError):
+    status = 422
+    code = "invalid_rules"
+    type = "invalid_request_error"
+
+
+def _json(obj: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+
+
+def _worker(fleet: Fleet, request: web.Request) -> WorkerState:
+    name = request.match_info["name"]
+    state = fleet.workers.get(name)
+    if state is None:
+        known = ", ".join(fleet.workers) or "none configured"
+        raise NotFound(f'unknown worker "{name}" (workers: {known})', code="unknown_worker")
+    return state
+
+
+async def _body(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+
+
+def placement_matrix(fleet: Fleet) -> dict[str, Any]:
+    fleet.placement.refresh()
+    models: set[str] = set()
+    for state in fleet.workers.values():
+        models |= state.inventory or set()
+        models |= fleet.rules(state.name)[0].exact_names()
+    workers = []
+    for state in fleet.workers.values():
+        rules, source = fleet.rules(state.name)
+        cells = {}
+        for model in sorted(models):
+            held = installed_name(model, state.inventory)
+            verdict = resolve_placement(rules, model)
+            cells[model] = {
+                "installed": None if state.inventory is None else held is not None,
+                "loaded": model in state.loaded,
+                "allowed": verdict.allowed,
+                "rule": verdict.rule,
+                "source": source,
+                "exact": verdict.exact,
+            }
+        workers.append(
+            {
+                "name": state.name,
+                "healthy": state.healthy,
+                "source": source,
+                "rules": rules.to_json(),
+                "cells": cells,
+            }
+        )
+    return {
+        "models": sorted(models),
+        "workers": workers,
+        "override_file": {"path": str(fleet.placement.path), "error": fleet.placement.error},
+    }
+
+
+async def get_placement(request: web.Request) -> web.Response:
+    return _json(placement_matrix(request.app[FLEET]))
+
+
+async def put_placement(request: web.Request) -> web.Response:
+    fleet = request.app[FLEET]
+    state = _worker(fleet, request)
+    body = await _body(request)
+    try:
+        rules = parse_rules_body(body)
+    except ValueError as exc:
+        raise Unprocessable(f"invalid placement rules for {state.name}: {exc}") from None
+    _store(fleet, lambda: fleet.placement.put(state.name, rules))
+    request.app[DISPATCHER].wake_all()
+    return _json({"worker": state.name, "source": "override", "rules": rules.to_json()})
+
+
+async def toggle_placement(request: web.Request) -> web.Response:
+    fleet = request.app[FLEET]
+    state = _worker(fleet, request)
+    body = await _body(request)
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str) or not model or "*" in model:
+        raise BadRequest('body must be {"model": "<exact model name>"}')
+    current, _ = fleet.rules(state.name)
+    updated = toggle_rule(current, model)
+    _store(fleet, lambda: fleet.placement.put(state.name, updated))
+    request.app[DISPATCHER].wake_all()
+    verdict = resolve_placement(updated, model)
+    return _json(
+        {
+            "worker": state.name,
+            "model": model,
+            "allowed": verdict.allowed,
+            "rule": verdict.rule,
+            "exact": verdict.exact,
+            "rules": updated.to_json(),
+        }
+    )
+
+
+async def delete_placement(request: web.Request) -> web.Response:
+    fleet = request.app[FLEET]
+    state = _worker(fleet, request)
+    removed = _store(fleet, lambda: fleet.placement.delete(state.name))
+    request.app[DISPATCHER].wake_all()
+    rules, source = fleet.rules(state.name)
+    return _json({"worker": state.name, "removed": bool(removed), "source": source, "rules": rules.to_json()})
+
+
+def _store(fleet: Fleet, action: Any) -> Any:
+    try:
+        return action()
+    except PlacementFileError as exc:
+        raise Conflict(str(exc), code="placement_file_broken") from None
+    except OSError as exc:
+        raise TurnoutError(f"cannot write {fleet.placement.path}: {exc.strerror}") from None
+
+
+async def inventory(request: web.Request) -> web.Response:
+    fleet = request.app[FLEET]
+    return _json(
+        {
+            "workers": [
+                {
+                    "name": s.name,
+                    "type": s.config.type.value,
+                    "url": s.config.base_url,
+                    "healthy": s.healthy,
+                    "last_error": s.last_error,
+                    "inventory_known": s.inventory is not None,
+                    "installed": sorted(s.inventory) if s.inventory is not None else None,
+                    "loaded": sorted(s.loaded),
+                    "in_flight": s.in_flight,
+                    "max_concurrent": s.config.max_concurrent,
+                    "tokens_per_s": {m: round(v, 2) for m, v in s.speed.items()},
+                    "gpu_util": s.gpu_util,
+                    "vram_pressure": s.vram_pressure,
+                }
+                for s in fleet.workers.values()
+            ]
+        }
+    )
+
+
+def add_admin_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/admin/api/placement", get_placement)
+    r.add_put("/admin/api/placement/workers/{name}", put_placement)
+    r.add_post("/admin/api/placement/workers/{name}/toggle", toggle_placement)
+    r.add_delete("/admin/api/placement/workers/{name}", delete_placement)
+    r.add_get("/admin/api/inventory", inventory)

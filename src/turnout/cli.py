@@ -1,0 +1,114 @@
+"""The `turnout` command line (typer)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from aiohttp import web
+
+from turnout import __version__
+from turnout.admin.auth import TOKEN_FILE, ensure_admin_token
+from turnout.config import CONFIG_FILE_NAME, ConfigError, config_schema, load_settings, starter_config
+from turnout.state.atomic import write_atomic
+from turnout.state.placement_store import PlacementFileError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Turnout: an inference gateway for LLMs.")
+config_app = typer.Typer(no_args_is_help=True, help="Inspect and check configuration.")
+app.add_typer(config_app, name="config")
+
+DEFAULT_CONFIG = Path("turnout-data") / CONFIG_FILE_NAME
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help=f"config file (default: ./{DEFAULT_CONFIG}, created when missing)"),
+]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"turnout: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _resolve_config(path: Path | None) -> Path:
+    if path is not None:
+        return path
+    if not DEFAULT_CONFIG.exists():
+        write_atomic(DEFAULT_CONFIG, (json.dumps(starter_config(), indent=2) + "\n").encode())
+        typer.echo(f"turnout: wrote a starter config to {DEFAULT_CONFIG}; add your workers there", err=True)
+    return DEFAULT_CONFIG
+
+
+@app.command()
+def serve(
+    config: ConfigOption = None,
+    host: Annotated[str | None, typer.Option(help="bind address (overrides listen.host)")] = None,
+    port: Annotated[int | None, typer.Option(help="port (overrides listen.port)")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+) -> None:
+    """Run the gateway."""
+    from turnout.gateway.app import create_app
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings(_resolve_config(config))
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    try:
+        application = create_app(settings, admin_token=_admin_token(settings))
+    except PlacementFileError as exc:
+        _fail(f"{exc}\nfix the file or delete it to fall back to the config baseline")
+        return
+    bind_host = host or settings.listen.host
+    bind_port = port or settings.listen.port
+    typer.echo(f"turnout {__version__}: serving on http://{bind_host}:{bind_port} ({len(settings.workers)} workers)")
+    web.run_app(application, host=bind_host, port=bind_port, print=None, handler_cancellation=True, access_log=None)
+
+
+def _admin_token(settings: object) -> str:
+    from turnout.config import Settings
+
+    assert isinstance(settings, Settings)
+    token, created = ensure_admin_token(settings.data_dir, settings.admin_token)
+    if created:
+        where = settings.data_dir / TOKEN_FILE
+        typer.echo(f"turnout: generated the admin token (stored 0600 in {where}); it is shown only once:")
+        typer.echo(f"  {token}")
+    return token
+
+
+@config_app.command("check")
+def config_check(config: ConfigOption = None) -> None:
+    """Validate a config file without starting anything (exit 2 when invalid)."""
+    path = config or DEFAULT_CONFIG
+    try:
+        settings = load_settings(path)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    typer.echo(f"{path}: ok ({len(settings.workers)} workers, data dir {settings.data_dir})")
+
+
+@config_app.command("schema")
+def config_schema_cmd() -> None:
+    """Print the JSON Schema of config.json."""
+    typer.echo(json.dumps(config_schema(), indent=2))
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    typer.echo(__version__)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,237 @@
+"""Typed configuration: the `config.json` model, its loader and its JSON Schema.
+
+Loaded once at start and frozen. Relative paths in it resolve against the config file's directory.
+The environment is read here and nowhere else (``TURNOUT_ADMIN_TOKEN``). A bad file raises
+:class:`ConfigError` whose message names every bad field path and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Self
+
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from turnout.core.patterns import Pattern, parse_pattern
+from turnout.core.placement import PlacementMode, PlacementRules
+
+__all__ = [
+    "CONFIG_FILE_NAME",
+    "ConfigError",
+    "Settings",
+    "WorkerType",
+    "config_schema",
+    "load_settings",
+    "starter_config",
+]
+
+CONFIG_FILE_NAME = "config.json"
+ADMIN_TOKEN_ENV = "TURNOUT_ADMIN_TOKEN"
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message says where and why."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_pattern(value: str) -> str:
+    parse_pattern(value)  # PatternError is a ValueError: pydantic reports it at the field path
+    return value
+
+
+PatternText = Annotated[str, Field(description="exact name, prefix with one trailing '*', or '*'")]
+
+
+class Listen(_Model):
+    host: str = Field("127.0.0.1", description="address to bind; the default accepts only local clients")
+    port: int = Field(8080, ge=1, le=65535)
+
+
+class Storage(_Model):
+    data_dir: str = Field("./turnout-data", description="state directory, relative to the config file")
+    model_placement_file: str = Field(
+        "model-placement.json", description="UI placement overrides, relative to data_dir unless absolute"
+    )
+
+
+class Routing(_Model):
+    max_concurrent: int = Field(256, ge=1, description="requests in flight across the whole gateway")
+    model_max_concurrent: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict,
+        description="in-flight limit per model; keys are patterns, the most specific match applies",
+    )
+    queue_timeout_s: float = Field(30, ge=0, description="how long a request waits for a free slot")
+    max_queue: int = Field(1024, ge=0, description="requests allowed to wait at once; more get 503 at once")
+    max_attempts: int = Field(3, ge=1, le=10, description="workers tried when one cannot be reached")
+
+    @field_validator("model_max_concurrent")
+    @classmethod
+    def _patterns(cls, value: dict[str, int]) -> dict[str, int]:
+        for key in value:
+            _check_pattern(key)
+        return value
+
+    def model_limits(self) -> dict[Pattern, int]:
+        return {parse_pattern(k): v for k, v in self.model_max_concurrent.items()}
+
+
+class Health(_Model):
+    interval_s: float = Field(10, gt=0, description="seconds between polls of each worker")
+    timeout_s: float = Field(3, gt=0, description="timeout of one health/inventory poll")
+    failures_to_down: int = Field(1, ge=1, description="consecutive failed polls before a worker is down")
+
+
+class Limits(_Model):
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest accepted request body")
+    upstream_timeout_s: float = Field(600, gt=0, description="total time allowed for one upstream request")
+    connect_timeout_s: float = Field(5, gt=0, description="time allowed to connect to a worker")
+
+
+class ModelPlacement(_Model):
+    mode: PlacementMode = PlacementMode.ALLOW_ALL
+    allowed_models: list[PatternText] = Field(default_factory=list)
+    denied_models: list[PatternText] = Field(default_factory=list)
+
+    @field_validator("allowed_models", "denied_models")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for item in value:
+            _check_pattern(item)
+        return value
+
+    def rules(self) -> PlacementRules:
+        return PlacementRules.parse(self.mode.value, self.allowed_models, self.denied_models)
+
+
+class WorkerType(StrEnum):
+    OLLAMA = "ollama"
+    OPENAI = "openai"
+
+
+class Worker(_Model):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    url: AnyHttpUrl
+    type: WorkerType = WorkerType.OLLAMA
+    max_concurrent: int | None = Field(None, ge=1, description="requests in flight on this worker")
+    api_key: str | None = Field(None, description="sent upstream as a Bearer token (OpenAI-style workers)")
+    metrics_url: AnyHttpUrl | None = Field(
+        None, description="optional Prometheus endpoint exposing GPU utilisation / memory (DCGM, nvidia_smi)"
+    )
+    model_placement: ModelPlacement = Field(default_factory=ModelPlacement)
+
+    @property
+    def base_url(self) -> str:
+        return str(self.url).rstrip("/")
+
+
+class Settings(_Model):
+    """The whole `config.json`."""
+
+    listen: Listen = Field(default_factory=Listen)
+    storage: Storage = Field(default_factory=Storage)
+    routing: Routing = Field(default_factory=Routing)
+    health: Health = Field(default_factory=Health)
+    limits: Limits = Field(default_factory=Limits)
+    workers: list[Worker] = Field(default_factory=list)
+
+    # Filled by the loader, not by the file.
+    config_path: Path | None = Field(None, exclude=True)
+    admin_token: str | None = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _unique_workers(self) -> Self:
+        seen: set[str] = set()
+        for index, worker in enumerate(self.workers):
+            if worker.name in seen:
+                raise ValueError(f"workers[{index}].name: duplicate worker name {worker.name!r}")
+            seen.add(worker.name)
+        return self
+
+    @property
+    def base_dir(self) -> Path:
+        return self.config_path.parent if self.config_path else Path.cwd()
+
+    @property
+    def data_dir(self) -> Path:
+        return (self.base_dir / self.storage.data_dir).resolve()
+
+    @property
+    def placement_file(self) -> Path:
+        return (self.data_dir / self.storage.model_placement_file).resolve()
+
+    def worker(self, name: str) -> Worker | None:
+        return next((w for w in self.workers if w.name == name), None)
+
+
+def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
+    """Read, parse and validate ``path``; never writes anything."""
+    env = os.environ if env is None else env
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a JSON object")
+    token = env.get(ADMIN_TOKEN_ENV) or None
+    try:
+        settings = Settings.model_validate({**data, "config_path": path.resolve(), "admin_token": token})
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: invalid configuration:\n{format_validation_error(exc)}") from None
+    return settings
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = _field_path(err["loc"]) or "(top level)"
+        message = str(err["msg"]).removeprefix("Value error, ")
+        lines.append(f"  {where}: {message}")
+    return "\n".join(lines)
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def config_schema() -> dict[str, Any]:
+    schema = Settings.model_json_schema(mode="validation")
+    for hidden in ("config_path", "admin_token"):
+        schema.get("properties", {}).pop(hidden, None)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Turnout config.json"
+    return schema
+
+
+def starter_config() -> dict[str, Any]:
+    """What `turnout serve` writes on first start: embedded defaults and no workers yet."""
+    return {
+        "listen": {"host": "127.0.0.1", "port": 8080},
+        "storage": {"data_dir": ".", "model_placement_file": "model-placement.json"},
+        "routing": {"max_concurrent": 256, "model_max_concurrent": {}, "queue_timeout_s": 30},
+        "health": {"interval_s": 10, "timeout_s": 3},
+        "workers": [],
+    }

@@ -1,0 +1,220 @@
+"""Routing: which worker should serve this request, or why none can.
+
+Pure decision over a snapshot of the fleet (``WorkerView``) and the current concurrency counts.
+The order is fixed and each step has its own failure:
+
+1. drop unhealthy workers (and those excluded by the caller after a failed attempt)  -> NO_HEALTHY
+2. drop workers whose placement rules block the model                               -> BLOCKED / UNKNOWN_MODEL
+3. if some eligible worker's inventory is known to hold the model, keep only those;
+   if every eligible inventory is known and none holds it                           -> NOT_INSTALLED
+   (an inventory never fetched is unknown and fails open)
+4. enforce the global, per-model and per-worker concurrency limits                  -> SATURATED
+5. score what is left by loaded affinity, load, learned tokens/s, GPU utilisation and
+   VRAM pressure; an absent input is neutral (the mean of the known ones), never zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from turnout.core.placement import PlacementRules, Verdict, resolve_placement
+
+__all__ = [
+    "Candidate",
+    "Capacity",
+    "NoRoute",
+    "NoRouteReason",
+    "Route",
+    "WorkerView",
+    "installed_name",
+    "route",
+]
+
+# Weights of the scoring terms. Loaded affinity dominates: a cold load costs seconds, a busy slot less.
+W_LOADED = 2.0
+W_LOAD = 1.0
+W_SPEED = 0.5
+W_GPU = 0.5
+W_VRAM = 0.5
+# Load is in_flight / max_concurrent; a worker with no limit is scored as if it had this many slots.
+SOFT_SLOTS = 8
+
+
+class NoRouteReason(StrEnum):
+    NO_WORKERS = "no_workers"
+    NO_HEALTHY = "no_healthy_worker"
+    BLOCKED = "model_blocked"
+    UNKNOWN_MODEL = "model_not_found"
+    NOT_INSTALLED = "model_not_installed"
+    SATURATED = "saturated"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """What the router needs to know about one worker, for one request's model."""
+
+    name: str
+    healthy: bool
+    rules: PlacementRules = field(default_factory=PlacementRules)
+    inventory: frozenset[str] | None = None  # None: never fetched, unknown
+    loaded: frozenset[str] = frozenset()
+    in_flight: int = 0
+    max_concurrent: int | None = None
+    tokens_per_s: float | None = None  # learned for this model on this worker
+    gpu_util: float | None = None  # 0..1
+    vram_pressure: float | None = None  # 0..1, share of resident model bytes not in VRAM
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """Gateway-wide counters and limits that apply before any worker is chosen."""
+
+    global_in_flight: int = 0
+    global_max: int | None = None
+    model_in_flight: int = 0
+    model_max: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    worker: str
+    model: str  # the name to send upstream (e.g. ``gemma4:latest`` for a request for ``gemma4``)
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    candidates: tuple[Candidate, ...]  # best first; the rest are failover options
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+
+@dataclass(frozen=True, slots=True)
+class NoRoute:
+    reason: NoRouteReason
+    message: str
+
+
+def installed_name(model: str, inventory: frozenset[str] | None) -> str | None:
+    """The inventory entry serving ``model``: the same name, or ``name:latest`` (Ollama's default tag)."""
+    if inventory is None:
+        return None
+    if model in inventory:
+        return model
+    if ":" not in model.rsplit("/", 1)[-1] and f"{model}:latest" in inventory:
+        return f"{model}:latest"
+    return None
+
+
+def route(
+    model: str,
+    workers: Sequence[WorkerView],
+    capacity: Capacity = Capacity(),
+    *,
+    exclude: frozenset[str] = frozenset(),
+    rotation: int = 0,
+) -> Route | NoRoute:
+    """Choose workers for ``model``. ``rotation`` breaks score ties round-robin (the caller advances it)."""
+    if not workers:
+        return NoRoute(NoRouteReason.NO_WORKERS, 'no workers are configured; add one under "workers" in the config')
+
+    healthy = [w for w in workers if w.healthy and w.name not in exclude]
+    if not healthy:
+        down = ", ".join(w.name for w in workers)
+        return NoRoute(NoRouteReason.NO_HEALTHY, f'no healthy worker can serve model "{model}" (down: {down})')
+
+    eligible: list[tuple[WorkerView, str]] = []
+    refusals: list[str] = []
+    for worker in healthy:
+        name = installed_name(model, worker.inventory) or model
+        verdict = resolve_placement(worker.rules, name)
+        if verdict.allowed:
+            eligible.append((worker, name))
+        else:
+            refusals.append(f"{worker.name}: {_why_blocked(verdict)}")
+    if not eligible:
+        if _known_nowhere(model, workers):
+            return _unknown_model(model)
+        return NoRoute(
+            NoRouteReason.BLOCKED,
+            f'model "{model}" is blocked by placement on every healthy worker ({"; ".join(refusals)})',
+        )
+
+    holding = [(w, n) for w, n in eligible if installed_name(model, w.inventory) is not None]
+    if holding:
+        eligible = holding
+    elif all(w.inventory is not None for w, _ in eligible):
+        if _known_nowhere(model, workers):
+            return _unknown_model(model)
+        return NoRoute(NoRouteReason.NOT_INSTALLED, f'model "{model}" is not installed on any eligible worker')
+
+    if capacity.global_max is not None and capacity.global_in_flight >= capacity.global_max:
+        return NoRoute(
+            NoRouteReason.SATURATED,
+            f"the gateway is at its limit of {capacity.global_max} concurrent requests",
+        )
+    if capacity.model_max is not None and capacity.model_in_flight >= capacity.model_max:
+        return NoRoute(
+            NoRouteReason.SATURATED,
+            f'model "{model}" is at its limit of {capacity.model_max} concurrent requests',
+        )
+    free = [(w, n) for w, n in eligible if w.max_concurrent is None or w.in_flight < w.max_concurrent]
+    if not free:
+        busy = ", ".join(w.name for w, _ in eligible)
+        return NoRoute(NoRouteReason.SATURATED, f'every worker for model "{model}" is busy ({busy})')
+
+    return Route(_rank(free, rotation))
+
+
+def _why_blocked(verdict: Verdict) -> str:
+    if verdict.rule == "mode":
+        return "not in its whitelist"
+    return f'denied by rule "{verdict.rule}"'
+
+
+def _known_nowhere(model: str, workers: Sequence[WorkerView]) -> bool:
+    """True when every worker's inventory is known and none holds the model."""
+    return all(w.inventory is not None and installed_name(model, w.inventory) is None for w in workers)
+
+
+def _unknown_model(model: str) -> NoRoute:
+    return NoRoute(NoRouteReason.UNKNOWN_MODEL, f'model "{model}" not found on any worker')
+
+
+def _rank(free: list[tuple[WorkerView, str]], rotation: int) -> tuple[Candidate, ...]:
+    speeds = _normalised([w.tokens_per_s for w, _ in free])
+    gpu = _neutral([w.gpu_util for w, _ in free])
+    vram = _neutral([w.vram_pressure for w, _ in free])
+    scored: list[tuple[float, int, Candidate]] = []
+    n = len(free)
+    for index, (worker, name) in enumerate(free):
+        slots = worker.max_concurrent or SOFT_SLOTS
+        score = (
+            W_LOADED * (name in worker.loaded)
+            - W_LOAD * (worker.in_flight / slots)
+            + W_SPEED * speeds[index]
+            - W_GPU * gpu[index]
+            - W_VRAM * vram[index]
+        )
+        scored.append((score, (index - rotation) % n, Candidate(worker.name, name, round(score, 6))))
+    scored.sort(key=lambda item: (-item[0], item[1]))
+    return tuple(c for _, _, c in scored)
+
+
+def _neutral(values: list[float | None]) -> list[float]:
+    """Absent values become the mean of the known ones (0 when none is known): no bonus, no penalty."""
+    known = [v for v in values if v is not None]
+    mean = sum(known) / len(known) if known else 0.0
+    return [mean if v is None else v for v in values]
+
+
+def _normalised(values: list[float | None]) -> list[float]:
+    """Scale to 0..1 by the fastest known value, then fill absent ones with the mean."""
+    peak = max((v for v in values if v is not None and v > 0), default=None)
+    if peak is None:
+        return [0.0] * len(values)
+    return _neutral([None if v is None else max(v, 0.0) / peak for v in values])

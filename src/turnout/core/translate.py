@@ -1,0 +1,307 @@
+"""Ollama <-> OpenAI translation of requests, responses and stream events (pure).
+
+Used when an Ollama-dialect client reaches an OpenAI-compatible worker (llama.cpp, vLLM, SGLang,
+LM Studio, mlx_lm). Only standard OpenAI request fields are produced, so strict servers accept them;
+Ollama options without an OpenAI equivalent (``top_k``, ``num_ctx``, ``keep_alive``...) are dropped.
+Timestamps and durations are parameters: this module reads no clock.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ChatStreamTranslator",
+    "Timing",
+    "TranslationError",
+    "chat_from_openai",
+    "chat_to_openai",
+    "embed_from_openai",
+    "embed_to_openai",
+    "generate_to_openai",
+    "ollama_error_from_openai",
+]
+
+JSON = dict[str, Any]
+
+# Ollama option -> OpenAI request field, for the options both sides share.
+_OPTION_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "seed": "seed",
+    "stop": "stop",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+}
+_DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop", "content_filter": "stop"}
+
+
+class TranslationError(ValueError):
+    """The request cannot be expressed in the other dialect; the message says which field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """What the adapter measured, in nanoseconds, plus the ISO timestamp for ``created_at``."""
+
+    created_at: str
+    total_ns: int = 0
+    first_token_ns: int = 0  # from request start to the first content token (prompt evaluation)
+
+
+# -- requests -------------------------------------------------------------------------------------
+def chat_to_openai(body: JSON, model: str, *, stream: bool) -> JSON:
+    messages = body.get("messages", [])
+    if not isinstance(messages, list):
+        raise TranslationError("messages must be a list")
+    out: JSON = {"model": model, "messages": [_message_to_openai(m, i) for i, m in enumerate(messages)]}
+    _apply_common(body, out, stream=stream)
+    if isinstance(body.get("tools"), list) and body["tools"]:
+        out["tools"] = body["tools"]
+    return out
+
+
+def generate_to_openai(body: JSON, model: str, *, stream: bool) -> tuple[str, JSON]:
+    """(OpenAI path, request). ``raw`` prompts go to /v1/completions, others through the chat template."""
+    prompt = body.get("prompt", "")
+    if not isinstance(prompt, str):
+        raise TranslationError("prompt must be a string")
+    if body.get("raw"):
+        out: JSON = {"model": model, "prompt": prompt}
+        path = "/v1/completions"
+    else:
+        messages: list[JSON] = []
+        if isinstance(body.get("system"), str) and body["system"]:
+            messages.append({"role": "system", "content": body["system"]})
+        user: JSON = {"role": "user", "content": prompt}
+        if body.get("images"):
+            user = _message_to_openai({"role": "user", "content": prompt, "images": body["images"]}, 0)
+        messages.append(user)
+        out = {"model": model, "messages": messages}
+        path = "/v1/chat/completions"
+    _apply_common(body, out, stream=stream)
+    return path, out
+
+
+def embed_to_openai(body: JSON, model: str, *, legacy: bool) -> JSON:
+    """``/api/embed`` (``input``: str or list) or legacy ``/api/embeddings`` (``prompt``: str)."""
+    value = body.get("prompt") if legacy else body.get("input")
+    if legacy and not isinstance(value, str):
+        raise TranslationError("prompt must be a string")
+    if not legacy and not (isinstance(value, str) or (isinstance(value, list) and value)):
+        raise TranslationError("input must be a string or a non-empty list of strings")
+    out: JSON = {"model": model, "input": value}
+    if isinstance(body.get("dimensions"), int):
+        out["dimensions"] = body["dimensions"]
+    return out
+
+
+def _apply_common(body: JSON, out: JSON, *, stream: bool) -> None:
+    options = body.get("options") or {}
+    if not isinstance(options, dict):
+        raise TranslationError("options must be an object")
+    for name, target in _OPTION_FIELDS.items():
+        if name in options and options[name] is not None:
+            out[target] = options[name]
+    num_predict = options.get("num_predict")
+    if isinstance(num_predict, int) and num_predict > 0:
+        out["max_tokens"] = num_predict
+    fmt = body.get("format")
+    if fmt == "json":
+        out["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "response", "schema": fmt}}
+    elif fmt not in (None, ""):
+        raise TranslationError('format must be "json" or a JSON schema object')
+    if stream:
+        out["stream"] = True
+        out["stream_options"] = {"include_usage": True}
+
+
+def _message_to_openai(message: object, index: int) -> JSON:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise TranslationError(f"messages[{index}] must be an object with a role")
+    role = message["role"]
+    content = message.get("content") or ""
+    if not isinstance(content, str):
+        raise TranslationError(f"messages[{index}].content must be a string")
+    out: JSON = {"role": role, "content": content}
+    images = message.get("images")
+    if images:
+        if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+            raise TranslationError(f"messages[{index}].images must be a list of base64 strings")
+        out["content"] = [{"type": "text", "text": content}] + [
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{i}"}} for i in images
+        ]
+    calls = message.get("tool_calls")
+    if role == "assistant" and isinstance(calls, list) and calls:
+        out["tool_calls"] = [_tool_call_to_openai(c, index, n) for n, c in enumerate(calls)]
+    if role == "tool":
+        out["tool_call_id"] = str(message.get("tool_call_id") or message.get("tool_name") or f"call_{index}")
+    return out
+
+
+def _tool_call_to_openai(call: object, index: int, n: int) -> JSON:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise TranslationError(f"messages[{index}].tool_calls[{n}] needs function.name")
+    arguments = function.get("arguments", {})
+    return {
+        "id": f"call_{index}_{n}",
+        "type": "function",
+        "function": {
+            "name": function["name"],
+            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+        },
+    }
+
+
+# -- responses ------------------------------------------------------------------------------------
+def chat_from_openai(resp: JSON, model: str, timing: Timing, *, generate: bool = False) -> JSON:
+    """A non-streamed OpenAI chat/completions answer as Ollama's final object."""
+    choices = resp.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    message = choice.get("message") or {}
+    text = message.get("content") if "message" in choice else choice.get("text")
+    out = _ollama_head(model, timing, text or "", generate=generate)
+    calls = _tool_calls_from_openai(message.get("tool_calls"))
+    if calls and not generate:
+        out["message"]["tool_calls"] = calls
+    out.update(_final_stats(choice.get("finish_reason"), resp.get("usage"), timing, fallback_tokens=0))
+    return out
+
+
+def embed_from_openai(resp: JSON, model: str, timing: Timing, *, legacy: bool) -> JSON:
+    data = resp.get("data")
+    if not isinstance(data, list):
+        raise TranslationError("embedding response has no data list")
+    ordered = sorted((d for d in data if isinstance(d, dict)), key=lambda d: d.get("index", 0))
+    vectors = [d.get("embedding", []) for d in ordered]
+    if legacy:
+        return {"embedding": vectors[0] if vectors else []}
+    usage = resp.get("usage") or {}
+    return {
+        "model": model,
+        "embeddings": vectors,
+        "total_duration": timing.total_ns,
+        "load_duration": 0,
+        "prompt_eval_count": usage.get("prompt_tokens", 0) if isinstance(usage, dict) else 0,
+    }
+
+
+def ollama_error_from_openai(body: bytes, status: int) -> JSON:
+    """An OpenAI-style error body (or anything else) as Ollama's ``{"error": "..."}``."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        err = parsed.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return {"error": err["message"]}
+        if isinstance(err, str):
+            return {"error": err}
+        if isinstance(parsed.get("detail"), str):
+            return {"error": parsed["detail"]}
+    text = body.decode("utf-8", "replace").strip()[:500]
+    return {"error": f"upstream returned HTTP {status}" + (f": {text}" if text else "")}
+
+
+@dataclass(slots=True)
+class ChatStreamTranslator:
+    """Feeds OpenAI stream events (decoded ``data:`` objects) and yields Ollama NDJSON objects."""
+
+    model: str
+    generate: bool = False
+    content_chunks: int = 0
+    finish_reason: str | None = None
+    usage: JSON | None = None
+    _calls: dict[int, JSON] = field(default_factory=dict)
+
+    def feed(self, event: JSON, created_at: str) -> list[JSON]:
+        if isinstance(event.get("usage"), dict):
+            self.usage = event["usage"]
+        out: list[JSON] = []
+        for choice in event.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta") or {}
+            text = delta.get("content") if "delta" in choice else choice.get("text")
+            for call in delta.get("tool_calls") or []:
+                self._merge_call(call)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+            if text:
+                self.content_chunks += 1
+                chunk = _ollama_head(self.model, Timing(created_at), text, generate=self.generate)
+                chunk["done"] = False
+                out.append(chunk)
+        return out
+
+    def finish(self, timing: Timing) -> list[JSON]:
+        out: list[JSON] = []
+        calls = _tool_calls_from_openai(list(self._calls.values()))
+        if calls and not self.generate:
+            chunk = _ollama_head(self.model, timing, "", generate=False)
+            chunk["message"]["tool_calls"] = calls
+            chunk["done"] = False
+            out.append(chunk)
+        final = _ollama_head(self.model, timing, "", generate=self.generate)
+        final.update(_final_stats(self.finish_reason, self.usage, timing, fallback_tokens=self.content_chunks))
+        out.append(final)
+        return out
+
+    def _merge_call(self, call: object) -> None:
+        if not isinstance(call, dict):
+            return
+        index = call.get("index", len(self._calls))
+        slot = self._calls.setdefault(index, {"function": {"name": "", "arguments": ""}})
+        function = call.get("function") or {}
+        if function.get("name"):
+            slot["function"]["name"] += function["name"]
+        if function.get("arguments"):
+            slot["function"]["arguments"] += function["arguments"]
+
+
+def _ollama_head(model: str, timing: Timing, text: str, *, generate: bool) -> JSON:
+    head: JSON = {"model": model, "created_at": timing.created_at}
+    if generate:
+        head["response"] = text
+    else:
+        head["message"] = {"role": "assistant", "content": text}
+    return head
+
+
+def _final_stats(finish_reason: object, usage: object, timing: Timing, *, fallback_tokens: int) -> JSON:
+    usage = usage if isinstance(usage, dict) else {}
+    eval_count = usage.get("completion_tokens", fallback_tokens)
+    prompt_ns = min(timing.first_token_ns, timing.total_ns)
+    return {
+        "done": True,
+        "done_reason": _DONE_REASONS.get(str(finish_reason), "stop"),
+        "total_duration": timing.total_ns,
+        "load_duration": 0,
+        "prompt_eval_count": usage.get("prompt_tokens", 0),
+        "prompt_eval_duration": prompt_ns,
+        "eval_count": eval_count,
+        "eval_duration": max(timing.total_ns - prompt_ns, 0),
+    }
+
+
+def _tool_calls_from_openai(calls: object) -> list[JSON]:
+    if not isinstance(calls, list):
+        return []
+    out: list[JSON] = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not function.get("name"):
+            continue
+        arguments = function.get("arguments") or "{}"
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            parsed = {"_raw": arguments}
+        out.append({"function": {"name": function["name"], "arguments": parsed}})
+    return out

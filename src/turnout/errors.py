@@ -1,0 +1,91 @@
+"""The error hierarchy every adapter raises and one handler per dialect renders.
+
+::
+
+    TurnoutError (status, code)
+    +-- BadRequest            400 invalid_request_error
+    +-- Unauthorized          401 unauthorized
+    +-- Forbidden             403 model_blocked
+    +-- NotFound              404 not_found / model_not_found
+    +-- Conflict              409 conflict
+    +-- PayloadTooLarge       413 payload_too_large
+    +-- Unavailable           503 service_unavailable (retry_after: seconds or None)
+    +-- UpstreamError         502 upstream_error (a worker failed or answered nonsense)
+
+Foreign exceptions (aiohttp, OS errors) are translated into these at the adapter that sees them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadRequest",
+    "Conflict",
+    "Forbidden",
+    "NotFound",
+    "PayloadTooLarge",
+    "TurnoutError",
+    "Unauthorized",
+    "Unavailable",
+    "UpstreamError",
+]
+
+
+class TurnoutError(Exception):
+    status = 500
+    code = "internal_error"
+    type = "server_error"
+
+    def __init__(self, message: str, *, code: str | None = None, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.retry_after = retry_after
+
+
+class BadRequest(TurnoutError):
+    status = 400
+    code = "invalid_request_error"
+    type = "invalid_request_error"
+
+
+class Unauthorized(TurnoutError):
+    status = 401
+    code = "unauthorized"
+    type = "authentication_error"
+
+
+class Forbidden(TurnoutError):
+    status = 403
+    code = "model_blocked"
+    type = "permission_error"
+
+
+class NotFound(TurnoutError):
+    status = 404
+    code = "not_found"
+    type = "invalid_request_error"
+
+
+class Conflict(TurnoutError):
+    status = 409
+    code = "conflict"
+    type = "invalid_request_error"
+
+
+class PayloadTooLarge(TurnoutError):
+    status = 413
+    code = "payload_too_large"
+    type = "invalid_request_error"
+
+
+class Unavailable(TurnoutError):
+    status = 503
+    code = "service_unavailable"
+    type = "server_error"
+
+
+class UpstreamError(TurnoutError):
+    status = 502
+    code = "upstream_error"
+    type = "server_error"

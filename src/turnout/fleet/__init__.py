@@ -1,0 +1,1 @@
+"""The live view of the worker fleet: health, inventory, residency, load and learned speed."""

@@ -1,0 +1,90 @@
+"""Per-worker live state and the fleet that owns it.
+
+Mutable, owned by one event loop: the poller writes health/inventory, the gateway writes in-flight
+counts and speed observations. ``view()`` freezes what the pure router needs for one request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnout.config import Settings, Worker, WorkerType
+from turnout.core.placement import PlacementRules
+from turnout.core.routing import WorkerView
+from turnout.core.signals import smooth
+from turnout.state.placement_store import PlacementStore
+
+__all__ = ["Fleet", "WorkerState"]
+
+
+@dataclass(slots=True)
+class WorkerState:
+    config: Worker
+    healthy: bool = False
+    checked: bool = False  # at least one poll finished
+    last_error: str | None = None
+    failures: int = 0
+    inventory: frozenset[str] | None = None  # None until fetched once
+    tags: dict[str, dict[str, Any]] = field(default_factory=dict)  # raw inventory entries by name
+    loaded: frozenset[str] = frozenset()
+    ps: list[dict[str, Any]] = field(default_factory=list)  # raw /api/ps entries
+    in_flight: int = 0
+    speed: dict[str, float] = field(default_factory=dict)  # model -> smoothed tokens/s
+    gpu_util: float | None = None
+    gpu_memory: float | None = None
+    offload: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def vram_pressure(self) -> float | None:
+        known = [v for v in (self.offload, self.gpu_memory) if v is not None]
+        return max(known) if known else None
+
+    def observe_speed(self, model: str, rate: float | None) -> None:
+        if rate is not None:
+            self.speed[model] = smooth(self.speed.get(model), rate)
+
+    def mark_down(self, error: str) -> None:
+        self.healthy = False
+        self.last_error = error
+
+
+class Fleet:
+    def __init__(self, settings: Settings, placement: PlacementStore) -> None:
+        self.settings = settings
+        self.placement = placement
+        self.workers: dict[str, WorkerState] = {w.name: WorkerState(w) for w in settings.workers}
+
+    def rules(self, name: str) -> tuple[PlacementRules, str]:
+        """Effective rules for a worker and their source: ``override`` or ``config``."""
+        override = self.placement.get(name)
+        if override is not None:
+            return override, "override"
+        return self.workers[name].config.model_placement.rules(), "config"
+
+    def views(self, model: str) -> list[WorkerView]:
+        out = []
+        for state in self.workers.values():
+            rules, _ = self.rules(state.name)
+            out.append(
+                WorkerView(
+                    name=state.name,
+                    healthy=state.healthy,
+                    rules=rules,
+                    inventory=state.inventory,
+                    loaded=state.loaded,
+                    in_flight=state.in_flight,
+                    max_concurrent=state.config.max_concurrent,
+                    tokens_per_s=state.speed.get(model),
+                    gpu_util=state.gpu_util,
+                    vram_pressure=state.vram_pressure,
+                )
+            )
+        return out
+
+    def is_openai(self, name: str) -> bool:
+        return self.workers[name].config.type is WorkerType.OPENAI

@@ -1,0 +1,124 @@
+"""`create_app(settings)`: builds every object, wires them onto one aiohttp application.
+
+Request flow: middleware (admin auth, error rendering, metrics) -> handler -> Call -> Dispatcher
+(route + slots + queue) -> Proxy (worker). Background: the fleet Poller.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from turnout.admin.api import add_admin_routes
+from turnout.admin.auth import AdminAuth
+from turnout.config import Settings
+from turnout.errors import NotFound, TurnoutError
+from turnout.fleet.poller import Poller
+from turnout.fleet.state import Fleet
+from turnout.gateway.dialect import Dialect, error_response
+from turnout.gateway.dispatch import Dispatcher
+from turnout.gateway.keys import ADMIN_AUTH, DISPATCHER, FLEET, METRICS, POLLER, PROXY, SETTINGS
+from turnout.gateway.proxy import Proxy
+from turnout.gateway.routes import add_client_routes
+from turnout.metrics import Metrics
+from turnout.state.placement_store import PlacementStore
+from turnout.upstream.client import UpstreamClient
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("turnout.gateway")
+
+
+def _dialect(path: str) -> Dialect:
+    if path.startswith("/api/"):
+        return Dialect.OLLAMA
+    if path.startswith("/admin/"):
+        return Dialect.ADMIN
+    return Dialect.OPENAI
+
+
+@web.middleware
+async def _middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    app = request.app
+    metrics = app[METRICS]
+    dialect = _dialect(request.path)
+    resource = request.match_info.route.resource
+    endpoint = resource.canonical if resource is not None else "unmatched"
+    started = time.perf_counter()
+    metrics.in_flight.inc()
+    try:
+        if dialect is Dialect.ADMIN:
+            app[ADMIN_AUTH].check(request.headers.get("Authorization"))
+        response = await handler(request)
+    except TurnoutError as exc:
+        response = error_response(dialect, exc)
+    except web.HTTPException as exc:
+        if exc.status == 404:
+            err: TurnoutError = NotFound(f"no route {request.method} {request.path}", code="unknown_route")
+        else:
+            err = TurnoutError(exc.reason, code="http_error")
+            err.status = exc.status
+        response = error_response(dialect, err)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        response = error_response(dialect, TurnoutError("internal error; see the gateway log"))
+    finally:
+        metrics.in_flight.dec()
+    api = dialect.value
+    metrics.requests.labels(api, endpoint, str(response.status)).inc()
+    metrics.latency.labels(api, endpoint).observe(time.perf_counter() - started)
+    return response
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    fleet = request.app[FLEET]
+    up = sum(1 for w in fleet.workers.values() if w.healthy)
+    return web.json_response({"status": "ok", "workers": len(fleet.workers), "healthy_workers": up})
+
+
+def create_app(settings: Settings, *, admin_token: str) -> web.Application:
+    """Build the gateway. Raises PlacementFileError if the override file is unusable."""
+    placement = PlacementStore(settings.placement_file)
+    placement.load()
+    fleet = Fleet(settings, placement)
+    metrics = Metrics(fleet)
+    client = UpstreamClient(
+        connect_timeout_s=settings.limits.connect_timeout_s,
+        total_timeout_s=settings.limits.upstream_timeout_s,
+    )
+    dispatcher = Dispatcher(fleet, settings.routing, metrics, retry_after_s=max(1, int(settings.health.interval_s)))
+    poller = Poller(fleet, client, on_change=dispatcher.wake_all)
+
+    app = web.Application(middlewares=[_middleware], client_max_size=settings.limits.max_body_bytes)
+    app[SETTINGS] = settings
+    app[FLEET] = fleet
+    app[METRICS] = metrics
+    app[DISPATCHER] = dispatcher
+    app[POLLER] = poller
+    app[PROXY] = Proxy(settings, fleet, dispatcher, client, metrics)
+    app[ADMIN_AUTH] = AdminAuth(admin_token)
+    add_client_routes(app)
+    add_admin_routes(app)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/healthz", _healthz)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await client.start()
+        await poller.poll_all()
+        poller.start()
+        yield
+        await poller.stop()
+        await client.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app

@@ -1,0 +1,94 @@
+"""What clients may discover: models on healthy workers, hiding those placement blocks there.
+
+``/api/tags`` and ``/v1/models`` list a model if at least one healthy worker has it installed and
+its placement rules allow it. The admin inventory (unfiltered) lives in the admin API.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from turnout.core.placement import resolve_placement
+from turnout.fleet.state import Fleet, WorkerState
+
+__all__ = ["ollama_ps", "ollama_tags", "openai_models"]
+
+
+def _visible(fleet: Fleet) -> dict[str, list[tuple[WorkerState, dict[str, Any]]]]:
+    """Model name -> (worker, raw inventory entry) for every healthy worker allowed to serve it."""
+    out: dict[str, list[tuple[WorkerState, dict[str, Any]]]] = {}
+    for state in fleet.workers.values():
+        if not state.healthy or state.inventory is None:
+            continue
+        rules, _ = fleet.rules(state.name)
+        for name, entry in state.tags.items():
+            if resolve_placement(rules, name).allowed:
+                out.setdefault(name, []).append((state, entry))
+    return out
+
+
+def ollama_tags(fleet: Fleet) -> dict[str, Any]:
+    models = []
+    for name, holders in sorted(_visible(fleet).items()):
+        state, entry = holders[0]
+        if fleet.is_openai(state.name):
+            entry = _tag_from_openai(name, entry)
+        models.append(entry)
+    return {"models": models}
+
+
+def openai_models(fleet: Fleet) -> dict[str, Any]:
+    data = []
+    for name, holders in sorted(_visible(fleet).items()):
+        state, entry = holders[0]
+        if fleet.is_openai(state.name):
+            created = entry.get("created")
+            owner = entry.get("owned_by") or state.name
+        else:
+            created = _epoch(entry.get("modified_at"))
+            owner = "library"
+        data.append({"id": name, "object": "model", "created": int(created or 0), "owned_by": owner})
+    return {"object": "list", "data": data}
+
+
+def ollama_ps(fleet: Fleet) -> dict[str, Any]:
+    seen: dict[str, dict[str, Any]] = {}
+    for state in fleet.workers.values():
+        if not state.healthy:
+            continue
+        rules, _ = fleet.rules(state.name)
+        for entry in state.ps:
+            name = entry.get("name")
+            if isinstance(name, str) and name not in seen and resolve_placement(rules, name).allowed:
+                seen[name] = entry
+    return {"models": [seen[n] for n in sorted(seen)]}
+
+
+def _tag_from_openai(name: str, entry: dict[str, Any]) -> dict[str, Any]:
+    created = entry.get("created")
+    when = datetime.fromtimestamp(created, UTC) if isinstance(created, int | float) else datetime.now(UTC)
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": when.isoformat().replace("+00:00", "Z"),
+        "size": 0,
+        "digest": "",
+        "details": {
+            "parent_model": "",
+            "format": "",
+            "family": "",
+            "families": [],
+            "parameter_size": "",
+            "quantization_level": "",
+        },
+    }
+
+
+def _epoch(iso: object) -> int:
+    if not isinstance(iso, str):
+        return 0
+    try:
+        return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return 0

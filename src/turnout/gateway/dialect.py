@@ -1,0 +1,38 @@
+"""Rendering errors in the caller's dialect: JSON bodies, SSE error frames, NDJSON error lines."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import orjson
+from aiohttp import web
+
+from turnout.errors import TurnoutError
+
+__all__ = ["Dialect", "error_frame", "error_response"]
+
+
+class Dialect(StrEnum):
+    OPENAI = "openai"
+    OLLAMA = "ollama"
+    ADMIN = "admin"
+
+
+def error_body(dialect: Dialect, err: TurnoutError) -> bytes:
+    if dialect is Dialect.OLLAMA:
+        return orjson.dumps({"error": err.message})
+    return orjson.dumps({"error": {"message": err.message, "type": err.type, "code": err.code}})
+
+
+def error_response(dialect: Dialect, err: TurnoutError) -> web.Response:
+    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
+    return web.Response(
+        status=err.status, body=error_body(dialect, err), content_type="application/json", headers=headers
+    )
+
+
+def error_frame(dialect: Dialect, err: TurnoutError) -> bytes:
+    """The last frame of a stream that failed after it started."""
+    if dialect is Dialect.OLLAMA:
+        return error_body(dialect, err) + b"\n"
+    return b"data: " + error_body(dialect, err) + b"\n\n"

@@ -1,0 +1,81 @@
+"""Client-facing handlers: the OpenAI ``/v1`` and Ollama ``/api`` routes."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from turnout import __version__
+from turnout.errors import NotFound
+from turnout.gateway.calls import Endpoint, read_call
+from turnout.gateway.catalog import ollama_ps, ollama_tags, openai_models
+from turnout.gateway.dialect import Dialect
+from turnout.gateway.keys import FLEET, PROXY, SETTINGS
+
+__all__ = ["OLLAMA_COMPAT_VERSION", "add_client_routes"]
+
+# Reported by /api/version: clients gate features on Ollama's version, not on Turnout's.
+OLLAMA_COMPAT_VERSION = "0.12.0"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        limit = request.app[SETTINGS].limits.max_body_bytes
+        call = await read_call(request, dialect, endpoint, limit)
+        return await request.app[PROXY].serve(request, call)
+
+    return handler
+
+
+def _json(obj: object) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), content_type="application/json")
+
+
+async def list_models(request: web.Request) -> web.Response:
+    return _json(openai_models(request.app[FLEET]))
+
+
+async def get_model(request: web.Request) -> web.Response:
+    model_id = request.match_info["model_id"]
+    for entry in openai_models(request.app[FLEET])["data"]:
+        if entry["id"] == model_id:
+            return _json(entry)
+    raise NotFound(f'model "{model_id}" not found', code="model_not_found")
+
+
+async def tags(request: web.Request) -> web.Response:
+    return _json(ollama_tags(request.app[FLEET]))
+
+
+async def ps(request: web.Request) -> web.Response:
+    return _json(ollama_ps(request.app[FLEET]))
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": OLLAMA_COMPAT_VERSION}, headers={"X-Turnout-Version": __version__})
+
+
+async def root(request: web.Request) -> web.Response:
+    return web.Response(text="Turnout is running")  # Ollama clients probe "/" for this
+
+
+def add_client_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_post("/v1/chat/completions", _proxied(Dialect.OPENAI, Endpoint.CHAT))
+    r.add_post("/v1/completions", _proxied(Dialect.OPENAI, Endpoint.COMPLETIONS))
+    r.add_post("/v1/embeddings", _proxied(Dialect.OPENAI, Endpoint.EMBEDDINGS))
+    r.add_get("/v1/models", list_models)
+    r.add_get("/v1/models/{model_id:.+}", get_model)
+    r.add_post("/api/chat", _proxied(Dialect.OLLAMA, Endpoint.CHAT))
+    r.add_post("/api/generate", _proxied(Dialect.OLLAMA, Endpoint.GENERATE))
+    r.add_post("/api/embed", _proxied(Dialect.OLLAMA, Endpoint.EMBED))
+    r.add_post("/api/embeddings", _proxied(Dialect.OLLAMA, Endpoint.EMBED_LEGACY))
+    r.add_post("/api/show", _proxied(Dialect.OLLAMA, Endpoint.SHOW))
+    r.add_get("/api/tags", tags)
+    r.add_get("/api/ps", ps)
+    r.add_get("/api/version", version)
+    r.add_get("/", root)

@@ -1,0 +1,67 @@
+"""Prometheus metrics, one registry per app (no module-level collectors)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from turnout.fleet.state import Fleet
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class _FleetCollector(Collector):
+    """Reads worker health and load at scrape time instead of mirroring it into gauges."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        healthy = GaugeMetricFamily(
+            "turnout_worker_healthy", "1 when the worker's last poll succeeded", labels=["worker"]
+        )
+        in_flight = GaugeMetricFamily("turnout_worker_in_flight", "requests in flight on the worker", labels=["worker"])
+        models = GaugeMetricFamily(
+            "turnout_worker_models", "models in the worker's inventory (-1: unknown)", labels=["worker"]
+        )
+        for state in self.fleet.workers.values():
+            healthy.add_metric([state.name], 1.0 if state.healthy else 0.0)
+            in_flight.add_metric([state.name], float(state.in_flight))
+            models.add_metric([state.name], float(-1 if state.inventory is None else len(state.inventory)))
+        yield healthy
+        yield in_flight
+        yield models
+
+
+class Metrics:
+    def __init__(self, fleet: Fleet) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "turnout_requests", "client requests", ["api", "endpoint", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "turnout_request_duration_seconds",
+            "time from request to the last byte of the response",
+            ["api", "endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.in_flight = Gauge("turnout_in_flight_requests", "client requests being served", registry=self.registry)
+        self.routing = Counter("turnout_routing_decisions", "routing outcomes", ["outcome"], registry=self.registry)
+        self.queue_wait = Histogram(
+            "turnout_queue_wait_seconds",
+            "time a request waited for a free slot",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.queued = Gauge("turnout_queued_requests", "requests waiting for a free slot", registry=self.registry)
+        self.upstream_errors = Counter(
+            "turnout_upstream_errors", "failed upstream attempts", ["worker", "kind"], registry=self.registry
+        )
+        self.registry.register(_FleetCollector(fleet))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

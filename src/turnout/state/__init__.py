@@ -1,0 +1,1 @@
+"""Local state files: the atomic writer and the placement override file."""

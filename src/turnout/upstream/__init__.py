@@ -1,0 +1,1 @@
+"""HTTP clients for workers. aiohttp client exceptions never leave this package."""
