@@ -1,0 +1,175 @@
+"""Shared fixtures: a real llama.cpp engine on a generated model, Ollama emulators, the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from tests.support.ollama_emulator import Behaviour, OllamaEmulator
+from tests.support.tiny_gguf import write_tiny_model
+from turnout.config import Settings, load_settings
+from turnout.gateway.app import create_app
+
+ADMIN_TOKEN = "test-admin-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(autouse=True)
+async def _no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves asyncio tasks running behind it."""
+    before = set(asyncio.all_tasks())
+    yield
+    await asyncio.sleep(0)
+    leaked = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
+    for _ in range(50):  # give cancelled tasks a moment to finish unwinding
+        if not leaked:
+            break
+        await asyncio.sleep(0.01)
+        leaked = [t for t in leaked if not t.done()]
+    assert not leaked, f"test leaked tasks: {leaked}"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny.gguf")
+
+
+@dataclass
+class Engine:
+    url: str
+    alias: str
+    process: subprocess.Popen[bytes]
+
+
+def _start_llama(model: Path, alias: str, log: Path, *extra: str) -> Engine:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--model_alias",
+            alias,
+            "--n_ctx",
+            "512",
+            *extra,
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"llama.cpp server exited: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=1):
+                return Engine(url, alias, proc)
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("llama.cpp server did not become ready in 60 s")
+
+
+@pytest.fixture(scope="session")
+def llama_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """A real llama.cpp server (llama-cpp-python) serving the tiny model as `tiny`."""
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    engine = _start_llama(tiny_model, "tiny", log, "--embedding", "true")
+    yield engine
+    engine.process.terminate()
+    try:
+        engine.process.wait(10)
+    except subprocess.TimeoutExpired:
+        engine.process.kill()
+        engine.process.wait()
+
+
+EmulatorFactory = Callable[..., Awaitable[OllamaEmulator]]
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[EmulatorFactory]:
+    started: list[OllamaEmulator] = []
+
+    async def make(name: str, models: list[str] | None = None, **behaviour: Any) -> OllamaEmulator:
+        emu = OllamaEmulator(name, Behaviour(models=models or ["llama3.2:latest"], **behaviour))
+        await emu.start()
+        started.append(emu)
+        return emu
+
+    yield make
+    for emu in started:
+        await emu.stop()
+
+
+@dataclass
+class Gateway:
+    url: str
+    app: web.Application
+    settings: Settings
+    data_dir: Path
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+GatewayFactory = Callable[..., Awaitable[Gateway]]
+
+
+def worker(name: str, url: str, type: str = "ollama", **extra: Any) -> dict[str, Any]:
+    return {"name": name, "url": url, "type": type, **extra}
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
+    runners: list[web.AppRunner] = []
+
+    async def make(workers: list[dict[str, Any]], **sections: Any) -> Gateway:
+        data_dir = tmp_path / f"data{len(runners)}"
+        config = {
+            "storage": {"data_dir": str(data_dir)},
+            "health": {"interval_s": 3600, "timeout_s": 2},
+            "workers": workers,
+            **sections,
+        }
+        path = tmp_path / f"config{len(runners)}.json"
+        path.write_text(json.dumps(config))
+        settings = load_settings(path, env={})
+        app = create_app(settings, admin_token=ADMIN_TOKEN)
+        runner = web.AppRunner(app, handler_cancellation=True)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+        return Gateway(f"http://127.0.0.1:{port}", app, settings, data_dir)
+
+    yield make
+    for runner in runners:
+        await runner.cleanup()

@@ -1,0 +1,371 @@
+"""A faithful stand-in for the Ollama server (which cannot be installed here), for tests only.
+
+Implements the routes Turnout uses with Ollama's field names and framing: ``/api/tags``, ``/api/ps``
+(``size_vram``, ``expires_at``), ``/api/version``, ``/api/chat`` and ``/api/generate`` (NDJSON streams
+ending in the stats object, ``stream`` defaulting to true), ``/api/embed``, ``/api/embeddings``,
+``/api/show``, and Ollama's OpenAI-compatible ``/v1`` routes (SSE with ``data: [DONE]``).
+
+Behaviour is configurable at run time: inventory, residency, per-token latency, HTTP failures,
+dropping the connection mid-stream, and being down. Each reply's first token names the emulator so
+tests can see which worker answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from aiohttp import web
+
+OLLAMA_VERSION = "0.12.3"
+
+
+@dataclass
+class Behaviour:
+    models: list[str] = field(default_factory=lambda: ["llama3.2:latest"])
+    loaded: list[str] = field(default_factory=list)
+    tokens: int = 5
+    token_delay_s: float = 0.0
+    fail_status: int | None = None  # answer every inference call with this status
+    drop_after_chunks: int | None = None  # close the connection after N stream chunks
+    vram_fraction: float = 1.0  # size_vram / size reported by /api/ps
+    hang_s: float = 0.0  # delay before the first byte of an inference answer
+
+
+class OllamaEmulator:
+    def __init__(self, name: str, behaviour: Behaviour | None = None) -> None:
+        self.name = name
+        self.behaviour = behaviour or Behaviour()
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.active = 0
+        self.peak_active = 0
+        self.cancelled = 0
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application()
+        r = app.router
+        r.add_get("/", lambda _: web.Response(text="Ollama is running"))
+        r.add_get("/api/version", self.version)
+        r.add_get("/api/tags", self.tags)
+        r.add_get("/api/ps", self.ps)
+        r.add_post("/api/show", self.show)
+        r.add_post("/api/chat", self.chat)
+        r.add_post("/api/generate", self.generate)
+        r.add_post("/api/embed", self.embed)
+        r.add_post("/api/embeddings", self.embeddings)
+        r.add_get("/v1/models", self.v1_models)
+        r.add_post("/v1/chat/completions", self.v1_chat)
+        r.add_post("/v1/completions", self.v1_completions)
+        r.add_post("/v1/embeddings", self.v1_embeddings)
+        return app
+
+    async def start(self, port: int = 0) -> str:
+        self._runner = web.AppRunner(self.app(), handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def served(self, path: str | None = None) -> int:
+        return sum(1 for p, _ in self.calls if path is None or p == path)
+
+    # -- metadata --------------------------------------------------------------------------------
+    async def version(self, _: web.Request) -> web.Response:
+        return web.json_response({"version": OLLAMA_VERSION})
+
+    async def tags(self, _: web.Request) -> web.Response:
+        return web.json_response({"models": [self._entry(m) for m in self.behaviour.models]})
+
+    async def ps(self, _: web.Request) -> web.Response:
+        expires = (datetime.now(UTC) + timedelta(minutes=5)).isoformat()
+        models = []
+        for m in self.behaviour.loaded:
+            entry = self._entry(m)
+            entry.pop("modified_at")
+            entry["expires_at"] = expires
+            entry["size_vram"] = int(entry["size"] * self.behaviour.vram_fraction)
+            entry["context_length"] = 4096
+            models.append(entry)
+        return web.json_response({"models": models})
+
+    async def show(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        model = self._resolve(body.get("model") or body.get("name") or "")
+        if model is None:
+            return web.json_response({"error": f"model '{body.get('model')}' not found"}, status=404)
+        self.calls.append(("/api/show", body))
+        return web.json_response(
+            {
+                "modelfile": f"FROM {model}\n",
+                "parameters": 'stop "<|eot_id|>"',
+                "template": "{{ .Prompt }}",
+                "details": self._entry(model)["details"],
+                "model_info": {"general.architecture": "llama", "llama.context_length": 131072},
+                "capabilities": ["completion", "tools"],
+                "modified_at": datetime.now(UTC).isoformat(),
+            }
+        )
+
+    # -- Ollama inference -------------------------------------------------------------------------
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._infer(request, "/api/chat", lambda t: {"message": {"role": "assistant", "content": t}})
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._infer(request, "/api/generate", lambda t: {"response": t}, final_extra={"context": [1, 2]})
+
+    async def _infer(
+        self, request: web.Request, path: str, piece: Any, final_extra: dict[str, Any] | None = None
+    ) -> web.StreamResponse:
+        body = await request.json()
+        self.calls.append((path, body))
+        model = self._resolve(body.get("model", ""))
+        if model is None:
+            return web.json_response(
+                {"error": f'model "{body.get("model")}" not found, try pulling it first'}, status=404
+            )
+        if self.behaviour.fail_status:
+            return web.json_response({"error": "emulated failure"}, status=self.behaviour.fail_status)
+        self._load(model)
+        started = time.monotonic_ns()
+        stream = body.get("stream", True)
+        self._enter()
+        try:
+            if self.behaviour.hang_s:
+                await asyncio.sleep(self.behaviour.hang_s)
+            words = self._words()
+            if not stream:
+                await asyncio.sleep(self.behaviour.token_delay_s * len(words))
+                out = {"model": body["model"], "created_at": _now(), **piece("".join(words))}
+                out.update(self._stats(started, len(words)), **(final_extra or {}))
+                return web.json_response(out)
+            resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+            await resp.prepare(request)
+            for i, word in enumerate(words):
+                if self.behaviour.drop_after_chunks is not None and i >= self.behaviour.drop_after_chunks:
+                    request.transport.close()  # type: ignore[union-attr]
+                    return resp
+                chunk = {"model": body["model"], "created_at": _now(), **piece(word), "done": False}
+                await resp.write(json.dumps(chunk).encode() + b"\n")
+                await asyncio.sleep(self.behaviour.token_delay_s)
+            final = {"model": body["model"], "created_at": _now(), **piece("")}
+            final.update(self._stats(started, len(words)), **(final_extra or {}))
+            await resp.write(json.dumps(final).encode() + b"\n")
+            await resp.write_eof()
+            return resp
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+
+    async def embed(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls.append(("/api/embed", body))
+        if self._resolve(body.get("model", "")) is None:
+            return web.json_response({"error": f'model "{body.get("model")}" not found'}, status=404)
+        inputs = body.get("input")
+        items = [inputs] if isinstance(inputs, str) else list(inputs or [])
+        return web.json_response(
+            {
+                "model": body["model"],
+                "embeddings": [_vector(s) for s in items],
+                "total_duration": 1000,
+                "load_duration": 10,
+                "prompt_eval_count": sum(len(s.split()) for s in items),
+            }
+        )
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls.append(("/api/embeddings", body))
+        return web.json_response({"embedding": _vector(body.get("prompt", ""))})
+
+    # -- OpenAI-compatible routes ----------------------------------------------------------------
+    async def v1_models(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "created": 1700000000, "owned_by": "library"}
+                    for m in self.behaviour.models
+                ],
+            }
+        )
+
+    async def v1_chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._v1_infer(request, "/v1/chat/completions", chat=True)
+
+    async def v1_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._v1_infer(request, "/v1/completions", chat=False)
+
+    async def _v1_infer(self, request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
+        body = await request.json()
+        self.calls.append((path, body))
+        model = self._resolve(body.get("model", ""))
+        if model is None:
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f'model "{body.get("model")}" not found, try pulling it first',
+                        "type": "api_error",
+                        "param": None,
+                        "code": None,
+                    }
+                },
+                status=404,
+            )
+        if self.behaviour.fail_status:
+            return web.json_response(
+                {"error": {"message": "emulated failure", "type": "api_error"}}, status=self.behaviour.fail_status
+            )
+        self._load(model)
+        words = self._words()
+        kind = "chat.completion" if chat else "text_completion"
+        usage = {"prompt_tokens": 7, "completion_tokens": len(words), "total_tokens": 7 + len(words)}
+        self._enter()
+        try:
+            if not body.get("stream"):
+                await asyncio.sleep(self.behaviour.token_delay_s * len(words))
+                text = "".join(words)
+                choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+                choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+                return web.json_response(
+                    {
+                        "id": "chatcmpl-1",
+                        "object": kind,
+                        "created": int(time.time()),
+                        "model": body["model"],
+                        "system_fingerprint": "fp_ollama",
+                        "choices": [choice],
+                        "usage": usage,
+                    }
+                )
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for i, word in enumerate([*words, None]):
+                if self.behaviour.drop_after_chunks is not None and i >= self.behaviour.drop_after_chunks:
+                    request.transport.close()  # type: ignore[union-attr]
+                    return resp
+                finish = "stop" if word is None else None
+                delta = {"role": "assistant", "content": word or ""}
+                choice = {"index": 0, "finish_reason": finish}
+                choice.update({"delta": delta} if chat else {"text": word or ""})
+                event = {
+                    "id": "chatcmpl-1",
+                    "object": f"{kind}.chunk",
+                    "created": int(time.time()),
+                    "model": body["model"],
+                    "system_fingerprint": "fp_ollama",
+                    "choices": [choice],
+                }
+                await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                await asyncio.sleep(self.behaviour.token_delay_s)
+            if (body.get("stream_options") or {}).get("include_usage"):
+                event = {
+                    "id": "chatcmpl-1",
+                    "object": f"{kind}.chunk",
+                    "created": int(time.time()),
+                    "model": body["model"],
+                    "choices": [],
+                    "usage": usage,
+                }
+                await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+
+    async def v1_embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls.append(("/v1/embeddings", body))
+        inputs = body.get("input")
+        items = [inputs] if isinstance(inputs, str) else list(inputs or [])
+        return web.json_response(
+            {
+                "object": "list",
+                "model": body.get("model"),
+                "data": [{"object": "embedding", "index": i, "embedding": _vector(s)} for i, s in enumerate(items)],
+                "usage": {"prompt_tokens": len(items), "total_tokens": len(items)},
+            }
+        )
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _enter(self) -> None:
+        self.active += 1
+        self.peak_active = max(self.peak_active, self.active)
+
+    def _resolve(self, name: str) -> str | None:
+        if name in self.behaviour.models:
+            return name
+        if ":" not in name and f"{name}:latest" in self.behaviour.models:
+            return f"{name}:latest"
+        return None
+
+    def _load(self, model: str) -> None:
+        if model not in self.behaviour.loaded:
+            self.behaviour.loaded.append(model)
+
+    def _words(self) -> list[str]:
+        return [f"[{self.name}]"] + [f" w{i}" for i in range(1, self.behaviour.tokens)]
+
+    def _stats(self, started: int, count: int) -> dict[str, Any]:
+        total = max(time.monotonic_ns() - started, 1000)
+        return {
+            "done_reason": "stop",
+            "done": True,
+            "total_duration": total,
+            "load_duration": 1000,
+            "prompt_eval_count": 7,
+            "prompt_eval_duration": 1000,
+            "eval_count": count,
+            "eval_duration": max(total - 2000, 1000),
+        }
+
+    def _entry(self, model: str) -> dict[str, Any]:
+        family = model.split(":")[0].split("/")[-1]
+        return {
+            "name": model,
+            "model": model,
+            "modified_at": "2025-05-01T10:00:00.000000+00:00",
+            "size": 2_000_000_000,
+            "digest": hashlib.sha256(model.encode()).hexdigest(),
+            "details": {
+                "parent_model": "",
+                "format": "gguf",
+                "family": family,
+                "families": [family],
+                "parameter_size": "3.2B",
+                "quantization_level": "Q4_K_M",
+            },
+        }
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def _vector(text: str) -> list[float]:
+    seed = sum(map(ord, text)) or 1
+    return [((seed * (i + 3)) % 97) / 97.0 for i in range(8)]
