@@ -13,8 +13,10 @@ import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+import ollama
+import openai
 import pytest
 from aiohttp import web
 
@@ -57,10 +59,21 @@ class Engine:
     url: str
     alias: str
     process: subprocess.Popen[bytes]
+    log: IO[bytes]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
 
 
 def _start_llama(model: Path, alias: str, log: Path, *extra: str) -> Engine:
     port = free_port()
+    out = log.open("wb")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -78,7 +91,7 @@ def _start_llama(model: Path, alias: str, log: Path, *extra: str) -> Engine:
             "512",
             *extra,
         ],
-        stdout=log.open("wb"),
+        stdout=out,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -86,13 +99,16 @@ def _start_llama(model: Path, alias: str, log: Path, *extra: str) -> Engine:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            out.close()
             raise RuntimeError(f"llama.cpp server exited: {log.read_text()[-2000:]}")
         try:
             with urllib.request.urlopen(f"{url}/v1/models", timeout=1):
-                return Engine(url, alias, proc)
+                return Engine(url, alias, proc, out)
         except OSError:
             time.sleep(0.2)
     proc.kill()
+    proc.wait()
+    out.close()
     raise RuntimeError("llama.cpp server did not become ready in 60 s")
 
 
@@ -102,12 +118,7 @@ def llama_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     log = tmp_path_factory.mktemp("llama") / "server.log"
     engine = _start_llama(tiny_model, "tiny", log, "--embedding", "true")
     yield engine
-    engine.process.terminate()
-    try:
-        engine.process.wait(10)
-    except subprocess.TimeoutExpired:
-        engine.process.kill()
-        engine.process.wait()
+    engine.stop()
 
 
 EmulatorFactory = Callable[..., Awaitable[OllamaEmulator]]
@@ -173,3 +184,31 @@ async def gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
     yield make
     for runner in runners:
         await runner.cleanup()
+
+
+class Clients:
+    """Official client libraries pointed at the gateway; closed when the test ends."""
+
+    def __init__(self) -> None:
+        self._open: list[Any] = []
+
+    def ollama(self, url: str) -> ollama.AsyncClient:
+        client = ollama.AsyncClient(host=url)
+        self._open.append(client)
+        return client
+
+    def openai(self, url: str) -> openai.AsyncOpenAI:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        self._open.append(client)
+        return client
+
+    async def close(self) -> None:
+        for client in self._open:
+            await client.close()
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[Clients]:
+    holder = Clients()
+    yield holder
+    await holder.close()

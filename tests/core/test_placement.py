@@ -29,7 +29,13 @@ def rules(mode: str, allowed: list[str] = [], denied: list[str] = []) -> Placeme
         (rules("allow_all", ["*"], ["*"]), "x", False, "*", False),
         # longest prefix wins regardless of kind
         (rules("allow_all", ["orcarouter/big*"], ["orcarouter/*"]), "orcarouter/big-1", True, "orcarouter/big*", False),
-        (rules("allow_all", ["orcarouter/*"], ["orcarouter/big*"]), "orcarouter/big-1", False, "orcarouter/big*", False),
+        (
+            rules("allow_all", ["orcarouter/*"], ["orcarouter/big*"]),
+            "orcarouter/big-1",
+            False,
+            "orcarouter/big*",
+            False,
+        ),
         (rules("allow_all", ["orcarouter/*"], ["orcarouter/big*"]), "orcarouter/small", True, "orcarouter/*", False),
         # exact beats any prefix, either way round
         (rules("whitelist", ["qwen3:8b"], ["qwen3:*"]), "qwen3:8b", True, "qwen3:8b", True),

@@ -52,7 +52,7 @@ class OllamaEmulator:
     def app(self) -> web.Application:
         app = web.Application()
         r = app.router
-        r.add_get("/", lambda _: web.Response(text="Ollama is running"))
+        r.add_get("/", self.root)
         r.add_get("/api/version", self.version)
         r.add_get("/api/tags", self.tags)
         r.add_get("/api/ps", self.ps)
@@ -88,6 +88,9 @@ class OllamaEmulator:
         return sum(1 for p, _ in self.calls if path is None or p == path)
 
     # -- metadata --------------------------------------------------------------------------------
+    async def root(self, _: web.Request) -> web.Response:
+        return web.Response(text="Ollama is running")
+
     async def version(self, _: web.Request) -> web.Response:
         return web.json_response({"version": OLLAMA_VERSION})
 

@@ -67,6 +67,7 @@ def write_tiny_model(path: Path, seed: int = 0) -> Path:
     writer.add_eos_token_id(4)
     writer.add_add_bos_token(True)
     writer.add_chat_template(CHAT_TEMPLATE)
+    writer.add_pooling_type(gguf.PoolingType.MEAN)  # one vector per input on /v1/embeddings
 
     writer.add_tensor("token_embd.weight", weight(n_vocab, N_EMBD))
     writer.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
