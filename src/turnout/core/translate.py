@@ -56,7 +56,16 @@ def chat_to_openai(body: JSON, model: str, *, stream: bool) -> JSON:
     messages = body.get("messages", [])
     if not isinstance(messages, list):
         raise TranslationError("messages must be a list")
-    out: JSON = {"model": model, "messages": [_message_to_openai(m, i) for i, m in enumerate(messages)]}
+    pending: list[tuple[str, str]] = []  # (call id, function name) awaiting a tool answer
+    converted = []
+    for index, message in enumerate(messages):
+        item = _message_to_openai(message, index)
+        for call in item.get("tool_calls", []):
+            pending.append((call["id"], call["function"]["name"]))
+        if item["role"] == "tool" and "tool_call_id" not in item:
+            item["tool_call_id"] = _answered_call(pending, message.get("tool_name"), index)
+        converted.append(item)
+    out: JSON = {"model": model, "messages": converted}
     _apply_common(body, out, stream=stream)
     if isinstance(body.get("tools"), list) and body["tools"]:
         out["tools"] = body["tools"]
@@ -99,7 +108,9 @@ def embed_to_openai(body: JSON, model: str, *, legacy: bool) -> JSON:
 
 
 def _apply_common(body: JSON, out: JSON, *, stream: bool) -> None:
-    options = body.get("options") or {}
+    options = body.get("options")
+    if options is None:
+        options = {}
     if not isinstance(options, dict):
         raise TranslationError("options must be an object")
     for name, target in _OPTION_FIELDS.items():
@@ -138,9 +149,19 @@ def _message_to_openai(message: object, index: int) -> JSON:
     calls = message.get("tool_calls")
     if role == "assistant" and isinstance(calls, list) and calls:
         out["tool_calls"] = [_tool_call_to_openai(c, index, n) for n, c in enumerate(calls)]
-    if role == "tool":
-        out["tool_call_id"] = str(message.get("tool_call_id") or message.get("tool_name") or f"call_{index}")
+    if role == "tool" and isinstance(message.get("tool_call_id"), str):
+        out["tool_call_id"] = message["tool_call_id"]
     return out
+
+
+def _answered_call(pending: list[tuple[str, str]], tool_name: object, index: int) -> str:
+    """The id of the earlier tool call this tool message answers: same function name first, else the oldest."""
+    for position, (_, name) in enumerate(pending):
+        if name == tool_name:
+            return pending.pop(position)[0]
+    if pending:
+        return pending.pop(0)[0]
+    return f"call_{index}"
 
 
 def _tool_call_to_openai(call: object, index: int, n: int) -> JSON:

@@ -1,0 +1,123 @@
+"""The `turnout` command as a user runs it: real subprocesses, real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.conftest import free_port
+
+TURNOUT = [sys.executable, "-m", "turnout"]
+
+
+def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k != "TURNOUT_ADMIN_TOKEN"}
+    return subprocess.run([*TURNOUT, *args], cwd=cwd, capture_output=True, text=True, timeout=60, env={**clean, **env})
+
+
+def test_bad_config_exits_nonzero_and_touches_nothing(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "storage": {"data_dir": "state"},
+                "workers": [{"name": "a", "url": "http://x", "model_placement": {"mode": "x"}}],
+            }
+        )
+    )
+    result = run(["serve", "--config", str(config)], tmp_path)
+    assert result.returncode == 2
+    assert "workers[0].model_placement.mode" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+    check = run(["config", "check", "--config", str(config)], tmp_path)
+    assert check.returncode == 2 and "workers[0].model_placement.mode" in check.stderr
+
+
+def test_config_check_ok(tmp_path: Path) -> None:
+    result = run(["config", "check", "--config", str(Path(__file__).parents[1] / "config.example.json")], tmp_path)
+    assert result.returncode == 0 and "3 workers" in result.stdout
+
+
+def test_first_start_creates_data_dir_and_token(tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*TURNOUT, "serve", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "TURNOUT_ADMIN_TOKEN"},
+    )
+    try:
+        _wait_ready(port, proc)
+        token_file = tmp_path / "turnout-data" / "admin-token"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        token = token_file.read_text().strip()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/admin/api/inventory", headers={"Authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert json.load(resp) == {"workers": []}
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=20)
+    assert token in output  # printed once on first start
+    starter = json.loads((tmp_path / "turnout-data" / "config.json").read_text())
+    assert starter["workers"] == [] and starter["storage"]["data_dir"] == "."
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [*TURNOUT, "serve", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "TURNOUT_ADMIN_TOKEN"},
+    )
+    try:
+        _wait_ready(port, proc)
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=20)
+    assert token not in output  # not printed again
+
+
+def test_env_token_wins_and_no_file_is_written(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "from-env"}
+    proc = subprocess.Popen(
+        [*TURNOUT, "serve", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        _wait_ready(port, proc)
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/admin/api/inventory", headers={"Authorization": "Bearer from-env"}
+        )
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert resp.status == 200
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    assert not (tmp_path / "turnout-data" / "admin-token").exists()
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "turnout exited early"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("turnout did not start in 30 s")

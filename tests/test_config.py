@@ -1,0 +1,76 @@
+"""Configuration: the example validates, the schema in docs/ is current, errors name field paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from turnout.config import ConfigError, config_schema, load_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_example_config_is_valid() -> None:
+    settings = load_settings(ROOT / "config.example.json", env={})
+    assert [w.name for w in settings.workers] == ["node-1", "node-2", "gpu-llamacpp"]
+    assert settings.placement_file == (ROOT / "turnout-data" / "model-placement.json").resolve()
+    assert settings.workers[0].model_placement.rules().to_json()["mode"] == "whitelist"
+
+
+def test_committed_schema_is_current() -> None:
+    committed = json.loads((ROOT / "docs" / "config.schema.json").read_text())
+    assert committed == config_schema(), "run: turnout config schema > docs/config.schema.json"
+
+
+def test_example_validates_against_json_schema() -> None:
+    jsonschema.validate(json.loads((ROOT / "config.example.json").read_text()), config_schema())
+
+
+def write(tmp_path: Path, data: object) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("data", "fragments"),
+    [
+        (
+            {"workers": [{"name": "a", "url": "http://x", "model_placement": {"allowed_models": ["ge*ma"]}}]},
+            ["workers[0].model_placement.allowed_models", "last character"],
+        ),
+        ({"workers": [{"name": "a", "url": "ftp://x"}]}, ["workers[0].url", "URL scheme"]),
+        ({"workers": [{"name": "a", "url": "http://x", "type": "vllm"}]}, ["workers[0].type", "'ollama' or 'openai'"]),
+        ({"workers": [{"name": "a", "url": "http://x"}, {"name": "a", "url": "http://y"}]}, ["duplicate worker name"]),
+        ({"workers": [{"name": "a b", "url": "http://x"}]}, ["workers[0].name"]),
+        ({"workers": [{"name": "a", "url": "http://x", "max_concurrent": 0}]}, ["workers[0].max_concurrent"]),
+        ({"routing": {"model_max_concurrent": {"q*x": 2}}}, ["routing.model_max_concurrent", "last character"]),
+        ({"routing": {"queue_timeout_s": -1}}, ["routing.queue_timeout_s"]),
+        ({"listen": {"port": 70000}}, ["listen.port"]),
+        ({"lisen": {}}, ["lisen", "Extra inputs are not permitted"]),
+        ({"workers": [{"name": "a"}]}, ["workers[0].url", "Field required"]),
+        ("[1, 2]", ["top level must be a JSON object"]),
+        ('{"workers": [}', ["not valid JSON", "line 1"]),
+    ],
+)
+def test_errors_name_the_field(tmp_path: Path, data: object, fragments: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, data), env={})
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_settings(tmp_path / "nope.json", env={})
+
+
+def test_relative_paths_follow_the_config_file(tmp_path: Path) -> None:
+    path = write(tmp_path, {"storage": {"data_dir": "state", "model_placement_file": "/abs/p.json"}})
+    settings = load_settings(path, env={"TURNOUT_ADMIN_TOKEN": "t0k"})
+    assert settings.data_dir == tmp_path / "state"
+    assert settings.placement_file == Path("/abs/p.json")
+    assert settings.admin_token == "t0k"
