@@ -63,5 +63,17 @@ class Metrics:
         )
         self.registry.register(_FleetCollector(fleet))
 
+        self._done: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+
+    def request_done(self, api: str, endpoint: str, status: int, seconds: float) -> None:
+        """Count one finished request (label children cached: this runs on every request)."""
+        key = (api, endpoint, status)
+        children = self._done.get(key)
+        if children is None:
+            children = (self.requests.labels(api, endpoint, str(status)), self.latency.labels(api, endpoint))
+            self._done[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -186,6 +186,9 @@ def _unknown_model(model: str) -> NoRoute:
 
 
 def _rank(free: list[tuple[WorkerView, str]], rotation: int) -> tuple[Candidate, ...]:
+    if len(free) == 1:  # nothing to compare: skip scoring (the common single-worker-per-model case)
+        worker, name = free[0]
+        return (Candidate(worker.name, name, 0.0),)
     speeds = _normalised([w.tokens_per_s for w, _ in free])
     gpu = _neutral([w.gpu_util for w, _ in free])
     vram = _neutral([w.vram_pressure for w, _ in free])

@@ -43,23 +43,23 @@ class Poller:
     async def poll(self, state: WorkerState) -> None:
         cfg = state.config
         timeout = self.fleet.settings.health.timeout_s
-        headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
+        headers = state.headers
         try:
             if cfg.type is WorkerType.OLLAMA:
                 tags = await self.client.get_json(
-                    f"{cfg.base_url}/api/tags", label=cfg.name, timeout_s=timeout, headers=headers
+                    f"{state.base_url}/api/tags", label=cfg.name, timeout_s=timeout, headers=headers
                 )
                 _apply_tags(state, tags)
                 try:
                     ps = await self.client.get_json(
-                        f"{cfg.base_url}/api/ps", label=cfg.name, timeout_s=timeout, headers=headers
+                        f"{state.base_url}/api/ps", label=cfg.name, timeout_s=timeout, headers=headers
                     )
                     _apply_ps(state, ps)
                 except UpstreamError as exc:
                     log.debug("%s: /api/ps failed: %s", cfg.name, exc)
             else:
                 models = await self.client.get_json(
-                    f"{cfg.base_url}/v1/models", label=cfg.name, timeout_s=timeout, headers=headers
+                    f"{state.base_url}/v1/models", label=cfg.name, timeout_s=timeout, headers=headers
                 )
                 _apply_openai_models(state, models)
         except UpstreamError as exc:

@@ -34,6 +34,17 @@ class WorkerState:
     gpu_util: float | None = None
     gpu_memory: float | None = None
     offload: float | None = None
+    # Derived once from the config: read on every request, so never recomputed there.
+    base_url: str = field(init=False)
+    baseline: PlacementRules = field(init=False)
+    headers: dict[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.base_url = self.config.base_url
+        self.baseline = self.config.model_placement.rules()
+        self.headers = {"Content-Type": "application/json"}
+        if self.config.api_key:
+            self.headers["Authorization"] = f"Bearer {self.config.api_key}"
 
     @property
     def name(self) -> str:
@@ -64,7 +75,7 @@ class Fleet:
         override = self.placement.get(name)
         if override is not None:
             return override, "override"
-        return self.workers[name].config.model_placement.rules(), "config"
+        return self.workers[name].baseline, "config"
 
     def views(self, model: str) -> list[WorkerView]:
         out = []

@@ -69,9 +69,7 @@ async def _middleware(
         response = error_response(dialect, TurnoutError("internal error; see the gateway log"))
     finally:
         metrics.in_flight.dec()
-    api = dialect.value
-    metrics.requests.labels(api, endpoint, str(response.status)).inc()
-    metrics.latency.labels(api, endpoint).observe(time.perf_counter() - started)
+    metrics.request_done(dialect.value, endpoint, response.status, time.perf_counter() - started)
     return response
 
 

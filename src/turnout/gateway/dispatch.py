@@ -50,6 +50,7 @@ class Dispatcher:
         self._queues: dict[str, deque[asyncio.Future[None]]] = {}
         self._queued = 0
         self._rotation = 0
+        self._routed = metrics.routing.labels("routed")
 
     async def acquire(self, model: str, exclude: frozenset[str] = frozenset()) -> Lease:
         loop = asyncio.get_running_loop()
@@ -76,7 +77,7 @@ class Dispatcher:
             if not isinstance(decision, NoRoute):
                 if waited:
                     self.metrics.queue_wait.observe(loop.time() - started)
-                self.metrics.routing.labels("routed").inc()
+                self._routed.inc()
                 self._rotation += 1
                 best = decision.best
                 return self._take(self.fleet.workers[best.worker], best.model, model)

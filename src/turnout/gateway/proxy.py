@@ -96,7 +96,7 @@ class Proxy:
     ) -> web.StreamResponse:
         started = time.perf_counter()
         async with self.client.request(
-            "POST", worker.config.base_url + path, body=body, headers=self._headers(worker), label=worker.name
+            "POST", worker.base_url + path, body=body, headers=worker.headers, label=worker.name
         ) as up:
             if not call.stream or up.status >= 300:
                 data = await up.read()
@@ -145,9 +145,9 @@ class Proxy:
         started = time.perf_counter_ns()
         async with self.client.request(
             "POST",
-            worker.config.base_url + path,
+            worker.base_url + path,
             body=orjson.dumps(req),
-            headers=self._headers(worker),
+            headers=worker.headers,
             label=worker.name,
         ) as up:
             if up.status >= 300:
@@ -237,20 +237,14 @@ class Proxy:
     async def _passthrough_show(self, call: Call, worker: WorkerState) -> web.StreamResponse:
         async with self.client.request(
             "POST",
-            worker.config.base_url + "/api/show",
+            worker.base_url + "/api/show",
             body=call.body,
-            headers=self._headers(worker),
+            headers=worker.headers,
             label=worker.name,
         ) as up:
             return _relay(call, up, await up.read())
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _headers(self, worker: WorkerState) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if worker.config.api_key:
-            headers["Authorization"] = f"Bearer {worker.config.api_key}"
-        return headers
-
     def _learn(self, worker: WorkerState, model: str, data: bytes, seconds: float, *, stream_events: int = 0) -> None:
         """Tokens/s from Ollama's eval stats, else OpenAI usage (or stream events) over wall time."""
         count, duration = _EVAL_COUNT.search(data), _EVAL_DURATION.search(data)

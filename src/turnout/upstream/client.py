@@ -61,14 +61,12 @@ class UpstreamResponse:
 class UpstreamClient:
     def __init__(self, *, connect_timeout_s: float, total_timeout_s: float) -> None:
         self._connect_timeout = connect_timeout_s
-        self._total_timeout = total_timeout_s
         self._session: aiohttp.ClientSession | None = None
+        self._default_timeout = aiohttp.ClientTimeout(total=total_timeout_s, sock_connect=connect_timeout_s)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60, ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
-        )
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -92,7 +90,11 @@ class UpstreamClient:
         headers: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> AsyncIterator[UpstreamResponse]:
-        timeout = aiohttp.ClientTimeout(total=timeout_s or self._total_timeout, sock_connect=self._connect_timeout)
+        timeout = (
+            self._default_timeout
+            if timeout_s is None
+            else aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout)
+        )
         try:
             resp = await self.session.request(method, url, data=body, headers=headers, timeout=timeout)
         except (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError, aiohttp.ClientOSError) as exc:
