@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 LITELLM_VENV = BENCH / ".venv-litellm"
 BODY = {"model": "mock", "messages": [{"role": "user", "content": "hi"}]}
+# LiteLLM refuses to start without a master key; every target gets the same header (others ignore it).
+MASTER_KEY = "sk-bench-" + "7f3a9c2e5b8d1f4a6c0e9b2d7a5f3c1e"
 
 
 def free_port() -> int:
@@ -72,7 +74,7 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 
             req = urllib.request.Request(
                 url + "/v1/chat/completions",
                 data=json.dumps(BODY).encode(),
-                headers={"Content-Type": "application/json"},
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {MASTER_KEY}"},
             )
             with urllib.request.urlopen(req, timeout=2) as resp:
                 if resp.status == 200:
@@ -125,7 +127,10 @@ def parse_wrk(text: str) -> dict[str, float]:
 def run_wrk(wrk: str, url: str, stream: bool, conns: int, duration: float, script_dir: Path) -> dict[str, float]:
     script = script_dir / f"post-{'stream' if stream else 'plain'}.lua"
     body = json.dumps({**BODY, "stream": stream})
-    script.write_text(f"wrk.method = 'POST'\nwrk.body = '{body}'\nwrk.headers['Content-Type'] = 'application/json'\n")
+    script.write_text(
+        f"wrk.method = 'POST'\nwrk.body = '{body}'\nwrk.headers['Content-Type'] = 'application/json'\n"
+        f"wrk.headers['Authorization'] = 'Bearer {MASTER_KEY}'\n"
+    )
     cmd = [
         wrk,
         "-t1",
@@ -201,7 +206,13 @@ def main() -> None:
                 "litellm_settings:\n  telemetry: false\n  drop_params: true\n"
             )
             port = free_port()
-            lenv = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "DISABLE_SCHEMA_UPDATE": "true"}
+            lenv = {
+                **os.environ,
+                "LITELLM_LOG": "ERROR",
+                "LITELLM_TELEMETRY": "False",
+                "DISABLE_SCHEMA_UPDATE": "true",
+                "LITELLM_MASTER_KEY": MASTER_KEY,
+            }
             procs.append(
                 start(
                     [
