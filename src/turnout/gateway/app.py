@@ -64,6 +64,8 @@ async def _middleware(
             err = TurnoutError(exc.reason, code="http_error")
             err.status = exc.status
         response = error_response(dialect, err)
+    except ConnectionResetError:
+        raise  # the client went away mid-response: nothing to answer, not a gateway error
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         response = error_response(dialect, TurnoutError("internal error; see the gateway log"))
