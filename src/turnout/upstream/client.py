@@ -1,8 +1,8 @@
 """One pooled HTTP client for every worker call: polls and proxied requests.
 
-Wraps an ``aiohttp.ClientSession``. Connection failures, timeouts and broken bodies become
-:class:`turnout.errors.UpstreamError`; :class:`ConnectFailed` (a subclass) means the worker was never
-reached, so the caller may safely try another one.
+Built on :mod:`turnout.upstream.http1`. A request's whole life (connect, headers, body or stream) is
+bounded by one total timeout; connect has its own. Failures become :class:`turnout.errors.UpstreamError`;
+:class:`ConnectFailed` means nothing reached the worker, so the caller may safely try another one.
 """
 
 from __future__ import annotations
@@ -10,41 +10,36 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 
 from turnout.errors import UpstreamError
+from turnout.upstream.http1 import ConnectFailed, Connection, Pool, encode_request, iter_body, split_url
 
 __all__ = ["ConnectFailed", "UpstreamClient", "UpstreamResponse"]
 
 
-class ConnectFailed(UpstreamError):
-    """The worker could not be reached at all; nothing was sent, another worker may be tried."""
-
-
-@dataclass(slots=True)
 class UpstreamResponse:
-    status: int
-    content_type: str
-    _resp: aiohttp.ClientResponse
-    _label: str
+    __slots__ = ("_conn", "_label", "content_type", "status")
+
+    def __init__(self, conn: Connection, label: str) -> None:
+        self._conn = conn
+        self._label = label
+        self.status = conn.status
+        self.content_type = conn.content_type
 
     async def read(self) -> bytes:
-        try:
-            return await self._resp.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamError(f"{self._label}: response failed: {_describe(exc)}") from None
+        parts = [chunk async for chunk in self.chunks()]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive (for streams)."""
         try:
-            async for chunk in self._resp.content.iter_any():
+            async for chunk in iter_body(self._conn):
                 yield chunk
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamError(f"{self._label}: stream broke: {_describe(exc)}") from None
+        except UpstreamError as exc:
+            raise UpstreamError(f"{self._label}: stream broke: {exc.message}") from None
 
     async def lines(self) -> AsyncIterator[bytes]:
         """Body split on newlines, each line without its terminator (for NDJSON and SSE translation)."""
@@ -60,24 +55,14 @@ class UpstreamResponse:
 
 class UpstreamClient:
     def __init__(self, *, connect_timeout_s: float, total_timeout_s: float) -> None:
-        self._connect_timeout = connect_timeout_s
-        self._session: aiohttp.ClientSession | None = None
-        self._default_timeout = aiohttp.ClientTimeout(total=total_timeout_s, sock_connect=connect_timeout_s)
+        self._total_timeout = total_timeout_s
+        self._pool = Pool(connect_timeout_s)
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60, ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        """Nothing to open up front; kept so the app lifecycle reads symmetrically."""
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise RuntimeError("UpstreamClient.start() was not called")
-        return self._session
+        self._pool.close()
 
     @asynccontextmanager
     async def request(
@@ -90,24 +75,39 @@ class UpstreamClient:
         headers: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> AsyncIterator[UpstreamResponse]:
-        timeout = (
-            self._default_timeout
-            if timeout_s is None
-            else aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout)
-        )
+        target = split_url(url)
+        data = encode_request(method, target, headers, body)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout_s or self._total_timeout)
+        while True:
+            conn, reused = await self._pool.connect(target, label)
+            timer = loop.call_at(deadline, conn.timed_out, label)
+            try:
+                assert conn.transport is not None
+                conn.transport.write(data)
+                while not conn.headers_done and conn.error is None:
+                    await conn.wait()
+            except BaseException:
+                timer.cancel()
+                conn.close()
+                raise
+            if conn.headers_done:
+                break
+            timer.cancel()
+            conn.close()
+            if reused and not conn.received_any and loop.time() < deadline:
+                continue  # a stale keep-alive connection closed by the worker: retry once on a fresh one
+            error = conn.error
+            message = error.message if isinstance(error, UpstreamError) else str(error)
+            raise UpstreamError(message if message.startswith(label) else f"{label}: {message}")
         try:
-            resp = await self.session.request(method, url, data=body, headers=headers, timeout=timeout)
-        except (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError, aiohttp.ClientOSError) as exc:
-            raise ConnectFailed(f"{label}: cannot connect: {_describe(exc)}") from None
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamError(f"{label}: request failed: {_describe(exc)}") from None
-        try:
-            yield UpstreamResponse(resp.status, resp.content_type, resp, label)
+            yield UpstreamResponse(conn, label)
         except BaseException:
-            resp.close()  # abandoned mid-body (client gone, error): drop the connection, never reuse it
+            conn.close()  # abandoned mid-body (client gone, error): never reuse the connection
             raise
-        else:
-            resp.release()
+        finally:
+            timer.cancel()
+        self._pool.release(conn)
 
     async def get_json(
         self, url: str, *, label: str, timeout_s: float, headers: Mapping[str, str] | None = None
@@ -128,10 +128,3 @@ class UpstreamClient:
             if resp.status >= 300:
                 raise UpstreamError(f"{label}: HTTP {resp.status} from {url}")
             return body.decode("utf-8", "replace")
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.TimeoutError):
-        return "timed out"
-    text = str(exc) or type(exc).__name__
-    return text

@@ -1,0 +1,280 @@
+"""A small HTTP/1.1 client for the proxy hot path: keep-alive pool, streaming bodies, one timer per request.
+
+Why not aiohttp's client here: per proxied request it costs more CPU than everything else Turnout does
+(measured with bench/run.py), and the gateway only needs a narrow slice of HTTP: one request at a time per
+connection, Content-Length request bodies, Content-Length / chunked / until-close responses, no redirects,
+no cookies, no proxies. Parsing is done by ``httptools`` (llhttp, the parser behind uvicorn); this module
+only owns connections, flow control and timeouts.
+
+Errors: :class:`ConnectFailed` when nothing was sent (the caller may try another worker), otherwise
+:class:`turnout.errors.UpstreamError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+import httptools
+
+from turnout.errors import UpstreamError
+
+__all__ = ["ConnectFailed", "Connection", "Pool", "Target", "split_url"]
+
+_HIGH_WATER = 1 << 20  # pause reading a worker once this much body is waiting for a slow client
+_IDLE_PER_HOST = 512
+
+
+class ConnectFailed(UpstreamError):
+    """The worker could not be reached at all; nothing was sent, another worker may be tried."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    scheme: str
+    host: str
+    port: int
+    path: str
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.scheme, self.host, self.port)
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.scheme == "https" else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == default else f"{host}:{self.port}"
+
+
+@lru_cache(maxsize=4096)
+def split_url(url: str) -> Target:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UpstreamError(f"unsupported upstream URL {url!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return Target(parts.scheme, parts.hostname, port, path)
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection carrying one request/response at a time."""
+
+    def __init__(self, key: tuple[str, str, int]) -> None:
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.lost = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.content_type = ""
+        self.headers_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.error: BaseException | None = None
+        self.body: deque[bytes] = deque()
+        self.buffered = 0
+        self.paused = False
+        self.received_any = False
+        self._header_name = b""
+        self._waiter: asyncio.Future[None] | None = None
+        self._until_eof = True
+
+    def begin(self) -> None:
+        """Prepare a reused connection for its next response."""
+        self._reset()
+
+    @property
+    def reusable(self) -> bool:
+        return (
+            self.complete
+            and not self.lost
+            and self.error is None
+            and self.transport is not None
+            and not self.transport.is_closing()
+            and self.keep_alive
+        )
+
+    # -- asyncio.Protocol --------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.received_any = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamError(f"invalid HTTP response: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if not self.complete and self.error is None:
+            if self.headers_done and self._until_eof:
+                self.complete = True  # body delimited by the end of the connection
+            else:
+                self.error = UpstreamError("connection closed by the worker" + (f": {exc}" if exc else ""))
+        self._wake()
+
+    def pause_writing(self) -> None:  # requests are small; nothing to throttle
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # -- httptools callbacks -----------------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name:
+            self._header_name = name.lower()
+        field = self._header_name
+        if field == b"content-type":
+            self.content_type = value.decode("latin-1").split(";", 1)[0].strip().lower()
+        elif field in (b"content-length", b"transfer-encoding"):
+            self._until_eof = False
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.headers_done = True
+        if self.status in (204, 304) or 100 <= self.status < 200:
+            self._until_eof = False
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self.buffered += len(body)
+        if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()  # only meaningful inside the callback
+        self._wake()
+
+    # -- used by the client ------------------------------------------------------------------------
+    def _fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def take(self) -> bytes:
+        chunk = b"".join(self.body) if len(self.body) > 1 else self.body[0]
+        self.body.clear()
+        self.buffered = 0
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        return chunk
+
+    def timed_out(self, label: str) -> None:
+        self._fail(UpstreamError(f"{label}: timed out"))
+        self.close()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+        self.lost = True
+
+
+class Pool:
+    """Idle keep-alive connections per (scheme, host, port)."""
+
+    def __init__(self, connect_timeout_s: float) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self._idle: dict[tuple[str, str, int], list[Connection]] = {}
+        self._ssl: ssl.SSLContext | None = None
+
+    async def connect(self, target: Target, label: str) -> tuple[Connection, bool]:
+        """(connection, reused)."""
+        idle = self._idle.get(target.key)
+        while idle:
+            conn = idle.pop()
+            if conn.transport is not None and not conn.lost and not conn.transport.is_closing():
+                conn.begin()
+                return conn, True
+        loop = asyncio.get_running_loop()
+        ctx = None
+        if target.scheme == "https":
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            ctx = self._ssl
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: Connection(target.key),
+                    target.host,
+                    target.port,
+                    ssl=ctx,
+                    server_hostname=target.host if ctx else None,
+                )
+        except TimeoutError:
+            raise ConnectFailed(f"{label}: cannot connect to {target.host}:{target.port}: timed out") from None
+        except ssl.SSLError as exc:
+            raise ConnectFailed(f"{label}: TLS handshake with {target.host} failed: {exc.reason}") from None
+        except OSError as exc:
+            why = exc.strerror or str(exc) or type(exc).__name__
+            raise ConnectFailed(f"{label}: cannot connect to {target.host}:{target.port}: {why}") from None
+        return conn, False
+
+    def release(self, conn: Connection) -> None:
+        if not conn.reusable:
+            conn.close()
+            return
+        idle = self._idle.setdefault(conn.key, [])
+        if len(idle) >= _IDLE_PER_HOST:
+            conn.close()
+        else:
+            idle.append(conn)
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
+
+
+def encode_request(method: str, target: Target, headers: Mapping[str, str] | None, body: bytes | None) -> bytes:
+    lines = [f"{method} {target.path} HTTP/1.1", f"Host: {target.host_header}"]
+    if headers:
+        lines.extend(f"{k}: {v}" for k, v in headers.items())
+    if body is not None:
+        lines.append(f"Content-Length: {len(body)}")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head + body if body else head
+
+
+async def iter_body(conn: Connection) -> AsyncIterator[bytes]:
+    """Body chunks as they arrive; raises the connection's error, if any, after what arrived before it."""
+    while True:
+        if conn.body:
+            yield conn.take()
+            continue
+        if conn.error is not None:
+            raise conn.error
+        if conn.complete:
+            return
+        await conn.wait()
