@@ -49,6 +49,33 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
     assert not leaked, f"test leaked tasks: {leaked}"
 
 
+def _children() -> set[int]:
+    me = str(os.getpid())
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me and fields[0] != "Z":
+                found.add(int(entry.name))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_processes() -> Iterator[None]:
+    """Fail a test that leaves child processes behind (session engines started before it are fine)."""
+    before = _children()
+    yield
+    deadline = time.monotonic() + 5
+    leaked = _children() - before
+    while leaked and time.monotonic() < deadline:
+        time.sleep(0.05)
+        leaked = _children() - before
+    assert not leaked, f"test leaked child processes: {sorted(leaked)}"
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny.gguf")

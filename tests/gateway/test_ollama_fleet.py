@@ -308,3 +308,36 @@ async def _admin_get(gw: object, path: str) -> dict:  # type: ignore[type-arg]
     async with aiohttp.ClientSession() as http, http.get(f"{gw.url}{path}", headers=gw.admin_headers) as resp:
         assert resp.status == 200
         return await resp.json()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("reply", [b"garbage\r\n\r\n", b'HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n{"cut'])
+async def test_broken_worker_is_502_in_dialect(gateway: GatewayFactory, reply: bytes) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if head.startswith(b"GET"):
+                body = b'{"object": "list", "data": [{"id": "m", "object": "model"}]}'
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+                head = await reader.readuntil(b"\r\n\r\n")
+            writer.write(reply)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        gw = await gateway([worker("raw", f"http://127.0.0.1:{port}", type="openai")])
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{gw.url}/v1/chat/completions", json={"model": "m", "messages": []}) as resp:
+                body = await resp.json()
+                assert resp.status == 502 and body["error"]["code"] == "upstream_error"
+            async with http.post(f"{gw.url}/api/chat", json={"model": "m", "messages": [], "stream": False}) as resp:
+                body = await resp.json()
+                assert resp.status == 502 and isinstance(body["error"], str)
+    finally:
+        server.close()
+        await server.wait_closed()
