@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.conftest import free_port
@@ -44,70 +46,53 @@ def test_config_check_ok(tmp_path: Path) -> None:
     assert result.returncode == 0 and "3 workers" in result.stdout
 
 
-def test_first_start_creates_data_dir_and_token(tmp_path: Path) -> None:
+@contextmanager
+def serving(cwd: Path, **env: str) -> Iterator[tuple[int, list[str]]]:
+    """Run `turnout serve` until the block ends; yields (port, output lines once it has stopped)."""
     port = free_port()
+    clean = {k: v for k, v in os.environ.items() if k != "TURNOUT_ADMIN_TOKEN"}
     proc = subprocess.Popen(
         [*TURNOUT, "serve", "--port", str(port)],
-        cwd=tmp_path,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={k: v for k, v in os.environ.items() if k != "TURNOUT_ADMIN_TOKEN"},
+        env={**clean, **env},
     )
+    output: list[str] = []
     try:
         _wait_ready(port, proc)
+        yield port, output
+    finally:
+        proc.terminate()
+        output.extend(proc.communicate(timeout=20)[0].splitlines())
+
+
+def admin_get(port: int, token: str) -> tuple[int, object]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/admin/api/inventory", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return resp.status, json.load(resp)
+
+
+def test_first_start_creates_data_dir_and_token(tmp_path: Path) -> None:
+    with serving(tmp_path) as (port, first):
         token_file = tmp_path / "turnout-data" / "admin-token"
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
         token = token_file.read_text().strip()
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{port}/admin/api/inventory", headers={"Authorization": f"Bearer {token}"}
-        )
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            assert json.load(resp) == {"workers": []}
-    finally:
-        proc.terminate()
-        output, _ = proc.communicate(timeout=20)
-    assert token in output  # printed once on first start
+        assert admin_get(port, token) == (200, {"workers": []})
+    assert any(token in line for line in first)  # printed once on first start
     starter = json.loads((tmp_path / "turnout-data" / "config.json").read_text())
     assert starter["workers"] == [] and starter["storage"]["data_dir"] == "."
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [*TURNOUT, "serve", "--port", str(port)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={k: v for k, v in os.environ.items() if k != "TURNOUT_ADMIN_TOKEN"},
-    )
-    try:
-        _wait_ready(port, proc)
-    finally:
-        proc.terminate()
-        output, _ = proc.communicate(timeout=20)
-    assert token not in output  # not printed again
+    with serving(tmp_path) as (_, second):
+        pass
+    assert not any(token in line for line in second)  # not printed again
 
 
 def test_env_token_wins_and_no_file_is_written(tmp_path: Path) -> None:
-    port = free_port()
-    env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "from-env"}
-    proc = subprocess.Popen(
-        [*TURNOUT, "serve", "--port", str(port)],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    try:
-        _wait_ready(port, proc)
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{port}/admin/api/inventory", headers={"Authorization": "Bearer from-env"}
-        )
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            assert resp.status == 200
-    finally:
-        proc.terminate()
-        proc.wait(20)
+    with serving(tmp_path, TURNOUT_ADMIN_TOKEN="from-env") as (port, _):
+        assert admin_get(port, "from-env")[0] == 200
     assert not (tmp_path / "turnout-data" / "admin-token").exists()
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from turnout.core.placement import resolve_placement
 from turnout.fleet.state import Fleet, WorkerState
 
-__all__ = ["ollama_ps", "ollama_tags", "openai_models"]
+__all__ = ["iso_time", "ollama_ps", "ollama_tags", "openai_models", "unknown_details"]
 
 
 def _visible(fleet: Fleet) -> dict[str, list[tuple[WorkerState, dict[str, Any]]]]:
@@ -65,23 +65,32 @@ def ollama_ps(fleet: Fleet) -> dict[str, Any]:
     return {"models": [seen[n] for n in sorted(seen)]}
 
 
+def iso_time(epoch: object = None) -> str:
+    """Ollama-style UTC timestamp of ``epoch`` (seconds), or of now when it is not a number."""
+    when = datetime.fromtimestamp(epoch, UTC) if isinstance(epoch, int | float) and epoch > 0 else datetime.now(UTC)
+    return when.isoformat().replace("+00:00", "Z")
+
+
+def unknown_details() -> dict[str, Any]:
+    """Ollama's ``details`` object for a model served by an OpenAI-style worker, which reports none of it."""
+    return {
+        "parent_model": "",
+        "format": "",
+        "family": "",
+        "families": [],
+        "parameter_size": "",
+        "quantization_level": "",
+    }
+
+
 def _tag_from_openai(name: str, entry: dict[str, Any]) -> dict[str, Any]:
-    created = entry.get("created")
-    when = datetime.fromtimestamp(created, UTC) if isinstance(created, int | float) else datetime.now(UTC)
     return {
         "name": name,
         "model": name,
-        "modified_at": when.isoformat().replace("+00:00", "Z"),
+        "modified_at": iso_time(entry.get("created")),
         "size": 0,
         "digest": "",
-        "details": {
-            "parent_model": "",
-            "format": "",
-            "family": "",
-            "families": [],
-            "parameter_size": "",
-            "quantization_level": "",
-        },
+        "details": unknown_details(),
     }
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -27,6 +26,7 @@ from turnout.core.signals import tokens_per_second
 from turnout.errors import BadRequest, TurnoutError, UpstreamError
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.calls import Call, Endpoint
+from turnout.gateway.catalog import iso_time, unknown_details
 from turnout.gateway.dialect import Dialect, error_frame, error_response
 from turnout.gateway.dispatch import Dispatcher, Lease, no_route_error
 from turnout.metrics import Metrics
@@ -155,7 +155,7 @@ class Proxy:
                 return _json(translate.ollama_error_from_openai(data, up.status), up.status)
             if not call.stream:
                 parsed = _decode(await up.read(), worker.name)
-                timing = translate.Timing(_now_iso(), time.perf_counter_ns() - started)
+                timing = translate.Timing(iso_time(), time.perf_counter_ns() - started)
                 if call.endpoint in (Endpoint.EMBED, Endpoint.EMBED_LEGACY):
                     legacy = call.endpoint is Endpoint.EMBED_LEGACY
                     return _json(translate.embed_from_openai(parsed, call.model, timing, legacy=legacy))
@@ -190,13 +190,13 @@ class Proxy:
                 event = _decode(data, worker.name)
                 if "error" in event:
                     raise UpstreamError(translate.ollama_error_from_openai(data, 500)["error"])
-                for obj in translator.feed(event, _now_iso()):
+                for obj in translator.feed(event, iso_time()):
                     if not first_ns:
                         first_ns = time.perf_counter_ns() - started
                     await resp.write(orjson.dumps(obj) + b"\n")
             if not done and translator.finish_reason is None:
                 raise UpstreamError(f"{worker.name}: the stream ended before the model finished")
-            timing = translate.Timing(_now_iso(), time.perf_counter_ns() - started, first_ns)
+            timing = translate.Timing(iso_time(), time.perf_counter_ns() - started, first_ns)
             final = translator.finish(timing)
             for obj in final:
                 await resp.write(orjson.dumps(obj) + b"\n")
@@ -220,17 +220,10 @@ class Proxy:
                 "modelfile": "",
                 "parameters": "",
                 "template": "",
-                "details": {
-                    "parent_model": "",
-                    "format": "",
-                    "family": "",
-                    "families": [],
-                    "parameter_size": "",
-                    "quantization_level": "",
-                },
+                "details": unknown_details(),
                 "model_info": {"general.architecture": "", "turnout.owned_by": entry.get("owned_by", "")},
                 "capabilities": ["completion"],
-                "modified_at": _iso(entry.get("created")),
+                "modified_at": iso_time(entry.get("created")),
             }
         )
 
@@ -288,13 +281,3 @@ def _decode(data: bytes, label: str) -> dict[str, Any]:
 
 def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
-
-
-def _now_iso() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
-
-
-def _iso(epoch: object) -> str:
-    if isinstance(epoch, int | float) and epoch > 0:
-        return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
-    return _now_iso()
