@@ -239,3 +239,41 @@ async def clients() -> AsyncIterator[Clients]:
     holder = Clients()
     yield holder
     await holder.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    from tests.support.services import postgres_server
+
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    from tests.support.services import redis_server
+
+    with redis_server() as url:
+        yield url
+
+
+_db_counter = iter(range(1, 1_000_000))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database on each backend: SQLite in tmp_path, a new database on the real server."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'turnout.db'}"
+        return
+    import sqlalchemy
+
+    server = request.getfixturevalue("postgres_url")
+    name = f"t{os.getpid()}_{next(_db_counter)}"
+    admin = sqlalchemy.create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    yield server.rsplit("/", 1)[0] + f"/{name}"
+    with admin.connect() as conn:
+        conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    admin.dispose()

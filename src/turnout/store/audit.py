@@ -1,0 +1,72 @@
+"""The audit log: append-only records of who changed what, when, with before/after."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import insert, select
+
+from turnout.store.db import Database
+from turnout.store.schema import audit
+
+__all__ = ["AuditLog", "AuditRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    id: int
+    ts: float
+    actor: str
+    action: str
+    target: str
+    before: Any
+    after: Any
+    detail: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "ts": self.ts,
+            "actor": self.actor,
+            "action": self.action,
+            "target": self.target,
+            "before": self.before,
+            "after": self.after,
+            "detail": self.detail,
+        }
+
+
+class AuditLog:
+    """Only ``record`` writes; nothing updates or deletes rows."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def record(
+        self,
+        *,
+        actor: str,
+        action: str,
+        target: str,
+        now: float,
+        before: Any = None,
+        after: Any = None,
+        detail: str | None = None,
+    ) -> None:
+        with self.db.begin() as conn:
+            conn.execute(
+                insert(audit).values(
+                    ts=now, actor=actor, action=action, target=target, before=before, after=after, detail=detail
+                )
+            )
+
+    def entries(self, *, since: float | None = None, action: str | None = None, limit: int = 100) -> list[AuditRecord]:
+        query = select(audit).order_by(audit.c.id.desc()).limit(max(1, min(limit, 10_000)))
+        if since is not None:
+            query = query.where(audit.c.ts >= since)
+        if action is not None:
+            query = query.where(audit.c.action == action)
+        with self.db.begin() as conn:
+            rows = conn.execute(query).mappings().all()
+        return [AuditRecord(**dict(r)) for r in rows]

@@ -1,0 +1,271 @@
+"""Tenants, apps and their API keys. Only a SHA-256 of each key is stored; the key is shown once.
+
+Key format: ``tk_`` + 43 URL-safe characters (256 random bits). A key is referred to by its id or its
+display prefix (the first 10 characters) in the CLI and admin API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, CursorResult, insert, select, update
+
+from turnout.core.patterns import Pattern, parse_pattern
+from turnout.store.db import Database, StoreError
+from turnout.store.schema import apps, keys, tenants
+
+__all__ = ["KEY_PREFIX", "KeyRecord", "KeyStore", "hash_key", "parse_scopes"]
+
+KEY_PREFIX = "tk_"
+DEFAULT_TENANT = "default"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def parse_scopes(items: list[str] | None) -> list[str]:
+    """``model:<pattern>`` or bare patterns -> validated patterns; none given means every model."""
+    if not items:
+        return ["*"]
+    out = []
+    for raw in items:
+        text = raw.strip().removeprefix("model:")
+        parse_pattern(text)  # PatternError (a ValueError) names the problem
+        out.append(text)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    id: int
+    prefix: str
+    app: str
+    tenant: str
+    tenant_id: int
+    tenant_max_concurrent: int | None
+    tenant_weight: int
+    scopes: tuple[Pattern, ...]
+    rpm: int | None
+    daily_tokens: int | None
+    expires_at: float | None
+    revoked_at: float | None
+    lineage: int
+    created_at: float
+
+    def usable(self, now: float) -> str | None:
+        """None when the key may be used at ``now``, else why not."""
+        if self.revoked_at is not None and self.revoked_at <= now:
+            return "this API key was revoked"
+        if self.expires_at is not None and self.expires_at <= now:
+            return "this API key has expired"
+        return None
+
+    def allows(self, model: str) -> bool:
+        return any(p.matches(model) for p in self.scopes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "prefix": self.prefix,
+            "app": self.app,
+            "tenant": self.tenant,
+            "models": [f"model:{p.text}" for p in self.scopes],
+            "rpm": self.rpm,
+            "daily_tokens": self.daily_tokens,
+            "expires_at": self.expires_at,
+            "revoked_at": self.revoked_at,
+            "created_at": self.created_at,
+        }
+
+
+class KeyStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def create(
+        self,
+        *,
+        app: str,
+        tenant: str | None,
+        scopes: list[str],
+        rpm: int | None,
+        daily_tokens: int | None,
+        expires_at: float | None,
+        now: float,
+    ) -> tuple[KeyRecord, str]:
+        """A new key for ``app`` (created, with its tenant, when missing); returns (record, plaintext)."""
+        for name, value in (("rpm", rpm), ("daily_tokens", daily_tokens)):
+            if value is not None and value < 1:
+                raise StoreError(f"{name} must be at least 1, got {value}")
+        with self.db.begin() as conn:
+            app_id = self._app_id(conn, app, tenant, now)
+            plaintext, key_id = self._insert(conn, app_id, scopes, rpm, daily_tokens, expires_at, None, now)
+            record = self._load(conn, key_id)
+        return record, plaintext
+
+    def rotate(self, ref: str, *, grace_s: float, now: float) -> tuple[KeyRecord, KeyRecord, str]:
+        """(old, new, plaintext): the new key copies scopes and limits; the old one works for ``grace_s``."""
+        with self.db.begin() as conn:
+            old = self._resolve(conn, ref)
+            if old.usable(now) is not None:
+                raise StoreError(f"key {old.prefix} cannot be rotated: {old.usable(now)}")
+            row = conn.execute(select(keys).where(keys.c.id == old.id)).mappings().one()
+            plaintext, new_id = self._insert(
+                conn,
+                row["app_id"],
+                row["models"],
+                row["rpm"],
+                row["daily_tokens"],
+                row["expires_at"],
+                old.lineage,
+                now,
+            )
+            until = now + grace_s
+            if old.expires_at is not None:
+                until = min(until, old.expires_at)
+            conn.execute(update(keys).where(keys.c.id == old.id).values(expires_at=until, rotated_to=new_id))
+            return self._load(conn, old.id), self._load(conn, new_id), plaintext
+
+    def revoke(self, ref: str, *, now: float) -> tuple[KeyRecord, KeyRecord]:
+        """(before, after)."""
+        with self.db.begin() as conn:
+            before = self._resolve(conn, ref)
+            if before.revoked_at is None:
+                conn.execute(update(keys).where(keys.c.id == before.id).values(revoked_at=now))
+            return before, self._load(conn, before.id)
+
+    def get(self, ref: str) -> KeyRecord:
+        with self.db.begin() as conn:
+            return self._resolve(conn, ref)
+
+    def all(self) -> list[KeyRecord]:
+        with self.db.begin() as conn:
+            ids = conn.execute(select(keys.c.id).order_by(keys.c.id)).scalars().all()
+            return [self._load(conn, i) for i in ids]
+
+    def find(self, plaintext: str) -> KeyRecord | None:
+        """The record of a presented key, or None. Constant work whatever the key looks like."""
+        digest = hash_key(plaintext)
+        with self.db.begin() as conn:
+            key_id = conn.execute(select(keys.c.id).where(keys.c.hash == digest)).scalar()
+            return None if key_id is None else self._load(conn, key_id)
+
+    def ensure_tenant(self, name: str, *, max_concurrent: int | None, weight: int, now: float) -> None:
+        with self.db.begin() as conn:
+            tenant_id = self._tenant_id(conn, name, now)
+            conn.execute(
+                update(tenants).where(tenants.c.id == tenant_id).values(max_concurrent=max_concurrent, weight=weight)
+            )
+
+    def count(self) -> int:
+        with self.db.begin() as conn:
+            return len(conn.execute(select(keys.c.id)).all())
+
+    # -- internals -------------------------------------------------------------------------------
+    def _tenant_id(self, conn: Connection, name: str, now: float) -> int:
+        found = conn.execute(select(tenants.c.id).where(tenants.c.name == name)).scalar()
+        if found is not None:
+            return int(found)
+        return _new_id(conn.execute(insert(tenants).values(name=name, created_at=now)))
+
+    def _app_id(self, conn: Connection, app: str, tenant: str | None, now: float) -> int:
+        if not app or len(app) > 128:
+            raise StoreError("app name must be 1 to 128 characters")
+        row = conn.execute(
+            select(apps.c.id, tenants.c.name).join(tenants, apps.c.tenant_id == tenants.c.id).where(apps.c.name == app)
+        ).first()
+        if row is not None:
+            if tenant is not None and row[1] != tenant:
+                raise StoreError(f'app "{app}" belongs to tenant "{row[1]}", not "{tenant}"')
+            return int(row[0])
+        tenant_id = self._tenant_id(conn, tenant or DEFAULT_TENANT, now)
+        result = conn.execute(insert(apps).values(name=app, tenant_id=tenant_id, created_at=now))
+        return _new_id(result)
+
+    def _insert(
+        self,
+        conn: Connection,
+        app_id: int,
+        scopes: list[str],
+        rpm: int | None,
+        daily_tokens: int | None,
+        expires_at: float | None,
+        lineage: int | None,
+        now: float,
+    ) -> tuple[str, int]:
+        plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
+        result = conn.execute(
+            insert(keys).values(
+                app_id=app_id,
+                prefix=plaintext[:10],
+                hash=hash_key(plaintext),
+                models=scopes,
+                rpm=rpm,
+                daily_tokens=daily_tokens,
+                expires_at=expires_at,
+                lineage=lineage,
+                created_at=now,
+            )
+        )
+        return plaintext, _new_id(result)
+
+    def _resolve(self, conn: Connection, ref: str) -> KeyRecord:
+        ref = ref.strip()
+        query = select(keys.c.id)
+        if ref.isdigit():
+            query = query.where(keys.c.id == int(ref))
+        elif ref.startswith(KEY_PREFIX) and len(ref) > 10:
+            query = query.where(keys.c.hash == hash_key(ref))
+        else:
+            query = query.where(keys.c.prefix == ref)
+        found = conn.execute(query).scalars().all()
+        if not found:
+            raise KeyError(f'no key "{ref}" (use the id or the prefix shown by `turnout key list`)')
+        if len(found) > 1:
+            raise KeyError(f'"{ref}" matches {len(found)} keys; use the id')
+        return self._load(conn, found[0])
+
+    def _load(self, conn: Connection, key_id: int) -> KeyRecord:
+        row = (
+            conn.execute(
+                select(
+                    keys,
+                    apps.c.name.label("app"),
+                    tenants.c.name.label("tenant"),
+                    tenants.c.id.label("tenant_id"),
+                    tenants.c.max_concurrent.label("tmax"),
+                    tenants.c.weight.label("tweight"),
+                )
+                .join(apps, keys.c.app_id == apps.c.id)
+                .join(tenants, apps.c.tenant_id == tenants.c.id)
+                .where(keys.c.id == key_id)
+            )
+            .mappings()
+            .one()
+        )
+        return KeyRecord(
+            id=row["id"],
+            prefix=row["prefix"],
+            app=row["app"],
+            tenant=row["tenant"],
+            tenant_id=row["tenant_id"],
+            tenant_max_concurrent=row["tmax"],
+            tenant_weight=row["tweight"] or 1,
+            scopes=tuple(parse_pattern(p) for p in row["models"]),
+            rpm=row["rpm"],
+            daily_tokens=row["daily_tokens"],
+            expires_at=row["expires_at"],
+            revoked_at=row["revoked_at"],
+            lineage=row["lineage"] or row["id"],
+            created_at=row["created_at"],
+        )
+
+
+def _new_id(result: CursorResult[Any]) -> int:
+    pk = result.inserted_primary_key
+    assert pk is not None
+    return int(pk[0])

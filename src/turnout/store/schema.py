@@ -1,0 +1,90 @@
+"""Table definitions (the Alembic migrations create exactly these)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+__all__ = ["apps", "audit", "keys", "metadata", "tenants", "usage"]
+
+metadata = MetaData()
+
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(128), nullable=False, unique=True),
+    Column("max_concurrent", Integer, nullable=True),
+    Column("weight", Integer, nullable=False, server_default="1"),
+    Column("created_at", Float, nullable=False),
+)
+
+apps = Table(
+    "apps",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("name", String(128), nullable=False, unique=True),
+    Column("created_at", Float, nullable=False),
+)
+
+keys = Table(
+    "keys",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("app_id", Integer, ForeignKey("apps.id"), nullable=False),
+    Column("prefix", String(16), nullable=False),
+    Column("hash", String(64), nullable=False, unique=True),
+    Column("models", JSON, nullable=False),
+    Column("rpm", Integer, nullable=True),
+    Column("daily_tokens", BigInteger, nullable=True),
+    Column("expires_at", Float, nullable=True),
+    Column("revoked_at", Float, nullable=True),
+    Column("rotated_to", Integer, nullable=True),
+    Column("lineage", Integer, nullable=True),  # the first key of a rotation chain; limits are shared along it
+    Column("created_at", Float, nullable=False),
+)
+
+usage = Table(
+    "usage",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("ts", Float, nullable=False),
+    Column("key_id", Integer, nullable=True),
+    Column("endpoint", String(64), nullable=False),
+    Column("model", String(256), nullable=False),
+    Column("worker", String(128), nullable=True),
+    Column("status", Integer, nullable=False),
+    Column("error", Boolean, nullable=False),
+    Column("prompt_tokens", Integer, nullable=False),
+    Column("completion_tokens", Integer, nullable=False),
+    Column("latency_ms", Float, nullable=False),
+    Index("ix_usage_ts", "ts"),
+    Index("ix_usage_key_ts", "key_id", "ts"),
+)
+
+audit = Table(
+    "audit",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("ts", Float, nullable=False),
+    Column("actor", String(128), nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("target", String(256), nullable=False),
+    Column("before", JSON, nullable=True),
+    Column("after", JSON, nullable=True),
+    Column("detail", Text, nullable=True),
+    Index("ix_audit_ts", "ts"),
+)
