@@ -194,6 +194,7 @@ async def gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
         config = {
             "storage": {"data_dir": str(data_dir)},
             "health": {"interval_s": 3600, "timeout_s": 2},
+            "auth": {"open": True},
             "workers": workers,
             **sections,
         }

@@ -7,6 +7,7 @@ The environment is read here and nowhere else (``TURNOUT_ADMIN_TOKEN``). A bad f
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ __all__ = [
     "Settings",
     "WorkerType",
     "config_schema",
+    "is_loopback",
     "load_settings",
     "starter_config",
 ]
@@ -67,6 +69,12 @@ class Storage(_Model):
     model_placement_file: str = Field(
         "model-placement.json", description="UI placement overrides, relative to data_dir unless absolute"
     )
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL (postgresql://user:pass@host/db); default: SQLite turnout.db in data_dir"
+    )
+    redis_url: str | None = Field(
+        None, description="redis://host:port/db; when set, rate and token limits are shared by every replica"
+    )
 
 
 class Routing(_Model):
@@ -100,6 +108,22 @@ class Limits(_Model):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest accepted request body")
     upstream_timeout_s: float = Field(600, gt=0, description="total time allowed for one upstream request")
     connect_timeout_s: float = Field(5, gt=0, description="time allowed to connect to a worker")
+
+
+class Auth(_Model):
+    open: bool = Field(
+        False, description="serve client APIs without keys; refused unless listen.host is a loopback address"
+    )
+    rotate_grace_s: float = Field(86_400, ge=0, description="how long a rotated key keeps working")
+    key_cache_s: float = Field(5, ge=0, description="how long a key lookup is cached (CLI revocations lag by this)")
+    default_completion_tokens: int = Field(
+        256, ge=1, description="tokens reserved for the answer when a request sets no max_tokens / num_predict"
+    )
+
+
+class Tenant(_Model):
+    max_concurrent: int | None = Field(None, ge=1, description="requests in flight for all of this tenant's keys")
+    weight: int = Field(1, ge=1, le=100, description="share of the routing queue relative to other tenants")
 
 
 class ModelPlacement(_Model):
@@ -147,6 +171,8 @@ class Settings(_Model):
     routing: Routing = Field(default_factory=Routing)
     health: Health = Field(default_factory=Health)
     limits: Limits = Field(default_factory=Limits)
+    auth: Auth = Field(default_factory=Auth)
+    tenants: dict[str, Tenant] = Field(default_factory=dict)
     workers: list[Worker] = Field(default_factory=list)
 
     # Filled by the loader, not by the file.
@@ -160,6 +186,15 @@ class Settings(_Model):
             if worker.name in seen:
                 raise ValueError(f"workers[{index}].name: duplicate worker name {worker.name!r}")
             seen.add(worker.name)
+        return self
+
+    @model_validator(mode="after")
+    def _open_only_on_loopback(self) -> Self:
+        if self.auth.open and not is_loopback(self.listen.host):
+            raise ValueError(
+                f"auth.open: open access (no API keys) is only allowed on a loopback bind, "
+                f"but listen.host is {self.listen.host!r}; use keys or bind 127.0.0.1"
+            )
         return self
 
     @property
@@ -176,6 +211,15 @@ class Settings(_Model):
 
     def worker(self, name: str) -> Worker | None:
         return next((w for w in self.workers if w.name == name), None)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:

@@ -41,6 +41,7 @@ class TurnoutError(Exception):
         if code is not None:
             self.code = code
         self.retry_after = retry_after
+        self.headers: dict[str, str] = {}
 
 
 class BadRequest(TurnoutError):

@@ -18,13 +18,31 @@ from turnout.config import Settings
 from turnout.errors import NotFound, TurnoutError
 from turnout.fleet.poller import Poller
 from turnout.fleet.state import Fleet
+from turnout.gateway.accounting import Accountant
 from turnout.gateway.dialect import Dialect, error_response
 from turnout.gateway.dispatch import Dispatcher
-from turnout.gateway.keys import ADMIN_AUTH, DISPATCHER, FLEET, METRICS, POLLER, PROXY, SETTINGS
+from turnout.gateway.keys import (
+    ACCOUNTANT,
+    ADMIN_AUTH,
+    AUDIT,
+    DATABASE,
+    DISPATCHER,
+    FLEET,
+    KEYS,
+    METRICS,
+    POLLER,
+    PROXY,
+    SETTINGS,
+    USAGE,
+)
 from turnout.gateway.proxy import Proxy
 from turnout.gateway.routes import add_client_routes
 from turnout.metrics import Metrics
 from turnout.state.placement_store import PlacementStore
+from turnout.store.audit import AuditLog
+from turnout.store.db import Database, database_url
+from turnout.store.keys import KeyStore
+from turnout.store.usage import UsageStore
 from turnout.upstream.client import UpstreamClient
 
 __all__ = ["create_app"]
@@ -87,9 +105,14 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 def create_app(settings: Settings, *, admin_token: str) -> web.Application:
-    """Build the gateway. Raises PlacementFileError if the override file is unusable."""
+    """Build the gateway. Raises PlacementFileError if the override file is unusable, StoreError if the
+    database cannot be opened or migrated."""
     placement = PlacementStore(settings.placement_file)
     placement.load()
+    database = Database(database_url(settings.storage.database_url, settings.data_dir))
+    database.migrate()
+    keys, usage = KeyStore(database), UsageStore(database)
+    accountant = Accountant(settings, keys, usage)
     fleet = Fleet(settings, placement)
     metrics = Metrics(fleet)
     client = UpstreamClient(
@@ -107,6 +130,11 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
     app[POLLER] = poller
     app[PROXY] = Proxy(settings, fleet, dispatcher, client, metrics)
     app[ADMIN_AUTH] = AdminAuth(admin_token)
+    app[DATABASE] = database
+    app[KEYS] = keys
+    app[USAGE] = usage
+    app[AUDIT] = AuditLog(database)
+    app[ACCOUNTANT] = accountant
     add_client_routes(app)
     add_admin_routes(app)
     app.router.add_get("/metrics", _metrics)
@@ -114,11 +142,14 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await client.start()
+        await accountant.start()
         await poller.poll_all()
         poller.start()
         yield
         await poller.stop()
+        await accountant.close()
         await client.close()
+        database.close()
 
     app.cleanup_ctx.append(lifecycle)
     return app

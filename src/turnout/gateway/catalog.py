@@ -6,6 +6,7 @@ its placement rules allow it. The admin inventory (unfiltered) lives in the admi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,22 +16,30 @@ from turnout.fleet.state import Fleet, WorkerState
 __all__ = ["iso_time", "ollama_ps", "ollama_tags", "openai_models", "unknown_details"]
 
 
-def _visible(fleet: Fleet) -> dict[str, list[tuple[WorkerState, dict[str, Any]]]]:
-    """Model name -> (worker, raw inventory entry) for every healthy worker allowed to serve it."""
+Visible = Callable[[str], bool]
+
+
+def _everything(_: str) -> bool:
+    return True
+
+
+def _visible(fleet: Fleet, allowed: Visible) -> dict[str, list[tuple[WorkerState, dict[str, Any]]]]:
+    """Model name -> (worker, raw inventory entry) for every healthy worker allowed to serve it, limited to
+    the names ``allowed`` accepts (the caller's key scopes)."""
     out: dict[str, list[tuple[WorkerState, dict[str, Any]]]] = {}
     for state in fleet.workers.values():
         if not state.healthy or state.inventory is None:
             continue
         rules, _ = fleet.rules(state.name)
         for name, entry in state.tags.items():
-            if resolve_placement(rules, name).allowed:
+            if allowed(name) and resolve_placement(rules, name).allowed:
                 out.setdefault(name, []).append((state, entry))
     return out
 
 
-def ollama_tags(fleet: Fleet) -> dict[str, Any]:
+def ollama_tags(fleet: Fleet, allowed: Visible = _everything) -> dict[str, Any]:
     models = []
-    for name, holders in sorted(_visible(fleet).items()):
+    for name, holders in sorted(_visible(fleet, allowed).items()):
         state, entry = holders[0]
         if fleet.is_openai(state.name):
             entry = _tag_from_openai(name, entry)
@@ -38,9 +47,9 @@ def ollama_tags(fleet: Fleet) -> dict[str, Any]:
     return {"models": models}
 
 
-def openai_models(fleet: Fleet) -> dict[str, Any]:
+def openai_models(fleet: Fleet, allowed: Visible = _everything) -> dict[str, Any]:
     data = []
-    for name, holders in sorted(_visible(fleet).items()):
+    for name, holders in sorted(_visible(fleet, allowed).items()):
         state, entry = holders[0]
         if fleet.is_openai(state.name):
             created = entry.get("created")
@@ -52,7 +61,7 @@ def openai_models(fleet: Fleet) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
-def ollama_ps(fleet: Fleet) -> dict[str, Any]:
+def ollama_ps(fleet: Fleet, allowed: Visible = _everything) -> dict[str, Any]:
     seen: dict[str, dict[str, Any]] = {}
     for state in fleet.workers.values():
         if not state.healthy:
@@ -60,7 +69,7 @@ def ollama_ps(fleet: Fleet) -> dict[str, Any]:
         rules, _ = fleet.rules(state.name)
         for entry in state.ps:
             name = entry.get("name")
-            if isinstance(name, str) and name not in seen and resolve_placement(rules, name).allowed:
+            if isinstance(name, str) and name not in seen and allowed(name) and resolve_placement(rules, name).allowed:
                 seen[name] = entry
     return {"models": [seen[n] for n in sorted(seen)]}
 

@@ -25,7 +25,9 @@ def error_body(dialect: Dialect, err: TurnoutError) -> bytes:
 
 
 def error_response(dialect: Dialect, err: TurnoutError) -> web.Response:
-    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
+    headers = dict(err.headers)
+    if err.retry_after is not None:
+        headers["Retry-After"] = str(err.retry_after)
     return web.Response(
         status=err.status, body=error_body(dialect, err), content_type="application/json", headers=headers
     )

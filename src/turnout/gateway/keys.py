@@ -11,11 +11,29 @@ if TYPE_CHECKING:
     from turnout.config import Settings
     from turnout.fleet.poller import Poller
     from turnout.fleet.state import Fleet
+    from turnout.gateway.accounting import Accountant
     from turnout.gateway.dispatch import Dispatcher
     from turnout.gateway.proxy import Proxy
     from turnout.metrics import Metrics
+    from turnout.store.audit import AuditLog
+    from turnout.store.db import Database
+    from turnout.store.keys import KeyStore
+    from turnout.store.usage import UsageStore
 
-__all__ = ["ADMIN_AUTH", "DISPATCHER", "FLEET", "METRICS", "POLLER", "PROXY", "SETTINGS"]
+__all__ = [
+    "ACCOUNTANT",
+    "ADMIN_AUTH",
+    "AUDIT",
+    "DATABASE",
+    "DISPATCHER",
+    "FLEET",
+    "KEYS",
+    "METRICS",
+    "POLLER",
+    "PROXY",
+    "SETTINGS",
+    "USAGE",
+]
 
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings")
 FLEET: web.AppKey[Fleet] = web.AppKey("fleet")
@@ -24,3 +42,8 @@ PROXY: web.AppKey[Proxy] = web.AppKey("proxy")
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
 POLLER: web.AppKey[Poller] = web.AppKey("poller")
 ADMIN_AUTH: web.AppKey[AdminAuth] = web.AppKey("admin_auth")
+ACCOUNTANT: web.AppKey[Accountant] = web.AppKey("accountant")
+DATABASE: web.AppKey[Database] = web.AppKey("database")
+KEYS: web.AppKey[KeyStore] = web.AppKey("keys")
+AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
+USAGE: web.AppKey[UsageStore] = web.AppKey("usage")

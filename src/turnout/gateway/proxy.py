@@ -25,6 +25,7 @@ from turnout.core.routing import NoRoute
 from turnout.core.signals import tokens_per_second
 from turnout.errors import BadRequest, TurnoutError, UpstreamError
 from turnout.fleet.state import Fleet, WorkerState
+from turnout.gateway.accounting import Outcome
 from turnout.gateway.calls import Call, Endpoint
 from turnout.gateway.catalog import iso_time, unknown_details
 from turnout.gateway.dialect import Dialect, error_frame, error_response
@@ -37,6 +38,7 @@ __all__ = ["Proxy"]
 _EVAL_COUNT = re.compile(rb'"eval_count"\s*:\s*(\d+)')
 _EVAL_DURATION = re.compile(rb'"eval_duration"\s*:\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_PROMPT_TOKENS = re.compile(rb'"(?:prompt_eval_count|prompt_tokens)"\s*:\s*(\d+)')
 _TAIL = 4096
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -56,7 +58,7 @@ class Proxy:
         self.client = client
         self.metrics = metrics
 
-    async def serve(self, request: web.Request, call: Call) -> web.StreamResponse:
+    async def serve(self, request: web.Request, call: Call, outcome: Outcome) -> web.StreamResponse:
         if call.endpoint is Endpoint.SHOW:
             return await self._show(call)
         exclude: set[str] = set()
@@ -68,8 +70,9 @@ class Proxy:
                 if failure is not None:  # every reachable candidate failed: report the real cause
                     raise failure from None
                 raise
+            outcome.worker = lease.worker.name
             try:
-                return await self._attempt(request, call, lease)
+                return await self._attempt(request, call, lease, outcome)
             except ConnectFailed as exc:
                 self.metrics.upstream_errors.labels(lease.worker.name, "connect").inc()
                 lease.worker.mark_down(exc.message)
@@ -81,18 +84,18 @@ class Proxy:
         assert failure is not None
         raise failure
 
-    async def _attempt(self, request: web.Request, call: Call, lease: Lease) -> web.StreamResponse:
+    async def _attempt(self, request: web.Request, call: Call, lease: Lease, outcome: Outcome) -> web.StreamResponse:
         worker = lease.worker
         if call.dialect is Dialect.OLLAMA and self.fleet.is_openai(worker.name):
-            return await self._translated(request, call, lease)
+            return await self._translated(request, call, lease, outcome)
         body = call.body
         if lease.model != call.model:
             body = orjson.dumps({**call.payload, "model": lease.model})
-        return await self._passthrough(request, call, worker, call.path, body)
+        return await self._passthrough(request, call, worker, call.path, body, outcome)
 
     # -- same dialect ----------------------------------------------------------------------------
     async def _passthrough(
-        self, request: web.Request, call: Call, worker: WorkerState, path: str, body: bytes
+        self, request: web.Request, call: Call, worker: WorkerState, path: str, body: bytes, outcome: Outcome
     ) -> web.StreamResponse:
         started = time.perf_counter()
         async with self.client.request(
@@ -101,7 +104,7 @@ class Proxy:
             if not call.stream or up.status >= 300:
                 data = await up.read()
                 if up.status < 300:
-                    self._learn(worker, call.model, data, time.perf_counter() - started)
+                    self._learn(worker, call.model, data, time.perf_counter() - started, outcome)
                 return _relay(call, up, data)
             resp = web.StreamResponse(status=up.status, headers=_STREAM_HEADERS)
             resp.content_type = up.content_type
@@ -119,16 +122,17 @@ class Proxy:
                 if not _finished(call.dialect, tail):
                     raise UpstreamError(f"{worker.name}: the stream ended before the model finished")
             except UpstreamError as exc:
+                outcome.failed = True
                 self.metrics.upstream_errors.labels(worker.name, "stream").inc()
                 await resp.write(error_frame(call.dialect, exc))
             else:
                 elapsed = time.perf_counter() - (first or started)
-                self._learn(worker, call.model, tail, elapsed, stream_events=max(events - 1, 0))
+                self._learn(worker, call.model, tail, elapsed, outcome, stream_events=max(events - 1, 0))
             await resp.write_eof()
             return resp
 
     # -- Ollama client, OpenAI-style worker --------------------------------------------------------
-    async def _translated(self, request: web.Request, call: Call, lease: Lease) -> web.StreamResponse:
+    async def _translated(self, request: web.Request, call: Call, lease: Lease, outcome: Outcome) -> web.StreamResponse:
         p, model = call.payload, lease.model
         generate = call.endpoint is Endpoint.GENERATE
         try:
@@ -158,11 +162,14 @@ class Proxy:
                 timing = translate.Timing(iso_time(), time.perf_counter_ns() - started)
                 if call.endpoint in (Endpoint.EMBED, Endpoint.EMBED_LEGACY):
                     legacy = call.endpoint is Endpoint.EMBED_LEGACY
+                    usage = parsed.get("usage")
+                    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+                        outcome.prompt_tokens = usage["prompt_tokens"]
                     return _json(translate.embed_from_openai(parsed, call.model, timing, legacy=legacy))
                 out = translate.chat_from_openai(parsed, call.model, timing, generate=generate)
-                self._observe(worker, call.model, out)
+                self._observe(worker, call.model, out, outcome)
                 return _json(out)
-            return await self._translate_stream(request, call, worker, up, started, generate)
+            return await self._translate_stream(request, call, worker, up, started, generate, outcome)
 
     async def _translate_stream(
         self,
@@ -172,6 +179,7 @@ class Proxy:
         up: UpstreamResponse,
         started: int,
         generate: bool,
+        outcome: Outcome,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers=_STREAM_HEADERS)
         resp.content_type = "application/x-ndjson"
@@ -200,8 +208,9 @@ class Proxy:
             final = translator.finish(timing)
             for obj in final:
                 await resp.write(orjson.dumps(obj) + b"\n")
-            self._observe(worker, call.model, final[-1])
+            self._observe(worker, call.model, final[-1], outcome)
         except UpstreamError as exc:
+            outcome.failed = True
             self.metrics.upstream_errors.labels(worker.name, "stream").inc()
             await resp.write(error_frame(Dialect.OLLAMA, exc))
         await resp.write_eof()
@@ -238,16 +247,32 @@ class Proxy:
             return _relay(call, up, await up.read())
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _learn(self, worker: WorkerState, model: str, data: bytes, seconds: float, *, stream_events: int = 0) -> None:
-        """Tokens/s from Ollama's eval stats, else OpenAI usage (or stream events) over wall time."""
+    def _learn(
+        self,
+        worker: WorkerState,
+        model: str,
+        data: bytes,
+        seconds: float,
+        outcome: Outcome,
+        *,
+        stream_events: int = 0,
+    ) -> None:
+        """Token counts for accounting, and tokens/s from Ollama's eval stats, else OpenAI usage (or
+        stream events) over wall time."""
+        prompt = _PROMPT_TOKENS.search(data)
+        outcome.prompt_tokens = int(prompt[1]) if prompt else 0
         count, duration = _EVAL_COUNT.search(data), _EVAL_DURATION.search(data)
         if count and duration:
+            outcome.completion_tokens = int(count[1])
             worker.observe_speed(model, tokens_per_second(int(count[1]), int(duration[1]) / 1e9))
             return
         tokens = _COMPLETION_TOKENS.search(data)
-        worker.observe_speed(model, tokens_per_second(int(tokens[1]) if tokens else stream_events, seconds))
+        outcome.completion_tokens = int(tokens[1]) if tokens else stream_events
+        worker.observe_speed(model, tokens_per_second(outcome.completion_tokens, seconds))
 
-    def _observe(self, worker: WorkerState, model: str, final: dict[str, Any]) -> None:
+    def _observe(self, worker: WorkerState, model: str, final: dict[str, Any], outcome: Outcome) -> None:
+        outcome.prompt_tokens = int(final.get("prompt_eval_count") or 0)
+        outcome.completion_tokens = int(final.get("eval_count") or 0)
         ns = final.get("eval_duration") or final.get("total_duration") or 0
         worker.observe_speed(model, tokens_per_second(final.get("eval_count"), ns / 1e9))
 

@@ -8,11 +8,12 @@ import orjson
 from aiohttp import web
 
 from turnout import __version__
-from turnout.errors import NotFound
+from turnout.errors import NotFound, TurnoutError
+from turnout.gateway.accounting import Outcome, Ticket
 from turnout.gateway.calls import Endpoint, read_call
 from turnout.gateway.catalog import ollama_ps, ollama_tags, openai_models
 from turnout.gateway.dialect import Dialect
-from turnout.gateway.keys import FLEET, PROXY, SETTINGS
+from turnout.gateway.keys import ACCOUNTANT, FLEET, PROXY, SETTINGS
 
 __all__ = ["OLLAMA_COMPAT_VERSION", "add_client_routes"]
 
@@ -24,11 +25,35 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
-        limit = request.app[SETTINGS].limits.max_body_bytes
-        call = await read_call(request, dialect, endpoint, limit)
-        return await request.app[PROXY].serve(request, call)
+        app = request.app
+        accountant = app[ACCOUNTANT]
+        key = await accountant.authenticate(request)
+        call = await read_call(request, dialect, endpoint, app[SETTINGS].limits.max_body_bytes)
+        accountant.check_scope(key, call.model)
+        ticket = await accountant.admit(key, call) if endpoint is not Endpoint.SHOW else Ticket(key, 0, None, 0.0)
+        outcome = Outcome()
+        status = 500
+        try:
+            response = await app[PROXY].serve(request, call, outcome)
+            status = response.status
+            return response
+        except TurnoutError as exc:
+            status = exc.status
+            raise
+        except BaseException:  # client gone (cancelled) or a bug: refund the reservation
+            outcome.failed = True
+            raise
+        finally:
+            if endpoint is not Endpoint.SHOW:
+                await accountant.finish(ticket, call, outcome, status)
 
     return handler
+
+
+async def _visible_to(request: web.Request) -> Callable[[str], bool]:
+    """A filter of model names for the caller's key scopes (everything under open access)."""
+    key = await request.app[ACCOUNTANT].authenticate(request)
+    return (lambda _: True) if key is None else key.allows
 
 
 def _json(obj: object) -> web.Response:
@@ -36,23 +61,23 @@ def _json(obj: object) -> web.Response:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return _json(openai_models(request.app[FLEET]))
+    return _json(openai_models(request.app[FLEET], await _visible_to(request)))
 
 
 async def get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
-    for entry in openai_models(request.app[FLEET])["data"]:
+    for entry in openai_models(request.app[FLEET], await _visible_to(request))["data"]:
         if entry["id"] == model_id:
             return _json(entry)
     raise NotFound(f'model "{model_id}" not found', code="model_not_found")
 
 
 async def tags(request: web.Request) -> web.Response:
-    return _json(ollama_tags(request.app[FLEET]))
+    return _json(ollama_tags(request.app[FLEET], await _visible_to(request)))
 
 
 async def ps(request: web.Request) -> web.Response:
-    return _json(ollama_ps(request.app[FLEET]))
+    return _json(ollama_ps(request.app[FLEET], await _visible_to(request)))
 
 
 async def version(request: web.Request) -> web.Response:

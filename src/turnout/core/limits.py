@@ -1,0 +1,111 @@
+"""Per-key limits: requests per minute (sliding window) and tokens per UTC day (reserve/settle/refund).
+
+Pure state machines: the caller passes ``now`` and keeps one :class:`KeyLimitState` per key lineage.
+The Redis backend implements the same rules in Lua scripts (see ``turnout.gateway.limiter``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = [
+    "DAY_S",
+    "WINDOW_S",
+    "Decision",
+    "KeyLimitState",
+    "estimate_tokens",
+    "seconds_to_next_day",
+]
+
+WINDOW_S = 60.0
+DAY_S = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Outcome of one admission. ``retry_after`` is set when refused."""
+
+    allowed: bool
+    reason: str = ""
+    retry_after: int = 0
+    rpm_limit: int | None = None
+    rpm_remaining: int | None = None
+    rpm_reset_s: float = 0.0
+    tokens_limit: int | None = None
+    tokens_remaining: int | None = None
+    tokens_reset_s: float = 0.0
+    day: int = -1  # the UTC day a reservation was made on; settle/refund only touch that day
+
+
+def seconds_to_next_day(now: float) -> float:
+    return (math.floor(now / DAY_S) + 1) * DAY_S - now
+
+
+def estimate_tokens(body_bytes: int, max_tokens: int | None, default_completion: int) -> int:
+    """Reservation for a request: ~4 bytes per prompt token plus the completion it may produce."""
+    completion = max_tokens if max_tokens is not None and max_tokens > 0 else default_completion
+    return max(1, body_bytes // 4) + completion
+
+
+@dataclass(slots=True)
+class KeyLimitState:
+    admitted: deque[float] = field(default_factory=deque)  # admission times inside the window
+    day: int = -1
+    used: int = 0  # tokens settled + reserved today
+
+    def admit(self, now: float, rpm: int | None, daily: int | None, estimate: int) -> Decision:
+        while self.admitted and self.admitted[0] <= now - WINDOW_S:
+            self.admitted.popleft()
+        today = int(now // DAY_S)
+        if today != self.day:
+            self.day, self.used = today, 0
+        rpm_reset = (self.admitted[0] + WINDOW_S - now) if self.admitted else 0.0
+        day_reset = seconds_to_next_day(now)
+        if rpm is not None and len(self.admitted) >= rpm:
+            return Decision(
+                False,
+                f"rate limit of {rpm} requests per minute reached",
+                max(1, math.ceil(rpm_reset)),
+                rpm,
+                0,
+                rpm_reset,
+                daily,
+                None if daily is None else max(daily - self.used, 0),
+                day_reset,
+            )
+        if daily is not None and self.used + estimate > daily:
+            return Decision(
+                False,
+                f"daily token limit of {daily} reached ({self.used} used or reserved, this request needs ~{estimate})",
+                max(1, math.ceil(day_reset)),
+                rpm,
+                None if rpm is None else rpm - len(self.admitted),
+                rpm_reset,
+                daily,
+                max(daily - self.used, 0),
+                day_reset,
+            )
+        self.admitted.append(now)
+        if daily is not None:
+            self.used += estimate
+        return Decision(
+            allowed=True,
+            rpm_limit=rpm,
+            rpm_remaining=None if rpm is None else rpm - len(self.admitted),
+            rpm_reset_s=rpm_reset or WINDOW_S,
+            tokens_limit=daily,
+            tokens_remaining=None if daily is None else daily - self.used,
+            tokens_reset_s=day_reset,
+            day=today,
+        )
+
+    def settle(self, day: int, reserved: int, actual: int) -> None:
+        """Replace a reservation by the real count. A reservation from an earlier day is dropped: that
+        day's budget is gone and the new day starts from zero."""
+        if day == self.day:
+            self.used = max(0, self.used - reserved + actual)
+
+    def refund(self, day: int, reserved: int) -> None:
+        self.settle(day, reserved, 0)

@@ -1,0 +1,214 @@
+"""Who is calling and what it costs: key authentication, limit admission and settlement, usage rows.
+
+Flow per client request: ``authenticate`` (401) -> scope check (403) -> ``admit`` (429) -> proxy ->
+``finish`` (settle tokens with the real usage, or refund on failure; queue one usage row).
+Usage rows are written in batches by a background task, off the request path; shutdown flushes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from turnout.config import Settings
+from turnout.core.limits import Decision, estimate_tokens
+from turnout.errors import Forbidden, Unauthorized
+from turnout.gateway.calls import Call
+from turnout.gateway.limiter import LocalLimiter, RedisLimiter, TokenLimiter
+from turnout.store.db import StoreError
+from turnout.store.keys import KeyRecord, KeyStore, hash_key
+from turnout.store.usage import UsageRow, UsageStore
+
+__all__ = ["Accountant", "Outcome", "Ticket", "UsageBatcher"]
+
+log = logging.getLogger("turnout.accounting")
+
+_NEGATIVE_CACHE_S = 2.0
+_MAX_PENDING_ROWS = 100_000
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What the proxy learned about one request, for accounting."""
+
+    worker: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    failed: bool = False
+
+
+@dataclass(slots=True)
+class Ticket:
+    key: KeyRecord | None
+    reserved: int
+    decision: Decision | None
+    started: float
+
+
+class UsageBatcher:
+    """Collects usage rows and writes them in batches (at most ``interval_s`` late, or when ``batch`` full)."""
+
+    def __init__(self, store: UsageStore, *, interval_s: float = 1.0, batch: int = 500) -> None:
+        self.store = store
+        self.interval_s = interval_s
+        self.batch = batch
+        self._rows: list[UsageRow] = []
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def add(self, row: UsageRow) -> None:
+        if len(self._rows) >= _MAX_PENDING_ROWS:
+            return  # the database has been failing for a long while; keep memory bounded
+        self._rows.append(row)
+        if len(self._rows) >= self.batch:
+            self._wake.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="turnout-usage")
+
+    async def flush(self) -> None:
+        rows, self._rows = self._rows, []
+        if not rows:
+            return
+        try:
+            await asyncio.to_thread(self.store.insert_many, rows)
+        except StoreError as exc:
+            log.warning("could not write %d usage rows (will retry): %s", len(rows), exc)
+            self._rows = rows + self._rows
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            self._wake.clear()
+            await self.flush()
+
+
+class Accountant:
+    def __init__(self, settings: Settings, keys: KeyStore, usage: UsageStore) -> None:
+        self.settings = settings
+        self.keys = keys
+        self.open = settings.auth.open
+        self.usage = UsageBatcher(usage)
+        self.limiter: TokenLimiter = (
+            RedisLimiter(settings.storage.redis_url) if settings.storage.redis_url else LocalLimiter()
+        )
+        self._cache: dict[str, tuple[KeyRecord | None, float]] = {}
+
+    # -- auth ------------------------------------------------------------------------------------
+    async def authenticate(self, request: web.Request) -> KeyRecord | None:
+        """The caller's key; None only under open access without a key. Raises Unauthorized."""
+        header = request.headers.get("Authorization")
+        if not header:
+            if self.open:
+                return None
+            raise Unauthorized(
+                "missing API key: send 'Authorization: Bearer <key>' (create one: turnout key create)",
+                code="missing_api_key",
+            )
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            if self.open:
+                return None
+            raise Unauthorized("the Authorization header must be 'Bearer <key>'", code="invalid_api_key")
+        record = await self._lookup(token)
+        why = "invalid API key" if record is None else record.usable(time.time())
+        if why is None:
+            return record
+        if self.open:
+            return None  # open access: SDKs send placeholder keys; a key that is not valid gets no privileges
+        raise Unauthorized(why, code="invalid_api_key")
+
+    def forget(self) -> None:
+        """Drop cached lookups (after a revoke or rotate through the admin API)."""
+        self._cache.clear()
+
+    async def _lookup(self, token: str) -> KeyRecord | None:
+        digest = hash_key(token)
+        now = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached is not None:
+            record, until = cached
+            if now < until:
+                return record
+        record = await asyncio.to_thread(self.keys.find, token)
+        ttl = (
+            self.settings.auth.key_cache_s
+            if record is not None
+            else min(_NEGATIVE_CACHE_S, self.settings.auth.key_cache_s)
+        )
+        if len(self._cache) > 100_000:
+            self._cache.clear()
+        self._cache[digest] = (record, now + ttl)
+        return record
+
+    @staticmethod
+    def check_scope(key: KeyRecord | None, model: str) -> None:
+        if key is not None and not key.allows(model):
+            scopes = ", ".join(f"model:{p.text}" for p in key.scopes)
+            raise Forbidden(
+                f'model "{model}" is not allowed for this API key (scopes: {scopes})', code="model_not_allowed"
+            )
+
+    # -- limits and usage --------------------------------------------------------------------------
+    async def admit(self, key: KeyRecord | None, call: Call) -> Ticket:
+        started = time.perf_counter()
+        if key is None or (key.rpm is None and key.daily_tokens is None):
+            return Ticket(key, 0, None, started)
+        reserved = estimate_tokens(len(call.body), _max_tokens(call), self.settings.auth.default_completion_tokens)
+        decision = await self.limiter.admit(key, reserved)
+        return Ticket(key, reserved, decision, started)
+
+    async def finish(self, ticket: Ticket, call: Call, outcome: Outcome, status: int) -> None:
+        failed = outcome.failed or status >= 400
+        if ticket.decision is not None and ticket.key is not None:
+            actual = 0 if failed else outcome.prompt_tokens + outcome.completion_tokens
+            if not failed and actual == 0:
+                actual = ticket.reserved  # the worker reported no usage: keep the reservation, never undercount
+            await self.limiter.settle(ticket.key, ticket.decision, ticket.reserved, actual)
+        self.usage.add(
+            UsageRow(
+                ts=time.time(),
+                key_id=None if ticket.key is None else ticket.key.id,
+                endpoint=f"{call.dialect.value}:{call.endpoint.value}",
+                model=call.model,
+                worker=outcome.worker,
+                status=status,
+                error=failed,
+                prompt_tokens=outcome.prompt_tokens,
+                completion_tokens=outcome.completion_tokens,
+                latency_ms=(time.perf_counter() - ticket.started) * 1000,
+            )
+        )
+
+    async def start(self) -> None:
+        self.usage.start()
+
+    async def close(self) -> None:
+        await self.usage.close()
+        await self.limiter.close()
+
+
+def _max_tokens(call: Call) -> int | None:
+    p = call.payload
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = p.get(name)
+        if isinstance(value, int):
+            return value
+    options = p.get("options")
+    if isinstance(options, dict) and isinstance(options.get("num_predict"), int):
+        return int(options["num_predict"])
+    return None

@@ -1,0 +1,165 @@
+"""Admission against per-key limits, in process or in Redis (shared by every gateway replica).
+
+Both backends apply the rules of :mod:`turnout.core.limits`: a 60 s sliding window of admitted requests
+and a per-UTC-day token budget with reservation at admission, settlement with real usage, refund on
+failure. Limits are shared along a key's rotation chain (its lineage). The Redis backend does each step
+in one Lua script, so concurrent requests on any number of replicas are counted exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import uuid
+from dataclasses import replace
+from typing import Protocol
+
+from turnout.core.limits import DAY_S, Decision, KeyLimitState, seconds_to_next_day
+from turnout.errors import TurnoutError, Unavailable
+from turnout.store.keys import KeyRecord
+
+__all__ = ["LocalLimiter", "RateLimited", "RedisLimiter", "TokenLimiter", "limit_headers"]
+
+
+class RateLimited(TurnoutError):
+    status = 429
+    code = "rate_limit_exceeded"
+    type = "rate_limit_error"
+
+
+def limit_headers(d: Decision) -> dict[str, str]:
+    """OpenAI-style ``x-ratelimit-*`` headers for a decision."""
+    headers: dict[str, str] = {}
+    if d.rpm_limit is not None:
+        headers["x-ratelimit-limit-requests"] = str(d.rpm_limit)
+        headers["x-ratelimit-remaining-requests"] = str(max(d.rpm_remaining or 0, 0))
+        headers["x-ratelimit-reset-requests"] = f"{max(d.rpm_reset_s, 0):.0f}s"
+    if d.tokens_limit is not None:
+        headers["x-ratelimit-limit-tokens"] = str(d.tokens_limit)
+        headers["x-ratelimit-remaining-tokens"] = str(max(d.tokens_remaining or 0, 0))
+        headers["x-ratelimit-reset-tokens"] = f"{max(d.tokens_reset_s, 0):.0f}s"
+    return headers
+
+
+def refusal(d: Decision) -> RateLimited:
+    err = RateLimited(d.reason, retry_after=d.retry_after)
+    err.headers = limit_headers(d)
+    return err
+
+
+class TokenLimiter(Protocol):
+    async def admit(self, key: KeyRecord, estimate: int) -> Decision: ...
+    async def settle(self, key: KeyRecord, decision: Decision, reserved: int, actual: int) -> None: ...
+    async def close(self) -> None: ...
+
+
+class LocalLimiter:
+    """Exact within one process (admission runs on the event loop without awaiting in between)."""
+
+    def __init__(self) -> None:
+        self._states: dict[int, KeyLimitState] = {}
+
+    async def admit(self, key: KeyRecord, estimate: int) -> Decision:
+        state = self._states.setdefault(key.lineage, KeyLimitState())
+        decision = state.admit(time.time(), key.rpm, key.daily_tokens, estimate)
+        if not decision.allowed:
+            raise refusal(decision)
+        return decision
+
+    async def settle(self, key: KeyRecord, decision: Decision, reserved: int, actual: int) -> None:
+        if key.daily_tokens is not None:
+            self._states.setdefault(key.lineage, KeyLimitState()).settle(decision.day, reserved, actual)
+
+    async def close(self) -> None:
+        pass
+
+
+_ADMIT = """
+local now, rpm, daily, est = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 60)
+local count = redis.call('ZCARD', KEYS[1])
+local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local reset = 0
+if oldest[2] then reset = tonumber(oldest[2]) + 60 - now end
+local used = tonumber(redis.call('GET', KEYS[2]) or '0')
+if rpm >= 0 and count >= rpm then return {0, 1, count, used, tostring(reset)} end
+if daily >= 0 and used + est > daily then return {0, 2, count, used, tostring(reset)} end
+redis.call('ZADD', KEYS[1], now, ARGV[5])
+redis.call('EXPIRE', KEYS[1], 61)
+if daily >= 0 then
+  used = redis.call('INCRBY', KEYS[2], est)
+  redis.call('EXPIRE', KEYS[2], 172800)
+end
+return {1, 0, count + 1, used, tostring(reset)}
+"""
+
+_SETTLE = """
+local v = redis.call('INCRBY', KEYS[1], tonumber(ARGV[1]))
+if v < 0 then redis.call('SET', KEYS[1], 0, 'KEEPTTL') end
+return v
+"""
+
+
+class RedisLimiter:
+    def __init__(self, url: str, *, prefix: str = "turnout") -> None:
+        import redis.asyncio as redis
+
+        self._redis = redis.from_url(url)
+        self._prefix = prefix
+        self._admit = self._redis.register_script(_ADMIT)
+        self._settle = self._redis.register_script(_SETTLE)
+
+    def _keys(self, key: KeyRecord, day: int) -> list[str]:
+        return [f"{self._prefix}:rpm:{key.lineage}", f"{self._prefix}:tok:{key.lineage}:{day}"]
+
+    async def admit(self, key: KeyRecord, estimate: int) -> Decision:
+        import redis.exceptions
+
+        now = time.time()
+        day = int(now // DAY_S)
+        rpm = -1 if key.rpm is None else key.rpm
+        daily = -1 if key.daily_tokens is None else key.daily_tokens
+        try:
+            ok, why, count, used, reset = await self._admit(
+                keys=self._keys(key, day), args=[now, rpm, daily, estimate, uuid.uuid4().hex]
+            )
+        except redis.exceptions.RedisError as exc:
+            raise Unavailable(
+                f"limit store (Redis) unavailable: {exc}", code="limits_unavailable", retry_after=5
+            ) from None
+        rpm_reset = float(reset)
+        day_reset = seconds_to_next_day(now)
+        decision = Decision(
+            allowed=bool(ok),
+            rpm_limit=key.rpm,
+            rpm_remaining=None if key.rpm is None else key.rpm - int(count),
+            rpm_reset_s=rpm_reset,
+            tokens_limit=key.daily_tokens,
+            tokens_remaining=None if key.daily_tokens is None else key.daily_tokens - int(used),
+            tokens_reset_s=day_reset,
+            day=day,
+        )
+        if ok:
+            return decision
+        if int(why) == 1:
+            reason, wait = f"rate limit of {key.rpm} requests per minute reached", rpm_reset
+        else:
+            reason = (
+                f"daily token limit of {key.daily_tokens} reached ({int(used)} used or reserved, "
+                f"this request needs ~{estimate})"
+            )
+            wait = day_reset
+        raise refusal(replace(decision, reason=reason, retry_after=max(1, math.ceil(wait))))
+
+    async def settle(self, key: KeyRecord, decision: Decision, reserved: int, actual: int) -> None:
+        import redis.exceptions
+
+        if key.daily_tokens is None or actual == reserved:
+            return
+        # A lost settlement only errs on the strict side: the reservation stays counted.
+        with contextlib.suppress(redis.exceptions.RedisError):
+            await self._settle(keys=[self._keys(key, decision.day)[1]], args=[actual - reserved])
+
+    async def close(self) -> None:
+        await self._redis.aclose()

@@ -1,0 +1,61 @@
+import pytest
+
+from turnout.core.limits import DAY_S, KeyLimitState, estimate_tokens, seconds_to_next_day
+
+T0 = 1_800_000_000.0 - (1_800_000_000.0 % DAY_S) + 3600  # 01:00 UTC on some day
+
+
+def test_rpm_sliding_window() -> None:
+    s = KeyLimitState()
+    assert [s.admit(T0 + i, rpm=3, daily=None, estimate=1).allowed for i in range(4)] == [True] * 3 + [False]
+    refused = s.admit(T0 + 10, rpm=3, daily=None, estimate=1)
+    assert not refused.allowed and refused.retry_after == 50 and "3 requests per minute" in refused.reason
+    assert refused.rpm_remaining == 0
+    assert s.admit(T0 + 60, rpm=3, daily=None, estimate=1).allowed  # the first one left the window
+    assert not s.admit(T0 + 60.5, rpm=3, daily=None, estimate=1).allowed
+
+
+@pytest.mark.parametrize(
+    ("daily", "estimates", "expected"),
+    [
+        (100, [40, 40, 40], [True, True, False]),
+        (100, [100], [True]),
+        (100, [101], [False]),
+        (None, [10**9], [True]),
+    ],
+)
+def test_daily_tokens_reserve(daily: int | None, estimates: list[int], expected: list[bool]) -> None:
+    s = KeyLimitState()
+    assert [s.admit(T0, rpm=None, daily=daily, estimate=e).allowed for e in estimates] == expected
+
+
+def test_settle_and_refund() -> None:
+    s = KeyLimitState()
+    first = s.admit(T0, None, 100, 60)
+    assert first.allowed
+    s.settle(first.day, reserved=60, actual=10)  # real usage was smaller: 50 freed
+    assert s.used == 10
+    second = s.admit(T0 + 2, None, 100, 60)
+    assert second.allowed
+    s.refund(second.day, reserved=60)  # upstream failed
+    assert s.used == 10
+    refused = s.admit(T0, None, 100, 91)
+    assert not refused.allowed and refused.tokens_remaining == 90
+    assert refused.retry_after == int(DAY_S - 3600)
+
+
+def test_new_day_resets_and_old_settlements_are_ignored() -> None:
+    s = KeyLimitState()
+    yesterday = s.admit(T0, None, 100, 100)
+    assert yesterday.allowed
+    tomorrow = T0 + DAY_S
+    assert s.admit(tomorrow, None, 100, 50).allowed and s.used == 50
+    s.settle(yesterday.day, reserved=100, actual=90)  # a request that finished after midnight
+    assert s.used == 50
+
+
+def test_estimate_and_day_boundary() -> None:
+    assert estimate_tokens(400, 50, 256) == 150
+    assert estimate_tokens(400, None, 256) == 356
+    assert estimate_tokens(0, 0, 10) == 11
+    assert seconds_to_next_day(T0) == DAY_S - 3600
