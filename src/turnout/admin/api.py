@@ -11,7 +11,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from turnout.core.placement import resolve_placement, toggle_rule
+from turnout.admin.accounts import audit_change
+from turnout.core.placement import PlacementRules, resolve_placement, toggle_rule
 from turnout.core.routing import installed_name
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
 from turnout.fleet.state import Fleet, WorkerState
@@ -97,8 +98,10 @@ async def put_placement(request: web.Request) -> web.Response:
         rules = parse_rules_body(body)
     except ValueError as exc:
         raise Unprocessable(f"invalid placement rules for {state.name}: {exc}") from None
+    before = fleet.rules(state.name)
     _store(fleet, lambda: fleet.placement.put(state.name, rules))
     request.app[DISPATCHER].wake_all()
+    await _audit_rules(request, "placement.put", state.name, before)
     return _json({"worker": state.name, "source": "override", "rules": rules.to_json()})
 
 
@@ -111,8 +114,10 @@ async def toggle_placement(request: web.Request) -> web.Response:
         raise BadRequest('body must be {"model": "<exact model name>"}')
     current, _ = fleet.rules(state.name)
     updated = toggle_rule(current, model)
+    before = fleet.rules(state.name)
     _store(fleet, lambda: fleet.placement.put(state.name, updated))
     request.app[DISPATCHER].wake_all()
+    await _audit_rules(request, "placement.toggle", state.name, before, detail=model)
     verdict = resolve_placement(updated, model)
     return _json(
         {
@@ -129,10 +134,26 @@ async def toggle_placement(request: web.Request) -> web.Response:
 async def delete_placement(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     state = _worker(fleet, request)
+    before = fleet.rules(state.name)
     removed = _store(fleet, lambda: fleet.placement.delete(state.name))
     request.app[DISPATCHER].wake_all()
+    if removed:
+        await _audit_rules(request, "placement.delete", state.name, before)
     rules, source = fleet.rules(state.name)
     return _json({"worker": state.name, "removed": bool(removed), "source": source, "rules": rules.to_json()})
+
+
+async def _audit_rules(
+    request: web.Request, action: str, worker: str, before: tuple[PlacementRules, str], detail: str | None = None
+) -> None:
+    rules, source = request.app[FLEET].rules(worker)
+    await audit_change(
+        request,
+        action,
+        f"worker:{worker}" + (f" model:{detail}" if detail else ""),
+        before={"source": before[1], "rules": before[0].to_json()},
+        after={"source": source, "rules": rules.to_json()},
+    )
 
 
 def _store(fleet: Fleet, action: Any) -> Any:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
+from turnout.admin.accounts import AdminSignIns, add_account_routes
 from turnout.admin.api import add_admin_routes
 from turnout.admin.auth import AdminAuth
 from turnout.config import Settings
@@ -33,6 +34,7 @@ from turnout.gateway.keys import (
     POLLER,
     PROXY,
     SETTINGS,
+    SIGNINS,
     USAGE,
 )
 from turnout.gateway.proxy import Proxy
@@ -71,7 +73,12 @@ async def _middleware(
     metrics.in_flight.inc()
     try:
         if dialect is Dialect.ADMIN:
-            app[ADMIN_AUTH].check(request.headers.get("Authorization"))
+            try:
+                app[ADMIN_AUTH].check(request.headers.get("Authorization"))
+            except TurnoutError:
+                await app[SIGNINS].note(request, ok=False)
+                raise
+            await app[SIGNINS].note(request, ok=True)
         response = await handler(request)
     except TurnoutError as exc:
         response = error_response(dialect, exc)
@@ -135,8 +142,10 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
     app[USAGE] = usage
     app[AUDIT] = AuditLog(database)
     app[ACCOUNTANT] = accountant
+    app[SIGNINS] = AdminSignIns()
     add_client_routes(app)
     add_admin_routes(app)
+    add_account_routes(app)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
+    from turnout.admin.accounts import AdminSignIns
     from turnout.admin.auth import AdminAuth
     from turnout.config import Settings
     from turnout.fleet.poller import Poller
@@ -32,6 +33,7 @@ __all__ = [
     "POLLER",
     "PROXY",
     "SETTINGS",
+    "SIGNINS",
     "USAGE",
 ]
 
@@ -47,3 +49,4 @@ DATABASE: web.AppKey[Database] = web.AppKey("database")
 KEYS: web.AppKey[KeyStore] = web.AppKey("keys")
 AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
 USAGE: web.AppKey[UsageStore] = web.AppKey("usage")
+SIGNINS: web.AppKey[AdminSignIns] = web.AppKey("signins")
