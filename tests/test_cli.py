@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -106,3 +107,54 @@ def _wait_ready(port: int, proc: subprocess.Popen[str]) -> None:
         except OSError:
             time.sleep(0.1)
     raise AssertionError("turnout did not start in 30 s")
+
+
+def test_key_commands(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"storage": {"data_dir": "state"}}))
+    c = ["--config", str(config)]
+    created = run(["key", "create", "--app", "web", "--models", "model:qwen3:*", "--rpm", "5", *c], tmp_path)
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    assert key.startswith("tk_") and "shown only once" in created.stderr
+    listing = run(["key", "list", *c], tmp_path)
+    assert key[:10] in listing.stdout and key not in listing.stdout and "qwen3:*" in listing.stdout
+    rotated = run(["key", "rotate", key[:10], "--grace", "60", *c], tmp_path)
+    assert rotated.returncode == 0 and rotated.stdout.strip().startswith("tk_")
+    assert run(["key", "revoke", key[:10], *c], tmp_path).returncode == 0
+    assert "revoked" in run(["key", "list", *c], tmp_path).stdout
+    bad = run(["key", "revoke", "tk_nothing", *c], tmp_path)
+    assert bad.returncode == 2 and "no key" in bad.stderr
+    bad = run(["key", "create", "--app", "x", "--models", "q*x", *c], tmp_path)
+    assert bad.returncode == 2 and "last character" in bad.stderr
+    audit = json.loads(run(["audit", *c], tmp_path).stdout)
+    assert [e["action"] for e in audit] == ["key.revoke", "key.rotate", "key.create"]
+    assert all(e["actor"].startswith("cli") for e in audit)
+    assert json.loads(run(["usage", "--since", "7d", *c], tmp_path).stdout) == []
+
+
+def test_first_start_prints_a_starter_key_that_works(tmp_path: Path) -> None:
+    with serving(tmp_path) as (port, output):
+        pass
+    lines = [line.strip() for line in output]
+    key = next(line for line in lines if line.startswith("tk_"))
+    with serving(tmp_path) as (port, again):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert json.load(resp) == {"object": "list", "data": []}
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+            raise AssertionError("no key must be refused")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401
+    assert not any(line.strip().startswith("tk_") for line in again)  # printed once only
+
+
+def test_open_access_refuses_a_public_bind(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"listen": {"host": "0.0.0.0"}, "auth": {"open": True}}))
+    result = run(["serve", "--config", str(config)], tmp_path)
+    assert result.returncode == 2 and "only allowed on a loopback bind" in result.stderr
+    config.write_text(json.dumps({"auth": {"open": True}}))
+    result = run(["serve", "--config", str(config), "--host", "0.0.0.0"], tmp_path)
+    assert result.returncode == 2 and "loopback" in result.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -13,15 +14,26 @@ from aiohttp import web
 
 from turnout import __version__
 from turnout.admin.auth import TOKEN_FILE, ensure_admin_token
-from turnout.config import CONFIG_FILE_NAME, ConfigError, config_schema, load_settings, starter_config
+from turnout.cli_accounts import register as register_accounts
+from turnout.config import (
+    CONFIG_FILE_NAME,
+    ConfigError,
+    Settings,
+    config_schema,
+    is_loopback,
+    load_settings,
+    starter_config,
+)
 from turnout.state.atomic import write_atomic
 from turnout.state.placement_store import PlacementFileError
+from turnout.store.db import StoreError
 
 __all__ = ["app", "main"]
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Turnout: an inference gateway for LLMs.")
 config_app = typer.Typer(no_args_is_help=True, help="Inspect and check configuration.")
 app.add_typer(config_app, name="config")
+register_accounts(app)
 
 DEFAULT_CONFIG = Path("turnout-data") / CONFIG_FILE_NAME
 ConfigOption = Annotated[
@@ -60,27 +72,46 @@ def serve(
     except ConfigError as exc:
         _fail(str(exc))
         return
+    bind_host = host or settings.listen.host
+    if settings.auth.open and not is_loopback(bind_host):
+        _fail(f"auth.open is set but --host {bind_host} is not a loopback address; open access is loopback-only")
+        return
     try:
         application = create_app(settings, admin_token=_admin_token(settings))
+        _starter_key(application, settings)
     except PlacementFileError as exc:
         _fail(f"{exc}\nfix the file or delete it to fall back to the config baseline")
         return
-    bind_host = host or settings.listen.host
+    except StoreError as exc:
+        _fail(str(exc))
+        return
     bind_port = port or settings.listen.port
     typer.echo(f"turnout {__version__}: serving on http://{bind_host}:{bind_port} ({len(settings.workers)} workers)")
     web.run_app(application, host=bind_host, port=bind_port, print=None, handler_cancellation=True, access_log=None)
 
 
-def _admin_token(settings: object) -> str:
-    from turnout.config import Settings
-
-    assert isinstance(settings, Settings)
+def _admin_token(settings: Settings) -> str:
     token, created = ensure_admin_token(settings.data_dir, settings.admin_token)
     if created:
         where = settings.data_dir / TOKEN_FILE
         typer.echo(f"turnout: generated the admin token (stored 0600 in {where}); it is shown only once:")
         typer.echo(f"  {token}")
     return token
+
+
+def _starter_key(application: web.Application, settings: Settings) -> None:
+    """On a first start with keys required and none made yet, print one app key so curl works at once."""
+    from turnout.gateway.keys import KEYS
+
+    keys = application[KEYS]
+    if settings.auth.open or keys.count() > 0:
+        return
+    record, plaintext = keys.create(
+        app="starter", tenant=None, scopes=["*"], rpm=None, daily_tokens=None, expires_at=None, now=time.time()
+    )
+    typer.echo(f"turnout: created a starter API key for app {record.app!r} (all models); it is shown only once:")
+    typer.echo(f"  {plaintext}")
+    typer.echo("  use it as 'Authorization: Bearer <key>'; manage keys with: turnout key list / create / revoke")
 
 
 @config_app.command("check")
