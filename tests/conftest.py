@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -261,20 +262,34 @@ def redis_url() -> Iterator[str]:
 _db_counter = iter(range(1, 1_000_000))
 
 
+@contextmanager
+def fresh_postgres_database(server: str) -> Iterator[str]:
+    import sqlalchemy
+
+    name = f"t{os.getpid()}_{next(_db_counter)}"
+    admin = sqlalchemy.create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    try:
+        yield server.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+@pytest.fixture
+def postgres_database(postgres_url: str) -> Iterator[str]:
+    """A fresh, empty database on the real PostgreSQL server."""
+    with fresh_postgres_database(postgres_url) as url:
+        yield url
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty database on each backend: SQLite in tmp_path, a new database on the real server."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'turnout.db'}"
         return
-    import sqlalchemy
-
-    server = request.getfixturevalue("postgres_url")
-    name = f"t{os.getpid()}_{next(_db_counter)}"
-    admin = sqlalchemy.create_engine(server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-    yield server.rsplit("/", 1)[0] + f"/{name}"
-    with admin.connect() as conn:
-        conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-    admin.dispose()
+    with fresh_postgres_database(request.getfixturevalue("postgres_url")) as url:
+        yield url
