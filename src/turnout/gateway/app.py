@@ -126,7 +126,13 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
         connect_timeout_s=settings.limits.connect_timeout_s,
         total_timeout_s=settings.limits.upstream_timeout_s,
     )
-    dispatcher = Dispatcher(fleet, settings.routing, metrics, retry_after_s=max(1, int(settings.health.interval_s)))
+    dispatcher = Dispatcher(
+        fleet,
+        settings.routing,
+        metrics,
+        retry_after_s=max(1, int(settings.health.interval_s)),
+        tenants=settings.tenants,
+    )
     poller = Poller(fleet, client, on_change=dispatcher.wake_all)
 
     app = web.Application(middlewares=[_middleware], client_max_size=settings.limits.max_body_bytes)

@@ -58,14 +58,14 @@ class Proxy:
         self.client = client
         self.metrics = metrics
 
-    async def serve(self, request: web.Request, call: Call, outcome: Outcome) -> web.StreamResponse:
+    async def serve(self, request: web.Request, call: Call, outcome: Outcome, tenant: str = "") -> web.StreamResponse:
         if call.endpoint is Endpoint.SHOW:
             return await self._show(call)
         exclude: set[str] = set()
         failure: ConnectFailed | None = None
         for _ in range(self.settings.routing.max_attempts):
             try:
-                lease = await self.dispatcher.acquire(call.model, frozenset(exclude))
+                lease = await self.dispatcher.acquire(call.model, frozenset(exclude), tenant)
             except TurnoutError:
                 if failure is not None:  # every reachable candidate failed: report the real cause
                     raise failure from None

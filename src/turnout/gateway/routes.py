@@ -34,7 +34,7 @@ def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
         outcome = Outcome()
         status = 500
         try:
-            response = await app[PROXY].serve(request, call, outcome)
+            response = await app[PROXY].serve(request, call, outcome, "" if key is None else key.tenant)
             status = response.status
             return response
         except TurnoutError as exc:
