@@ -173,6 +173,14 @@ class Gateway:
     app: web.Application
     settings: Settings
     data_dir: Path
+    runner: web.AppRunner
+    stopped: bool = False
+
+    async def stop(self) -> None:
+        """Shut the gateway down as SIGTERM would (flushes usage, closes the database)."""
+        if not self.stopped:
+            self.stopped = True
+            await self.runner.cleanup()
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -188,7 +196,7 @@ def worker(name: str, url: str, type: str = "ollama", **extra: Any) -> dict[str,
 
 @pytest.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
-    runners: list[web.AppRunner] = []
+    runners: list[Gateway] = []
 
     async def make(workers: list[dict[str, Any]], **sections: Any) -> Gateway:
         data_dir = tmp_path / f"data{len(runners)}"
@@ -207,12 +215,13 @@ async def gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
         await runner.setup()
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        runners.append(runner)
-        return Gateway(f"http://127.0.0.1:{port}", app, settings, data_dir)
+        gw = Gateway(f"http://127.0.0.1:{port}", app, settings, data_dir, runner)
+        runners.append(gw)
+        return gw
 
     yield make
-    for runner in runners:
-        await runner.cleanup()
+    for gw in runners:
+        await gw.stop()
 
 
 class Clients:

@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import Clients, EmulatorFactory, Gateway, GatewayFactory, worker
 from turnout.gateway.keys import ACCOUNTANT, KEYS, USAGE
+from turnout.store.usage import UsageStore
 
 
 def make_key(gw: Gateway, **kw: Any) -> str:
@@ -161,3 +162,17 @@ async def test_open_access_ignores_placeholder_keys(emulator: EmulatorFactory, g
     assert (await post(gw, "/v1/chat/completions", CHAT, "sk-whatever"))[0] == 200
     scoped = make_key(gw, scopes=["llama*"])
     assert (await post(gw, "/v1/chat/completions", CHAT, scoped))[0] == 403  # a real key keeps its scopes
+
+
+async def test_shutdown_flushes_usage(locked: Gateway) -> None:
+    key = make_key(locked)
+    for _ in range(3):
+        await post(locked, "/api/chat", CHAT, key)
+    store = locked.app[USAGE]
+    await locked.stop()  # no explicit flush: shutdown must write the pending batch
+    reopened = type(store.db)(store.db.url)
+    try:
+        rows = UsageStore(reopened).summary(since=0)
+    finally:
+        reopened.close()
+    assert sum(r["requests"] for r in rows) == 3
