@@ -15,9 +15,20 @@ from typing import Any
 import orjson
 
 from turnout.errors import UpstreamError
-from turnout.upstream.http1 import ConnectFailed, Connection, Pool, encode_request, iter_body, split_url
+from turnout.upstream.http1 import (
+    ConnectFailed,
+    Connection,
+    DialGuard,
+    DialRefused,
+    Pool,
+    Resolver,
+    encode_request,
+    iter_body,
+    split_url,
+    system_resolver,
+)
 
-__all__ = ["ConnectFailed", "UpstreamClient", "UpstreamResponse"]
+__all__ = ["ConnectFailed", "DialGuard", "DialRefused", "UpstreamClient", "UpstreamResponse"]
 
 
 class UpstreamResponse:
@@ -54,9 +65,11 @@ class UpstreamResponse:
 
 
 class UpstreamClient:
-    def __init__(self, *, connect_timeout_s: float, total_timeout_s: float) -> None:
+    def __init__(
+        self, *, connect_timeout_s: float, total_timeout_s: float, resolver: Resolver = system_resolver
+    ) -> None:
         self._total_timeout = total_timeout_s
-        self._pool = Pool(connect_timeout_s)
+        self._pool = Pool(connect_timeout_s, resolver)
 
     async def start(self) -> None:
         """Nothing to open up front; kept so the app lifecycle reads symmetrically."""
@@ -74,19 +87,30 @@ class UpstreamClient:
         body: bytes | None = None,
         headers: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
+        guard: DialGuard | None = None,
+        headers_timeout_s: float | None = None,
     ) -> AsyncIterator[UpstreamResponse]:
+        """``guard``: SSRF policy for the dial. ``headers_timeout_s``: give up (UpstreamError, code
+        ``headers_timeout``) when no response headers arrived in time (fallback latency budgets)."""
         target = split_url(url)
         data = encode_request(method, target, headers, body)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (timeout_s or self._total_timeout)
         while True:
-            conn, reused = await self._pool.connect(target, label)
+            conn, reused = await self._pool.connect(target, label, guard)
             timer = loop.call_at(deadline, conn.timed_out, label)
             try:
                 assert conn.transport is not None
                 conn.transport.write(data)
-                while not conn.headers_done and conn.error is None:
-                    await conn.wait()
+                async with asyncio.timeout(headers_timeout_s):
+                    while not conn.headers_done and conn.error is None:
+                        await conn.wait()
+            except TimeoutError:
+                timer.cancel()
+                conn.close()
+                raise UpstreamError(
+                    f"{label}: no response headers within {headers_timeout_s:g}s", code="headers_timeout"
+                ) from None
             except BaseException:
                 timer.cancel()
                 conn.close()

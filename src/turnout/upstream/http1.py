@@ -13,18 +13,30 @@ Errors: :class:`ConnectFailed` when nothing was sent (the caller may try another
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
 
 import httptools
 
+from turnout.core.ssrf import check_address, check_hostname
 from turnout.errors import UpstreamError
 
-__all__ = ["ConnectFailed", "Connection", "Pool", "Target", "split_url"]
+__all__ = [
+    "ConnectFailed",
+    "Connection",
+    "DialGuard",
+    "DialRefused",
+    "Pool",
+    "Resolver",
+    "Target",
+    "split_url",
+    "system_resolver",
+]
 
 _HIGH_WATER = 1 << 20  # pause reading a worker once this much body is waiting for a slow client
 _IDLE_PER_HOST = 512
@@ -32,6 +44,26 @@ _IDLE_PER_HOST = 512
 
 class ConnectFailed(UpstreamError):
     """The worker could not be reached at all; nothing was sent, another worker may be tried."""
+
+
+class DialRefused(ConnectFailed):
+    """The SSRF guard refused every address the name resolved to; nothing was dialed."""
+
+
+@dataclass(frozen=True, slots=True)
+class DialGuard:
+    """SSRF policy for one destination class (external endpoints): checked on the resolved address."""
+
+    allow_private: bool
+
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +99,7 @@ def split_url(url: str) -> Target:
 class Connection(asyncio.Protocol):
     """One keep-alive connection carrying one request/response at a time."""
 
-    def __init__(self, key: tuple[str, str, int]) -> None:
+    def __init__(self, key: tuple[object, ...]) -> None:
         self.key = key
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -201,16 +233,36 @@ class Connection(asyncio.Protocol):
 
 
 class Pool:
-    """Idle keep-alive connections per (scheme, host, port)."""
+    """Idle keep-alive connections per (scheme, host, port, guarded)."""
 
-    def __init__(self, connect_timeout_s: float) -> None:
+    def __init__(self, connect_timeout_s: float, resolver: Resolver = system_resolver) -> None:
         self.connect_timeout_s = connect_timeout_s
-        self._idle: dict[tuple[str, str, int], list[Connection]] = {}
+        self.resolver = resolver
+        self._idle: dict[tuple[object, ...], list[Connection]] = {}
         self._ssl: ssl.SSLContext | None = None
 
-    async def connect(self, target: Target, label: str) -> tuple[Connection, bool]:
-        """(connection, reused)."""
-        idle = self._idle.get(target.key)
+    async def _guarded_address(self, target: Target, guard: DialGuard, label: str) -> str:
+        """Resolve and return the first address the guard allows; refuse when there is none."""
+        named = check_hostname(target.host)
+        if not named.allowed:
+            raise DialRefused(f"{label}: refused to dial {target.host}: {named.reason}")
+        try:
+            # "host." is the same absolute name as "host"; some resolvers only know the dotless form.
+            addresses = await self.resolver(target.host.rstrip(".") or target.host, target.port)
+        except OSError as exc:
+            raise ConnectFailed(f"{label}: cannot resolve {target.host}: {exc.strerror or exc}") from None
+        reasons = []
+        for address in addresses:
+            verdict = check_address(address, allow_private=guard.allow_private)
+            if verdict.allowed:
+                return address
+            reasons.append(verdict.reason)
+        raise DialRefused(f"{label}: refused to dial {target.host}: " + ("; ".join(reasons) or "no address"))
+
+    async def connect(self, target: Target, label: str, guard: DialGuard | None = None) -> tuple[Connection, bool]:
+        """(connection, reused). With a guard, the resolved address is checked and dialed directly."""
+        key = (*target.key, guard)
+        idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
             if conn.transport is not None and not conn.lost and not conn.transport.is_closing():
@@ -224,9 +276,10 @@ class Pool:
             ctx = self._ssl
         try:
             async with asyncio.timeout(self.connect_timeout_s):
+                address = target.host if guard is None else await self._guarded_address(target, guard, label)
                 _, conn = await loop.create_connection(
-                    lambda: Connection(target.key),
-                    target.host,
+                    lambda: Connection(key),
+                    address,
                     target.port,
                     ssl=ctx,
                     server_hostname=target.host if ctx else None,
