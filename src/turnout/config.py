@@ -110,6 +110,50 @@ class Limits(_Model):
     connect_timeout_s: float = Field(5, gt=0, description="time allowed to connect to a worker")
 
 
+class EndpointEnv(_Model):
+    """Endpoint settings that come from the environment (read here, nowhere else)."""
+
+    allow_private: bool = False
+    health_interval_s: float = 20.0
+    secret_key: str | None = None
+    hints: tuple[str, ...] = ()  # advice to log at start (e.g. a legacy variable in use)
+
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def endpoint_env(env: Mapping[str, str]) -> EndpointEnv:
+    hints: list[str] = []
+    allow = any(
+        env.get(n, "").strip().lower() in _TRUE
+        for n in ("APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS", "TURNOUT_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS")
+    )
+    if not allow and env.get("APP_NOTIFY_ALLOW_PRIVATE_NETWORKS", "").strip().lower() in _TRUE:
+        allow = True
+        hints.append(
+            "APP_NOTIFY_ALLOW_PRIVATE_NETWORKS enables private endpoint networks; prefer the specific "
+            "APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS=true"
+        )
+    interval = 20.0
+    for name in ("APP_MODEL_ENDPOINT_HEALTH_INTERVAL", "TURNOUT_MODEL_ENDPOINT_HEALTH_INTERVAL"):
+        raw = env.get(name)
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            interval = float(raw)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r}: must be a number of seconds (0 turns endpoint checks off)") from None
+        if interval < 0:
+            raise ConfigError(f"{name}={raw!r}: must be >= 0 (0 turns endpoint checks off)")
+        break
+    return EndpointEnv(
+        allow_private=allow,
+        health_interval_s=interval,
+        secret_key=env.get("TURNOUT_SECRET_KEY") or None,
+        hints=tuple(hints),
+    )
+
+
 class Auth(_Model):
     open: bool = Field(
         False, description="serve client APIs without keys; refused unless listen.host is a loopback address"
@@ -178,6 +222,7 @@ class Settings(_Model):
     # Filled by the loader, not by the file.
     config_path: Path | None = Field(None, exclude=True)
     admin_token: str | None = Field(None, exclude=True)
+    endpoint_env: EndpointEnv = Field(default_factory=EndpointEnv, exclude=True)
 
     @model_validator(mode="after")
     def _unique_workers(self) -> Self:
@@ -239,9 +284,13 @@ def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
         raise ConfigError(f"{path}: the top level must be a JSON object")
     token = env.get(ADMIN_TOKEN_ENV) or None
     try:
-        settings = Settings.model_validate({**data, "config_path": path.resolve(), "admin_token": token})
+        settings = Settings.model_validate(
+            {**data, "config_path": path.resolve(), "admin_token": token, "endpoint_env": endpoint_env(env)}
+        )
     except ValidationError as exc:
         raise ConfigError(f"{path}: invalid configuration:\n{format_validation_error(exc)}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     return settings
 
 
@@ -263,7 +312,7 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 
 def config_schema() -> dict[str, Any]:
     schema = Settings.model_json_schema(mode="validation")
-    for hidden in ("config_path", "admin_token"):
+    for hidden in ("config_path", "admin_token", "endpoint_env"):
         schema.get("properties", {}).pop(hidden, None)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "Turnout config.json"

@@ -61,6 +61,12 @@ class Metrics:
         self.upstream_errors = Counter(
             "turnout_upstream_errors", "failed upstream attempts", ["worker", "kind"], registry=self.registry
         )
+        self.fallbacks = Counter(
+            "turnout_endpoint_fallbacks",
+            "requests sent to an endpoint's fallback model",
+            ["endpoint", "reason"],
+            registry=self.registry,
+        )
         self.registry.register(_FleetCollector(fleet))
 
         self._done: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}

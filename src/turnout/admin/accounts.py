@@ -21,12 +21,20 @@ from turnout.gateway.keys import ACCOUNTANT, AUDIT, KEYS, SETTINGS, USAGE
 from turnout.store.db import StoreError
 from turnout.store.keys import parse_scopes
 
-__all__ = ["AdminSignIns", "add_account_routes", "audit_change", "parse_when"]
+__all__ = [
+    "AdminSignIns",
+    "add_account_routes",
+    "audit_change",
+    "json_response",
+    "parse_when",
+    "read_object",
+    "store_call",
+]
 
 ADMIN_ACTOR = "admin-api"
 
 
-def _json(obj: object, status: int = 200) -> web.Response:
+def json_response(obj: object, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
 
 
@@ -64,7 +72,7 @@ def _int_or_none(body: dict[str, Any], name: str) -> int | None:
     return value
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+async def read_object(request: web.Request) -> dict[str, Any]:
     try:
         body = orjson.loads(await request.read() or b"{}")
     except orjson.JSONDecodeError as exc:
@@ -74,7 +82,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-async def _store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+async def store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return await asyncio.to_thread(fn, *args, **kwargs)
     except KeyError as exc:
@@ -84,12 +92,12 @@ async def _store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 async def list_keys(request: web.Request) -> web.Response:
-    records = await _store_call(request.app[KEYS].all)
-    return _json({"keys": [r.to_json() for r in records]})
+    records = await store_call(request.app[KEYS].all)
+    return json_response({"keys": [r.to_json() for r in records]})
 
 
 async def create_key(request: web.Request) -> web.Response:
-    body = await _body(request)
+    body = await read_object(request)
     unknown = set(body) - {"app", "tenant", "models", "rpm", "daily_tokens", "expires"}
     if unknown:
         raise BadRequest(f"unknown field(s) {sorted(unknown)}")
@@ -109,7 +117,7 @@ async def create_key(request: web.Request) -> web.Response:
     now = time.time()
     expires = body.get("expires")
     expires_at = parse_when(str(expires), now, future=True) if expires is not None else None
-    record, plaintext = await _store_call(
+    record, plaintext = await store_call(
         request.app[KEYS].create,
         app=app,
         tenant=tenant,
@@ -120,27 +128,27 @@ async def create_key(request: web.Request) -> web.Response:
         now=now,
     )
     await audit_change(request, "key.create", f"key:{record.prefix}", after=record.to_json())
-    return _json({"key": plaintext, "record": record.to_json(), "note": "the key is shown only once"}, 201)
+    return json_response({"key": plaintext, "record": record.to_json(), "note": "the key is shown only once"}, 201)
 
 
 async def revoke_key(request: web.Request) -> web.Response:
-    before, after = await _store_call(request.app[KEYS].revoke, request.match_info["ref"], now=time.time())
+    before, after = await store_call(request.app[KEYS].revoke, request.match_info["ref"], now=time.time())
     request.app[ACCOUNTANT].forget()
     await audit_change(request, "key.revoke", f"key:{after.prefix}", before=before.to_json(), after=after.to_json())
-    return _json(after.to_json())
+    return json_response(after.to_json())
 
 
 async def rotate_key(request: web.Request) -> web.Response:
-    body = await _body(request)
+    body = await read_object(request)
     grace = body.get("grace_s", request.app[SETTINGS].auth.rotate_grace_s)
     if not isinstance(grace, int | float) or grace < 0:
         raise BadRequest("grace_s must be a number of seconds >= 0")
-    old, new, plaintext = await _store_call(
+    old, new, plaintext = await store_call(
         request.app[KEYS].rotate, request.match_info["ref"], grace_s=float(grace), now=time.time()
     )
     request.app[ACCOUNTANT].forget()
     await audit_change(request, "key.rotate", f"key:{old.prefix}", before=old.to_json(), after=new.to_json())
-    return _json(
+    return json_response(
         {
             "key": plaintext,
             "record": new.to_json(),
@@ -159,10 +167,10 @@ async def usage(request: web.Request) -> web.Response:
         raise BadRequest("bucket must be hour or day")
     key_id = None
     if request.query.get("key"):
-        key_id = (await _store_call(request.app[KEYS].get, request.query["key"])).id
+        key_id = (await store_call(request.app[KEYS].get, request.query["key"])).id
     await request.app[ACCOUNTANT].usage.flush()
-    rows = await _store_call(request.app[USAGE].summary, since=since, key_id=key_id, bucket=bucket)
-    return _json({"since": since, "bucket": bucket, "rows": rows})
+    rows = await store_call(request.app[USAGE].summary, since=since, key_id=key_id, bucket=bucket)
+    return json_response({"since": since, "bucket": bucket, "rows": rows})
 
 
 async def audit(request: web.Request) -> web.Response:
@@ -170,13 +178,13 @@ async def audit(request: web.Request) -> web.Response:
     limit = request.query.get("limit", "100")
     if not limit.isdigit():
         raise BadRequest("limit must be a positive integer")
-    entries = await _store_call(
+    entries = await store_call(
         request.app[AUDIT].entries,
         since=parse_when(request.query.get("since"), now),
         action=request.query.get("action") or None,
         limit=int(limit),
     )
-    return _json({"entries": [e.to_json() for e in entries]})
+    return json_response({"entries": [e.to_json() for e in entries]})
 
 
 class AdminSignIns:

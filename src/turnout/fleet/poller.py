@@ -22,7 +22,7 @@ from turnout.errors import UpstreamError
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.upstream.client import UpstreamClient
 
-__all__ = ["Poller"]
+__all__ = ["Poller", "apply_openai_models", "apply_tags"]
 
 log = logging.getLogger("turnout.fleet")
 
@@ -35,7 +35,8 @@ class Poller:
         self._task: asyncio.Task[None] | None = None
 
     async def poll_all(self) -> None:
-        await asyncio.gather(*(self.poll(state) for state in self.fleet.workers.values()))
+        workers = [s for s in self.fleet.workers.values() if s.external is None]  # endpoints: fleet.endpoints
+        await asyncio.gather(*(self.poll(state) for state in workers))
         self.fleet.placement.refresh()
         if self.on_change is not None:
             self.on_change()
@@ -49,7 +50,7 @@ class Poller:
                 tags = await self.client.get_json(
                     f"{state.base_url}/api/tags", label=cfg.name, timeout_s=timeout, headers=headers
                 )
-                _apply_tags(state, tags)
+                apply_tags(state, tags)
                 try:
                     ps = await self.client.get_json(
                         f"{state.base_url}/api/ps", label=cfg.name, timeout_s=timeout, headers=headers
@@ -61,7 +62,7 @@ class Poller:
                 models = await self.client.get_json(
                     f"{state.base_url}/v1/models", label=cfg.name, timeout_s=timeout, headers=headers
                 )
-                _apply_openai_models(state, models)
+                apply_openai_models(state, models)
         except UpstreamError as exc:
             state.failures += 1
             state.checked = True
@@ -113,7 +114,7 @@ class Poller:
                 log.exception("poll round failed")
 
 
-def _apply_tags(state: WorkerState, body: Any) -> None:
+def apply_tags(state: WorkerState, body: Any) -> None:
     models = body.get("models") if isinstance(body, dict) else None
     if not isinstance(models, list):
         raise UpstreamError(f"{state.name}: /api/tags has no models list")
@@ -132,7 +133,7 @@ def _apply_ps(state: WorkerState, body: Any) -> None:
     state.offload = vram_pressure_from_ps(entries)
 
 
-def _apply_openai_models(state: WorkerState, body: Any) -> None:
+def apply_openai_models(state: WorkerState, body: Any) -> None:
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, list):
         raise UpstreamError(f"{state.name}: /v1/models has no data list")

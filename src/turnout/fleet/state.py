@@ -10,12 +10,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnout.config import Settings, Worker, WorkerType
+from turnout.core.endpoint_health import EndpointState
 from turnout.core.placement import PlacementRules
 from turnout.core.routing import WorkerView
 from turnout.core.signals import smooth
 from turnout.state.placement_store import PlacementStore
+from turnout.upstream.http1 import DialGuard
 
-__all__ = ["Fleet", "WorkerState"]
+__all__ = ["External", "Fleet", "WorkerState"]
+
+
+@dataclass(slots=True)
+class External:
+    """What makes a worker an external endpoint: namespaced models, SSRF-guarded dials, health states."""
+
+    prefix: str  # "<endpoint>/": clients ask for "<endpoint>/<model>"
+    guard: DialGuard
+    fallback_model: str | None = None
+    latency_budget_ms: int | None = None
+    state: EndpointState = EndpointState.UNKNOWN
+    last_check: float | None = None
+    latency_ms: float | None = None
+    hint: str | None = None
+
+    def upstream_name(self, model: str) -> str:
+        return model.removeprefix(self.prefix)
 
 
 @dataclass(slots=True)
@@ -34,6 +53,7 @@ class WorkerState:
     gpu_util: float | None = None
     gpu_memory: float | None = None
     offload: float | None = None
+    external: External | None = None
     # Derived once from the config: read on every request, so never recomputed there.
     base_url: str = field(init=False)
     baseline: PlacementRules = field(init=False)
@@ -78,8 +98,12 @@ class Fleet:
         return self.workers[name].baseline, "config"
 
     def views(self, model: str) -> list[WorkerView]:
+        """Views of the workers that may serve ``model``: its endpoint alone for "<endpoint>/<model>",
+        otherwise the fleet's own workers (endpoints never serve un-namespaced names)."""
+        endpoint = self.endpoint_for(model)
+        candidates = [endpoint] if endpoint is not None else [s for s in self.workers.values() if s.external is None]
         out = []
-        for state in self.workers.values():
+        for state in candidates:
             rules, _ = self.rules(state.name)
             out.append(
                 WorkerView(
@@ -96,6 +120,14 @@ class Fleet:
                 )
             )
         return out
+
+    def endpoint_for(self, model: str) -> WorkerState | None:
+        """The external endpoint a namespaced model name ("<endpoint>/<model>") belongs to."""
+        name = model.split("/", 1)[0]
+        state = self.workers.get(name)
+        if state is not None and state.external is not None and model.startswith(state.external.prefix):
+            return state
+        return None
 
     def is_openai(self, name: str) -> bool:
         return self.workers[name].config.type is WorkerType.OPENAI

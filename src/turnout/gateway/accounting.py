@@ -40,6 +40,7 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     failed: bool = False
+    fallback_from: str | None = None
 
 
 @dataclass(slots=True)
@@ -191,6 +192,7 @@ class Accountant:
                 prompt_tokens=outcome.prompt_tokens,
                 completion_tokens=outcome.completion_tokens,
                 latency_ms=(time.perf_counter() - ticket.started) * 1000,
+                fallback_from=outcome.fallback_from,
             )
         )
 

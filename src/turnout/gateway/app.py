@@ -15,8 +15,10 @@ from aiohttp import web
 from turnout.admin.accounts import AdminSignIns, add_account_routes
 from turnout.admin.api import add_admin_routes
 from turnout.admin.auth import AdminAuth
+from turnout.admin.endpoints_api import add_endpoint_routes
 from turnout.config import Settings
 from turnout.errors import NotFound, TurnoutError
+from turnout.fleet.endpoints import EndpointManager
 from turnout.fleet.poller import Poller
 from turnout.fleet.state import Fleet
 from turnout.gateway.accounting import Accountant
@@ -28,6 +30,7 @@ from turnout.gateway.keys import (
     AUDIT,
     DATABASE,
     DISPATCHER,
+    ENDPOINTS,
     FLEET,
     KEYS,
     METRICS,
@@ -43,7 +46,9 @@ from turnout.metrics import Metrics
 from turnout.state.placement_store import PlacementStore
 from turnout.store.audit import AuditLog
 from turnout.store.db import Database, database_url
+from turnout.store.endpoints import EndpointStore
 from turnout.store.keys import KeyStore
+from turnout.store.secrets import SecretBox
 from turnout.store.usage import UsageStore
 from turnout.upstream.client import UpstreamClient
 
@@ -120,6 +125,7 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
     database.migrate()
     keys, usage = KeyStore(database), UsageStore(database)
     accountant = Accountant(settings, keys, usage)
+    secrets = SecretBox.load(settings.data_dir, settings.endpoint_env.secret_key)
     fleet = Fleet(settings, placement)
     metrics = Metrics(fleet)
     client = UpstreamClient(
@@ -134,6 +140,8 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
         tenants=settings.tenants,
     )
     poller = Poller(fleet, client, on_change=dispatcher.wake_all)
+    endpoints = EndpointManager(settings, fleet, client, EndpointStore(database), secrets)
+    endpoints.on_change = dispatcher.wake_all
 
     app = web.Application(middlewares=[_middleware], client_max_size=settings.limits.max_body_bytes)
     app[SETTINGS] = settings
@@ -149,9 +157,11 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
     app[AUDIT] = AuditLog(database)
     app[ACCOUNTANT] = accountant
     app[SIGNINS] = AdminSignIns()
+    app[ENDPOINTS] = endpoints
     add_client_routes(app)
     add_admin_routes(app)
     add_account_routes(app)
+    add_endpoint_routes(app)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
 
@@ -160,7 +170,9 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
         await accountant.start()
         await poller.poll_all()
         poller.start()
+        await endpoints.start()
         yield
+        await endpoints.stop()
         await poller.stop()
         await accountant.close()
         await client.close()

@@ -41,6 +41,7 @@ class Call:
     payload: dict[str, Any]
     model: str
     stream: bool
+    fallback_from: str | None = None  # "<endpoint>/<model>" when this call is a fallback
 
 
 async def read_call(request: web.Request, dialect: Dialect, endpoint: Endpoint, max_body: int) -> Call:

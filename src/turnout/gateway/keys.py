@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from turnout.admin.accounts import AdminSignIns
     from turnout.admin.auth import AdminAuth
     from turnout.config import Settings
+    from turnout.fleet.endpoints import EndpointManager
     from turnout.fleet.poller import Poller
     from turnout.fleet.state import Fleet
     from turnout.gateway.accounting import Accountant
@@ -27,6 +28,7 @@ __all__ = [
     "AUDIT",
     "DATABASE",
     "DISPATCHER",
+    "ENDPOINTS",
     "FLEET",
     "KEYS",
     "METRICS",
@@ -50,3 +52,4 @@ KEYS: web.AppKey[KeyStore] = web.AppKey("keys")
 AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
 USAGE: web.AppKey[UsageStore] = web.AppKey("usage")
 SIGNINS: web.AppKey[AdminSignIns] = web.AppKey("signins")
+ENDPOINTS: web.AppKey[EndpointManager] = web.AppKey("endpoints")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -21,9 +22,10 @@ from aiohttp import web
 
 from turnout.config import Settings
 from turnout.core import translate
+from turnout.core.endpoint_health import EndpointState
 from turnout.core.routing import NoRoute
 from turnout.core.signals import tokens_per_second
-from turnout.errors import BadRequest, TurnoutError, UpstreamError
+from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.calls import Call, Endpoint
@@ -61,6 +63,29 @@ class Proxy:
     async def serve(self, request: web.Request, call: Call, outcome: Outcome, tenant: str = "") -> web.StreamResponse:
         if call.endpoint is Endpoint.SHOW:
             return await self._show(call)
+        endpoint = self.fleet.endpoint_for(call.model)
+        fallback = None if endpoint is None or endpoint.external is None else endpoint.external.fallback_model
+        if fallback is None or call.fallback_from is not None:
+            return await self._serve_once(request, call, outcome, tenant)
+        assert endpoint is not None
+        try:
+            return await self._serve_once(request, call, outcome, tenant)
+        except _NeedFallback as why:
+            reason = why.reason
+        except (ConnectFailed, Unavailable) as exc:  # endpoint down, unreachable or refused by the SSRF guard
+            reason = exc.code
+        except UpstreamError as exc:
+            if exc.code != "headers_timeout":
+                raise
+            reason = "latency_budget"
+        self.metrics.fallbacks.labels(endpoint.name, reason).inc()
+        origin = f"{endpoint.name}/{endpoint.external.upstream_name(call.model)}"  # type: ignore[union-attr]
+        payload = {**call.payload, "model": fallback}
+        outcome.fallback_from = origin
+        redirected = replace(call, model=fallback, payload=payload, body=orjson.dumps(payload), fallback_from=origin)
+        return await self._serve_once(request, redirected, outcome, tenant)
+
+    async def _serve_once(self, request: web.Request, call: Call, outcome: Outcome, tenant: str) -> web.StreamResponse:
         exclude: set[str] = set()
         failure: ConnectFailed | None = None
         for _ in range(self.settings.routing.max_attempts):
@@ -76,6 +101,8 @@ class Proxy:
             except ConnectFailed as exc:
                 self.metrics.upstream_errors.labels(lease.worker.name, "connect").inc()
                 lease.worker.mark_down(exc.message)
+                if lease.worker.external is not None:
+                    lease.worker.external.state = EndpointState.UNREACHABLE
                 self.dispatcher.wake_all()
                 exclude.add(lease.worker.name)
                 failure = exc
@@ -89,8 +116,9 @@ class Proxy:
         if call.dialect is Dialect.OLLAMA and self.fleet.is_openai(worker.name):
             return await self._translated(request, call, lease, outcome)
         body = call.body
-        if lease.model != call.model:
-            body = orjson.dumps({**call.payload, "model": lease.model})
+        upstream = _upstream_name(worker, lease.model)
+        if upstream != call.model:
+            body = orjson.dumps({**call.payload, "model": upstream})
         return await self._passthrough(request, call, worker, call.path, body, outcome)
 
     # -- same dialect ----------------------------------------------------------------------------
@@ -99,14 +127,20 @@ class Proxy:
     ) -> web.StreamResponse:
         started = time.perf_counter()
         async with self.client.request(
-            "POST", worker.base_url + path, body=body, headers=worker.headers, label=worker.name
+            "POST",
+            worker.base_url + path,
+            body=body,
+            headers=worker.headers,
+            label=worker.name,
+            **_dial_options(worker),
         ) as up:
+            _check_fallback(worker, up.status)
             if not call.stream or up.status >= 300:
                 data = await up.read()
                 if up.status < 300:
                     self._learn(worker, call.model, data, time.perf_counter() - started, outcome)
                 return _relay(call, up, data)
-            resp = web.StreamResponse(status=up.status, headers=_STREAM_HEADERS)
+            resp = web.StreamResponse(status=up.status, headers=_stream_headers(call))
             resp.content_type = up.content_type
             await resp.prepare(request)
             tail = b""
@@ -133,7 +167,7 @@ class Proxy:
 
     # -- Ollama client, OpenAI-style worker --------------------------------------------------------
     async def _translated(self, request: web.Request, call: Call, lease: Lease, outcome: Outcome) -> web.StreamResponse:
-        p, model = call.payload, lease.model
+        p, model = call.payload, _upstream_name(lease.worker, lease.model)
         generate = call.endpoint is Endpoint.GENERATE
         try:
             if call.endpoint is Endpoint.CHAT:
@@ -153,10 +187,12 @@ class Proxy:
             body=orjson.dumps(req),
             headers=worker.headers,
             label=worker.name,
+            **_dial_options(worker),
         ) as up:
+            _check_fallback(worker, up.status)
             if up.status >= 300:
                 data = await up.read()
-                return _json(translate.ollama_error_from_openai(data, up.status), up.status)
+                return _json(translate.ollama_error_from_openai(data, up.status), up.status, call)
             if not call.stream:
                 parsed = _decode(await up.read(), worker.name)
                 timing = translate.Timing(iso_time(), time.perf_counter_ns() - started)
@@ -165,10 +201,10 @@ class Proxy:
                     usage = parsed.get("usage")
                     if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
                         outcome.prompt_tokens = usage["prompt_tokens"]
-                    return _json(translate.embed_from_openai(parsed, call.model, timing, legacy=legacy))
+                    return _json(translate.embed_from_openai(parsed, call.model, timing, legacy=legacy), 200, call)
                 out = translate.chat_from_openai(parsed, call.model, timing, generate=generate)
                 self._observe(worker, call.model, out, outcome)
-                return _json(out)
+                return _json(out, 200, call)
             return await self._translate_stream(request, call, worker, up, started, generate, outcome)
 
     async def _translate_stream(
@@ -181,7 +217,7 @@ class Proxy:
         generate: bool,
         outcome: Outcome,
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(status=200, headers=_STREAM_HEADERS)
+        resp = web.StreamResponse(status=200, headers=_stream_headers(call))
         resp.content_type = "application/x-ndjson"
         await resp.prepare(request)
         translator = translate.ChatStreamTranslator(model=call.model, generate=generate)
@@ -222,7 +258,7 @@ class Proxy:
             raise no_route_error(decision, int(self.settings.health.interval_s))
         worker = self.fleet.workers[decision.best.worker]
         if not self.fleet.is_openai(worker.name):
-            return await self._passthrough_show(call, worker)
+            return await self._passthrough_show(call, worker, _upstream_name(worker, decision.best.model))
         entry = worker.tags.get(decision.best.model, {})
         return _json(
             {
@@ -236,13 +272,15 @@ class Proxy:
             }
         )
 
-    async def _passthrough_show(self, call: Call, worker: WorkerState) -> web.StreamResponse:
+    async def _passthrough_show(self, call: Call, worker: WorkerState, upstream: str) -> web.StreamResponse:
+        body = call.body if upstream == call.model else orjson.dumps({**call.payload, "model": upstream})
         async with self.client.request(
             "POST",
             worker.base_url + "/api/show",
-            body=call.body,
+            body=body,
             headers=worker.headers,
             label=worker.name,
+            **_dial_options(worker),
         ) as up:
             return _relay(call, up, await up.read())
 
@@ -277,14 +315,49 @@ class Proxy:
         worker.observe_speed(model, tokens_per_second(final.get("eval_count"), ns / 1e9))
 
 
+class _NeedFallback(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _upstream_name(worker: WorkerState, model: str) -> str:
+    return model if worker.external is None else worker.external.upstream_name(model)
+
+
+def _dial_options(worker: WorkerState) -> dict[str, Any]:
+    """SSRF guard for endpoints, and the latency budget (time to response headers) when a fallback is set."""
+    ext = worker.external
+    if ext is None:
+        return {}
+    budget = ext.latency_budget_ms / 1000 if ext.fallback_model and ext.latency_budget_ms else None
+    return {"guard": ext.guard, "headers_timeout_s": budget}
+
+
+def _check_fallback(worker: WorkerState, status: int) -> None:
+    ext = worker.external
+    if ext is not None and ext.fallback_model and status >= 500:
+        raise _NeedFallback(f"http_{status}")
+
+
+def _stream_headers(call: Call) -> dict[str, str]:
+    if call.fallback_from is None:
+        return _STREAM_HEADERS
+    return {**_STREAM_HEADERS, "X-Fallback-From": call.fallback_from}
+
+
 def _relay(call: Call, up: UpstreamResponse, data: bytes) -> web.StreamResponse:
     """A buffered worker answer as it came; a non-JSON error page becomes an error in the caller's dialect."""
     if up.status >= 300 and up.content_type != "application/json":
         text = data.decode("utf-8", "replace").strip()[:300]
         err = UpstreamError(f"worker answered HTTP {up.status}" + (f": {text}" if text else ""))
         err.status = up.status if up.status >= 400 else 502
-        return error_response(call.dialect, err)
-    return web.Response(status=up.status, body=data, content_type=up.content_type or "application/json")
+        response: web.StreamResponse = error_response(call.dialect, err)
+    else:
+        response = web.Response(status=up.status, body=data, content_type=up.content_type or "application/json")
+    if call.fallback_from is not None:
+        response.headers["X-Fallback-From"] = call.fallback_from
+    return response
 
 
 def _finished(dialect: Dialect, tail: bytes) -> bool:
@@ -304,5 +377,8 @@ def _decode(data: bytes, label: str) -> dict[str, Any]:
     return value
 
 
-def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+def _json(obj: Any, status: int = 200, call: Call | None = None) -> web.Response:
+    response = web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+    if call is not None and call.fallback_from is not None:
+        response.headers["X-Fallback-From"] = call.fallback_from
+    return response

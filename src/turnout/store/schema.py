@@ -17,7 +17,7 @@ from sqlalchemy import (
     Text,
 )
 
-__all__ = ["apps", "audit", "keys", "metadata", "tenants", "usage"]
+__all__ = ["apps", "audit", "endpoints", "keys", "metadata", "tenants", "usage"]
 
 metadata = MetaData()
 
@@ -71,8 +71,23 @@ usage = Table(
     Column("prompt_tokens", Integer, nullable=False),
     Column("completion_tokens", Integer, nullable=False),
     Column("latency_ms", Float, nullable=False),
+    Column("fallback_from", String(320), nullable=True),
     Index("ix_usage_ts", "ts"),
     Index("ix_usage_key_ts", "key_id", "ts"),
+)
+
+endpoints = Table(
+    "endpoints",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("url", String(2048), nullable=False),
+    Column("api", String(16), nullable=False),
+    Column("credential", Text, nullable=True),  # Fernet token, never the plaintext
+    Column("fallback_model", String(256), nullable=True),
+    Column("latency_budget_ms", Integer, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
 )
 
 audit = Table(

@@ -26,6 +26,7 @@ class UsageRow:
     prompt_tokens: int
     completion_tokens: int
     latency_ms: float
+    fallback_from: str | None = None
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:

@@ -123,7 +123,8 @@ class UpstreamClient:
                 continue  # a stale keep-alive connection closed by the worker: retry once on a fresh one
             error = conn.error
             message = error.message if isinstance(error, UpstreamError) else str(error)
-            raise UpstreamError(message if message.startswith(label) else f"{label}: {message}")
+            code = error.code if isinstance(error, UpstreamError) else None
+            raise UpstreamError(message if message.startswith(label) else f"{label}: {message}", code=code)
         try:
             yield UpstreamResponse(conn, label)
         except BaseException:

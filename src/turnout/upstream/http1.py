@@ -223,7 +223,7 @@ class Connection(asyncio.Protocol):
         return chunk
 
     def timed_out(self, label: str) -> None:
-        self._fail(UpstreamError(f"{label}: timed out"))
+        self._fail(UpstreamError(f"{label}: timed out", code="timeout"))
         self.close()
 
     def close(self) -> None:
@@ -245,19 +245,26 @@ class Pool:
         """Resolve and return the first address the guard allows; refuse when there is none."""
         named = check_hostname(target.host)
         if not named.allowed:
-            raise DialRefused(f"{label}: refused to dial {target.host}: {named.reason}")
+            raise DialRefused(f"{label}: refused to dial {target.host}: {named.reason}", code="dial_refused")
         try:
             # "host." is the same absolute name as "host"; some resolvers only know the dotless form.
             addresses = await self.resolver(target.host.rstrip(".") or target.host, target.port)
         except OSError as exc:
-            raise ConnectFailed(f"{label}: cannot resolve {target.host}: {exc.strerror or exc}") from None
+            raise ConnectFailed(
+                f"{label}: cannot resolve {target.host}: {exc.strerror or exc}", code="dns_error"
+            ) from None
         reasons = []
+        always = False
         for address in addresses:
             verdict = check_address(address, allow_private=guard.allow_private)
             if verdict.allowed:
                 return address
             reasons.append(verdict.reason)
-        raise DialRefused(f"{label}: refused to dial {target.host}: " + ("; ".join(reasons) or "no address"))
+            always = always or verdict.always
+        raise DialRefused(
+            f"{label}: refused to dial {target.host}: " + ("; ".join(reasons) or "no address"),
+            code="dial_refused" if always else "dial_refused_private",
+        )
 
     async def connect(self, target: Target, label: str, guard: DialGuard | None = None) -> tuple[Connection, bool]:
         """(connection, reused). With a guard, the resolved address is checked and dialed directly."""
@@ -285,12 +292,17 @@ class Pool:
                     server_hostname=target.host if ctx else None,
                 )
         except TimeoutError:
-            raise ConnectFailed(f"{label}: cannot connect to {target.host}:{target.port}: timed out") from None
+            raise ConnectFailed(
+                f"{label}: cannot connect to {target.host}:{target.port}: timed out", code="timeout"
+            ) from None
         except ssl.SSLError as exc:
-            raise ConnectFailed(f"{label}: TLS handshake with {target.host} failed: {exc.reason}") from None
+            raise ConnectFailed(
+                f"{label}: TLS handshake with {target.host} failed: {exc.reason}", code="tls_error"
+            ) from None
         except OSError as exc:
             why = exc.strerror or str(exc) or type(exc).__name__
-            raise ConnectFailed(f"{label}: cannot connect to {target.host}:{target.port}: {why}") from None
+            code = "dns_error" if isinstance(exc, socket.gaierror) else "connect_refused"
+            raise ConnectFailed(f"{label}: cannot connect to {target.host}:{target.port}: {why}", code=code) from None
         return conn, False
 
     def release(self, conn: Connection) -> None:

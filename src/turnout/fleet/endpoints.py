@@ -1,0 +1,274 @@
+"""External endpoints in the fleet: registered in the database, checked in the background, routed like
+workers under namespaced model names (``<endpoint>/<model>``), always dialed through the SSRF guard.
+
+Turnout only lists models and forwards inference to an endpoint; it never starts, stops, wakes or loads
+anything on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from turnout.config import Settings, Worker, WorkerType
+from turnout.core.endpoint_health import CheckResult, EndpointState, Failure, hint, next_state
+from turnout.errors import UpstreamError
+from turnout.fleet.poller import apply_openai_models, apply_tags
+from turnout.fleet.state import External, Fleet, WorkerState
+from turnout.store.db import StoreError
+from turnout.store.endpoints import EndpointRecord, EndpointStore
+from turnout.store.secrets import SecretBox, SecretError
+from turnout.upstream.client import UpstreamClient
+from turnout.upstream.http1 import DialGuard
+
+__all__ = ["EndpointManager", "Probe", "probe"]
+
+log = logging.getLogger("turnout.endpoints")
+
+_SYNC_S = 5.0  # how often registrations made elsewhere (the CLI) are picked up
+_FAILURES = {f.value: f for f in Failure}
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Result of one list-models call against an endpoint: health, latency, models, and advice."""
+
+    ok: bool
+    latency_ms: float
+    models: list[str] = field(default_factory=list)
+    failure: Failure | None = None
+    status: int | None = None
+    error: str | None = None
+    hint: str | None = None
+    body: Any = None
+
+    def result(self) -> CheckResult:
+        return CheckResult(self.ok, self.latency_ms, self.failure, self.status)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "latency_ms": round(self.latency_ms, 1),
+            "models": self.models,
+            "failure": None if self.failure is None else self.failure.value,
+            "status": self.status,
+            "error": self.error,
+            "hint": self.hint,
+        }
+
+
+async def probe(
+    client: UpstreamClient, url: str, api: str, credential: str | None, guard: DialGuard, timeout_s: float
+) -> Probe:
+    """Call the endpoint's list-models route (``/api/tags`` or ``/v1/models``); redirects are not followed."""
+    route = "/api/tags" if api == "ollama" else "/v1/models"
+    headers = {"Authorization": f"Bearer {credential}"} if credential else None
+    started = time.perf_counter()
+
+    def failed(failure: Failure, error: str, status: int | None = None) -> Probe:
+        return Probe(
+            False,
+            (time.perf_counter() - started) * 1000,
+            [],
+            failure,
+            status,
+            error,
+            hint(failure, api, status=status, timeout_s=timeout_s),
+        )
+
+    try:
+        async with client.request(
+            "GET", url.rstrip("/") + route, label="endpoint", headers=headers, timeout_s=timeout_s, guard=guard
+        ) as resp:
+            data = await resp.read()
+            status = resp.status
+    except UpstreamError as exc:
+        failure = _FAILURES.get(exc.code, Failure.REFUSED if exc.code != "upstream_error" else Failure.BAD_ANSWER)
+        return failed(failure, exc.message)
+    elapsed = (time.perf_counter() - started) * 1000
+    if status in (401, 403):
+        return failed(Failure.AUTH, f"HTTP {status} from {route}", status)
+    if status == 404:
+        return failed(Failure.WRONG_API, f"HTTP 404 from {route}", status)
+    if 300 <= status < 400:
+        return failed(Failure.HTTP, f"HTTP {status} redirect from {route} (redirects are not followed)", status)
+    if status >= 400:
+        return failed(Failure.HTTP, f"HTTP {status} from {route}", status)
+    try:
+        body = orjson.loads(data)
+        listed = body["models"] if api == "ollama" else body["data"]
+        models = sorted(m["name"] if api == "ollama" else m["id"] for m in listed)
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return failed(Failure.BAD_ANSWER, f"{route} did not return the expected JSON", status)
+    return Probe(True, elapsed, models, status=status, body=body)
+
+
+class EndpointManager:
+    def __init__(
+        self, settings: Settings, fleet: Fleet, client: UpstreamClient, store: EndpointStore, secrets: SecretBox
+    ) -> None:
+        self.settings = settings
+        self.fleet = fleet
+        self.client = client
+        self.store = store
+        self.secrets = secrets
+        self.guard = DialGuard(allow_private=settings.endpoint_env.allow_private)
+        self._records: dict[str, EndpointRecord] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.on_change: Any = None
+
+    @property
+    def timeout_s(self) -> float:
+        return self.settings.health.timeout_s
+
+    def credential(self, record: EndpointRecord) -> str | None:
+        return None if record.credential is None else self.secrets.decrypt(record.credential)
+
+    # -- registry -> fleet -------------------------------------------------------------------------
+    async def sync(self) -> None:
+        """Make the fleet's endpoint entries match the database."""
+        try:
+            records = {r.name: r for r in await asyncio.to_thread(self.store.all)}
+        except StoreError as exc:
+            log.warning("cannot read endpoints: %s", exc)
+            return
+        for name in list(self._records):
+            if name not in records:
+                self.fleet.workers.pop(name, None)
+                del self._records[name]
+        changed = []
+        for name, record in records.items():
+            if self._records.get(name) == record:
+                continue
+            if name in self.fleet.workers and self.fleet.workers[name].external is None:
+                log.error('endpoint "%s" has the name of a configured worker; it is ignored', name)
+                continue
+            try:
+                state = self._worker_state(record)
+            except SecretError as exc:
+                log.error('endpoint "%s": %s', name, exc)
+                continue
+            previous = self.fleet.workers.get(name)
+            if previous is not None and previous.external is not None and self._records[name].url == record.url:
+                state.external.state = previous.external.state  # type: ignore[union-attr]
+            self.fleet.workers[name] = state
+            self._records[name] = record
+            changed.append(name)
+        await asyncio.gather(*(self.check(name) for name in changed))
+
+    def _worker_state(self, record: EndpointRecord) -> WorkerState:
+        config = Worker.model_validate(
+            {"name": record.name, "url": record.url, "type": record.api, "api_key": self.credential(record)}
+        )
+        return WorkerState(
+            config,
+            external=External(
+                prefix=f"{record.name}/",
+                guard=self.guard,
+                fallback_model=record.fallback_model,
+                latency_budget_ms=record.latency_budget_ms,
+            ),
+        )
+
+    # -- health ------------------------------------------------------------------------------------
+    async def check(self, name: str) -> Probe | None:
+        state = self.fleet.workers.get(name)
+        record = self._records.get(name)
+        if state is None or state.external is None or record is None:
+            return None
+        result = await probe(self.client, record.url, record.api, state.config.api_key, self.guard, self.timeout_s)
+        ext = state.external
+        before = ext.state
+        ext.state = next_state(before, result.result())
+        ext.last_check, ext.latency_ms, ext.hint = time.time(), result.latency_ms, result.hint
+        state.healthy = ext.state.routable
+        state.checked = True
+        state.last_error = result.error
+        if result.ok:
+            _namespaced_inventory(state, record.api, result.body)
+        if ext.state is not before:
+            log.info(
+                'endpoint "%s": %s -> %s%s',
+                name,
+                before.value,
+                ext.state.value,
+                f" ({result.error})" if result.error else "",
+            )
+            if self.on_change is not None:
+                self.on_change()
+        return result
+
+    def mark_down(self, state: WorkerState, error: str) -> None:
+        """A request could not reach the endpoint: stop routing to it until a check sees it online."""
+        state.mark_down(error)
+        if state.external is not None and state.external.state.routable:
+            state.external.state = EndpointState.UNREACHABLE
+
+    async def start(self) -> None:
+        for hint_text in self.settings.endpoint_env.hints:
+            log.warning(hint_text)
+        await self.sync()
+        self._task = asyncio.create_task(self._loop(), name="turnout-endpoints")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        interval = self.settings.endpoint_env.health_interval_s
+        last_check = time.monotonic()
+        while True:
+            await asyncio.sleep(_SYNC_S if interval <= 0 else min(_SYNC_S, interval))
+            try:
+                await self.sync()
+                if interval > 0 and time.monotonic() - last_check >= interval:
+                    last_check = time.monotonic()
+                    await asyncio.gather(*(self.check(n) for n in list(self._records)))
+            except Exception:  # one bad round must not end endpoint checking
+                log.exception("endpoint check round failed")
+
+    def describe(self) -> list[dict[str, Any]]:
+        out = []
+        for name, record in sorted(self._records.items()):
+            state = self.fleet.workers.get(name)
+            ext = state.external if state is not None else None
+            out.append(
+                {
+                    **record.to_json(),
+                    "state": ext.state.value if ext else EndpointState.UNKNOWN.value,
+                    "last_check": ext.last_check if ext else None,
+                    "latency_ms": None if ext is None or ext.latency_ms is None else round(ext.latency_ms, 1),
+                    "last_error": state.last_error if state else None,
+                    "hint": ext.hint if ext else None,
+                    "models": sorted(state.inventory) if state is not None and state.inventory is not None else [],
+                }
+            )
+        return out
+
+
+def _namespaced_inventory(state: WorkerState, api: str, body: Any) -> None:
+    assert state.external is not None
+    if api == WorkerType.OLLAMA.value:
+        apply_tags(state, body)
+        state.tags = {
+            f"{state.external.prefix}{n}": {
+                **e,
+                "name": f"{state.external.prefix}{n}",
+                "model": f"{state.external.prefix}{n}",
+            }
+            for n, e in state.tags.items()
+        }
+        state.inventory = frozenset(state.tags)
+    else:
+        apply_openai_models(state, body)
+        state.tags = {f"{state.external.prefix}{n}": e for n, e in state.tags.items()}
+        state.inventory = frozenset(state.tags)
+    state.loaded = state.inventory
