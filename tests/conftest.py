@@ -198,7 +198,7 @@ def worker(name: str, url: str, type: str = "ollama", **extra: Any) -> dict[str,
 async def gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
     runners: list[Gateway] = []
 
-    async def make(workers: list[dict[str, Any]], **sections: Any) -> Gateway:
+    async def make(workers: list[dict[str, Any]], env: dict[str, str] | None = None, **sections: Any) -> Gateway:
         data_dir = tmp_path / f"data{len(runners)}"
         config = {
             "storage": {"data_dir": str(data_dir)},
@@ -209,7 +209,7 @@ async def gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
         }
         path = tmp_path / f"config{len(runners)}.json"
         path.write_text(json.dumps(config))
-        settings = load_settings(path, env={})
+        settings = load_settings(path, env=env or {})
         app = create_app(settings, admin_token=ADMIN_TOKEN)
         runner = web.AppRunner(app, handler_cancellation=True)
         await runner.setup()

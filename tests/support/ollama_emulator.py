@@ -35,6 +35,9 @@ class Behaviour:
     drop_after_chunks: int | None = None  # close the connection after N stream chunks
     vram_fraction: float = 1.0  # size_vram / size reported by /api/ps
     hang_s: float = 0.0  # delay before the first byte of an inference answer
+    tags_hang_s: float = 0.0  # delay before /api/tags and /v1/models answer (a machine going to sleep)
+    require_key: str | None = None  # answer 401 unless "Authorization: Bearer <key>" is sent
+    stall_after_chunks: int | None = None  # stop sending (but keep the connection) after N stream chunks
 
 
 class OllamaEmulator:
@@ -45,12 +48,24 @@ class OllamaEmulator:
         self.active = 0
         self.peak_active = 0
         self.cancelled = 0
+        self.headers_seen: list[dict[str, str]] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.headers_seen.append(dict(request.headers))
+        key = self.behaviour.require_key
+        if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
+            return web.json_response({"error": "unauthorized"}, status=401)
+        if request.path in ("/api/tags", "/v1/models") and self.behaviour.tags_hang_s:
+            await asyncio.sleep(self.behaviour.tags_hang_s)
+        result: web.StreamResponse = await handler(request)
+        return result
+
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._auth])
         r = app.router
         r.add_get("/", self.root)
         r.add_get("/api/version", self.version)
@@ -165,6 +180,8 @@ class OllamaEmulator:
                 if self.behaviour.drop_after_chunks is not None and i >= self.behaviour.drop_after_chunks:
                     request.transport.close()  # type: ignore[union-attr]
                     return resp
+                if self.behaviour.stall_after_chunks is not None and i >= self.behaviour.stall_after_chunks:
+                    await asyncio.sleep(3600)
                 chunk = {"model": body["model"], "created_at": _now(), **piece(word), "done": False}
                 await resp.write(json.dumps(chunk).encode() + b"\n")
                 await asyncio.sleep(self.behaviour.token_delay_s)

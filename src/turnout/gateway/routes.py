@@ -8,7 +8,7 @@ import orjson
 from aiohttp import web
 
 from turnout import __version__
-from turnout.errors import NotFound, TurnoutError
+from turnout.errors import Forbidden, NotFound, TurnoutError
 from turnout.gateway.accounting import Outcome, Ticket
 from turnout.gateway.calls import Endpoint, read_call
 from turnout.gateway.catalog import ollama_ps, ollama_tags, openai_models
@@ -88,6 +88,36 @@ async def root(request: web.Request) -> web.Response:
     return web.Response(text="Turnout is running")  # Ollama clients probe "/" for this
 
 
+# Engine administration that Turnout never forwards: it routes inference, it does not manage engines.
+ENGINE_ADMIN_ROUTES = (
+    ("POST", "/api/pull"),
+    ("POST", "/api/push"),
+    ("POST", "/api/create"),
+    ("POST", "/api/copy"),
+    ("DELETE", "/api/delete"),
+    ("*", "/api/blobs/{digest}"),
+    ("*", "/api/v0/{tail:.*}"),
+    ("*", "/slots"),
+    ("*", "/slots/{tail:.*}"),
+    ("*", "/sleep"),
+    ("*", "/wake_up"),
+    ("*", "/is_sleeping"),
+    ("*", "/v1/models/load"),
+    ("*", "/v1/models/unload"),
+    ("*", "/v1/load_lora_adapter"),
+    ("*", "/v1/unload_lora_adapter"),
+)
+
+
+async def refused_engine_admin(request: web.Request) -> web.StreamResponse:
+    raise Forbidden(
+        f"{request.method} {request.path} is an engine administration route; Turnout forwards only inference and "
+        "listing routes and never pulls, deletes, loads or sleeps models on workers or endpoints. Do it on the "
+        "machine itself.",
+        code="route_not_forwarded",
+    )
+
+
 def add_client_routes(app: web.Application) -> None:
     r = app.router
     r.add_post("/v1/chat/completions", _proxied(Dialect.OPENAI, Endpoint.CHAT))
@@ -104,3 +134,5 @@ def add_client_routes(app: web.Application) -> None:
     r.add_get("/api/ps", ps)
     r.add_get("/api/version", version)
     r.add_get("/", root)
+    for method, path in ENGINE_ADMIN_ROUTES:
+        r.add_route(method, path, refused_engine_admin)

@@ -1,0 +1,218 @@
+"""External endpoints end to end: register, test, health states, SSRF opt-in, credentials, fallback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, EmulatorFactory, Engine, Gateway, GatewayFactory, worker
+from turnout.core.endpoint_health import EndpointState
+from turnout.gateway.keys import ACCOUNTANT, DATABASE, ENDPOINTS, USAGE
+
+PRIVATE_OK = {"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "true"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+async def admin(gw: Gateway, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as http, http.request(method, f"{gw.url}{path}", json=body, headers=ADMIN) as r:
+        return r.status, await r.json()
+
+
+async def chat(
+    gw: Gateway, key: str | None, model: str, *, stream: bool = False, path: str = "/api/chat"
+) -> tuple[int, bytes, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{gw.url}{path}", json={"model": model, "messages": [], "stream": stream}, headers=headers) as r,
+    ):
+        return r.status, await r.read(), r.headers
+
+
+async def test_register_route_and_scope(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
+    fleet_worker = await emulator("fleet", ["qwen3:8b"])
+    mac = await emulator("mac", ["llama3.2:latest"])
+    gw = await gateway([worker("gpu", fleet_worker.url)], env=PRIVATE_OK, auth={"open": False})
+    status, reg = await admin(gw, "POST", "/admin/api/endpoints", {"name": "mac", "url": mac.url, "api": "ollama"})
+    assert status == 201, reg
+    assert reg["test"]["ok"] is True and reg["test"]["models"] == ["llama3.2:latest"]
+    assert reg["endpoint"]["state"] == "online" and reg["endpoint"]["models"] == ["mac/llama3.2:latest"]
+    key = reg["key"]
+    status, body, _ = await chat(gw, key, "mac/llama3.2")
+    assert status == 200 and b"[mac]" in body
+    assert mac.calls[-1][1]["model"] == "llama3.2:latest"  # the namespace is stripped upstream
+    assert "Authorization" not in mac.headers_seen[-1]  # the gateway key never goes upstream
+    status, body, _ = await chat(gw, key, "qwen3:8b")
+    assert status == 403  # the endpoint key reaches only mac/*
+    async with (
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http,
+        http.get(f"{gw.url}/v1/models") as r,
+    ):
+        assert [m["id"] for m in (await r.json())["data"]] == ["mac/llama3.2:latest"]
+    _, listing = await admin(gw, "GET", "/admin/api/endpoints")
+    assert listing["endpoints"][0]["credential"] is False
+    _, audit = await admin(gw, "GET", "/admin/api/audit?action=endpoint.register")
+    assert len(audit["entries"]) == 1
+
+
+async def test_private_address_needs_opt_in(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
+    mac = await emulator("mac", ["llama3.2:latest"])
+    gw = await gateway([], auth={"open": True})
+    status, reg = await admin(gw, "POST", "/admin/api/endpoints", {"name": "mac", "url": mac.url, "api": "ollama"})
+    assert status == 201  # a server that cannot be reached still registers
+    assert reg["test"]["ok"] is False and reg["test"]["failure"] == "dial_refused_private"
+    assert "APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS=true" in reg["test"]["hint"]
+    assert reg["endpoint"]["state"] == "unreachable" and mac.served() == 0  # nothing was dialed
+    assert (await chat(gw, None, "mac/llama3.2"))[0] == 503
+
+
+async def test_credential_is_encrypted_forwarded_and_never_shown(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    cloud = await emulator("cloud", ["gpt-x"], require_key="s3cret-upstream")
+    gw = await gateway([], env=PRIVATE_OK)
+    status, reg = await admin(
+        gw,
+        "POST",
+        "/admin/api/endpoints",
+        {"name": "cloud", "url": cloud.url, "api": "openai", "credential": "s3cret-upstream"},
+    )
+    assert status == 201 and reg["test"]["ok"] is True
+    assert (await chat(gw, None, "cloud/gpt-x", path="/v1/chat/completions"))[0] == 200
+    assert cloud.headers_seen[-1]["Authorization"] == "Bearer s3cret-upstream"
+    _, listing = await admin(gw, "GET", "/admin/api/endpoints")
+    assert listing["endpoints"][0]["credential"] is True and "s3cret" not in str(listing)
+    with gw.app[DATABASE].engine.connect() as conn:
+        stored = str(conn.exec_driver_sql("SELECT credential FROM endpoints").all())
+    assert "s3cret" not in stored
+    # a wrong credential is reported with what to change
+    status, _ = await admin(gw, "PATCH", "/admin/api/endpoints/cloud", {"credential": "wrong"})
+    status, tested = await admin(gw, "POST", "/admin/api/endpoints/cloud/test")
+    assert tested["test"]["failure"] == "auth" and "credential" in tested["test"]["hint"]
+    assert tested["endpoint"]["state"] == "degraded"
+
+
+async def test_health_states(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
+    mac = await emulator("mac", ["llama3.2:latest"])
+    gw = await gateway([], env=PRIVATE_OK, health={"interval_s": 3600, "timeout_s": 0.3})
+    await admin(gw, "POST", "/admin/api/endpoints", {"name": "mac", "url": mac.url, "api": "ollama"})
+    manager = gw.app[ENDPOINTS]
+    state = lambda: gw.app[ENDPOINTS].fleet.workers["mac"].external.state  # noqa: E731
+    assert state() is EndpointState.ONLINE
+    mac.behaviour.tags_hang_s = 2  # the laptop went to sleep
+    await manager.check("mac")
+    assert state() is EndpointState.ASLEEP
+    mac.behaviour.tags_hang_s = 0
+    await manager.check("mac")
+    assert state() is EndpointState.ONLINE
+    port = mac.port
+    await mac.stop()
+    probe = await manager.check("mac")
+    assert state() is EndpointState.UNREACHABLE and probe is not None and "OLLAMA_HOST" in (probe.hint or "")
+    await mac.start(port)
+    await manager.check("mac")
+    assert state() is EndpointState.ONLINE
+
+
+async def test_wrong_api_type_says_so(llama_engine: Engine, gateway: GatewayFactory) -> None:
+    gw = await gateway([], env=PRIVATE_OK)
+    _, reg = await admin(gw, "POST", "/admin/api/endpoints", {"name": "lc", "url": llama_engine.url, "api": "ollama"})
+    assert reg["test"]["failure"] == "wrong_api" and "--api openai" in reg["test"]["hint"]
+    _, fixed = await admin(gw, "PATCH", "/admin/api/endpoints/lc", {"api": "openai"})
+    assert fixed["endpoint"]["state"] == "online" and fixed["endpoint"]["models"] == ["lc/tiny"]
+
+
+@pytest.mark.parametrize("failure", ["down", "http_500", "slow"])
+async def test_fallback(emulator: EmulatorFactory, gateway: GatewayFactory, failure: str) -> None:
+    fleet_worker = await emulator("fleet", ["llama3.2:latest"])
+    mac = await emulator("mac", ["llama3.2:latest"])
+    gw = await gateway([worker("gpu", fleet_worker.url)], env=PRIVATE_OK)
+    await admin(
+        gw,
+        "POST",
+        "/admin/api/endpoints",
+        {"name": "mac", "url": mac.url, "api": "ollama", "fallback_model": "llama3.2:latest", "latency_budget_ms": 300},
+    )
+    if failure == "down":
+        await mac.stop()
+    elif failure == "http_500":
+        mac.behaviour.fail_status = 500
+    else:
+        mac.behaviour.hang_s = 3
+    status, body, headers = await chat(gw, None, "mac/llama3.2:latest")
+    assert status == 200 and b"[fleet]" in body
+    assert headers["X-Fallback-From"] == "mac/llama3.2:latest"
+    await gw.app[ACCOUNTANT].usage.flush()
+    [row] = gw.app[USAGE].summary(since=0)
+    assert row["worker"] == "gpu"
+    if failure == "down":  # health now says down: straight to the fallback, the primary is not dialed
+        served_before = mac.served()
+        assert (await chat(gw, None, "mac/llama3.2:latest"))[0] == 200
+        assert mac.served() == served_before
+    async with aiohttp.ClientSession() as http, http.get(f"{gw.url}/metrics") as r:
+        assert 'turnout_endpoint_fallbacks_total{endpoint="mac"' in await r.text()
+
+
+async def test_stalled_stream_is_not_retried(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
+    fleet_worker = await emulator("fleet", ["llama3.2:latest"])
+    mac = await emulator("mac", ["llama3.2:latest"], stall_after_chunks=2)
+    gw = await gateway([worker("gpu", fleet_worker.url)], env=PRIVATE_OK, limits={"upstream_timeout_s": 1})
+    await admin(
+        gw,
+        "POST",
+        "/admin/api/endpoints",
+        {"name": "mac", "url": mac.url, "api": "ollama", "fallback_model": "llama3.2:latest", "latency_budget_ms": 300},
+    )
+    status, body, headers = await chat(gw, None, "mac/llama3.2:latest", stream=True)
+    lines = body.splitlines()
+    assert status == 200 and "X-Fallback-From" not in headers
+    assert len(lines) == 3 and b'"error"' in lines[-1] and fleet_worker.served("/api/chat") == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/api/pull"),
+        ("DELETE", "/api/delete"),
+        ("POST", "/api/create"),
+        ("POST", "/slots/0"),
+        ("POST", "/sleep"),
+        ("POST", "/v1/models/load"),
+        ("GET", "/api/v0/models"),
+    ],
+)
+async def test_engine_admin_routes_are_refused(gateway: GatewayFactory, method: str, path: str) -> None:
+    gw = await gateway([])
+    async with aiohttp.ClientSession() as http, http.request(method, f"{gw.url}{path}", json={}) as r:
+        assert r.status == 403
+        assert "engine administration route" in str(await r.json())
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"name": "bad name", "url": "http://x"}, "endpoint name"),
+        ({"name": "x", "url": "ftp://x"}, "must start with http"),
+        ({"name": "x", "url": "http://x", "api": "grpc"}, "api must be"),
+        ({"name": "x"}, '"url" is required'),
+        ({"name": "x", "url": "http://x", "color": 1}, "unknown field"),
+        ({"name": "gpu", "url": "http://x"}, "configured worker"),
+    ],
+)
+async def test_bad_registrations(
+    emulator: EmulatorFactory, gateway: GatewayFactory, body: dict[str, Any], fragment: str
+) -> None:
+    w = await emulator("gpu")
+    gw = await gateway([worker("gpu", w.url)])
+    status, reply = await admin(gw, "POST", "/admin/api/endpoints", body)
+    assert status == 400 and fragment in reply["error"]["message"]
+    assert (await admin(gw, "GET", "/admin/api/endpoints"))[1]["endpoints"] == []
+
+
+async def test_unknown_endpoint_404(gateway: GatewayFactory) -> None:
+    gw = await gateway([])
+    for method, path in (("POST", "/admin/api/endpoints/nope/test"), ("DELETE", "/admin/api/endpoints/nope")):
+        status, body = await admin(gw, method, path)
+        assert status == 404 and 'no endpoint "nope"' in body["error"]["message"]
