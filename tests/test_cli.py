@@ -158,3 +158,46 @@ def test_open_access_refuses_a_public_bind(tmp_path: Path) -> None:
     config.write_text(json.dumps({"auth": {"open": True}}))
     result = run(["serve", "--config", str(config), "--host", "0.0.0.0"], tmp_path)
     assert result.returncode == 2 and "loopback" in result.stderr
+
+
+def test_endpoint_commands(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"storage": {"data_dir": "state"}, "health": {"timeout_s": 1}}))
+    c = ["--config", str(config)]
+    port = free_port()  # nothing listens: registration still works, the test says what to change
+    env = {"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "true", "MAC_KEY": "upstream-secret"}
+    added = run(
+        [
+            "endpoint",
+            "add",
+            "mac",
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--api",
+            "ollama",
+            "--credential-from-env",
+            "MAC_KEY",
+            *c,
+        ],
+        tmp_path,
+        **env,
+    )
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.strip().startswith("tk_") and "connection refused" in added.stderr
+    assert "OLLAMA_HOST" in added.stderr
+    listing = json.loads(run(["endpoint", "list", *c], tmp_path).stdout)
+    assert listing[0]["credential"] is True and "upstream-secret" not in json.dumps(listing)
+    tested = run(["endpoint", "test", "mac", *c], tmp_path, **env)
+    assert tested.returncode == 1 and "what to change" in tested.stderr
+    strict = run(["endpoint", "test", "mac", *c], tmp_path)
+    assert "APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS=true" in strict.stderr
+    missing = run(["endpoint", "add", "x", "--url", "http://h", "--credential-from-env", "NOPE_UNSET", *c], tmp_path)
+    assert missing.returncode == 2 and "NOPE_UNSET" in missing.stderr
+    assert run(["endpoint", "set", "mac", "--fallback-model", "llama3.2", *c], tmp_path).returncode == 0
+    assert run(["endpoint", "remove", "mac", *c], tmp_path).returncode == 0
+    assert json.loads(run(["endpoint", "list", *c], tmp_path).stdout) == []
+    assert [e["action"] for e in json.loads(run(["audit", *c], tmp_path).stdout)][:3] == [
+        "endpoint.remove",
+        "endpoint.change",
+        "endpoint.register",
+    ]

@@ -74,3 +74,28 @@ def test_relative_paths_follow_the_config_file(tmp_path: Path) -> None:
     assert settings.data_dir == tmp_path / "state"
     assert settings.placement_file == Path("/abs/p.json")
     assert settings.admin_token == "t0k"
+
+
+@pytest.mark.parametrize(
+    ("env", "allow", "interval", "hints"),
+    [
+        ({}, False, 20.0, 0),
+        ({"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "true"}, True, 20.0, 0),
+        ({"TURNOUT_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "1"}, True, 20.0, 0),
+        ({"APP_NOTIFY_ALLOW_PRIVATE_NETWORKS": "true"}, True, 20.0, 1),
+        ({"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "false"}, False, 20.0, 0),
+        ({"APP_MODEL_ENDPOINT_HEALTH_INTERVAL": "0"}, False, 0.0, 0),
+        ({"TURNOUT_MODEL_ENDPOINT_HEALTH_INTERVAL": "45"}, False, 45.0, 0),
+    ],
+)
+def test_endpoint_environment(tmp_path: Path, env: dict[str, str], allow: bool, interval: float, hints: int) -> None:
+    settings = load_settings(write(tmp_path, {}), env=env)
+    assert settings.endpoint_env.allow_private is allow
+    assert settings.endpoint_env.health_interval_s == interval
+    assert len(settings.endpoint_env.hints) == hints
+
+
+@pytest.mark.parametrize("value", ["soon", "-5"])
+def test_bad_health_interval(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError, match="APP_MODEL_ENDPOINT_HEALTH_INTERVAL"):
+        load_settings(write(tmp_path, {}), env={"APP_MODEL_ENDPOINT_HEALTH_INTERVAL": value})

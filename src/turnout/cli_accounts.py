@@ -23,38 +23,39 @@ from turnout.errors import TurnoutError
 from turnout.store.audit import AuditLog
 from turnout.store.db import Database, StoreError, database_url
 from turnout.store.keys import KeyStore, parse_scopes
+from turnout.store.secrets import SecretError
 from turnout.store.usage import UsageStore
 
-__all__ = ["key_app", "register"]
+__all__ = ["DEFAULT_CONFIG", "ConfigOption", "cli_actor", "fail", "key_app", "open_store", "register"]
 
 key_app = typer.Typer(no_args_is_help=True, help="Create, list, revoke and rotate API keys.")
 DEFAULT_CONFIG = Path("turnout-data") / CONFIG_FILE_NAME
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="config file")]
 
 
-def _fail(message: str) -> None:
+def fail(message: str) -> None:
     typer.echo(f"turnout: {message}", err=True)
     raise typer.Exit(2)
 
 
 @contextmanager
-def _open(config: Path) -> Iterator[tuple[Settings, Database]]:
+def open_store(config: Path) -> Iterator[tuple[Settings, Database]]:
     try:
         settings = load_settings(config)
         db = Database(database_url(settings.storage.database_url, settings.data_dir))
         db.migrate()
     except (ConfigError, StoreError) as exc:
-        _fail(str(exc))
-        raise  # unreachable: _fail exits
+        fail(str(exc))
+        raise  # unreachable: fail exits
     try:
         yield settings, db
-    except (StoreError, KeyError, TurnoutError, PatternError) as exc:
-        _fail(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc))
+    except (StoreError, KeyError, TurnoutError, PatternError, SecretError) as exc:
+        fail(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc))
     finally:
         db.close()
 
 
-def _actor() -> str:
+def cli_actor() -> str:
     try:
         return f"cli:{getpass.getuser()}"
     except (KeyError, OSError):
@@ -73,14 +74,14 @@ def key_create(
 ) -> None:
     """Create a key; it is printed once and only its hash is stored."""
     now = time.time()
-    with _open(config) as (_, db):
+    with open_store(config) as (_, db):
         scopes = parse_scopes(models.split(",") if models else None)
         expires_at = parse_when(expires, now, future=True) if expires else None
         record, plaintext = KeyStore(db).create(
             app=app, tenant=tenant, scopes=scopes, rpm=rpm, daily_tokens=daily_tokens, expires_at=expires_at, now=now
         )
         AuditLog(db).record(
-            actor=_actor(), action="key.create", target=f"key:{record.prefix}", after=record.to_json(), now=now
+            actor=cli_actor(), action="key.create", target=f"key:{record.prefix}", after=record.to_json(), now=now
         )
     typer.echo(plaintext)
     typer.echo(f"key {record.prefix} for app {record.app} (tenant {record.tenant}); shown only once", err=True)
@@ -89,7 +90,7 @@ def key_create(
 @key_app.command("list")
 def key_list(config: ConfigOption = DEFAULT_CONFIG, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List keys (prefix, app, scopes, limits, state)."""
-    with _open(config) as (_, db):
+    with open_store(config) as (_, db):
         records = KeyStore(db).all()
     if as_json:
         typer.echo(json.dumps([r.to_json() for r in records], indent=2))
@@ -111,10 +112,10 @@ def key_revoke(
 ) -> None:
     """Revoke a key at once."""
     now = time.time()
-    with _open(config) as (_, db):
+    with open_store(config) as (_, db):
         before, after = KeyStore(db).revoke(ref, now=now)
         AuditLog(db).record(
-            actor=_actor(),
+            actor=cli_actor(),
             action="key.revoke",
             target=f"key:{after.prefix}",
             before=before.to_json(),
@@ -134,11 +135,11 @@ def key_rotate(
 ) -> None:
     """Issue a replacement key; the old one keeps working for the grace period."""
     now = time.time()
-    with _open(config) as (settings, db):
+    with open_store(config) as (settings, db):
         grace_s = settings.auth.rotate_grace_s if grace is None else grace
         old, new, plaintext = KeyStore(db).rotate(ref, grace_s=grace_s, now=now)
         AuditLog(db).record(
-            actor=_actor(),
+            actor=cli_actor(),
             action="key.rotate",
             target=f"key:{old.prefix}",
             before=old.to_json(),
@@ -157,9 +158,9 @@ def usage(
 ) -> None:
     """Usage per key, endpoint and worker."""
     if bucket not in ("hour", "day"):
-        _fail("--bucket must be hour or day")
+        fail("--bucket must be hour or day")
     now = time.time()
-    with _open(config) as (_, db):
+    with open_store(config) as (_, db):
         key_id = KeyStore(db).get(key).id if key else None
         rows = UsageStore(db).summary(since=parse_when(since, now) or now - 86_400, key_id=key_id, bucket=bucket)
     typer.echo(json.dumps(rows, indent=2))
@@ -173,12 +174,15 @@ def audit(
 ) -> None:
     """The audit log, newest first."""
     now = time.time()
-    with _open(config) as (_, db):
+    with open_store(config) as (_, db):
         entries = AuditLog(db).entries(since=parse_when(since, now), action=action, limit=limit)
     typer.echo(json.dumps([e.to_json() for e in entries], indent=2))
 
 
 def register(app: typer.Typer) -> None:
+    from turnout.cli_endpoints import endpoint_app
+
     app.add_typer(key_app, name="key")
+    app.add_typer(endpoint_app, name="endpoint")
     app.command("usage")(usage)
     app.command("audit")(audit)

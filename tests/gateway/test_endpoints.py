@@ -146,7 +146,7 @@ async def test_fallback(emulator: EmulatorFactory, gateway: GatewayFactory, fail
     assert headers["X-Fallback-From"] == "mac/llama3.2:latest"
     await gw.app[ACCOUNTANT].usage.flush()
     [row] = gw.app[USAGE].summary(since=0)
-    assert row["worker"] == "gpu"
+    assert row["worker"] == "gpu" and row["fallback_from"] == "mac/llama3.2:latest"
     if failure == "down":  # health now says down: straight to the fallback, the primary is not dialed
         served_before = mac.served()
         assert (await chat(gw, None, "mac/llama3.2:latest"))[0] == 200

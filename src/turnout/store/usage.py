@@ -65,7 +65,7 @@ class UsageStore:
         latencies: dict[tuple[Any, ...], list[float]] = {}
         for r in rows:
             start = int(r["ts"] // width * width)
-            group = (start, r["prefix"], r["endpoint"], r["worker"], r["model"])
+            group = (start, r["prefix"], r["endpoint"], r["worker"], r["model"], r["fallback_from"])
             g = groups.setdefault(
                 group,
                 {
@@ -74,6 +74,7 @@ class UsageStore:
                     "endpoint": r["endpoint"],
                     "worker": r["worker"],
                     "model": r["model"],
+                    "fallback_from": r["fallback_from"],
                     "requests": 0,
                     "errors": 0,
                     "prompt_tokens": 0,

@@ -1,0 +1,171 @@
+"""`turnout endpoint ...`: register, test, change and remove external endpoints (on the store directly).
+
+A running gateway picks registrations up within 5 seconds. Credentials are read from an environment
+variable named on the command line, never from a flag value, and stored encrypted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Annotated
+
+import typer
+
+from turnout.admin.endpoints_api import endpoint_key
+from turnout.cli_accounts import DEFAULT_CONFIG, ConfigOption, cli_actor, fail, open_store
+from turnout.config import Settings
+from turnout.fleet.endpoints import Probe, probe
+from turnout.store.audit import AuditLog
+from turnout.store.endpoints import EndpointStore
+from turnout.store.keys import KeyStore
+from turnout.store.secrets import SecretBox
+from turnout.upstream.client import UpstreamClient
+from turnout.upstream.http1 import DialGuard
+
+__all__ = ["endpoint_app"]
+
+endpoint_app = typer.Typer(
+    no_args_is_help=True, help="External endpoints: servers Turnout routes to but never manages."
+)
+
+
+def _probe(settings: Settings, url: str, api: str, credential: str | None) -> Probe:
+    async def run() -> Probe:
+        client = UpstreamClient(connect_timeout_s=settings.limits.connect_timeout_s, total_timeout_s=30)
+        try:
+            guard = DialGuard(allow_private=settings.endpoint_env.allow_private)
+            return await probe(client, url, api, credential, guard, settings.health.timeout_s)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def _report(name: str, result: Probe) -> None:
+    if result.ok:
+        typer.echo(
+            f"{name}: online, {result.latency_ms:.0f} ms, {len(result.models)} models: "
+            + ", ".join(result.models[:20])
+            + (" ..." if len(result.models) > 20 else "")
+        )
+    else:
+        typer.echo(f"{name}: check failed: {result.error}", err=True)
+        typer.echo(f"  what to change: {result.hint}", err=True)
+
+
+def _credential(var: str | None) -> str | None:
+    if var is None:
+        return None
+    value = os.environ.get(var)
+    if not value:
+        fail(f"--credential-from-env {var}: the variable is not set (or empty) in this environment")
+    return value
+
+
+@endpoint_app.command("add")
+def add(
+    name: str,
+    url: Annotated[str, typer.Option(help="base URL, e.g. http://mac-studio.lan:11434")],
+    api: Annotated[str, typer.Option(help="ollama or openai")] = "openai",
+    credential_from_env: Annotated[str | None, typer.Option(help="environment variable holding the API key")] = None,
+    fallback_model: Annotated[str | None, typer.Option(help="Turnout model to use when this endpoint fails")] = None,
+    latency_budget_ms: Annotated[
+        int | None, typer.Option(min=1, help="time to response headers before fallback")
+    ] = None,
+    config: ConfigOption = DEFAULT_CONFIG,
+) -> None:
+    """Register an endpoint, test it, and print a gateway key for its models (once)."""
+    credential = _credential(credential_from_env)
+    now = time.time()
+    with open_store(config) as (settings, db):
+        secrets = SecretBox.load(settings.data_dir, settings.endpoint_env.secret_key)
+        record = EndpointStore(db).add(
+            name=name,
+            url=url,
+            api=api,
+            credential=None if credential is None else secrets.encrypt(credential),
+            fallback_model=fallback_model,
+            latency_budget_ms=latency_budget_ms,
+            now=now,
+        )
+        key_record, key = endpoint_key(KeyStore(db), name, now)
+        AuditLog(db).record(
+            actor=cli_actor(), action="endpoint.register", target=f"endpoint:{name}", after=record.to_json(), now=now
+        )
+        result = _probe(settings, record.url, record.api, credential)
+    typer.echo(key)
+    typer.echo(
+        f"registered {name}; key {key_record.prefix} reaches its models as {name}/<model>; shown only once", err=True
+    )
+    _report(name, result)
+
+
+@endpoint_app.command("test")
+def test(name: str, config: ConfigOption = DEFAULT_CONFIG) -> None:
+    """Call the endpoint's list-models route and say what to change when it fails (exit 1)."""
+    with open_store(config) as (settings, db):
+        record = EndpointStore(db).get(name)
+        secrets = SecretBox.load(settings.data_dir, settings.endpoint_env.secret_key)
+        credential = None if record.credential is None else secrets.decrypt(record.credential)
+        result = _probe(settings, record.url, record.api, credential)
+    _report(name, result)
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+@endpoint_app.command("list")
+def list_endpoints(config: ConfigOption = DEFAULT_CONFIG) -> None:
+    """Registered endpoints (never their credentials)."""
+    with open_store(config) as (_, db):
+        records = EndpointStore(db).all()
+    typer.echo(json.dumps([r.to_json() for r in records], indent=2))
+
+
+@endpoint_app.command("set")
+def set_endpoint(
+    name: str,
+    url: Annotated[str | None, typer.Option()] = None,
+    api: Annotated[str | None, typer.Option()] = None,
+    credential_from_env: Annotated[str | None, typer.Option()] = None,
+    fallback_model: Annotated[str | None, typer.Option(help="'' removes the fallback")] = None,
+    latency_budget_ms: Annotated[int | None, typer.Option(min=1)] = None,
+    config: ConfigOption = DEFAULT_CONFIG,
+) -> None:
+    """Change an endpoint's URL, API type, credential or fallback."""
+    now = time.time()
+    with open_store(config) as (settings, db):
+        changes: dict[str, object] = {
+            k: v for k, v in {"url": url, "api": api, "latency_budget_ms": latency_budget_ms}.items() if v is not None
+        }
+        if fallback_model is not None:
+            changes["fallback_model"] = fallback_model or None
+        if credential_from_env is not None:
+            secrets = SecretBox.load(settings.data_dir, settings.endpoint_env.secret_key)
+            changes["credential"] = secrets.encrypt(_credential(credential_from_env) or "")
+        if not changes:
+            fail("nothing to change: give --url, --api, --credential-from-env, --fallback-model or --latency-budget-ms")
+        before, after = EndpointStore(db).update(name, changes, now=now)
+        AuditLog(db).record(
+            actor=cli_actor(),
+            action="endpoint.change",
+            target=f"endpoint:{name}",
+            before=before.to_json(),
+            after=after.to_json(),
+            now=now,
+        )
+    typer.echo(json.dumps(after.to_json(), indent=2))
+
+
+@endpoint_app.command("remove")
+def remove(name: str, config: ConfigOption = DEFAULT_CONFIG) -> None:
+    """Forget an endpoint (its keys stay; revoke them with `turnout key revoke`)."""
+    now = time.time()
+    with open_store(config) as (_, db):
+        record = EndpointStore(db).remove(name)
+        AuditLog(db).record(
+            actor=cli_actor(), action="endpoint.remove", target=f"endpoint:{name}", before=record.to_json(), now=now
+        )
+    typer.echo(f"removed {name}")
