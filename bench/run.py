@@ -63,9 +63,10 @@ class Target:
     name: str
     url: str
     proc: subprocess.Popen[bytes] | None
+    key: str = MASTER_KEY  # sent as the bearer token (Turnout gets a real app key with a scope)
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 120) -> None:
+def wait_ready(url: str, proc: subprocess.Popen[bytes] | None, key: str = MASTER_KEY, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -74,7 +75,7 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 
             req = urllib.request.Request(
                 url + "/v1/chat/completions",
                 data=json.dumps(BODY).encode(),
-                headers={"Content-Type": "application/json", "Authorization": f"Bearer {MASTER_KEY}"},
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
             )
             with urllib.request.urlopen(req, timeout=2) as resp:
                 if resp.status == 200:
@@ -124,12 +125,14 @@ def parse_wrk(text: str) -> dict[str, float]:
     return {"rps": float(rps[1]) if rps else 0.0, "p50": latency("50"), "p99": latency("99"), "errors": errors}
 
 
-def run_wrk(wrk: str, url: str, stream: bool, conns: int, duration: float, script_dir: Path) -> dict[str, float]:
-    script = script_dir / f"post-{'stream' if stream else 'plain'}.lua"
+def run_wrk(
+    wrk: str, url: str, stream: bool, conns: int, duration: float, script_dir: Path, key: str
+) -> dict[str, float]:
+    script = script_dir / f"post-{'stream' if stream else 'plain'}-{abs(hash(key))}.lua"
     body = json.dumps({**BODY, "stream": stream})
     script.write_text(
         f"wrk.method = 'POST'\nwrk.body = '{body}'\nwrk.headers['Content-Type'] = 'application/json'\n"
-        f"wrk.headers['Authorization'] = 'Bearer {MASTER_KEY}'\n"
+        f"wrk.headers['Authorization'] = 'Bearer {key}'\n"
     )
     cmd = [
         wrk,
@@ -178,6 +181,25 @@ def main() -> None:
             "workers": [{"name": "mock", "url": mock_url, "type": "openai"}],
         }
         (tmp / "config.json").write_text(json.dumps(config))
+        # the key first: the store is created and migrated once, before the gateway opens it
+        key = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "turnout",
+                "key",
+                "create",
+                "--app",
+                "bench",
+                "--models",
+                "model:mock",
+                "--config",
+                str(tmp / "config.json"),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         port = free_port()
         env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "bench"}
         procs.append(
@@ -197,7 +219,7 @@ def main() -> None:
                 env=env,
             )
         )
-        targets.append(Target("turnout", f"http://127.0.0.1:{port}", procs[-1]))
+        targets.append(Target("turnout", f"http://127.0.0.1:{port}", procs[-1], key))
 
         if litellm is not None:
             (tmp / "litellm.yaml").write_text(
@@ -232,13 +254,13 @@ def main() -> None:
             targets.append(Target("litellm proxy", f"http://127.0.0.1:{port}", procs[-1]))
 
         for t in targets:
-            wait_ready(t.url, t.proc)
+            wait_ready(t.url, t.proc, t.key)
 
         results: dict[tuple[str, bool, int], dict[str, float]] = {}
         for stream in (False, True):
             for conns in levels:
                 for t in targets:
-                    results[(t.name, stream, conns)] = run_wrk(wrk, t.url, stream, conns, args.duration, tmp)
+                    results[(t.name, stream, conns)] = run_wrk(wrk, t.url, stream, conns, args.duration, tmp, t.key)
                     print(
                         f"  {t.name:28} stream={stream!s:5} c={conns:<3} "
                         f"{results[(t.name, stream, conns)]['rps']:9.0f} req/s",

@@ -26,7 +26,7 @@ def db(database_url: str) -> Iterator[Database]:
 def test_migrate_is_idempotent_and_creates_tables(db: Database) -> None:
     db.migrate()
     names = set(inspect(db.engine).get_table_names())
-    assert {"tenants", "apps", "keys", "usage", "audit", "alembic_version"} <= names
+    assert {"tenants", "apps", "keys", "usage_rollup", "endpoints", "audit", "alembic_version"} <= names
 
 
 def test_create_find_and_plaintext_never_stored(db: Database) -> None:
@@ -124,3 +124,25 @@ def test_database_url_defaults_and_aliases(tmp_path: object) -> None:
     assert database_url("postgresql://u@h/db", Path("/d")) == "postgresql+psycopg://u@h/db"
     assert database_url("postgres://u@h/db", Path("/d")) == "postgresql+psycopg://u@h/db"
     assert Database("postgresql+psycopg://u:secret@h/db").safe_url == "postgresql+psycopg://u:***@h/db"
+
+
+def test_usage_rollups_summarise(db: Database) -> None:
+    from turnout.store.usage import UsageRow, UsageStore
+
+    store = UsageStore(db)
+    rows = [
+        UsageRow(NOW + i, None, "openai:chat", "m", "w1", 200, False, 5, 3, float(ms))
+        for i, ms in enumerate([10, 12, 14, 16, 900])
+    ]
+    rows.append(UsageRow(NOW + 3700, None, "openai:chat", "m", "w1", 502, True, 0, 0, 5.0))
+    store.insert_many(rows[:3])
+    store.insert_many(rows[3:])  # two flushes of the same minute add up
+    hours = store.summary(since=NOW - 60)
+    first = next(h for h in hours if h["bucket_start"] <= NOW < h["bucket_start"] + 3600)
+    assert first["requests"] == 5 and first["prompt_tokens"] == 25 and first["completion_tokens"] == 15
+    assert 10 <= first["latency_ms_p50"] <= 25 and 500 < first["latency_ms_p95"] <= 1000
+    assert first["latency_ms_max"] == 900
+    [day] = store.summary(since=NOW - 60, bucket="day")  # the 502 an hour later is the same day
+    assert day["requests"] == 6 and day["errors"] == 1
+    with db.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM usage_rollup").scalar() == 3  # not one per request

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -22,14 +23,14 @@ from turnout.gateway.calls import Call
 from turnout.gateway.limiter import LocalLimiter, RedisLimiter, TokenLimiter
 from turnout.store.db import StoreError
 from turnout.store.keys import KeyRecord, KeyStore, hash_key
-from turnout.store.usage import UsageRow, UsageStore
+from turnout.store.usage import Rollup, UsageRow, UsageStore
 
 __all__ = ["Accountant", "Outcome", "Ticket", "UsageBatcher"]
 
 log = logging.getLogger("turnout.accounting")
 
 _NEGATIVE_CACHE_S = 2.0
-_MAX_PENDING_ROWS = 100_000
+_MAX_PENDING_GROUPS = 100_000
 
 
 @dataclass(slots=True)
@@ -57,30 +58,35 @@ class UsageBatcher:
     def __init__(self, store: UsageStore, *, interval_s: float = 1.0, batch: int = 500) -> None:
         self.store = store
         self.interval_s = interval_s
-        self.batch = batch
-        self._rows: list[UsageRow] = []
+        self.batch = batch  # distinct groups that trigger an early write
+        self._groups: dict[tuple[Any, ...], Rollup] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
     def add(self, row: UsageRow) -> None:
-        if len(self._rows) >= _MAX_PENDING_ROWS:
-            return  # the database has been failing for a long while; keep memory bounded
-        self._rows.append(row)
-        if len(self._rows) >= self.batch:
-            self._wake.set()
+        """Roll the request into its group (cheap; runs on the request path)."""
+        group = self._groups.get(row.group)
+        if group is None:
+            if len(self._groups) >= _MAX_PENDING_GROUPS:
+                return  # the database has been failing for a long while; keep memory bounded
+            group = self._groups[row.group] = Rollup()
+            if len(self._groups) >= self.batch:
+                self._wake.set()
+        group.add(row)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="turnout-usage")
 
     async def flush(self) -> None:
-        rows, self._rows = self._rows, []
-        if not rows:
+        groups, self._groups = self._groups, {}
+        if not groups:
             return
         try:
-            await asyncio.to_thread(self.store.insert_many, rows)
+            await asyncio.to_thread(self.store.insert_rollups, groups)
         except StoreError as exc:
-            log.warning("could not write %d usage rows (will retry): %s", len(rows), exc)
-            self._rows = rows + self._rows
+            log.warning("could not write %d usage roll-ups (will retry): %s", len(groups), exc)
+            for key, pending in groups.items():  # merge back: nothing is lost while the database is down
+                self._groups.setdefault(key, Rollup()).absorb(pending)
 
     async def close(self) -> None:
         if self._task is not None:

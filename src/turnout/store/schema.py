@@ -5,7 +5,6 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
-    Boolean,
     Column,
     Float,
     ForeignKey,
@@ -58,22 +57,27 @@ keys = Table(
 )
 
 usage = Table(
-    "usage",
+    # One row per (flush, minute, key, endpoint, model, worker, status, fallback origin): requests are
+    # rolled up in memory and written in batches, so the table grows with traffic shape, not volume.
+    "usage_rollup",
     metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
-    Column("ts", Float, nullable=False),
+    Column("minute", Integer, nullable=False),  # epoch seconds // 60 * 60
     Column("key_id", Integer, nullable=True),
     Column("endpoint", String(64), nullable=False),
     Column("model", String(256), nullable=False),
     Column("worker", String(128), nullable=True),
     Column("status", Integer, nullable=False),
-    Column("error", Boolean, nullable=False),
-    Column("prompt_tokens", Integer, nullable=False),
-    Column("completion_tokens", Integer, nullable=False),
-    Column("latency_ms", Float, nullable=False),
     Column("fallback_from", String(320), nullable=True),
-    Index("ix_usage_ts", "ts"),
-    Index("ix_usage_key_ts", "key_id", "ts"),
+    Column("requests", Integer, nullable=False),
+    Column("errors", Integer, nullable=False),
+    Column("prompt_tokens", BigInteger, nullable=False),
+    Column("completion_tokens", BigInteger, nullable=False),
+    Column("latency_ms_sum", Float, nullable=False),
+    Column("latency_ms_max", Float, nullable=False),
+    Column("latency_buckets", JSON, nullable=False),  # counts per turnout.core.latency.BOUNDS_MS bucket
+    Index("ix_usage_rollup_minute", "minute"),
+    Index("ix_usage_rollup_key_minute", "key_id", "minute"),
 )
 
 endpoints = Table(

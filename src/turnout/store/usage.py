@@ -1,21 +1,29 @@
-"""Usage rows and their summaries (per key, endpoint, worker; by hour or day)."""
+"""Usage: requests rolled up per minute and group in memory, written in batches, summarised on read.
+
+A group is (minute, key, endpoint, model, worker, status, fallback origin). Each roll-up keeps counts,
+token sums and a latency histogram (:mod:`turnout.core.latency`), so p50/p95 can be computed for any
+bucket width later.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import insert, select
 
+from turnout.core import latency
 from turnout.store.db import Database
 from turnout.store.schema import keys, usage
 
-__all__ = ["UsageRow", "UsageStore"]
+__all__ = ["Rollup", "UsageRow", "UsageStore", "rollup"]
 
 
 @dataclass(frozen=True, slots=True)
 class UsageRow:
+    """One finished client request."""
+
     ts: float
     key_id: int | None
     endpoint: str
@@ -28,43 +36,100 @@ class UsageRow:
     latency_ms: float
     fallback_from: str | None = None
 
+    @property
+    def group(self) -> tuple[Any, ...]:
+        return (
+            int(self.ts // 60 * 60),
+            self.key_id,
+            self.endpoint,
+            self.model,
+            self.worker,
+            self.status,
+            self.fallback_from,
+        )
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return round(sorted_values[index], 3)
+
+@dataclass(slots=True)
+class Rollup:
+    requests: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms_sum: float = 0.0
+    latency_ms_max: float = 0.0
+    buckets: list[int] = field(default_factory=latency.empty)
+
+    def add(self, row: UsageRow) -> None:
+        self.requests += 1
+        self.errors += int(row.error)
+        self.prompt_tokens += row.prompt_tokens
+        self.completion_tokens += row.completion_tokens
+        self.latency_ms_sum += row.latency_ms
+        self.latency_ms_max = max(self.latency_ms_max, row.latency_ms)
+        self.buckets[latency.bucket_of(row.latency_ms)] += 1
+
+    def absorb(self, other: Rollup) -> None:
+        self.requests += other.requests
+        self.errors += other.errors
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.latency_ms_sum += other.latency_ms_sum
+        self.latency_ms_max = max(self.latency_ms_max, other.latency_ms_max)
+        latency.merge(self.buckets, other.buckets)
+
+
+def rollup(rows: Iterable[UsageRow]) -> dict[tuple[Any, ...], Rollup]:
+    groups: dict[tuple[Any, ...], Rollup] = {}
+    for row in rows:
+        groups.setdefault(row.group, Rollup()).add(row)
+    return groups
+
+
+_GROUP_COLUMNS = ("minute", "key_id", "endpoint", "model", "worker", "status", "fallback_from")
 
 
 class UsageStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def insert_many(self, rows: Sequence[UsageRow]) -> None:
-        if rows:
-            with self.db.begin() as conn:
-                conn.execute(insert(usage), [asdict(r) for r in rows])
+    def insert_rollups(self, groups: dict[tuple[Any, ...], Rollup]) -> None:
+        if not groups:
+            return
+        values = [
+            {
+                **dict(zip(_GROUP_COLUMNS, group, strict=True)),
+                "requests": r.requests,
+                "errors": r.errors,
+                "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": r.completion_tokens,
+                "latency_ms_sum": r.latency_ms_sum,
+                "latency_ms_max": r.latency_ms_max,
+                "latency_buckets": r.buckets,
+            }
+            for group, r in groups.items()
+        ]
+        with self.db.begin() as conn:
+            conn.execute(insert(usage), values)
 
-    def summary(
-        self, *, since: float, key_id: int | None = None, bucket: str = "hour", limit_rows: int = 1_000_000
-    ) -> list[dict[str, Any]]:
-        """Groups of (bucket start, key, endpoint, worker, model) with counts, tokens and latency p50/p95."""
+    def insert_many(self, rows: Iterable[UsageRow]) -> None:
+        self.insert_rollups(rollup(rows))
+
+    def summary(self, *, since: float, key_id: int | None = None, bucket: str = "hour") -> list[dict[str, Any]]:
+        """Per (bucket start, key, endpoint, worker, model, fallback origin): counts, tokens, latency p50/p95."""
         width = 3600 if bucket == "hour" else 86_400
         query = (
             select(usage, keys.c.prefix)
             .select_from(usage.outerjoin(keys, usage.c.key_id == keys.c.id))
-            .where(usage.c.ts >= since)
-            .order_by(usage.c.ts)
-            .limit(limit_rows)
+            .where(usage.c.minute >= int(since // 60 * 60))
+            .order_by(usage.c.minute)
         )
         if key_id is not None:
             query = query.where(usage.c.key_id == key_id)
         with self.db.begin() as conn:
             rows = conn.execute(query).mappings().all()
         groups: dict[tuple[Any, ...], dict[str, Any]] = {}
-        latencies: dict[tuple[Any, ...], list[float]] = {}
         for r in rows:
-            start = int(r["ts"] // width * width)
+            start = r["minute"] // width * width
             group = (start, r["prefix"], r["endpoint"], r["worker"], r["model"], r["fallback_from"])
             g = groups.setdefault(
                 group,
@@ -79,15 +144,25 @@ class UsageStore:
                     "errors": 0,
                     "prompt_tokens": 0,
                     "completion_tokens": 0,
+                    "_buckets": latency.empty(),
+                    "_max": 0.0,
                 },
             )
-            g["requests"] += 1
-            g["errors"] += int(bool(r["error"]))
+            g["requests"] += r["requests"]
+            g["errors"] += r["errors"]
             g["prompt_tokens"] += r["prompt_tokens"]
             g["completion_tokens"] += r["completion_tokens"]
-            latencies.setdefault(group, []).append(r["latency_ms"])
+            latency.merge(g["_buckets"], r["latency_buckets"] or [])
+            g["_max"] = max(g["_max"], r["latency_ms_max"])
         out = []
-        for group, g in groups.items():
-            values = sorted(latencies[group])
-            out.append({**g, "latency_ms_p50": _percentile(values, 0.5), "latency_ms_p95": _percentile(values, 0.95)})
+        for g in groups.values():
+            buckets, peak = g.pop("_buckets"), g.pop("_max")
+            out.append(
+                {
+                    **g,
+                    "latency_ms_p50": latency.percentile(buckets, 0.5, peak),
+                    "latency_ms_p95": latency.percentile(buckets, 0.95, peak),
+                    "latency_ms_max": round(peak, 3),
+                }
+            )
         return out
