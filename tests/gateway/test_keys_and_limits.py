@@ -176,3 +176,23 @@ async def test_shutdown_flushes_usage(locked: Gateway) -> None:
     finally:
         reopened.close()
     assert sum(r["requests"] for r in rows) == 3
+
+
+async def test_client_disconnect_refunds_the_reservation(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
+    emu = await emulator("a", ["qwen3:8b"], tokens=200, token_delay_s=0.02)
+    gw = await gateway([worker("a", emu.url)], auth={"open": False, "default_completion_tokens": 900})
+    key = make_key(gw, daily_tokens=1000)  # room for exactly one reservation of ~920 at a time
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
+        resp = await http.post(f"{gw.url}/api/chat", json={**CHAT, "stream": True})
+        await resp.content.readline()
+        refused = await post(gw, "/api/chat", CHAT, key)
+        assert refused[0] == 429  # the open stream holds the reservation
+        resp.close()  # the client hangs up mid-stream
+    for _ in range(200):
+        if emu.cancelled:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    emu.behaviour.tokens = 3
+    status, _, _ = await post(gw, "/api/chat", CHAT, key)
+    assert status == 200  # refunded: the budget is whole again
