@@ -168,6 +168,8 @@ class Auth(_Model):
 class Tenant(_Model):
     max_concurrent: int | None = Field(None, ge=1, description="requests in flight for all of this tenant's keys")
     weight: int = Field(1, ge=1, le=100, description="share of the routing queue relative to other tenants")
+    rpm: int | None = Field(None, ge=1, description="requests per minute for all of this tenant's keys together")
+    daily_tokens: int | None = Field(None, ge=1, description="tokens per UTC day for all of this tenant's keys")
 
 
 class ModelPlacement(_Model):

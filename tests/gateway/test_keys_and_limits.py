@@ -196,3 +196,18 @@ async def test_client_disconnect_refunds_the_reservation(emulator: EmulatorFacto
     emu.behaviour.tokens = 3
     status, _, _ = await post(gw, "/api/chat", CHAT, key)
     assert status == 200  # refunded: the budget is whole again
+
+
+async def test_tenant_limits_span_its_keys(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
+    emu = await emulator("a", ["qwen3:8b"])
+    gw = await gateway([worker("a", emu.url)], auth={"open": False}, tenants={"team-a": {"rpm": 3}})
+    one = make_key(gw, app="a1", tenant="team-a", rpm=2)
+    two = make_key(gw, app="a2", tenant="team-a")
+    other = make_key(gw, app="b1", tenant="team-b")
+    statuses = [(await post(gw, "/api/chat", CHAT, k))[0] for k in (one, one, one, two, two)]
+    # one: 2 allowed by its own limit, third refused by the key (not charged to the tenant);
+    # two: one more fits the tenant's 3, then the tenant limit refuses
+    assert statuses == [200, 200, 429, 200, 429]
+    status, body, _ = await post(gw, "/api/chat", CHAT, two)
+    assert status == 429 and body["error"].startswith('tenant "team-a": rate limit of 3')
+    assert (await post(gw, "/api/chat", CHAT, other))[0] == 200

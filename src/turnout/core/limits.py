@@ -37,6 +37,8 @@ class Decision:
     tokens_remaining: int | None = None
     tokens_reset_s: float = 0.0
     day: int = -1  # the UTC day a reservation was made on; settle/refund only touch that day
+    at: float = 0.0  # admission time (to take the request back out of the window)
+    member: str = ""  # the backend's id of this admission (Redis sorted-set member)
 
 
 def seconds_to_next_day(now: float) -> float:
@@ -99,6 +101,7 @@ class KeyLimitState:
             tokens_remaining=None if daily is None else daily - self.used,
             tokens_reset_s=day_reset,
             day=today,
+            at=now,
         )
 
     def settle(self, day: int, reserved: int, actual: int) -> None:
@@ -109,3 +112,9 @@ class KeyLimitState:
 
     def refund(self, day: int, reserved: int) -> None:
         self.settle(day, reserved, 0)
+
+    def release(self, decision: Decision, reserved: int) -> None:
+        """Undo an admission entirely (another limit refused the same request): window slot and tokens."""
+        if decision.at in self.admitted:
+            self.admitted.remove(decision.at)
+        self.refund(decision.day, reserved)

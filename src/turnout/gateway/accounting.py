@@ -18,9 +18,9 @@ from aiohttp import web
 
 from turnout.config import Settings
 from turnout.core.limits import Decision, estimate_tokens
-from turnout.errors import Forbidden, Unauthorized
+from turnout.errors import Forbidden, TurnoutError, Unauthorized
 from turnout.gateway.calls import Call
-from turnout.gateway.limiter import LocalLimiter, RedisLimiter, TokenLimiter
+from turnout.gateway.limiter import LocalLimiter, RedisLimiter, Subject, TokenLimiter
 from turnout.store.db import StoreError
 from turnout.store.keys import KeyRecord, KeyStore, hash_key
 from turnout.store.usage import Rollup, UsageRow, UsageStore
@@ -48,7 +48,7 @@ class Outcome:
 class Ticket:
     key: KeyRecord | None
     reserved: int
-    decision: Decision | None
+    admitted: list[tuple[Subject, Decision]]  # limits this request holds (key chain, tenant)
     started: float
 
 
@@ -171,21 +171,40 @@ class Accountant:
             )
 
     # -- limits and usage --------------------------------------------------------------------------
+    def subjects(self, key: KeyRecord | None) -> list[Subject]:
+        if key is None:
+            return []
+        out = [Subject.of_key(key)]
+        tenant = self.settings.tenants.get(key.tenant)
+        if tenant is not None:
+            out.append(Subject(f"t:{key.tenant}", tenant.rpm, tenant.daily_tokens, f'tenant "{key.tenant}": '))
+        return [s for s in out if s.limited]
+
     async def admit(self, key: KeyRecord | None, call: Call) -> Ticket:
+        """Admit against every limit that applies; a refusal by one undoes the others (all or nothing)."""
         started = time.perf_counter()
-        if key is None or (key.rpm is None and key.daily_tokens is None):
-            return Ticket(key, 0, None, started)
+        subjects = self.subjects(key)
+        if not subjects:
+            return Ticket(key, 0, [], started)
         reserved = estimate_tokens(len(call.body), _max_tokens(call), self.settings.auth.default_completion_tokens)
-        decision = await self.limiter.admit(key, reserved)
-        return Ticket(key, reserved, decision, started)
+        admitted: list[tuple[Subject, Decision]] = []
+        try:
+            for subject in subjects:
+                admitted.append((subject, await self.limiter.admit(subject, reserved)))
+        except TurnoutError:
+            for subject, decision in admitted:
+                await self.limiter.release(subject, decision, reserved)
+            raise
+        return Ticket(key, reserved, admitted, started)
 
     async def finish(self, ticket: Ticket, call: Call, outcome: Outcome, status: int) -> None:
         failed = outcome.failed or status >= 400
-        if ticket.decision is not None and ticket.key is not None:
+        if ticket.admitted:
             actual = 0 if failed else outcome.prompt_tokens + outcome.completion_tokens
             if not failed and actual == 0:
                 actual = ticket.reserved  # the worker reported no usage: keep the reservation, never undercount
-            await self.limiter.settle(ticket.key, ticket.decision, ticket.reserved, actual)
+            for subject, decision in ticket.admitted:
+                await self.limiter.settle(subject, decision, ticket.reserved, actual)
         self.usage.add(
             UsageRow(
                 ts=time.time(),

@@ -12,14 +12,14 @@ import contextlib
 import math
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from turnout.core.limits import DAY_S, Decision, KeyLimitState, seconds_to_next_day
 from turnout.errors import TurnoutError, Unavailable
 from turnout.store.keys import KeyRecord
 
-__all__ = ["LocalLimiter", "RateLimited", "RedisLimiter", "TokenLimiter", "limit_headers"]
+__all__ = ["LocalLimiter", "RateLimited", "RedisLimiter", "Subject", "TokenLimiter", "limit_headers"]
 
 
 class RateLimited(TurnoutError):
@@ -42,15 +42,34 @@ def limit_headers(d: Decision) -> dict[str, str]:
     return headers
 
 
-def refusal(d: Decision) -> RateLimited:
-    err = RateLimited(d.reason, retry_after=d.retry_after)
+def refusal(d: Decision, label: str = "") -> RateLimited:
+    err = RateLimited(label + d.reason, retry_after=d.retry_after)
     err.headers = limit_headers(d)
     return err
 
 
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """What a limit is counted against: a key's rotation chain, or a tenant."""
+
+    id: str
+    rpm: int | None
+    daily_tokens: int | None
+    label: str = ""  # prefix for refusal messages ('tenant "team-a": ')
+
+    @classmethod
+    def of_key(cls, key: KeyRecord) -> Subject:
+        return cls(f"k{key.lineage}", key.rpm, key.daily_tokens)
+
+    @property
+    def limited(self) -> bool:
+        return self.rpm is not None or self.daily_tokens is not None
+
+
 class TokenLimiter(Protocol):
-    async def admit(self, key: KeyRecord, estimate: int) -> Decision: ...
-    async def settle(self, key: KeyRecord, decision: Decision, reserved: int, actual: int) -> None: ...
+    async def admit(self, subject: Subject, estimate: int) -> Decision: ...
+    async def settle(self, subject: Subject, decision: Decision, reserved: int, actual: int) -> None: ...
+    async def release(self, subject: Subject, decision: Decision, reserved: int) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -58,18 +77,21 @@ class LocalLimiter:
     """Exact within one process (admission runs on the event loop without awaiting in between)."""
 
     def __init__(self) -> None:
-        self._states: dict[int, KeyLimitState] = {}
+        self._states: dict[str, KeyLimitState] = {}
 
-    async def admit(self, key: KeyRecord, estimate: int) -> Decision:
-        state = self._states.setdefault(key.lineage, KeyLimitState())
-        decision = state.admit(time.time(), key.rpm, key.daily_tokens, estimate)
+    async def admit(self, subject: Subject, estimate: int) -> Decision:
+        state = self._states.setdefault(subject.id, KeyLimitState())
+        decision = state.admit(time.time(), subject.rpm, subject.daily_tokens, estimate)
         if not decision.allowed:
-            raise refusal(decision)
+            raise refusal(decision, subject.label)
         return decision
 
-    async def settle(self, key: KeyRecord, decision: Decision, reserved: int, actual: int) -> None:
-        if key.daily_tokens is not None:
-            self._states.setdefault(key.lineage, KeyLimitState()).settle(decision.day, reserved, actual)
+    async def settle(self, subject: Subject, decision: Decision, reserved: int, actual: int) -> None:
+        if subject.daily_tokens is not None:
+            self._states.setdefault(subject.id, KeyLimitState()).settle(decision.day, reserved, actual)
+
+    async def release(self, subject: Subject, decision: Decision, reserved: int) -> None:
+        self._states.setdefault(subject.id, KeyLimitState()).release(decision, reserved)
 
     async def close(self) -> None:
         pass
@@ -110,19 +132,20 @@ class RedisLimiter:
         self._admit = self._redis.register_script(_ADMIT)
         self._settle = self._redis.register_script(_SETTLE)
 
-    def _keys(self, key: KeyRecord, day: int) -> list[str]:
-        return [f"{self._prefix}:rpm:{key.lineage}", f"{self._prefix}:tok:{key.lineage}:{day}"]
+    def _keys(self, subject: Subject, day: int) -> list[str]:
+        return [f"{self._prefix}:rpm:{subject.id}", f"{self._prefix}:tok:{subject.id}:{day}"]
 
-    async def admit(self, key: KeyRecord, estimate: int) -> Decision:
+    async def admit(self, subject: Subject, estimate: int) -> Decision:
         import redis.exceptions
 
         now = time.time()
         day = int(now // DAY_S)
-        rpm = -1 if key.rpm is None else key.rpm
-        daily = -1 if key.daily_tokens is None else key.daily_tokens
+        rpm = -1 if subject.rpm is None else subject.rpm
+        daily = -1 if subject.daily_tokens is None else subject.daily_tokens
+        member = uuid.uuid4().hex
         try:
             ok, why, count, used, reset = await self._admit(
-                keys=self._keys(key, day), args=[now, rpm, daily, estimate, uuid.uuid4().hex]
+                keys=self._keys(subject, day), args=[now, rpm, daily, estimate, member]
             )
         except redis.exceptions.RedisError as exc:
             raise Unavailable(
@@ -132,34 +155,43 @@ class RedisLimiter:
         day_reset = seconds_to_next_day(now)
         decision = Decision(
             allowed=bool(ok),
-            rpm_limit=key.rpm,
-            rpm_remaining=None if key.rpm is None else key.rpm - int(count),
+            rpm_limit=subject.rpm,
+            rpm_remaining=None if subject.rpm is None else subject.rpm - int(count),
             rpm_reset_s=rpm_reset,
-            tokens_limit=key.daily_tokens,
-            tokens_remaining=None if key.daily_tokens is None else key.daily_tokens - int(used),
+            tokens_limit=subject.daily_tokens,
+            tokens_remaining=None if subject.daily_tokens is None else subject.daily_tokens - int(used),
             tokens_reset_s=day_reset,
             day=day,
+            at=now,
+            member=member,
         )
         if ok:
             return decision
         if int(why) == 1:
-            reason, wait = f"rate limit of {key.rpm} requests per minute reached", rpm_reset
+            reason, wait = f"rate limit of {subject.rpm} requests per minute reached", rpm_reset
         else:
             reason = (
-                f"daily token limit of {key.daily_tokens} reached ({int(used)} used or reserved, "
+                f"daily token limit of {subject.daily_tokens} reached ({int(used)} used or reserved, "
                 f"this request needs ~{estimate})"
             )
             wait = day_reset
-        raise refusal(replace(decision, reason=reason, retry_after=max(1, math.ceil(wait))))
+        raise refusal(replace(decision, reason=reason, retry_after=max(1, math.ceil(wait))), subject.label)
 
-    async def settle(self, key: KeyRecord, decision: Decision, reserved: int, actual: int) -> None:
+    async def settle(self, subject: Subject, decision: Decision, reserved: int, actual: int) -> None:
         import redis.exceptions
 
-        if key.daily_tokens is None or actual == reserved:
+        if subject.daily_tokens is None or actual == reserved:
             return
         # A lost settlement only errs on the strict side: the reservation stays counted.
         with contextlib.suppress(redis.exceptions.RedisError):
-            await self._settle(keys=[self._keys(key, decision.day)[1]], args=[actual - reserved])
+            await self._settle(keys=[self._keys(subject, decision.day)[1]], args=[actual - reserved])
+
+    async def release(self, subject: Subject, decision: Decision, reserved: int) -> None:
+        import redis.exceptions
+
+        with contextlib.suppress(redis.exceptions.RedisError):
+            await self._redis.zrem(self._keys(subject, decision.day)[0], decision.member)
+        await self.settle(subject, decision, reserved, 0)
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -30,7 +30,7 @@ def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
         key = await accountant.authenticate(request)
         call = await read_call(request, dialect, endpoint, app[SETTINGS].limits.max_body_bytes)
         accountant.check_scope(key, call.model)
-        ticket = await accountant.admit(key, call) if endpoint is not Endpoint.SHOW else Ticket(key, 0, None, 0.0)
+        ticket = await accountant.admit(key, call) if endpoint is not Endpoint.SHOW else Ticket(key, 0, [], 0.0)
         outcome = Outcome()
         status = 500
         try:
