@@ -114,6 +114,33 @@ def _starter_key(application: web.Application, settings: Settings) -> None:
     typer.echo("  use it as 'Authorization: Bearer <key>'; manage keys with: turnout key list / create / revoke")
 
 
+@app.command()
+def agent(
+    port: Annotated[int, typer.Option(help="agent API port")] = 8080,
+    host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
+    registry: Annotated[Path, typer.Option(help="engines.json (in pods: /var/run/aibrix/engines.json)")] = Path(
+        "turnout-data/engines.json"
+    ),
+    engine_ports: Annotated[str, typer.Option(help="port range for engines, LOW-HIGH")] = "30000-30999",
+    cache_dir: Annotated[Path | None, typer.Option(help="model cache to inspect for artifact markers")] = None,
+    log_level: Annotated[str, typer.Option()] = "info",
+) -> None:
+    """Run the runtime agent: one supervised engine process per model claim."""
+    from turnout.runtime.agent import create_agent_app
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    low, _, high = engine_ports.partition("-")
+    if not (low.isdigit() and high.isdigit() and 0 < int(low) <= int(high) < 65536):
+        _fail(f"--engine-ports {engine_ports!r}: use LOW-HIGH, e.g. 30000-30999")
+    application = create_agent_app(
+        registry_path=registry,
+        log_dir=registry.parent / "engine-logs",
+        port_range=(int(low), int(high)),
+        cache_dir=cache_dir,
+    )
+    web.run_app(application, host=host, port=port, print=None, access_log=None)
+
+
 @config_app.command("check")
 def config_check(config: ConfigOption = None) -> None:
     """Validate a config file without starting anything (exit 2 when invalid)."""

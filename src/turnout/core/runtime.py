@@ -1,0 +1,133 @@
+"""Pure rules of the runtime agent: activation requests, IPC names, ports, restart backoff, phases."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "ENGINES",
+    "MAX_RESTARTS",
+    "ActivateRequest",
+    "EnginePhase",
+    "InvalidRequest",
+    "backoff_s",
+    "engine_args",
+    "ipc_name",
+    "pick_port",
+]
+
+ENGINES = ("vllm", "sglang", "llamacpp")
+MAX_RESTARTS = 5
+_IPC_BAD = re.compile(r"[^A-Za-z0-9_-]")
+_ARTIFACT_SCHEMES = ("huggingface://", "hf://", "s3://", "gcs://", "file://")
+
+
+class InvalidRequest(ValueError):
+    """A request the agent refuses (HTTP 400); the message says which field and why."""
+
+
+class EnginePhase(StrEnum):
+    BOOTING = "booting"
+    ACTIVE = "active"
+    SLEEPING = "sleeping"
+    RESTARTING = "restarting"
+    FAILED = "failed"
+    STOPPING = "stopping"
+
+
+@dataclass(frozen=True, slots=True)
+class ActivateRequest:
+    model_name: str
+    artifact_url: str
+    engine: str = "vllm"
+    port: int = 0
+    ipc_name: str = ""
+    args: Mapping[str, str] = field(default_factory=dict)
+    claim_ref: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, body: Any) -> ActivateRequest:
+        if not isinstance(body, dict):
+            raise InvalidRequest("body must be a JSON object")
+        unknown = set(body) - {
+            "model_name",
+            "artifact_url",
+            "engine",
+            "port",
+            "ipc_name",
+            "engine_config",
+            "claim_ref",
+            "operation_id",
+        }
+        if unknown:
+            raise InvalidRequest(f"unknown field(s) {sorted(unknown)}")
+        name = body.get("model_name")
+        if not isinstance(name, str) or not name or len(name) > 253:
+            raise InvalidRequest("model_name is required (1 to 253 characters)")
+        artifact = body.get("artifact_url")
+        if not isinstance(artifact, str) or not artifact.startswith(_ARTIFACT_SCHEMES):
+            raise InvalidRequest(f"artifact_url must start with one of {', '.join(_ARTIFACT_SCHEMES)}")
+        engine = body.get("engine", "vllm")
+        if engine not in ENGINES:
+            raise InvalidRequest(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        port = body.get("port", 0)
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+            raise InvalidRequest("port must be 0 (automatic) or a TCP port")
+        ipc = body.get("ipc_name", "")
+        if not isinstance(ipc, str):
+            raise InvalidRequest("ipc_name must be a string")
+        config = body.get("engine_config") or {}
+        args = config.get("args", {}) if isinstance(config, dict) else None
+        if not isinstance(args, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in args.items()):
+            raise InvalidRequest('engine_config.args must be a map of strings ("" for a boolean flag)')
+        if "--gpu-memory-utilization" in args:
+            raise InvalidRequest("--gpu-memory-utilization is managed by the pool (kvcached); remove it")
+        ref = body.get("claim_ref") or {}
+        if not isinstance(ref, dict):
+            raise InvalidRequest("claim_ref must be an object {namespace, name, uid}")
+        return cls(name, artifact, engine, port, ipc, dict(args), {k: str(v) for k, v in ref.items()})
+
+
+def ipc_name(wanted: str, model: str, taken: Iterable[str]) -> str:
+    """A kvcached IPC name: ``[A-Za-z0-9_-]``, at most 64 characters, unique among ``taken``."""
+    base = _IPC_BAD.sub("_", wanted or f"kv_{model}")[:64] or "kv"
+    used = set(taken)
+    if base not in used:
+        return base
+    for n in range(1, 10_000):
+        suffix = f"_{n}"
+        candidate = base[: 64 - len(suffix)] + suffix
+        if candidate not in used:
+            return candidate
+    raise InvalidRequest("no free IPC name")
+
+
+def pick_port(wanted: int, low: int, high: int, taken: Iterable[int]) -> int:
+    used = set(taken)
+    if wanted:
+        if wanted in used:
+            raise InvalidRequest(f"port {wanted} is already used by another engine")
+        return wanted
+    for port in range(low, high + 1):
+        if port not in used:
+            return port
+    raise InvalidRequest(f"no free port in {low}-{high}")
+
+
+def backoff_s(restarts: int, base_s: float = 2.0, cap_s: float = 60.0) -> float:
+    """Delay before restart number ``restarts`` (1-based): base * 2^(n-1), capped."""
+    return float(min(base_s * 2 ** max(restarts - 1, 0), cap_s))
+
+
+def engine_args(args: Mapping[str, str]) -> list[str]:
+    """``{"--flag": "", "--k": "v"}`` -> ``["--flag", "--k", "v"]`` (``""`` is a boolean flag)."""
+    out: list[str] = []
+    for key, value in args.items():
+        out.append(key)
+        if value != "":
+            out.append(value)
+    return out

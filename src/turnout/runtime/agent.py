@@ -1,0 +1,210 @@
+"""The runtime agent's HTTP API (`turnout agent`).
+
+``POST /v1/runtime/models/activate|deactivate|kv-limit|sleep|wake``, ``GET /v1/runtime/models``,
+``GET /v1/runtime/snapshot``, ``GET /healthz``, ``GET /metrics``. Operations carrying an ``operation_id``
+are idempotent: a repeated id gets the first answer again. Errors: 400 invalid, 404 unknown model,
+409 the engine cannot do that now.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from turnout.core.runtime import ActivateRequest, EnginePhase, InvalidRequest
+from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
+from turnout.gateway.dialect import Dialect, error_response
+from turnout.runtime.kvcached import apply_limit, read_usage
+from turnout.runtime.launch import cached_markers
+from turnout.runtime.supervisor import EngineRecord, Supervisor
+
+__all__ = ["create_agent_app"]
+
+SUPERVISOR: web.AppKey[Supervisor] = web.AppKey("supervisor")
+_OPS_KEPT = 1000
+
+
+def _json(obj: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+
+
+class _Operations:
+    """Remembered answers of operation ids (bounded)."""
+
+    def __init__(self) -> None:
+        self._done: OrderedDict[str, tuple[int, Any]] = OrderedDict()
+
+    def get(self, op: str | None) -> tuple[int, Any] | None:
+        return None if not op else self._done.get(op)
+
+    def put(self, op: str | None, status: int, body: Any) -> None:
+        if op:
+            self._done[op] = (status, body)
+            while len(self._done) > _OPS_KEPT:
+                self._done.popitem(last=False)
+
+
+def create_agent_app(
+    *,
+    registry_path: Path,
+    log_dir: Path,
+    port_range: tuple[int, int],
+    cache_dir: Path | None = None,
+    shm_dir: Path = Path("/dev/shm"),
+    backoff_base_s: float = 2.0,
+) -> web.Application:
+    supervisor = Supervisor(registry_path, log_dir, port_range=port_range, backoff_base_s=backoff_base_s)
+    ops = _Operations()
+    registry = CollectorRegistry()
+    resident = Gauge("aibrix:modelclaim_models_resident", "engines with a live, ready process", registry=registry)
+    kv_used = Gauge("aibrix:modelclaim_kv_used_bytes", "kvcached bytes in use", ["model"], registry=registry)
+    kv_total = Gauge("aibrix:modelclaim_kv_total_bytes", "kvcached capacity", ["model"], registry=registry)
+    hbm_peak = Gauge("aibrix:modelclaim_hbm_peak_bytes", "best-effort peak device memory", ["model"], registry=registry)
+    restarts = Gauge("aibrix:modelclaim_engine_restarts", "restarts of the engine", ["model"], registry=registry)
+    lifecycle = Counter(
+        "aibrix:modelclaim_lifecycle_operations", "agent operations", ["operation", "result"], registry=registry
+    )
+
+    def describe(record: EngineRecord) -> dict[str, Any]:
+        usage = read_usage(record.ipc_name, shm_dir)
+        return {
+            **record.to_json(),
+            "alive": record.pid is not None,
+            "kv_used_bytes": None if usage is None else usage.used + usage.prealloc,
+            "kv_capacity_bytes": None if usage is None else usage.total,
+            "hbm_peak_bytes": None,  # needs NVML; not observable on this host
+            "requests": {"running": None, "waiting": None, "success_total": None},
+            "cached_artifacts": [] if cache_dir is None else cached_markers(cache_dir, record.artifact_url),
+        }
+
+    def operation(
+        name: str, fn: Callable[[dict[str, Any]], Awaitable[Any]]
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            try:
+                body = orjson.loads(await request.read() or b"{}")
+            except orjson.JSONDecodeError as exc:
+                return error_response(Dialect.ADMIN, BadRequest(f"body is not valid JSON: {exc}"))
+            if not isinstance(body, dict):
+                return error_response(Dialect.ADMIN, BadRequest("body must be a JSON object"))
+            op = body.get("operation_id")
+            remembered = ops.get(op if isinstance(op, str) else None)
+            if remembered is not None:
+                return _json(remembered[1], remembered[0])
+            try:
+                result = await fn(body)
+            except InvalidRequest as exc:
+                lifecycle.labels(name, "invalid").inc()
+                return error_response(Dialect.ADMIN, BadRequest(str(exc)))
+            except KeyError as exc:
+                lifecycle.labels(name, "not_found").inc()
+                return error_response(Dialect.ADMIN, NotFound(f"no engine for model {exc.args[0]!r}"))
+            except TurnoutError as exc:
+                lifecycle.labels(name, "refused").inc()
+                return error_response(Dialect.ADMIN, exc)
+            except (RuntimeError, OSError, ValueError) as exc:
+                lifecycle.labels(name, "failed").inc()
+                return error_response(Dialect.ADMIN, Conflict(str(exc), code="engine_refused"))
+            lifecycle.labels(name, "ok").inc()
+            ops.put(op if isinstance(op, str) else None, 200, result)
+            return _json(result)
+
+        return handler
+
+    def model_of(body: dict[str, Any]) -> str:
+        name = body.get("model_name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("model_name is required")
+        return name
+
+    async def activate(body: dict[str, Any]) -> Any:
+        return describe(await supervisor.activate(ActivateRequest.parse(body)))
+
+    async def deactivate(body: dict[str, Any]) -> Any:
+        name = model_of(body)
+        await supervisor.deactivate(name)
+        return {"model_name": name, "deactivated": True}
+
+    async def sleep(body: dict[str, Any]) -> Any:
+        name = model_of(body)
+        level = body.get("level", 1)
+        if level not in (1, 2):
+            raise InvalidRequest("level must be 1 or 2")
+        record = supervisor.engines[name]
+        if record.phase not in (EnginePhase.ACTIVE.value, EnginePhase.SLEEPING.value):
+            raise Conflict(f"{name} is {record.phase}; only an active engine can sleep", code="engine_not_active")
+        return describe(await supervisor.sleep(name, int(level)))
+
+    async def wake(body: dict[str, Any]) -> Any:
+        name = model_of(body)
+        record = supervisor.engines[name]
+        if record.phase == EnginePhase.FAILED.value:
+            raise Conflict(
+                f"{name} failed ({record.last_error}); deactivate and activate it again", code="engine_failed"
+            )
+        return describe(await supervisor.wake(name))
+
+    async def kv_limit(body: dict[str, Any]) -> Any:
+        name = model_of(body)
+        limit = body.get("limit_bytes")
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise InvalidRequest("limit_bytes must be a non-negative integer")
+        record = supervisor.engines[name]
+        usage = apply_limit(record.ipc_name, limit, shm_dir)
+        return {"model_name": name, "kv_capacity_bytes": usage.total, "kv_used_bytes": usage.used + usage.prealloc}
+
+    async def models(request: web.Request) -> web.Response:
+        return _json({"models": [describe(r) for r in supervisor.engines.values()]})
+
+    async def snapshot(request: web.Request) -> web.Response:
+        return _json(
+            {
+                "ts": time.time(),
+                "pid": os.getpid(),
+                "engines": [describe(r) for r in supervisor.engines.values()],
+                "accelerators": [],
+            }
+        )
+
+    async def healthz(request: web.Request) -> web.Response:
+        return _json({"status": "ok", "engines": len(supervisor.engines)})
+
+    async def metrics(request: web.Request) -> web.Response:
+        resident.set(sum(1 for r in supervisor.engines.values() if r.ready))
+        for record in supervisor.engines.values():
+            usage = read_usage(record.ipc_name, shm_dir)
+            restarts.labels(record.model_name).set(record.restarts)
+            hbm_peak.labels(record.model_name).set(0)
+            if usage is not None:
+                kv_used.labels(record.model_name).set(usage.used + usage.prealloc)
+                kv_total.labels(record.model_name).set(usage.total)
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    app = web.Application()
+    app[SUPERVISOR] = supervisor
+    r = app.router
+    r.add_post("/v1/runtime/models/activate", operation("activate", activate))
+    r.add_post("/v1/runtime/models/deactivate", operation("deactivate", deactivate))
+    r.add_post("/v1/runtime/models/sleep", operation("sleep", sleep))
+    r.add_post("/v1/runtime/models/wake", operation("wake", wake))
+    r.add_post("/v1/runtime/models/kv-limit", operation("kv-limit", kv_limit))
+    r.add_get("/v1/runtime/models", models)
+    r.add_get("/v1/runtime/snapshot", snapshot)
+    r.add_get("/healthz", healthz)
+    r.add_get("/metrics", metrics)
+
+    async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:
+        await supervisor.recover()
+        yield
+        await supervisor.close()
+
+    app.cleanup_ctx.append(lifecycle_ctx)
+    return app

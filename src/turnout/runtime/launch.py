@@ -1,0 +1,100 @@
+"""How each engine is started, probed, put to sleep and woken."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from turnout.core.runtime import engine_args
+
+__all__ = ["Launch", "artifact_path", "launch_command"]
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    argv: list[str]
+    health_path: str
+    sleep_api: bool  # the engine can sleep in place (vLLM, SGLang); llama.cpp is stopped and restarted
+
+
+def artifact_path(url: str) -> str:
+    """What the engine is given: a local path for file://, the model id for hf:// and huggingface://."""
+    for scheme in ("huggingface://", "hf://"):
+        if url.startswith(scheme):
+            return url.removeprefix(scheme)
+    if url.startswith("file://"):
+        return url.removeprefix("file://")
+    return url  # s3:// and gcs:// are handed over as is (the engine's loader or a sidecar fetches them)
+
+
+def launch_command(engine: str, model_name: str, artifact_url: str, port: int, args: dict[str, str]) -> Launch:
+    model = artifact_path(artifact_url)
+    extra = engine_args(args)
+    if engine == "llamacpp":
+        return Launch(
+            [
+                sys.executable,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                model,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--model_alias",
+                model_name,
+                *extra,
+            ],
+            "/v1/models",
+            False,
+        )
+    if engine == "vllm":
+        return Launch(
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                model,
+                "--served-model-name",
+                model_name,
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(port),
+                "--enable-sleep-mode",
+                *extra,
+            ],
+            "/health",
+            True,
+        )
+    return Launch(
+        [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            model,
+            "--served-model-name",
+            model_name,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+            "--enable-memory-saver",
+            *extra,
+        ],
+        "/health",
+        True,
+    )
+
+
+def cached_markers(cache_dir: Path, artifact_url: str) -> list[str]:
+    """Names of cache entries that look like this artifact (HF hub layout ``models--org--name``, or a path)."""
+    if not cache_dir.is_dir():
+        return []
+    ident = artifact_path(artifact_url)
+    hub = "models--" + ident.replace("/", "--")
+    return sorted(p.name for p in cache_dir.iterdir() if p.name in (hub, Path(ident).name))

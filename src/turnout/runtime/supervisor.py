@@ -1,0 +1,310 @@
+"""Engine supervision: spawn one process group per model, watch it, restart it, persist the registry.
+
+The registry (``engines.json``, 0600, written atomically) records intent before each spawn, so a restarted
+agent can re-adopt engines whose PID is alive with the same ``/proc/<pid>/stat`` start time and whose health
+endpoint answers, keeping their port and IPC name; anything else is cleaned up and started again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from turnout.core.runtime import MAX_RESTARTS, ActivateRequest, EnginePhase, backoff_s, ipc_name, pick_port
+from turnout.runtime.launch import launch_command
+from turnout.state.atomic import write_atomic
+from turnout.upstream.client import UpstreamClient
+
+__all__ = ["EngineRecord", "Supervisor", "process_start_time"]
+
+log = logging.getLogger("turnout.agent")
+
+
+def process_start_time(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (clock ticks since boot), or None when the process is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+@dataclass
+class EngineRecord:
+    model_name: str
+    engine: str
+    artifact_url: str
+    port: int
+    ipc_name: str
+    args: dict[str, str]
+    claim_ref: dict[str, str]
+    phase: str = EnginePhase.BOOTING.value
+    pid: int | None = None
+    pid_start: int | None = None
+    restarts: int = 0
+    last_error: str | None = None
+    last_transition: float = field(default_factory=time.time)
+    ready: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        registry_path: Path,
+        log_dir: Path,
+        *,
+        port_range: tuple[int, int],
+        backoff_base_s: float = 2.0,
+        poll_s: float = 0.2,
+    ) -> None:
+        self.registry_path = registry_path
+        self.log_dir = log_dir
+        self.port_range = port_range
+        self.backoff_base_s = backoff_base_s
+        self.poll_s = poll_s
+        self.engines: dict[str, EngineRecord] = {}
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.client = UpstreamClient(connect_timeout_s=1, total_timeout_s=2)
+        self.restarts_total = 0
+
+    # -- registry ----------------------------------------------------------------------------------
+    def save(self) -> None:
+        document = {"version": 1, "engines": [e.to_json() for e in self.engines.values()]}
+        write_atomic(self.registry_path, (json.dumps(document, indent=2) + "\n").encode(), mode=0o600)
+
+    async def recover(self) -> None:
+        """Re-adopt live engines from the registry; restart or clean up the rest."""
+        try:
+            document = json.loads(self.registry_path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.error("cannot read %s (%s); starting with no engines", self.registry_path, exc)
+            return
+        for raw in document.get("engines", []):
+            record = EngineRecord(**raw)
+            self.engines[record.model_name] = record
+            alive = record.pid is not None and process_start_time(record.pid) == record.pid_start
+            if alive and await self._healthy(record):
+                log.info("re-adopted %s (pid %s, port %s)", record.model_name, record.pid, record.port)
+                record.phase, record.ready = EnginePhase.ACTIVE.value, True
+                self._watch(record.model_name)
+                continue
+            if alive and record.pid is not None:
+                _kill_group(record.pid)
+            record.pid = record.pid_start = None
+            if record.phase == EnginePhase.SLEEPING.value:
+                continue  # a sleeping llama.cpp engine has no process; it keeps its port and IPC name
+            self._set(record, EnginePhase.BOOTING)
+            await self._spawn(record)
+        self.save()
+
+    # -- operations --------------------------------------------------------------------------------
+    async def activate(self, req: ActivateRequest) -> EngineRecord:
+        existing = self.engines.get(req.model_name)
+        if existing is not None:
+            return existing  # idempotent by model name
+        low, high = self.port_range
+        port = pick_port(req.port, low, high, [e.port for e in self.engines.values()])
+        ipc = ipc_name(req.ipc_name, req.model_name, [e.ipc_name for e in self.engines.values()])
+        record = EngineRecord(
+            req.model_name, req.engine, req.artifact_url, port, ipc, dict(req.args), dict(req.claim_ref)
+        )
+        self.engines[req.model_name] = record
+        self.save()  # intent first: a crash right after spawning still knows this engine
+        await self._spawn(record)
+        return record
+
+    async def deactivate(self, name: str) -> None:
+        record = self.engines[name]
+        self._set(record, EnginePhase.STOPPING)
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+        await self._stop_process(record)
+        del self.engines[name]
+        self.save()
+
+    async def sleep(self, name: str, level: int) -> EngineRecord:
+        record = self.engines[name]
+        if record.phase == EnginePhase.SLEEPING.value:
+            return record
+        if record.engine == "llamacpp":
+            task = self._tasks.pop(name, None)
+            if task is not None:
+                task.cancel()
+            await self._stop_process(record)  # memory freed; port, IPC name and registry entry stay reserved
+        else:
+            path = f"/sleep?level={level}" if record.engine == "vllm" else "/release_memory_occupation"
+            await self._post(record, path)
+        record.ready = False
+        self._set(record, EnginePhase.SLEEPING)
+        self.save()
+        return record
+
+    async def wake(self, name: str) -> EngineRecord:
+        record = self.engines[name]
+        if record.phase != EnginePhase.SLEEPING.value:
+            return record
+        if record.engine == "llamacpp":
+            self._set(record, EnginePhase.BOOTING)
+            await self._spawn(record)
+        else:
+            await self._post(record, "/wake_up" if record.engine == "vllm" else "/resume_memory_occupation")
+            record.ready = True
+            self._set(record, EnginePhase.ACTIVE)
+        self.save()
+        return record
+
+    async def close(self) -> None:
+        """Stop watching (engines keep running: a restarted agent re-adopts them)."""
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._tasks.clear()
+        await self.client.close()
+
+    async def stop_all(self) -> None:
+        for name in list(self.engines):
+            await self.deactivate(name)
+
+    # -- processes ---------------------------------------------------------------------------------
+    async def _spawn(self, record: EngineRecord) -> None:
+        launch = launch_command(record.engine, record.model_name, record.artifact_url, record.port, record.args)
+        env = {**os.environ, "ENABLE_KVCACHED": "true", "KVCACHED_AUTOPATCH": "1", "KVCACHED_IPC_NAME": record.ipc_name}
+        if record.engine == "vllm":
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        proc = _popen(launch.argv, self.log_dir / f"{record.ipc_name}.log", env)
+        self._children[record.model_name] = proc
+        record.pid, record.pid_start = proc.pid, process_start_time(proc.pid)
+        record.ready = False
+        self.save()
+        self._watch(record.model_name)
+
+    def _watch(self, name: str) -> None:
+        old = self._tasks.pop(name, None)
+        if old is not None:
+            old.cancel()
+        self._tasks[name] = asyncio.create_task(self._monitor(name), name=f"engine-{name}")
+
+    async def _monitor(self, name: str) -> None:
+        record = self.engines[name]
+        while True:
+            await asyncio.sleep(self.poll_s)
+            if not self._alive(record):
+                await self._crashed(record)
+                return
+            if not record.ready and await self._healthy(record):
+                record.ready = True
+                self._set(record, EnginePhase.ACTIVE)
+                self.save()
+
+    async def _crashed(self, record: EngineRecord) -> None:
+        code = self._reap(record)
+        record.ready = False
+        record.restarts += 1
+        self.restarts_total += 1
+        record.last_error = f"engine exited (code {code})" + _tail(self.log_dir / f"{record.ipc_name}.log")
+        if record.restarts > MAX_RESTARTS:
+            self._set(record, EnginePhase.FAILED)
+            log.error("%s failed after %d restarts: %s", record.model_name, MAX_RESTARTS, record.last_error)
+            self.save()
+            return
+        self._set(record, EnginePhase.RESTARTING)
+        self.save()
+        delay = backoff_s(record.restarts, self.backoff_base_s)
+        log.warning("%s exited; restart %d in %.1fs", record.model_name, record.restarts, delay)
+        await asyncio.sleep(delay)
+        if record.pid is not None:
+            _kill_group(record.pid)  # leftovers of the old group never outlive a relaunch
+        self._set(record, EnginePhase.BOOTING)
+        await self._spawn(record)
+
+    def _alive(self, record: EngineRecord) -> bool:
+        proc = self._children.get(record.model_name)
+        if proc is not None:
+            return proc.poll() is None
+        return record.pid is not None and process_start_time(record.pid) == record.pid_start
+
+    def _reap(self, record: EngineRecord) -> int | None:
+        proc = self._children.pop(record.model_name, None)
+        return None if proc is None else proc.poll()
+
+    async def _stop_process(self, record: EngineRecord) -> None:
+        proc = self._children.pop(record.model_name, None)
+        if record.pid is not None:
+            _kill_group(record.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and process_start_time(record.pid) is not None:
+                if proc is not None and proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.05)
+            _kill_group(record.pid)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+        record.pid = record.pid_start = None
+
+    async def _healthy(self, record: EngineRecord) -> bool:
+        path = launch_command(record.engine, record.model_name, record.artifact_url, record.port, {}).health_path
+        try:
+            async with self.client.request(
+                "GET", f"http://127.0.0.1:{record.port}{path}", label=record.model_name, timeout_s=2
+            ) as resp:
+                await resp.read()
+                return resp.status == 200
+        except Exception:  # any failure to answer means not ready
+            return False
+
+    async def _post(self, record: EngineRecord, path: str) -> None:
+        async with self.client.request(
+            "POST",
+            f"http://127.0.0.1:{record.port}{path}",
+            label=record.model_name,
+            body=b"{}",
+            headers={"Content-Type": "application/json"},
+            timeout_s=60,
+        ) as r:
+            await r.read()
+            if r.status >= 300:
+                raise RuntimeError(f"{record.engine} answered HTTP {r.status} to {path}")
+
+    def _set(self, record: EngineRecord, phase: EnginePhase) -> None:
+        if record.phase != phase.value:
+            record.phase = phase.value
+            record.last_transition = time.time()
+
+
+def _popen(argv: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start an engine in its own session (process group); a fork, not a wait: fine on the event loop."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _kill_group(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _tail(path: Path, limit: int = 300) -> str:
+    try:
+        text = path.read_bytes()[-limit:].decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    return f": ...{text.splitlines()[-1]}" if text else ""

@@ -1,0 +1,170 @@
+"""The runtime agent with real llama.cpp engine processes on generated tiny models."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.conftest import free_port
+from turnout.runtime.agent import SUPERVISOR, create_agent_app
+
+
+class Agent:
+    def __init__(self, url: str, runner: web.AppRunner) -> None:
+        self.url, self.runner = url, runner
+
+    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        async with aiohttp.ClientSession() as http, http.request(method, f"{self.url}{path}", json=body) as r:
+            return r.status, await r.json()
+
+    async def engine(self, name: str) -> dict[str, Any]:
+        _, body = await self.call("GET", "/v1/runtime/models")
+        return next(e for e in body["models"] if e["model_name"] == name)
+
+    async def until(self, name: str, phase: str, limit_s: float = 60, restarts: int | None = None) -> dict[str, Any]:
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            engine = await self.engine(name)
+            if engine["phase"] == phase and (restarts is None or engine["restarts"] == restarts):
+                return engine
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{name} never reached {phase}: {await self.engine(name)}")
+
+
+AgentFactory = Callable[[], Awaitable[Agent]]
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
+    started: list[Agent] = []
+    low = free_port()
+
+    async def make() -> Agent:
+        app = create_agent_app(
+            registry_path=tmp_path / "engines.json",
+            log_dir=tmp_path / "logs",
+            port_range=(low, low + 20),
+            backoff_base_s=0.05,
+        )
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        a = Agent(f"http://127.0.0.1:{port}", runner)
+        started.append(a)
+        return a
+
+    yield make
+    if started:
+        await started[-1].runner.app[SUPERVISOR].stop_all()
+    for a in started:
+        await a.runner.cleanup()
+
+
+def activate_body(name: str, model: Path, **extra: Any) -> dict[str, Any]:
+    return {
+        "model_name": name,
+        "artifact_url": f"file://{model}",
+        "engine": "llamacpp",
+        "engine_config": {"args": {"--n_ctx": "256"}},
+        **extra,
+    }
+
+
+async def chat(port: int, model: str) -> int:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r,
+    ):
+        await r.read()
+        return r.status
+
+
+async def test_two_engines_restart_readopt_sleep(agent: AgentFactory, tiny_model: Path) -> None:
+    a = await agent()
+    for name in ("alpha", "beta"):
+        status, body = await a.call("POST", "/v1/runtime/models/activate", activate_body(name, tiny_model))
+        assert status == 200 and body["phase"] == "booting"
+    alpha, beta = await a.until("alpha", "active"), await a.until("beta", "active")
+    assert alpha["port"] != beta["port"] and alpha["ipc_name"] == "kv_alpha"
+    assert await chat(alpha["port"], "alpha") == 200 and await chat(beta["port"], "beta") == 200
+
+    os.kill(alpha["pid"], signal.SIGKILL)  # an engine crash
+    restarted = await a.until("alpha", "active", restarts=1)
+    assert restarted["restarts"] == 1 and restarted["pid"] != alpha["pid"] and restarted["port"] == alpha["port"]
+    assert (await a.engine("beta"))["pid"] == beta["pid"]  # the other engine is untouched
+
+    # the agent dies (engines keep running) and a new one re-adopts them, same ports and processes
+    await a.runner.app[SUPERVISOR].close()
+    await a.runner.cleanup()
+    b = await agent()
+    adopted = await b.until("beta", "active", limit_s=10)
+    assert adopted["pid"] == beta["pid"] and adopted["port"] == beta["port"]
+
+    status, slept = await b.call("POST", "/v1/runtime/models/sleep", {"model_name": "beta", "level": 1})
+    assert status == 200 and slept["phase"] == "sleeping" and slept["pid"] is None
+    assert slept["port"] == beta["port"] and slept["ipc_name"] == beta["ipc_name"]  # reserved while asleep
+    started = time.monotonic()
+    status, _ = await b.call("POST", "/v1/runtime/models/wake", {"model_name": "beta", "operation_id": "w1"})
+    woken = await b.until("beta", "active")
+    wake_s = time.monotonic() - started
+    assert woken["port"] == beta["port"] and await chat(woken["port"], "beta") == 200
+    assert wake_s < 30, f"llama.cpp wake took {wake_s:.1f}s"
+
+
+async def test_crashing_engine_fails_after_five_restarts(agent: AgentFactory, tmp_path: Path) -> None:
+    a = await agent()
+    await a.call("POST", "/v1/runtime/models/activate", activate_body("broken", tmp_path / "missing.gguf"))
+    failed = await a.until("broken", "failed", limit_s=90)
+    assert failed["restarts"] == 6 and "engine exited" in failed["last_error"]
+    status, body = await a.call("POST", "/v1/runtime/models/wake", {"model_name": "broken"})
+    assert status == 409 and "failed" in body["error"]["message"]
+
+
+async def test_validation_idempotency_and_unknown(agent: AgentFactory, tiny_model: Path) -> None:
+    a = await agent()
+    status, body = await a.call("POST", "/v1/runtime/models/activate", {"model_name": "x", "artifact_url": "ftp://y"})
+    assert status == 400 and "artifact_url" in body["error"]["message"]
+    status, body = await a.call("POST", "/v1/runtime/models/sleep", {"model_name": "nope"})
+    assert status == 404
+    first = await a.call("POST", "/v1/runtime/models/activate", activate_body("m", tiny_model, operation_id="op1"))
+    again = await a.call("POST", "/v1/runtime/models/activate", activate_body("m", tiny_model, operation_id="op1"))
+    assert first == again
+    status, body = await a.call("POST", "/v1/runtime/models/kv-limit", {"model_name": "m", "limit_bytes": 1})
+    assert status == 409 and "kvcached segment" in body["error"]["message"]
+
+
+async def test_kv_usage_and_limit_from_real_segments(agent: AgentFactory, tiny_model: Path) -> None:
+    a = await agent()
+    ipc = f"turnout_test_{uuid.uuid4().hex[:8]}"
+    segments = [Path("/dev/shm") / ipc, Path("/dev/shm") / f"{ipc}_g0"]
+    try:
+        segments[0].write_bytes(struct.pack("<qqq", 1000, 300, 100))
+        segments[1].write_bytes(struct.pack("<qqq", 1000, 50, 0))
+        await a.call("POST", "/v1/runtime/models/activate", activate_body("kv", tiny_model, ipc_name=ipc))
+        engine = await a.engine("kv")
+        assert engine["kv_capacity_bytes"] == 2000 and engine["kv_used_bytes"] == 450
+        status, body = await a.call(
+            "POST", "/v1/runtime/models/kv-limit", {"model_name": "kv", "limit_bytes": 1501, "operation_id": "k1"}
+        )
+        assert status == 200 and body["kv_capacity_bytes"] == 1501
+        assert struct.unpack("<qqq", segments[0].read_bytes())[0] == 751
+        async with aiohttp.ClientSession() as http, http.get(f"{a.url}/metrics") as r:
+            text = await r.text()
+        assert 'aibrix:modelclaim_kv_total_bytes{model="kv"} 1501.0' in text
+        assert "aibrix:modelclaim_models_resident" in text
+    finally:
+        for s in segments:
+            s.unlink(missing_ok=True)
