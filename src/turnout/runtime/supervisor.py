@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import signal
-import subprocess
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -77,7 +77,7 @@ class Supervisor:
         self.backoff_base_s = backoff_base_s
         self.poll_s = poll_s
         self.engines: dict[str, EngineRecord] = {}
-        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._exit_codes: dict[str, int] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.client = UpstreamClient(connect_timeout_s=1, total_timeout_s=2)
         self.restarts_total = 0
@@ -120,7 +120,11 @@ class Supervisor:
         if existing is not None:
             return existing  # idempotent by model name
         low, high = self.port_range
-        port = pick_port(req.port, low, high, [e.port for e in self.engines.values()])
+        taken = {e.port for e in self.engines.values()}
+        port = pick_port(req.port, low, high, taken)
+        while not req.port and not _port_free(port):  # something else listens there: skip it
+            taken.add(port)
+            port = pick_port(0, low, high, taken)
         ipc = ipc_name(req.ipc_name, req.model_name, [e.ipc_name for e in self.engines.values()])
         record = EngineRecord(
             req.model_name, req.engine, req.artifact_url, port, ipc, dict(req.args), dict(req.claim_ref)
@@ -189,9 +193,8 @@ class Supervisor:
         env = {**os.environ, "ENABLE_KVCACHED": "true", "KVCACHED_AUTOPATCH": "1", "KVCACHED_IPC_NAME": record.ipc_name}
         if record.engine == "vllm":
             env["VLLM_SERVER_DEV_MODE"] = "1"
-        proc = _popen(launch.argv, self.log_dir / f"{record.ipc_name}.log", env)
-        self._children[record.model_name] = proc
-        record.pid, record.pid_start = proc.pid, process_start_time(proc.pid)
+        pid = _spawn_session(launch.argv, self.log_dir / f"{record.ipc_name}.log", env)
+        record.pid, record.pid_start = pid, process_start_time(pid)
         record.ready = False
         self.save()
         self._watch(record.model_name)
@@ -215,7 +218,10 @@ class Supervisor:
                 self.save()
 
     async def _crashed(self, record: EngineRecord) -> None:
-        code = self._reap(record)
+        code = self._exit_codes.pop(record.model_name, None)
+        if record.pid is not None:
+            _kill_group(record.pid)  # leftovers of the old group never outlive a relaunch
+        record.pid = record.pid_start = None
         record.ready = False
         record.restarts += 1
         self.restarts_total += 1
@@ -230,35 +236,38 @@ class Supervisor:
         delay = backoff_s(record.restarts, self.backoff_base_s)
         log.warning("%s exited; restart %d in %.1fs", record.model_name, record.restarts, delay)
         await asyncio.sleep(delay)
-        if record.pid is not None:
-            _kill_group(record.pid)  # leftovers of the old group never outlive a relaunch
         self._set(record, EnginePhase.BOOTING)
         await self._spawn(record)
 
     def _alive(self, record: EngineRecord) -> bool:
-        proc = self._children.get(record.model_name)
-        if proc is not None:
-            return proc.poll() is None
-        return record.pid is not None and process_start_time(record.pid) == record.pid_start
-
-    def _reap(self, record: EngineRecord) -> int | None:
-        proc = self._children.pop(record.model_name, None)
-        return None if proc is None else proc.poll()
+        if record.pid is None:
+            return False
+        try:
+            pid, status = os.waitpid(record.pid, os.WNOHANG)  # our own child: reap it when it exits
+        except ChildProcessError:
+            pid = 0  # adopted from an earlier agent: not our child, judge by /proc
+        else:
+            if pid:
+                self._exit_codes[record.model_name] = os.waitstatus_to_exitcode(status)
+                return False
+        return process_start_time(record.pid) == record.pid_start
 
     async def _stop_process(self, record: EngineRecord) -> None:
-        proc = self._children.pop(record.model_name, None)
         if record.pid is not None:
             _kill_group(record.pid, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and process_start_time(record.pid) is not None:
-                if proc is not None and proc.poll() is not None:
-                    break
-                await asyncio.sleep(0.05)
-            _kill_group(record.pid)
-        if proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
+            if not await self._exited(record, within_s=10):
+                _kill_group(record.pid)
+                await self._exited(record, within_s=5)
+        self._exit_codes.pop(record.model_name, None)
         record.pid = record.pid_start = None
+
+    async def _exited(self, record: EngineRecord, *, within_s: float) -> bool:
+        """Poll (a process exit is not an awaitable event) until the engine is gone or time is up."""
+        for _ in range(max(1, int(within_s / 0.05))):
+            if not self._alive(record):
+                return True
+            await asyncio.sleep(0.05)
+        return not self._alive(record)
 
     async def _healthy(self, record: EngineRecord) -> bool:
         path = launch_command(record.engine, record.model_name, record.artifact_url, record.port, {}).health_path
@@ -290,11 +299,36 @@ class Supervisor:
             record.last_transition = time.time()
 
 
-def _popen(argv: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start an engine in its own session (process group); a fork, not a wait: fine on the event loop."""
+def _spawn_session(argv: list[str], log_path: Path, env: dict[str, str]) -> int:
+    """Start an engine in its own session (process group) with output to its log; returns the PID.
+
+    posix_spawn rather than Popen: the agent tracks engines by PID (they outlive an agent restart), so no
+    Popen object is left to complain about a child it no longer owns."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        return os.posix_spawn(
+            argv[0],
+            argv,
+            env,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, fd, 1),
+                (os.POSIX_SPAWN_DUP2, fd, 2),
+            ],
+            setsid=True,
+        )
+    finally:
+        os.close(fd)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _kill_group(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
