@@ -160,6 +160,7 @@ class EndpointManager:
             self.fleet.workers[name] = state
             self._records[name] = record
             changed.append(name)
+        self.fleet.endpoints = sum(1 for w in self.fleet.workers.values() if w.external is not None)
         await asyncio.gather(*(self.check(name) for name in changed))
 
     def _worker_state(self, record: EndpointRecord) -> WorkerState:

@@ -89,6 +89,7 @@ class Fleet:
         self.settings = settings
         self.placement = placement
         self.workers: dict[str, WorkerState] = {w.name: WorkerState(w) for w in settings.workers}
+        self.endpoints = 0  # how many external endpoints are in ``workers`` (kept by the endpoint manager)
 
     def rules(self, name: str) -> tuple[PlacementRules, str]:
         """Effective rules for a worker and their source: ``override`` or ``config``."""
@@ -101,7 +102,12 @@ class Fleet:
         """Views of the workers that may serve ``model``: its endpoint alone for "<endpoint>/<model>",
         otherwise the fleet's own workers (endpoints never serve un-namespaced names)."""
         endpoint = self.endpoint_for(model)
-        candidates = [endpoint] if endpoint is not None else [s for s in self.workers.values() if s.external is None]
+        if endpoint is not None:
+            candidates = [endpoint]
+        elif self.endpoints:
+            candidates = [s for s in self.workers.values() if s.external is None]
+        else:
+            candidates = list(self.workers.values())
         out = []
         for state in candidates:
             rules, _ = self.rules(state.name)
@@ -123,6 +129,8 @@ class Fleet:
 
     def endpoint_for(self, model: str) -> WorkerState | None:
         """The external endpoint a namespaced model name ("<endpoint>/<model>") belongs to."""
+        if not self.endpoints:
+            return None
         name = model.split("/", 1)[0]
         state = self.workers.get(name)
         if state is not None and state.external is not None and model.startswith(state.external.prefix):

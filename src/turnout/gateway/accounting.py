@@ -22,7 +22,7 @@ from turnout.errors import Forbidden, TurnoutError, Unauthorized
 from turnout.gateway.calls import Call
 from turnout.gateway.limiter import LocalLimiter, RedisLimiter, Subject, TokenLimiter
 from turnout.store.db import StoreError
-from turnout.store.keys import KeyRecord, KeyStore, hash_key
+from turnout.store.keys import KeyRecord, KeyStore
 from turnout.store.usage import Rollup, UsageRow, UsageStore
 
 __all__ = ["Accountant", "Outcome", "Ticket", "UsageBatcher"]
@@ -144,9 +144,9 @@ class Accountant:
         self._cache.clear()
 
     async def _lookup(self, token: str) -> KeyRecord | None:
-        digest = hash_key(token)
+        # Cached by the presented token itself (it is in this process's memory anyway): no hashing on a hit.
         now = time.monotonic()
-        cached = self._cache.get(digest)
+        cached = self._cache.get(token)
         if cached is not None:
             record, until = cached
             if now < until:
@@ -159,7 +159,7 @@ class Accountant:
         )
         if len(self._cache) > 100_000:
             self._cache.clear()
-        self._cache[digest] = (record, now + ttl)
+        self._cache[token] = (record, now + ttl)
         return record
 
     @staticmethod
@@ -172,8 +172,8 @@ class Accountant:
 
     # -- limits and usage --------------------------------------------------------------------------
     def subjects(self, key: KeyRecord | None) -> list[Subject]:
-        if key is None:
-            return []
+        if key is None or (key.rpm is None and key.daily_tokens is None and key.tenant not in self.settings.tenants):
+            return []  # the common case, kept cheap: it runs on every request
         out = [Subject.of_key(key)]
         tenant = self.settings.tenants.get(key.tenant)
         if tenant is not None:

@@ -102,9 +102,13 @@ class UpstreamClient:
             try:
                 assert conn.transport is not None
                 conn.transport.write(data)
-                async with asyncio.timeout(headers_timeout_s):
+                if headers_timeout_s is None:
                     while not conn.headers_done and conn.error is None:
                         await conn.wait()
+                else:
+                    async with asyncio.timeout(headers_timeout_s):
+                        while not conn.headers_done and conn.error is None:
+                            await conn.wait()
             except TimeoutError:
                 timer.cancel()
                 conn.close()
