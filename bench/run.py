@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -153,7 +154,8 @@ def run_wrk(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per cell (default 5)")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per cell and round (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, targets interleaved; medians reported")
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--skip-litellm", action="store_true")
     args = parser.parse_args()
@@ -257,17 +259,24 @@ def main() -> None:
             wait_ready(t.url, t.proc, t.key)
 
         results: dict[tuple[str, bool, int], dict[str, float]] = {}
-        for stream in (False, True):
-            for conns in levels:
-                for t in targets:
-                    results[(t.name, stream, conns)] = run_wrk(wrk, t.url, stream, conns, args.duration, tmp, t.key)
-                    print(
-                        f"  {t.name:28} stream={stream!s:5} c={conns:<3} "
-                        f"{results[(t.name, stream, conns)]['rps']:9.0f} req/s",
-                        file=sys.stderr,
-                    )
+        # Targets run back to back inside each cell and cells repeat over rounds: on a shared machine the
+        # load from elsewhere then hits every target alike, and the median drops the outliers.
+        samples: dict[tuple[str, bool, int], list[dict[str, float]]] = {}
+        for round_no in range(1, args.rounds + 1):
+            for stream in (False, True):
+                for conns in levels:
+                    for t in targets:
+                        got = run_wrk(wrk, t.url, stream, conns, args.duration, tmp, t.key)
+                        samples.setdefault((t.name, stream, conns), []).append(got)
+                        print(
+                            f"  round {round_no} {t.name:28} stream={stream!s:5} c={conns:<3} {got['rps']:9.0f} req/s",
+                            file=sys.stderr,
+                        )
+        for cell, runs in samples.items():
+            results[cell] = {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50", "p99")}
+            results[cell]["errors"] = sum(r["errors"] for r in runs)
         memory = {t.name: rss_mib(t.proc) for t in targets}
-        print_table(targets, results, levels, memory, args.duration)
+        print_table(targets, results, levels, memory, args.duration, args.rounds)
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -286,9 +295,13 @@ def print_table(
     levels: list[int],
     memory: dict[str, float | None],
     duration: float,
+    rounds: int,
 ) -> None:
     base = "bare aiohttp pass-through"
-    print(f"\nwrk -t1, {duration:g}s per cell, mock upstream, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}\n")
+    print(
+        f"\nwrk -t1, {duration:g}s per cell, median of {rounds} interleaved rounds, mock upstream, "
+        f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}\n"
+    )
     print("| mode | c | target | req/s | p50 ms | p99 ms | errors | vs pass-through | vs litellm |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for stream in (False, True):
