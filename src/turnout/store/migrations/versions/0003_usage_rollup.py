@@ -36,8 +36,8 @@ def upgrade() -> None:
     )
     op.create_index("ix_usage_rollup_minute", "usage_rollup", ["minute"])
     op.create_index("ix_usage_rollup_key_minute", "usage_rollup", ["key_id", "minute"])
-    # Carry existing per-request rows over as one-request roll-ups (latency lands in the open last bucket
-    # list position computed at read time is not possible in SQL, so only totals are kept for them).
+    # Carry existing per-request rows over as one-request roll-ups. Their latency keeps its sum and max, but
+    # no histogram (bucketing is not portable SQL), so they do not count towards p50/p95.
     op.execute(
         "INSERT INTO usage_rollup (minute, key_id, endpoint, model, worker, status, fallback_from, requests, errors,"
         " prompt_tokens, completion_tokens, latency_ms_sum, latency_ms_max, latency_buckets)"
