@@ -1,0 +1,153 @@
+"""ModelClaim rules (AIBrix ModelClaim design): spec validation and candidate pod ranking.
+
+Pure: the controller drivers (local, Kubernetes) turn objects into these values and apply the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from turnout.core.runtime import ENGINES
+
+__all__ = [
+    "POOL_LABEL",
+    "ClaimPhase",
+    "ClaimSpec",
+    "InvalidClaim",
+    "PodView",
+    "matches_selector",
+    "parse_claim_spec",
+    "rank_pods",
+]
+
+POOL_LABEL = "pool.aibrix.ai/enabled"
+
+
+class ClaimPhase(StrEnum):
+    PENDING = "Pending"
+    SCHEDULING = "Scheduling"
+    LOADING = "Loading"
+    ACTIVATING = "Activating"
+    ACTIVE = "Active"
+    SLEEPING = "Sleeping"
+    FAILED = "Failed"
+
+
+class InvalidClaim(ValueError):
+    """The claim cannot be placed as written; the message is the status reason to show."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSpec:
+    model_name: str
+    pod_selector: Mapping[str, str]
+    artifact_url: str
+    engine: str = "vllm"
+    replicas: int = 1
+    args: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def parallel_gpus(self) -> int:
+        """GPUs one replica needs: tensor x pipeline parallel size."""
+        return _int_arg(self.args, "--tensor-parallel-size", "-tp") * _int_arg(
+            self.args, "--pipeline-parallel-size", "-pp"
+        )
+
+
+def _int_arg(args: Mapping[str, str], *names: str) -> int:
+    for name in names:
+        if name in args:
+            try:
+                value = int(args[name])
+            except ValueError:
+                raise InvalidClaim(f"engineConfig.args[{name}] must be an integer, got {args[name]!r}") from None
+            if value < 1:
+                raise InvalidClaim(f"engineConfig.args[{name}] must be at least 1")
+            return value
+    return 1
+
+
+def parse_claim_spec(name: str, spec: Any) -> ClaimSpec:
+    if not isinstance(spec, dict):
+        raise InvalidClaim("spec must be an object")
+    model = spec.get("modelName") or name
+    if not isinstance(model, str):
+        raise InvalidClaim("spec.modelName must be a string")
+    selector = spec.get("podSelector")
+    labels = selector.get("matchLabels", selector) if isinstance(selector, dict) else None
+    if not isinstance(labels, dict) or not labels or not all(isinstance(v, str) for v in labels.values()):
+        raise InvalidClaim("spec.podSelector is required: {matchLabels: {label: value}}")
+    artifact = spec.get("artifactURL")
+    if not isinstance(artifact, str) or not artifact:
+        raise InvalidClaim("spec.artifactURL is required")
+    engine = spec.get("engine", "vllm")
+    if engine not in ENGINES:
+        raise InvalidClaim(f"spec.engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    replicas = spec.get("replicas", 1)
+    if replicas != 1:
+        raise InvalidClaim(f"spec.replicas must be 1 (one engine per claim), got {replicas!r}")
+    config = spec.get("engineConfig") or {}
+    args = config.get("args", {}) if isinstance(config, dict) else None
+    if not isinstance(args, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in args.items()):
+        raise InvalidClaim('spec.engineConfig.args must be a map of strings ("" for a boolean flag)')
+    if "--gpu-memory-utilization" in args:
+        raise InvalidClaim("--gpu-memory-utilization is not allowed: the pool shares GPU memory through kvcached")
+    dp = args.get("--data-parallel-size", "1")
+    if dp != "1":
+        raise InvalidClaim(f"--data-parallel-size must be 1 (got {dp}); use one claim per replica")
+    claim = ClaimSpec(model, dict(labels), artifact, engine, 1, dict(args))
+    _ = claim.parallel_gpus  # validates the parallel sizes
+    return claim
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    name: str
+    labels: Mapping[str, str]
+    running: bool
+    address: str | None
+    gpus: int
+    free_hbm_bytes: int | None = None
+    kv_used_bytes: int | None = None
+    models: int = 0
+    load: float = 0.0
+    cached_artifacts: frozenset[str] = frozenset()
+
+
+def matches_selector(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def rank_pods(claim: ClaimSpec, pods: Sequence[PodView]) -> tuple[list[PodView], str]:
+    """Eligible pods best first, and when there are none, why (for the claim's status)."""
+    selected = [p for p in pods if matches_selector(p.labels, claim.pod_selector)]
+    if not selected:
+        return [], "no pod matches spec.podSelector"
+    pooled = [p for p in selected if p.labels.get(POOL_LABEL) == "true"]
+    if not pooled:
+        return [], f'matching pods lack the label {POOL_LABEL}: "true"'
+    ready = [p for p in pooled if p.running and p.address]
+    if not ready:
+        return [], "no matching pool pod is running with an address yet"
+    sized = [p for p in ready if p.gpus == claim.parallel_gpus]
+    if not sized:
+        gpus = sorted({p.gpus for p in ready})
+        return [], (
+            f"tensor x pipeline parallel size is {claim.parallel_gpus} but the pool pods have "
+            f"{'/'.join(map(str, gpus))} GPUs; set them to match"
+        )
+
+    def key(p: PodView) -> tuple[Any, ...]:
+        return (
+            claim.artifact_url not in p.cached_artifacts,
+            -(p.free_hbm_bytes or 0),
+            p.kv_used_bytes or 0,
+            p.models,
+            p.load,
+            p.name,
+        )
+
+    return sorted(sized, key=key), ""

@@ -1,0 +1,65 @@
+import pytest
+
+from turnout.core.claims import POOL_LABEL, InvalidClaim, PodView, parse_claim_spec, rank_pods
+
+BASE = {"podSelector": {"matchLabels": {"pool": "a"}}, "artifactURL": "hf://org/m"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ({"artifactURL": "hf://x"}, "podSelector is required"),
+        ({"podSelector": {"matchLabels": {"pool": "a"}}}, "artifactURL is required"),
+        ({**BASE, "engine": "tgi"}, "engine must be one of"),
+        ({**BASE, "replicas": 2}, "replicas must be 1"),
+        ({**BASE, "engineConfig": {"args": {"--gpu-memory-utilization": "0.9"}}}, "not allowed"),
+        ({**BASE, "engineConfig": {"args": {"--data-parallel-size": "2"}}}, "data-parallel-size must be 1"),
+        ({**BASE, "engineConfig": {"args": {"--tensor-parallel-size": "two"}}}, "must be an integer"),
+        ({**BASE, "engineConfig": {"args": {"--tensor-parallel-size": 2}}}, "map of strings"),
+        ([], "spec must be an object"),
+    ],
+)
+def test_invalid_claims(spec: object, fragment: str) -> None:
+    with pytest.raises(InvalidClaim, match=fragment):
+        parse_claim_spec("c", spec)
+
+
+def test_defaults_and_parallel_size() -> None:
+    claim = parse_claim_spec(
+        "qwen", {**BASE, "engineConfig": {"args": {"--tensor-parallel-size": "2", "--pipeline-parallel-size": "2"}}}
+    )
+    assert claim.model_name == "qwen" and claim.engine == "vllm" and claim.parallel_gpus == 4
+    assert parse_claim_spec("c", {**BASE, "modelName": "m"}).model_name == "m"
+
+
+def pod(name: str, **kw: object) -> PodView:
+    base: dict[str, object] = {
+        "labels": {"pool": "a", POOL_LABEL: "true"},
+        "running": True,
+        "address": "10.0.0.1",
+        "gpus": 1,
+    }
+    base.update(kw)
+    return PodView(name=name, **base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("pods", "expected", "why"),
+    [
+        ([pod("p", labels={"pool": "b", POOL_LABEL: "true"})], [], "no pod matches"),
+        ([pod("p", labels={"pool": "a"})], [], POOL_LABEL),
+        ([pod("p", running=False)], [], "running with an address"),
+        ([pod("p", address=None)], [], "running with an address"),
+        ([pod("p", gpus=2)], [], "set them to match"),
+        ([pod("a"), pod("b", cached_artifacts=frozenset({"hf://org/m"}))], ["b", "a"], ""),
+        ([pod("a", free_hbm_bytes=1), pod("b", free_hbm_bytes=9)], ["b", "a"], ""),
+        ([pod("a", kv_used_bytes=9), pod("b", kv_used_bytes=1)], ["b", "a"], ""),
+        ([pod("a", models=3), pod("b", models=1)], ["b", "a"], ""),
+        ([pod("a", load=0.9), pod("b", load=0.1)], ["b", "a"], ""),
+        ([pod("b"), pod("a")], ["a", "b"], ""),
+    ],
+)
+def test_rank(pods: list[PodView], expected: list[str], why: str) -> None:
+    ranked, reason = rank_pods(parse_claim_spec("c", BASE), pods)
+    assert [p.name for p in ranked] == expected
+    assert why in reason
