@@ -1,0 +1,168 @@
+"""The ModelClaim reconcile plan: from claims, pods and what their agents report, to actions.
+
+Pure. A driver (local files or Kubernetes) builds the inputs each tick, applies the actions through its
+adapter (agent HTTP calls, status writes, pod annotations, finalizers), and calls again next tick.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from turnout.core.claims import ClaimPhase, ClaimSpec, PodView, rank_pods
+
+__all__ = [
+    "ANNOTATION_PREFIX",
+    "Activate",
+    "Annotate",
+    "ClaimState",
+    "Deactivate",
+    "EngineInfo",
+    "PodState",
+    "ReleaseFinalizer",
+    "SetStatus",
+    "plan",
+    "route_annotation",
+]
+
+ANNOTATION_PREFIX = "modelclaim.aibrix.ai/"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    phase: str  # the agent's engine phase
+    ready: bool
+    port: int
+    last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodState:
+    pod: PodView
+    engines: Mapping[str, EngineInfo] = field(default_factory=dict)  # by model name
+    reachable: bool = True  # the agent answered this tick
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimState:
+    name: str
+    spec: ClaimSpec | None
+    invalid: str | None = None  # why the spec was refused
+    bound_pod: str | None = None
+    deleting: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SetStatus:
+    claim: str
+    phase: ClaimPhase
+    reason: str
+    message: str = ""
+    pod: str | None = None
+    port: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Activate:
+    claim: str
+    pod: str
+    spec: ClaimSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Deactivate:
+    claim: str
+    pod: str
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Annotate:
+    pod: str
+    key: str
+    value: str | None  # None removes the annotation
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseFinalizer:
+    claim: str
+
+
+Action = SetStatus | Activate | Deactivate | Annotate | ReleaseFinalizer
+
+
+def route_annotation(model: str, engine: EngineInfo | None) -> str:
+    """``{"model","port","state"}``; the port is 0 unless the engine is active and ready."""
+    state = "pending" if engine is None else engine.phase
+    port = engine.port if engine is not None and engine.phase == "active" and engine.ready else 0
+    return json.dumps({"model": model, "port": port, "state": state}, separators=(",", ":"))
+
+
+def plan(claims: Sequence[ClaimState], pods: Sequence[PodState]) -> list[Action]:
+    by_name = {p.pod.name: p for p in pods}
+    actions: list[Action] = []
+    for claim in claims:
+        key = ANNOTATION_PREFIX + claim.name
+        bound = by_name.get(claim.bound_pod) if claim.bound_pod else None
+        if claim.deleting:
+            actions += _delete(claim, bound, key)
+            continue
+        if claim.spec is None:
+            actions.append(SetStatus(claim.name, ClaimPhase.FAILED, "InvalidSpec", claim.invalid or "invalid spec"))
+            continue
+        spec = claim.spec
+        if bound is None or not bound.pod.running or not bound.pod.address:
+            ranked, why = rank_pods(spec, [p.pod for p in pods])
+            if not ranked:
+                actions.append(SetStatus(claim.name, ClaimPhase.PENDING, "NoCandidatePod", why))
+                continue
+            target = ranked[0].name
+            actions.append(Activate(claim.name, target, spec))
+            actions.append(SetStatus(claim.name, ClaimPhase.SCHEDULING, "Scheduled", f"placed on {target}", target))
+            actions.append(Annotate(target, key, route_annotation(spec.model_name, None)))
+            continue
+        if not bound.reachable:
+            actions.append(
+                SetStatus(
+                    claim.name,
+                    ClaimPhase.ACTIVATING,
+                    "AgentUnreachable",
+                    f"the runtime agent on {bound.pod.name} did not answer",
+                    bound.pod.name,
+                )
+            )
+            continue
+        engine = bound.engines.get(spec.model_name)
+        actions.append(Annotate(bound.pod.name, key, route_annotation(spec.model_name, engine)))
+        actions.append(_status_for(claim.name, bound.pod.name, engine))
+        if engine is None:
+            actions.append(Activate(claim.name, bound.pod.name, spec))
+    return actions
+
+
+def _status_for(claim: str, pod: str, engine: EngineInfo | None) -> SetStatus:
+    if engine is None:
+        return SetStatus(claim, ClaimPhase.LOADING, "Activating", "engine requested", pod)
+    if engine.phase == "active" and engine.ready:
+        return SetStatus(claim, ClaimPhase.ACTIVE, "Ready", "", pod, engine.port)
+    if engine.phase == "sleeping":
+        return SetStatus(claim, ClaimPhase.SLEEPING, "Sleeping", "", pod)
+    if engine.phase == "failed":
+        return SetStatus(claim, ClaimPhase.FAILED, "EngineFailed", engine.last_error or "", pod)
+    if engine.phase == "restarting":
+        return SetStatus(claim, ClaimPhase.ACTIVATING, "Restarting", engine.last_error or "", pod)
+    return SetStatus(claim, ClaimPhase.LOADING, "Loading", engine.phase, pod)
+
+
+def _delete(claim: ClaimState, bound: PodState | None, key: str) -> list[Action]:
+    """De-route first, then stop the engine, then let the object go."""
+    if bound is None:
+        return [ReleaseFinalizer(claim.name)]
+    model = claim.spec.model_name if claim.spec is not None else claim.name
+    actions: list[Action] = [Annotate(bound.pod.name, key, None)]
+    if model in bound.engines:
+        actions.append(Deactivate(claim.name, bound.pod.name, model))
+    elif bound.reachable:
+        actions.append(ReleaseFinalizer(claim.name))
+    return actions

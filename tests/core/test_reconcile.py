@@ -1,0 +1,102 @@
+import json
+
+import pytest
+
+from turnout.core.claims import POOL_LABEL, ClaimPhase, PodView, parse_claim_spec
+from turnout.core.reconcile import (
+    Activate,
+    Annotate,
+    ClaimState,
+    Deactivate,
+    EngineInfo,
+    PodState,
+    ReleaseFinalizer,
+    SetStatus,
+    plan,
+    route_annotation,
+)
+
+SPEC = parse_claim_spec("qwen", {"podSelector": {"matchLabels": {"pool": "a"}}, "artifactURL": "hf://q"})
+KEY = "modelclaim.aibrix.ai/qwen"
+
+
+def pod(name: str = "p1", **kw: object) -> PodView:
+    base: dict[str, object] = {
+        "labels": {"pool": "a", POOL_LABEL: "true"},
+        "running": True,
+        "address": "10.0.0.1",
+        "gpus": 1,
+    }
+    base.update(kw)
+    return PodView(name=name, **base)  # type: ignore[arg-type]
+
+
+def statuses(actions: list[object]) -> list[tuple[ClaimPhase, str]]:
+    return [(a.phase, a.reason) for a in actions if isinstance(a, SetStatus)]
+
+
+def test_unbound_claim_is_placed_on_the_best_pod() -> None:
+    actions = plan([ClaimState("qwen", SPEC)], [PodState(pod("p1", models=2)), PodState(pod("p2"))])
+    assert Activate("qwen", "p2", SPEC) in actions
+    assert statuses(actions) == [(ClaimPhase.SCHEDULING, "Scheduled")]
+    assert Annotate("p2", KEY, '{"model":"qwen","port":0,"state":"pending"}') in actions
+
+
+def test_no_candidate_is_pending_with_the_reason() -> None:
+    actions = plan([ClaimState("qwen", SPEC)], [PodState(pod(running=False))])
+    [status] = [a for a in actions if isinstance(a, SetStatus)]
+    assert status.phase is ClaimPhase.PENDING and "running" in status.message
+
+
+def test_invalid_spec_fails() -> None:
+    [status] = plan([ClaimState("qwen", None, invalid="replicas must be 1")], [PodState(pod())])
+    assert isinstance(status, SetStatus) and status.phase is ClaimPhase.FAILED and status.reason == "InvalidSpec"
+
+
+@pytest.mark.parametrize(
+    ("engine", "phase", "port"),
+    [
+        (EngineInfo("booting", False, 30001), ClaimPhase.LOADING, 0),
+        (EngineInfo("active", True, 30001), ClaimPhase.ACTIVE, 30001),
+        (EngineInfo("active", False, 30001), ClaimPhase.LOADING, 0),
+        (EngineInfo("sleeping", False, 30001), ClaimPhase.SLEEPING, 0),
+        (EngineInfo("restarting", False, 30001, "exit 1"), ClaimPhase.ACTIVATING, 0),
+        (EngineInfo("failed", False, 30001, "exit 1"), ClaimPhase.FAILED, 0),
+    ],
+)
+def test_bound_claim_follows_its_engine(engine: EngineInfo, phase: ClaimPhase, port: int) -> None:
+    actions = plan([ClaimState("qwen", SPEC, bound_pod="p1")], [PodState(pod(), {"qwen": engine})])
+    [status] = [a for a in actions if isinstance(a, SetStatus)]
+    assert status.phase is phase
+    [note] = [a for a in actions if isinstance(a, Annotate)]
+    assert json.loads(note.value or "") == {"model": "qwen", "port": port, "state": engine.phase}
+    assert not any(isinstance(a, Activate) for a in actions)
+
+
+def test_missing_engine_is_activated_again() -> None:
+    actions = plan([ClaimState("qwen", SPEC, bound_pod="p1")], [PodState(pod())])
+    assert Activate("qwen", "p1", SPEC) in actions
+
+
+def test_pod_gone_reschedules() -> None:
+    actions = plan([ClaimState("qwen", SPEC, bound_pod="gone")], [PodState(pod("p2"))])
+    assert Activate("qwen", "p2", SPEC) in actions
+
+
+def test_unreachable_agent_keeps_the_binding() -> None:
+    actions = plan([ClaimState("qwen", SPEC, bound_pod="p1")], [PodState(pod(), reachable=False)])
+    assert statuses(actions) == [(ClaimPhase.ACTIVATING, "AgentUnreachable")]
+
+
+def test_deletion_deroutes_then_stops_then_releases() -> None:
+    running = {"qwen": EngineInfo("active", True, 30001)}
+    first = plan([ClaimState("qwen", SPEC, bound_pod="p1", deleting=True)], [PodState(pod(), running)])
+    assert first == [Annotate("p1", KEY, None), Deactivate("qwen", "p1", "qwen")]
+    second = plan([ClaimState("qwen", SPEC, bound_pod="p1", deleting=True)], [PodState(pod())])
+    assert second == [Annotate("p1", KEY, None), ReleaseFinalizer("qwen")]
+    assert plan([ClaimState("qwen", SPEC, deleting=True)], []) == [ReleaseFinalizer("qwen")]
+
+
+def test_route_annotation() -> None:
+    assert route_annotation("m", EngineInfo("active", True, 9)) == '{"model":"m","port":9,"state":"active"}'
+    assert route_annotation("m", None) == '{"model":"m","port":0,"state":"pending"}'
