@@ -201,3 +201,26 @@ def test_endpoint_commands(tmp_path: Path) -> None:
         "endpoint.change",
         "endpoint.register",
     ]
+
+
+def test_claim_commands(tmp_path: Path) -> None:
+    claim = tmp_path / "claim.yaml"
+    claim.write_text(
+        "kind: ModelClaim\nmetadata: {name: qwen}\nspec:\n  podSelector: {matchLabels: {pool: a}}\n"
+        "  artifactURL: hf://Qwen/Qwen3-8B\n"
+    )
+    d = ["--data-dir", str(tmp_path / "data")]
+    applied = run(["claim", "apply", "-f", str(claim), *d], tmp_path)
+    assert applied.returncode == 0 and "modelclaim/qwen configured" in applied.stdout
+    assert "qwen" in run(["claim", "list", *d], tmp_path).stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "kind: ModelClaim\nmetadata: {name: x}\nspec: {podSelector: {matchLabels: {a: b}}, "
+        "artifactURL: hf://x, engineConfig: {args: {--gpu-memory-utilization: '0.9'}}}\n"
+    )
+    refused = run(["claim", "apply", "-f", str(bad), *d], tmp_path)
+    assert refused.returncode == 2 and "gpu-memory-utilization" in refused.stderr
+    assert "x " not in run(["claim", "list", *d], tmp_path).stdout
+    assert run(["claim", "delete", "qwen", *d], tmp_path).returncode == 0
+    assert "Deleting" in run(["claim", "list", *d], tmp_path).stdout
+    assert run(["claim", "delete", "nope", *d], tmp_path).returncode == 2

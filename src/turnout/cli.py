@@ -141,6 +141,87 @@ def agent(
     web.run_app(application, host=host, port=port, print=None, access_log=None)
 
 
+claim_app = typer.Typer(no_args_is_help=True, help="ModelClaims for the local controller.")
+app.add_typer(claim_app, name="claim")
+DataDirOption = Annotated[Path, typer.Option("--data-dir", help="where claims and their status live")]
+
+
+@claim_app.command("apply")
+def claim_apply(
+    file: Annotated[Path, typer.Option("-f", "--file", help="ModelClaim YAML or JSON (several documents allowed)")],
+    data_dir: DataDirOption = Path("turnout-data"),
+) -> None:
+    """Create or update claims; refused whole (nothing written) when any document is invalid."""
+    from turnout.controller.local import ClaimFiles, load_claim_documents
+    from turnout.core.claims import InvalidClaim
+
+    try:
+        docs = load_claim_documents(file.read_text())
+    except (OSError, InvalidClaim, ValueError) as exc:
+        _fail(f"{file}: {exc}")
+        return
+    files = ClaimFiles(data_dir)
+    for doc in docs:
+        typer.echo(f"modelclaim/{files.apply(doc)} configured")
+
+
+@claim_app.command("list")
+def claim_list(data_dir: DataDirOption = Path("turnout-data")) -> None:
+    """Claims with their phase, pod and port."""
+    from turnout.controller.local import ClaimFiles
+
+    files = ClaimFiles(data_dir)
+    statuses = files.statuses()
+    typer.echo(f"{'NAME':24} {'PHASE':12} {'POD':16} {'PORT':>6}  REASON")
+    for doc in files.all():
+        name = doc["metadata"]["name"]
+        st = statuses.get(name, {})
+        phase = "Deleting" if doc.get("deleting") else st.get("phase", "Pending")
+        typer.echo(
+            f"{name:24} {phase:12} {st.get('pod') or '-'!s:16} {st.get('port', 0):>6}  {st.get('reason', '')}"
+        )
+
+
+@claim_app.command("delete")
+def claim_delete(name: str, data_dir: DataDirOption = Path("turnout-data")) -> None:
+    """Mark a claim deleted; the controller de-routes it, stops its engine, then forgets it."""
+    from turnout.controller.local import ClaimFiles
+
+    if not ClaimFiles(data_dir).mark_deleted(name):
+        _fail(f'no claim "{name}" in {data_dir}')
+    typer.echo(f"modelclaim/{name} deleting")
+
+
+@app.command()
+def controller(
+    pools: Annotated[Path, typer.Option(help='JSON list of pools: [{"name","agent_url","address","gpus","labels"}]')],
+    data_dir: DataDirOption = Path("turnout-data"),
+    interval: Annotated[float, typer.Option(help="seconds between reconcile ticks")] = 2.0,
+    log_level: Annotated[str, typer.Option()] = "info",
+) -> None:
+    """Run the local ModelClaim controller against runtime agents."""
+    import asyncio
+
+    from turnout.controller.local import ClaimFiles, LocalController, load_pools
+    from turnout.upstream.client import UpstreamClient
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        pool_list = load_pools(pools)
+    except (OSError, ValueError, KeyError) as exc:
+        _fail(f"{pools}: {exc}")
+        return
+
+    async def main() -> None:
+        client = UpstreamClient(connect_timeout_s=3, total_timeout_s=30)
+        try:
+            await LocalController(ClaimFiles(data_dir), pool_list, client).run(interval)
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
 @config_app.command("check")
 def config_check(config: ConfigOption = None) -> None:
     """Validate a config file without starting anything (exit 2 when invalid)."""

@@ -1,0 +1,102 @@
+"""The local ModelClaim controller against a real runtime agent running real llama.cpp engines."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from tests.conftest import free_port
+from turnout.controller.local import ClaimFiles, LocalController, Pool, load_claim_documents
+from turnout.core.claims import POOL_LABEL, ClaimPhase, InvalidClaim
+from turnout.runtime.agent import SUPERVISOR, create_agent_app
+from turnout.upstream.client import UpstreamClient
+
+CLAIM = """
+apiVersion: model.aibrix.ai/v1alpha1
+kind: ModelClaim
+metadata: {name: tiny-claim}
+spec:
+  modelName: tiny
+  podSelector: {matchLabels: {pool: cpu}}
+  artifactURL: file://MODEL
+  engine: llamacpp
+  engineConfig: {args: {"--n_ctx": "256"}}
+---
+apiVersion: model.aibrix.ai/v1alpha1
+kind: ModelClaim
+metadata: {name: nowhere}
+spec:
+  podSelector: {matchLabels: {pool: gpu}}
+  artifactURL: hf://org/big
+"""
+
+
+@pytest.fixture
+async def controller(tmp_path: Path) -> AsyncIterator[tuple[LocalController, web.AppRunner]]:
+    low = free_port()
+    app = create_agent_app(
+        registry_path=tmp_path / "engines.json",
+        log_dir=tmp_path / "logs",
+        port_range=(low, low + 20),
+        backoff_base_s=0.05,
+    )
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    client = UpstreamClient(connect_timeout_s=2, total_timeout_s=30)
+    pool = Pool("cpu-0", f"http://127.0.0.1:{port}", "127.0.0.1", 1, {"pool": "cpu", POOL_LABEL: "true"})
+    ctl = LocalController(ClaimFiles(tmp_path / "data"), [pool], client)
+    yield ctl, runner
+    await runner.app[SUPERVISOR].stop_all()
+    await runner.cleanup()
+    await client.close()
+
+
+async def tick_until(ctl: LocalController, claim: str, phase: ClaimPhase | None, limit_s: float = 60) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        await ctl.tick()
+        if ctl.phase(claim) is phase:
+            return
+    raise AssertionError(f"{claim} is {ctl.phase(claim)}, wanted {phase}")
+
+
+async def test_claim_lifecycle(controller: tuple[LocalController, web.AppRunner], tiny_model: Path) -> None:
+    ctl, agent = controller
+    for doc in load_claim_documents(CLAIM.replace("MODEL", str(tiny_model))):
+        ctl.files.apply(doc)
+    await tick_until(ctl, "tiny-claim", ClaimPhase.ACTIVE)
+    status = ctl.files.statuses()
+    assert status["tiny-claim"]["pod"] == "cpu-0" and status["tiny-claim"]["port"] > 0
+    note = json.loads(ctl.annotations["cpu-0"]["modelclaim.aibrix.ai/tiny-claim"])
+    assert note == {"model": "tiny", "port": status["tiny-claim"]["port"], "state": "active"}
+    assert status["nowhere"]["phase"] == "Pending" and "podSelector" in status["nowhere"]["message"]
+
+    ctl.files.mark_deleted("tiny-claim")
+    await tick_until(ctl, "tiny-claim", None)  # de-routed, engine stopped, then forgotten
+    assert "modelclaim.aibrix.ai/tiny-claim" not in ctl.annotations["cpu-0"]
+    assert agent.app[SUPERVISOR].engines == {}
+    assert [d["metadata"]["name"] for d in ctl.files.all()] == ["nowhere"]
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("kind: Pod\nmetadata: {name: x}\n", "kind must be ModelClaim"),
+        ("kind: ModelClaim\nmetadata: {}\nspec: {}\n", "metadata.name"),
+        (
+            "kind: ModelClaim\nmetadata: {name: x}\nspec: {podSelector: {matchLabels: {a: b}}, artifactURL: hf://x, "
+            "replicas: 3}\n",
+            "replicas must be 1",
+        ),
+    ],
+)
+def test_bad_claim_documents(text: str, fragment: str) -> None:
+    with pytest.raises(InvalidClaim, match=fragment):
+        load_claim_documents(text)
