@@ -177,9 +177,7 @@ def claim_list(data_dir: DataDirOption = Path("turnout-data")) -> None:
         name = doc["metadata"]["name"]
         st = statuses.get(name, {})
         phase = "Deleting" if doc.get("deleting") else st.get("phase", "Pending")
-        typer.echo(
-            f"{name:24} {phase:12} {st.get('pod') or '-'!s:16} {st.get('port', 0):>6}  {st.get('reason', '')}"
-        )
+        typer.echo(f"{name:24} {phase:12} {st.get('pod') or '-'!s:16} {st.get('port', 0):>6}  {st.get('reason', '')}")
 
 
 @claim_app.command("delete")
