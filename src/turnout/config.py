@@ -165,6 +165,21 @@ class Auth(_Model):
     )
 
 
+class PoolAgent(_Model):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    agent_url: AnyHttpUrl = Field(description="the pod's runtime agent (turnout agent)")
+    address: str = Field("127.0.0.1", description="address engines on this pod are reached at")
+    gpus: int = Field(1, ge=1)
+    labels: dict[str, str] = Field(default_factory=dict, description="matched by ModelClaim podSelector")
+
+
+class Pools(_Model):
+    """GPU runtime pools driven by the in-process local ModelClaim controller (claims in the data dir)."""
+
+    agents: list[PoolAgent] = Field(default_factory=list)
+    interval_s: float = Field(2.0, gt=0, description="seconds between reconcile ticks")
+
+
 class Tenant(_Model):
     max_concurrent: int | None = Field(None, ge=1, description="requests in flight for all of this tenant's keys")
     weight: int = Field(1, ge=1, le=100, description="share of the routing queue relative to other tenants")
@@ -219,6 +234,7 @@ class Settings(_Model):
     limits: Limits = Field(default_factory=Limits)
     auth: Auth = Field(default_factory=Auth)
     tenants: dict[str, Tenant] = Field(default_factory=dict)
+    pools: Pools | None = Field(None, description="run the local ModelClaim controller inside the gateway")
     workers: list[Worker] = Field(default_factory=list)
 
     # Filled by the loader, not by the file.

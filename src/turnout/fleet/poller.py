@@ -35,7 +35,8 @@ class Poller:
         self._task: asyncio.Task[None] | None = None
 
     async def poll_all(self) -> None:
-        workers = [s for s in self.fleet.workers.values() if s.external is None]  # endpoints: fleet.endpoints
+        # endpoints and claim bindings have their own health (fleet.endpoints, fleet.claims)
+        workers = [s for s in self.fleet.workers.values() if s.external is None and s.claim is None]
         await asyncio.gather(*(self.poll(state) for state in workers))
         self.fleet.placement.refresh()
         if self.on_change is not None:

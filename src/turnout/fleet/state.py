@@ -54,6 +54,7 @@ class WorkerState:
     gpu_memory: float | None = None
     offload: float | None = None
     external: External | None = None
+    claim: str | None = None  # set for a ModelClaim binding (an engine on a GPU pool pod)
     # Derived once from the config: read on every request, so never recomputed there.
     base_url: str = field(init=False)
     baseline: PlacementRules = field(init=False)
@@ -90,6 +91,7 @@ class Fleet:
         self.placement = placement
         self.workers: dict[str, WorkerState] = {w.name: WorkerState(w) for w in settings.workers}
         self.endpoints = 0  # how many external endpoints are in ``workers`` (kept by the endpoint manager)
+        self.bindings: dict[str, WorkerState] = {}  # model name -> its claim's engine (kept by the claim bindings)
 
     def rules(self, name: str) -> tuple[PlacementRules, str]:
         """Effective rules for a worker and their source: ``override`` or ``config``."""
@@ -101,11 +103,11 @@ class Fleet:
     def views(self, model: str) -> list[WorkerView]:
         """Views of the workers that may serve ``model``: its endpoint alone for "<endpoint>/<model>",
         otherwise the fleet's own workers (endpoints never serve un-namespaced names)."""
-        endpoint = self.endpoint_for(model)
+        endpoint = self.endpoint_for(model) or self.bindings.get(model)
         if endpoint is not None:
             candidates = [endpoint]
-        elif self.endpoints:
-            candidates = [s for s in self.workers.values() if s.external is None]
+        elif self.endpoints or self.bindings:
+            candidates = [s for s in self.workers.values() if s.external is None and s.claim is None]
         else:
             candidates = list(self.workers.values())
         out = []

@@ -17,7 +17,9 @@ from turnout.admin.api import add_admin_routes
 from turnout.admin.auth import AdminAuth
 from turnout.admin.endpoints_api import add_endpoint_routes
 from turnout.config import Settings
+from turnout.controller.local import ClaimFiles, LocalController, Pool
 from turnout.errors import NotFound, TurnoutError
+from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.endpoints import EndpointManager
 from turnout.fleet.poller import Poller
 from turnout.fleet.state import Fleet
@@ -116,6 +118,16 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "workers": len(fleet.workers), "healthy_workers": up})
 
 
+def _claim_bindings(settings: Settings, fleet: Fleet, client: UpstreamClient) -> ClaimBindings | None:
+    if settings.pools is None:
+        return None
+    pools = [
+        Pool(a.name, str(a.agent_url).rstrip("/"), a.address, a.gpus, dict(a.labels)) for a in settings.pools.agents
+    ]
+    controller = LocalController(ClaimFiles(settings.data_dir), pools, client)
+    return ClaimBindings(fleet, controller, client, settings.pools.interval_s)
+
+
 def create_app(settings: Settings, *, admin_token: str) -> web.Application:
     """Build the gateway. Raises PlacementFileError if the override file is unusable, StoreError if the
     database cannot be opened or migrated."""
@@ -158,6 +170,10 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
     app[ACCOUNTANT] = accountant
     app[SIGNINS] = AdminSignIns()
     app[ENDPOINTS] = endpoints
+    claims = _claim_bindings(settings, fleet, client)
+    if claims is not None:
+        claims.on_change = dispatcher.wake_all
+        app[PROXY].claims = claims
     add_client_routes(app)
     add_admin_routes(app)
     add_account_routes(app)
@@ -171,7 +187,11 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
         await poller.poll_all()
         poller.start()
         await endpoints.start()
+        if claims is not None:
+            claims.start()
         yield
+        if claims is not None:
+            await claims.stop()
         await endpoints.stop()
         await poller.stop()
         await accountant.close()

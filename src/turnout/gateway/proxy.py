@@ -26,6 +26,7 @@ from turnout.core.endpoint_health import EndpointState
 from turnout.core.routing import NoRoute
 from turnout.core.signals import tokens_per_second
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
+from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.calls import Call, Endpoint
@@ -59,10 +60,13 @@ class Proxy:
         self.dispatcher = dispatcher
         self.client = client
         self.metrics = metrics
+        self.claims: ClaimBindings | None = None  # set when GPU pools are configured
 
     async def serve(self, request: web.Request, call: Call, outcome: Outcome, tenant: str = "") -> web.StreamResponse:
         if call.endpoint is Endpoint.SHOW:
             return await self._show(call)
+        if self.claims is not None:
+            self.claims.gate(call.model)  # 503 for a claimed model that is asleep, activating or failed
         endpoint = self.fleet.endpoint_for(call.model)
         fallback = None if endpoint is None or endpoint.external is None else endpoint.external.fallback_model
         if fallback is None or call.fallback_from is not None:

@@ -1,0 +1,115 @@
+"""Gateway + in-process local controller + real agent + real llama.cpp: routing by claim phase."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.conftest import Gateway, GatewayFactory, free_port
+from turnout.controller.local import ClaimFiles, load_claim_documents
+from turnout.runtime.agent import SUPERVISOR, create_agent_app
+
+CLAIM = """
+kind: ModelClaim
+metadata: {name: NAME}
+spec:
+  modelName: NAME
+  podSelector: {matchLabels: {pool: cpu}}
+  artifactURL: file://MODEL
+  engine: llamacpp
+  engineConfig: {args: {"--n_ctx": "256"}}
+"""
+
+
+@pytest.fixture
+async def agent_url(tmp_path: Path) -> AsyncIterator[tuple[str, web.AppRunner]]:
+    low = free_port()
+    app = create_agent_app(
+        registry_path=tmp_path / "agent" / "engines.json",
+        log_dir=tmp_path / "agent" / "logs",
+        port_range=(low, low + 20),
+        backoff_base_s=0.05,
+    )
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield f"http://127.0.0.1:{port}", runner
+    await runner.app[SUPERVISOR].stop_all()
+    await runner.cleanup()
+
+
+async def chat(gw: Gateway, model: str) -> tuple[int, dict[str, str]]:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with aiohttp.ClientSession() as http, http.post(f"{gw.url}/v1/chat/completions", json=body) as r:
+        await r.read()
+        return r.status, dict(r.headers)
+
+
+async def until_status(gw: Gateway, model: str, status: int, limit_s: float = 60) -> dict[str, str]:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        got, headers = await chat(gw, model)
+        if got == status:
+            return headers
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{model} never answered {status}")
+
+
+async def test_claims_route_sleep_wake_and_fail(
+    agent_url: tuple[str, web.AppRunner], gateway: GatewayFactory, tiny_model: Path, tmp_path: Path
+) -> None:
+    url, agent = agent_url
+    gw = await gateway(
+        [],
+        pools={
+            "agents": [
+                {"name": "cpu-0", "agent_url": url, "labels": {"pool": "cpu", "pool.aibrix.ai/enabled": "true"}}
+            ],
+            "interval_s": 0.2,
+        },
+    )
+    files = ClaimFiles(gw.settings.data_dir)
+    for name, model in (("alpha", tiny_model), ("broken", tmp_path / "missing.gguf")):
+        for doc in load_claim_documents(CLAIM.replace("NAME", name).replace("MODEL", str(model))):
+            files.apply(doc)
+    # within a tick the claim is known: 503 with Retry-After while it activates, then the engine is routable
+    deadline = time.monotonic() + 5
+    status, headers = await chat(gw, "alpha")
+    while status != 200 and "Retry-After" not in headers and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        status, headers = await chat(gw, "alpha")
+    assert status == 200 or headers["Retry-After"] == "5"
+    await until_status(gw, "alpha", 200)
+    async with aiohttp.ClientSession() as http, http.get(f"{gw.url}/v1/models") as r:
+        assert "alpha" in [m["id"] for m in (await r.json())["data"]]
+
+    # the engine goes to sleep: requests get 503 Retry-After: 10 and exactly one wake happens
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{url}/v1/runtime/models/sleep", json={"model_name": "alpha", "level": 1}) as r,
+    ):
+        assert r.status == 200
+    headers = await until_status(gw, "alpha", 503)
+    assert headers["Retry-After"] == "10"
+    results = await asyncio.gather(*(chat(gw, "alpha") for _ in range(10)))
+    assert all(s in (200, 503) for s, _ in results)
+    await until_status(gw, "alpha", 200)
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as r:
+        text = await r.text()
+    assert 'aibrix:modelclaim_lifecycle_operations_total{operation="wake",result="ok"} 1.0' in text
+
+    # a claim whose engine keeps crashing ends Failed: 503 without Retry-After
+    headers = await until_status(gw, "broken", 503)
+    deadline = time.monotonic() + 60
+    while "Retry-After" in headers and time.monotonic() < deadline:
+        await asyncio.sleep(0.3)
+        _, headers = await chat(gw, "broken")
+    assert "Retry-After" not in headers
+    assert agent.app[SUPERVISOR].engines["broken"].phase == "failed"
