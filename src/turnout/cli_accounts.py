@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -26,7 +26,7 @@ from turnout.store.keys import KeyStore, parse_scopes
 from turnout.store.secrets import SecretError
 from turnout.store.usage import UsageStore
 
-__all__ = ["DEFAULT_CONFIG", "ConfigOption", "cli_actor", "fail", "key_app", "open_store", "register"]
+__all__ = ["DEFAULT_CONFIG", "ConfigOption", "cli_actor", "cli_audit", "fail", "key_app", "open_store", "register"]
 
 key_app = typer.Typer(no_args_is_help=True, help="Create, list, revoke and rotate API keys.")
 DEFAULT_CONFIG = Path("turnout-data") / CONFIG_FILE_NAME
@@ -55,6 +55,11 @@ def open_store(config: Path) -> Iterator[tuple[Settings, Database]]:
         db.close()
 
 
+def cli_audit(db: Database, **entry: Any) -> None:
+    """Append an audit entry made from the command line (actor ``cli:<user>``)."""
+    AuditLog(db).record(actor=cli_actor(), **entry)
+
+
 def cli_actor() -> str:
     try:
         return f"cli:{getpass.getuser()}"
@@ -80,9 +85,7 @@ def key_create(
         record, plaintext = KeyStore(db).create(
             app=app, tenant=tenant, scopes=scopes, rpm=rpm, daily_tokens=daily_tokens, expires_at=expires_at, now=now
         )
-        AuditLog(db).record(
-            actor=cli_actor(), action="key.create", target=f"key:{record.prefix}", after=record.to_json(), now=now
-        )
+        cli_audit(db, action="key.create", target=f"key:{record.prefix}", after=record.to_json(), now=now)
     typer.echo(plaintext)
     typer.echo(f"key {record.prefix} for app {record.app} (tenant {record.tenant}); shown only once", err=True)
 
@@ -114,8 +117,8 @@ def key_revoke(
     now = time.time()
     with open_store(config) as (_, db):
         before, after = KeyStore(db).revoke(ref, now=now)
-        AuditLog(db).record(
-            actor=cli_actor(),
+        cli_audit(
+            db,
             action="key.revoke",
             target=f"key:{after.prefix}",
             before=before.to_json(),
@@ -138,8 +141,8 @@ def key_rotate(
     with open_store(config) as (settings, db):
         grace_s = settings.auth.rotate_grace_s if grace is None else grace
         old, new, plaintext = KeyStore(db).rotate(ref, grace_s=grace_s, now=now)
-        AuditLog(db).record(
-            actor=cli_actor(),
+        cli_audit(
+            db,
             action="key.rotate",
             target=f"key:{old.prefix}",
             before=old.to_json(),

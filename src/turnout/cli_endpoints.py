@@ -15,10 +15,9 @@ from typing import Annotated
 import typer
 
 from turnout.admin.endpoints_api import endpoint_key
-from turnout.cli_accounts import DEFAULT_CONFIG, ConfigOption, cli_actor, fail, open_store
+from turnout.cli_accounts import DEFAULT_CONFIG, ConfigOption, cli_audit, fail, open_store
 from turnout.config import Settings
 from turnout.fleet.endpoints import Probe, probe
-from turnout.store.audit import AuditLog
 from turnout.store.endpoints import EndpointStore
 from turnout.store.keys import KeyStore
 from turnout.store.secrets import SecretBox
@@ -92,9 +91,7 @@ def add(
             now=now,
         )
         key_record, key = endpoint_key(KeyStore(db), name, now)
-        AuditLog(db).record(
-            actor=cli_actor(), action="endpoint.register", target=f"endpoint:{name}", after=record.to_json(), now=now
-        )
+        cli_audit(db, action="endpoint.register", target=f"endpoint:{name}", after=record.to_json(), now=now)
         result = _probe(settings, record.url, record.api, credential)
     typer.echo(key)
     typer.echo(
@@ -148,8 +145,8 @@ def set_endpoint(
         if not changes:
             fail("nothing to change: give --url, --api, --credential-from-env, --fallback-model or --latency-budget-ms")
         before, after = EndpointStore(db).update(name, changes, now=now)
-        AuditLog(db).record(
-            actor=cli_actor(),
+        cli_audit(
+            db,
             action="endpoint.change",
             target=f"endpoint:{name}",
             before=before.to_json(),
@@ -165,7 +162,5 @@ def remove(name: str, config: ConfigOption = DEFAULT_CONFIG) -> None:
     now = time.time()
     with open_store(config) as (_, db):
         record = EndpointStore(db).remove(name)
-        AuditLog(db).record(
-            actor=cli_actor(), action="endpoint.remove", target=f"endpoint:{name}", before=record.to_json(), now=now
-        )
+        cli_audit(db, action="endpoint.remove", target=f"endpoint:{name}", before=record.to_json(), now=now)
     typer.echo(f"removed {name}")

@@ -8,7 +8,7 @@ import signal
 import struct
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.conftest import free_port
-from turnout.runtime.agent import SUPERVISOR, create_agent_app
+from tests.runtime.conftest import AgentStarter
+from turnout.runtime.agent import SUPERVISOR
 
 
 class Agent:
@@ -46,30 +46,12 @@ AgentFactory = Callable[[], Awaitable[Agent]]
 
 
 @pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
-    started: list[Agent] = []
-    low = free_port()
-
+def agent(start_agent: AgentStarter) -> AgentFactory:
     async def make() -> Agent:
-        app = create_agent_app(
-            registry_path=tmp_path / "engines.json",
-            log_dir=tmp_path / "logs",
-            port_range=(low, low + 20),
-            backoff_base_s=0.05,
-        )
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        a = Agent(f"http://127.0.0.1:{port}", runner)
-        started.append(a)
-        return a
+        url, runner = await start_agent()
+        return Agent(url, runner)
 
-    yield make
-    if started:
-        await started[-1].runner.app[SUPERVISOR].stop_all()
-    for a in started:
-        await a.runner.cleanup()
+    return make
 
 
 def activate_body(name: str, model: Path, **extra: Any) -> dict[str, Any]:

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-import pytest
-from aiohttp import web
 
-from tests.conftest import Gateway, GatewayFactory, free_port
+from tests.conftest import Gateway, GatewayFactory
+from tests.runtime.conftest import AgentStarter
 from turnout.controller.local import ClaimFiles, load_claim_documents
-from turnout.runtime.agent import SUPERVISOR, create_agent_app
+from turnout.runtime.agent import SUPERVISOR
 
 CLAIM = """
 kind: ModelClaim
@@ -25,24 +23,6 @@ spec:
   engine: llamacpp
   engineConfig: {args: {"--n_ctx": "256"}}
 """
-
-
-@pytest.fixture
-async def agent_url(tmp_path: Path) -> AsyncIterator[tuple[str, web.AppRunner]]:
-    low = free_port()
-    app = create_agent_app(
-        registry_path=tmp_path / "agent" / "engines.json",
-        log_dir=tmp_path / "agent" / "logs",
-        port_range=(low, low + 20),
-        backoff_base_s=0.05,
-    )
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield f"http://127.0.0.1:{port}", runner
-    await runner.app[SUPERVISOR].stop_all()
-    await runner.cleanup()
 
 
 async def chat(gw: Gateway, model: str) -> tuple[int, dict[str, str]]:
@@ -63,9 +43,9 @@ async def until_status(gw: Gateway, model: str, status: int, limit_s: float = 60
 
 
 async def test_claims_route_sleep_wake_and_fail(
-    agent_url: tuple[str, web.AppRunner], gateway: GatewayFactory, tiny_model: Path, tmp_path: Path
+    start_agent: AgentStarter, gateway: GatewayFactory, tiny_model: Path, tmp_path: Path
 ) -> None:
-    url, agent = agent_url
+    url, agent = await start_agent()
     gw = await gateway(
         [],
         pools={

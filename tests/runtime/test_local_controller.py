@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from tests.conftest import free_port
+from tests.runtime.conftest import AgentStarter
 from turnout.controller.local import ClaimFiles, LocalController, Pool, load_claim_documents
 from turnout.core.claims import POOL_LABEL, ClaimPhase, InvalidClaim
-from turnout.runtime.agent import SUPERVISOR, create_agent_app
+from turnout.runtime.agent import SUPERVISOR
 from turnout.upstream.client import UpstreamClient
 
 CLAIM = """
@@ -37,24 +37,11 @@ spec:
 
 
 @pytest.fixture
-async def controller(tmp_path: Path) -> AsyncIterator[tuple[LocalController, web.AppRunner]]:
-    low = free_port()
-    app = create_agent_app(
-        registry_path=tmp_path / "engines.json",
-        log_dir=tmp_path / "logs",
-        port_range=(low, low + 20),
-        backoff_base_s=0.05,
-    )
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+async def controller(start_agent: AgentStarter, tmp_path: Path) -> AsyncIterator[tuple[LocalController, web.AppRunner]]:
+    url, runner = await start_agent()
     client = UpstreamClient(connect_timeout_s=2, total_timeout_s=30)
-    pool = Pool("cpu-0", f"http://127.0.0.1:{port}", "127.0.0.1", 1, {"pool": "cpu", POOL_LABEL: "true"})
-    ctl = LocalController(ClaimFiles(tmp_path / "data"), [pool], client)
-    yield ctl, runner
-    await runner.app[SUPERVISOR].stop_all()
-    await runner.cleanup()
+    pool = Pool("cpu-0", url, "127.0.0.1", 1, {"pool": "cpu", POOL_LABEL: "true"})
+    yield LocalController(ClaimFiles(tmp_path / "data"), [pool], client), runner
     await client.close()
 
 
