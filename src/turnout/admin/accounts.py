@@ -17,6 +17,7 @@ from aiohttp import web
 
 from turnout.core.patterns import PatternError
 from turnout.errors import BadRequest, NotFound, TurnoutError
+from turnout.gateway.dialect import json_response
 from turnout.gateway.keys import ACCOUNTANT, AUDIT, KEYS, SETTINGS, USAGE
 from turnout.store.db import StoreError
 from turnout.store.keys import parse_scopes
@@ -32,10 +33,6 @@ __all__ = [
 ]
 
 ADMIN_ACTOR = "admin-api"
-
-
-def json_response(obj: object, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
 
 
 def parse_when(value: str | None, now: float, *, future: bool = False) -> float | None:

@@ -16,6 +16,7 @@ from turnout.core.placement import PlacementRules, resolve_placement, toggle_rul
 from turnout.core.routing import installed_name
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
 from turnout.fleet.state import Fleet, WorkerState
+from turnout.gateway.dialect import json_response
 from turnout.gateway.keys import DISPATCHER, FLEET
 from turnout.state.placement_store import PlacementFileError, parse_rules_body
 
@@ -26,10 +27,6 @@ class Unprocessable(TurnoutError):
     status = 422
     code = "invalid_rules"
     type = "invalid_request_error"
-
-
-def _json(obj: object, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
 
 
 def _worker(fleet: Fleet, request: web.Request) -> WorkerState:
@@ -87,7 +84,7 @@ def placement_matrix(fleet: Fleet) -> dict[str, Any]:
 
 
 async def get_placement(request: web.Request) -> web.Response:
-    return _json(placement_matrix(request.app[FLEET]))
+    return json_response(placement_matrix(request.app[FLEET]))
 
 
 async def put_placement(request: web.Request) -> web.Response:
@@ -102,7 +99,7 @@ async def put_placement(request: web.Request) -> web.Response:
     _store(fleet, lambda: fleet.placement.put(state.name, rules))
     request.app[DISPATCHER].wake_all()
     await _audit_rules(request, "placement.put", state.name, before)
-    return _json({"worker": state.name, "source": "override", "rules": rules.to_json()})
+    return json_response({"worker": state.name, "source": "override", "rules": rules.to_json()})
 
 
 async def toggle_placement(request: web.Request) -> web.Response:
@@ -119,7 +116,7 @@ async def toggle_placement(request: web.Request) -> web.Response:
     request.app[DISPATCHER].wake_all()
     await _audit_rules(request, "placement.toggle", state.name, before, detail=model)
     verdict = resolve_placement(updated, model)
-    return _json(
+    return json_response(
         {
             "worker": state.name,
             "model": model,
@@ -140,7 +137,7 @@ async def delete_placement(request: web.Request) -> web.Response:
     if removed:
         await _audit_rules(request, "placement.delete", state.name, before)
     rules, source = fleet.rules(state.name)
-    return _json({"worker": state.name, "removed": bool(removed), "source": source, "rules": rules.to_json()})
+    return json_response({"worker": state.name, "removed": bool(removed), "source": source, "rules": rules.to_json()})
 
 
 async def _audit_rules(
@@ -167,7 +164,7 @@ def _store(fleet: Fleet, action: Any) -> Any:
 
 async def inventory(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
-    return _json(
+    return json_response(
         {
             "workers": [
                 {

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from turnout.errors import TurnoutError
 
-__all__ = ["Dialect", "error_frame", "error_response"]
+__all__ = ["Dialect", "error_frame", "error_response", "json_response"]
 
 
 class Dialect(StrEnum):
@@ -22,6 +22,11 @@ def error_body(dialect: Dialect, err: TurnoutError) -> bytes:
     if dialect is Dialect.OLLAMA:
         return orjson.dumps({"error": err.message})
     return orjson.dumps({"error": {"message": err.message, "type": err.type, "code": err.code}})
+
+
+def json_response(obj: object, status: int = 200) -> web.Response:
+    """A JSON answer (orjson); every handler that answers JSON uses this."""
+    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
 
 
 def error_response(dialect: Dialect, err: TurnoutError) -> web.Response:

@@ -31,7 +31,7 @@ from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.calls import Call, Endpoint
 from turnout.gateway.catalog import iso_time, unknown_details
-from turnout.gateway.dialect import Dialect, error_frame, error_response
+from turnout.gateway.dialect import Dialect, error_frame, error_response, json_response
 from turnout.gateway.dispatch import Dispatcher, Lease, no_route_error
 from turnout.metrics import Metrics
 from turnout.upstream.client import ConnectFailed, UpstreamClient, UpstreamResponse
@@ -382,7 +382,7 @@ def _decode(data: bytes, label: str) -> dict[str, Any]:
 
 
 def _json(obj: Any, status: int = 200, call: Call | None = None) -> web.Response:
-    response = web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+    response = json_response(obj, status)
     if call is not None and call.fallback_from is not None:
         response.headers["X-Fallback-From"] = call.fallback_from
     return response

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-import orjson
 from aiohttp import web
 
 from turnout import __version__
@@ -12,7 +11,7 @@ from turnout.errors import Forbidden, NotFound, TurnoutError
 from turnout.gateway.accounting import Outcome, Ticket
 from turnout.gateway.calls import Endpoint, read_call
 from turnout.gateway.catalog import ollama_ps, ollama_tags, openai_models
-from turnout.gateway.dialect import Dialect
+from turnout.gateway.dialect import Dialect, json_response
 from turnout.gateway.keys import ACCOUNTANT, FLEET, PROXY, SETTINGS
 
 __all__ = ["OLLAMA_COMPAT_VERSION", "add_client_routes"]
@@ -56,28 +55,24 @@ async def _visible_to(request: web.Request) -> Callable[[str], bool]:
     return (lambda _: True) if key is None else key.allows
 
 
-def _json(obj: object) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), content_type="application/json")
-
-
 async def list_models(request: web.Request) -> web.Response:
-    return _json(openai_models(request.app[FLEET], await _visible_to(request)))
+    return json_response(openai_models(request.app[FLEET], await _visible_to(request)))
 
 
 async def get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
     for entry in openai_models(request.app[FLEET], await _visible_to(request))["data"]:
         if entry["id"] == model_id:
-            return _json(entry)
+            return json_response(entry)
     raise NotFound(f'model "{model_id}" not found', code="model_not_found")
 
 
 async def tags(request: web.Request) -> web.Response:
-    return _json(ollama_tags(request.app[FLEET], await _visible_to(request)))
+    return json_response(ollama_tags(request.app[FLEET], await _visible_to(request)))
 
 
 async def ps(request: web.Request) -> web.Response:
-    return _json(ollama_ps(request.app[FLEET], await _visible_to(request)))
+    return json_response(ollama_ps(request.app[FLEET], await _visible_to(request)))
 
 
 async def version(request: web.Request) -> web.Response:

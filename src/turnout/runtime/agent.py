@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from turnout.core.runtime import ActivateRequest, EnginePhase, InvalidRequest
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
-from turnout.gateway.dialect import Dialect, error_response
+from turnout.gateway.dialect import Dialect, error_response, json_response
 from turnout.runtime.kvcached import apply_limit, read_usage
 from turnout.runtime.launch import cached_markers
 from turnout.runtime.supervisor import EngineRecord, Supervisor
@@ -30,10 +30,6 @@ __all__ = ["create_agent_app"]
 
 SUPERVISOR: web.AppKey[Supervisor] = web.AppKey("supervisor")
 _OPS_KEPT = 1000
-
-
-def _json(obj: object, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
 
 
 class _Operations:
@@ -98,7 +94,7 @@ def create_agent_app(
             op = body.get("operation_id")
             remembered = ops.get(op if isinstance(op, str) else None)
             if remembered is not None:
-                return _json(remembered[1], remembered[0])
+                return json_response(remembered[1], remembered[0])
             try:
                 result = await fn(body)
             except InvalidRequest as exc:
@@ -115,7 +111,7 @@ def create_agent_app(
                 return error_response(Dialect.ADMIN, Conflict(str(exc), code="engine_refused"))
             lifecycle.labels(name, "ok").inc()
             ops.put(op if isinstance(op, str) else None, 200, result)
-            return _json(result)
+            return json_response(result)
 
         return handler
 
@@ -162,10 +158,10 @@ def create_agent_app(
         return {"model_name": name, "kv_capacity_bytes": usage.total, "kv_used_bytes": usage.used + usage.prealloc}
 
     async def models(request: web.Request) -> web.Response:
-        return _json({"models": [describe(r) for r in supervisor.engines.values()]})
+        return json_response({"models": [describe(r) for r in supervisor.engines.values()]})
 
     async def snapshot(request: web.Request) -> web.Response:
-        return _json(
+        return json_response(
             {
                 "ts": time.time(),
                 "pid": os.getpid(),
@@ -175,7 +171,7 @@ def create_agent_app(
         )
 
     async def healthz(request: web.Request) -> web.Response:
-        return _json({"status": "ok", "engines": len(supervisor.engines)})
+        return json_response({"status": "ok", "engines": len(supervisor.engines)})
 
     async def metrics(request: web.Request) -> web.Response:
         resident.set(sum(1 for r in supervisor.engines.values() if r.ready))

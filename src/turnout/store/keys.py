@@ -11,7 +11,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, CursorResult, insert, select, update
+from sqlalchemy import Connection, CursorResult, func, insert, select, update
 
 from turnout.core.patterns import Pattern, parse_pattern
 from turnout.store.db import Database, StoreError
@@ -163,7 +163,7 @@ class KeyStore:
 
     def count(self) -> int:
         with self.db.begin() as conn:
-            return len(conn.execute(select(keys.c.id)).all())
+            return int(conn.execute(select(func.count()).select_from(keys)).scalar_one())
 
     # -- internals -------------------------------------------------------------------------------
     def _tenant_id(self, conn: Connection, name: str, now: float) -> int:
