@@ -224,3 +224,23 @@ def test_claim_commands(tmp_path: Path) -> None:
     assert run(["claim", "delete", "qwen", *d], tmp_path).returncode == 0
     assert "Deleting" in run(["claim", "list", *d], tmp_path).stdout
     assert run(["claim", "delete", "nope", *d], tmp_path).returncode == 2
+
+
+def test_claim_events_lists_what_the_controller_recorded(tmp_path: Path) -> None:
+    from turnout.controller.local import ClaimFiles
+
+    d = ["--data-dir", str(tmp_path / "data")]
+    event = {
+        "object": "Pool/gpu-0",
+        "type": "Warning",
+        "reason": "InvalidPoolPolicy",
+        "message": "pool policy disabled: lifecycle: unknown field(s) ['x']",
+        "count": 3,
+        "firstTimestamp": "2026-12-03T08:00:00Z",
+        "lastTimestamp": "2026-12-03T08:01:00Z",
+    }
+    ClaimFiles(tmp_path / "data").save_events([event])
+    out = run(["claim", "events", *d], tmp_path)
+    assert out.returncode == 0
+    line = out.stdout.splitlines()[1]
+    assert "InvalidPoolPolicy" in line and "Pool/gpu-0" in line and " 3 " in line and "unknown field" in line

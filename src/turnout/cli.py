@@ -180,6 +180,18 @@ def claim_list(data_dir: DataDirOption = Path("turnout-data")) -> None:
         typer.echo(f"{name:24} {phase:12} {st.get('pod') or '-'!s:16} {st.get('port', 0):>6}  {st.get('reason', '')}")
 
 
+@claim_app.command("events")
+def claim_events(data_dir: DataDirOption = Path("turnout-data")) -> None:
+    """Recent controller events: phase changes, idle sleeps, invalid pool policies (repeats counted)."""
+    from turnout.controller.local import ClaimFiles
+
+    typer.echo(f"{'LAST SEEN':20} {'TYPE':8} {'REASON':18} {'OBJECT':28} {'COUNT':>5}  MESSAGE")
+    for e in ClaimFiles(data_dir).events():
+        typer.echo(
+            f"{e['lastTimestamp']:20} {e['type']:8} {e['reason']:18} {e['object']:28} {e['count']:>5}  {e['message']}"
+        )
+
+
 @claim_app.command("delete")
 def claim_delete(name: str, data_dir: DataDirOption = Path("turnout-data")) -> None:
     """Mark a claim deleted; the controller de-routes it, stops its engine, then forgets it."""
@@ -192,9 +204,14 @@ def claim_delete(name: str, data_dir: DataDirOption = Path("turnout-data")) -> N
 
 @app.command()
 def controller(
-    pools: Annotated[Path, typer.Option(help='JSON list of pools: [{"name","agent_url","address","gpus","labels"}]')],
+    pools: Annotated[
+        Path, typer.Option(help='JSON list of pools: [{"name","agent_url","address","gpus","labels","policy"}]')
+    ],
     data_dir: DataDirOption = Path("turnout-data"),
     interval: Annotated[float, typer.Option(help="seconds between reconcile ticks")] = 2.0,
+    metrics_port: Annotated[
+        int, typer.Option(help="serve the aibrix_modelclaim_* metrics on 127.0.0.1:PORT/metrics (0: off)")
+    ] = 0,
     log_level: Annotated[str, typer.Option()] = "info",
 ) -> None:
     """Run the local ModelClaim controller against runtime agents."""
@@ -211,9 +228,14 @@ def controller(
         return
 
     async def main() -> None:
+        from prometheus_client import start_http_server
+
         client = UpstreamClient(connect_timeout_s=3, total_timeout_s=30)
+        ctl = LocalController(ClaimFiles(data_dir), pool_list, client)
+        if metrics_port:
+            start_http_server(metrics_port, addr="127.0.0.1", registry=ctl.metrics.registry)
         try:
-            await LocalController(ClaimFiles(data_dir), pool_list, client).run(interval)
+            await ctl.run(interval)
         finally:
             await client.close()
 

@@ -171,6 +171,12 @@ class PoolAgent(_Model):
     address: str = Field("127.0.0.1", description="address engines on this pod are reached at")
     gpus: int = Field(1, ge=1)
     labels: dict[str, str] = Field(default_factory=dict, description="matched by ModelClaim podSelector")
+    policy: dict[str, Any] | str | None = Field(
+        None,
+        description="pool policy, as the pool.aibrix.ai/policy annotation would carry it: "
+        '{"reclaim": {"mode": "kv-first", "capacityBytes": N, "guaranteedFloorPercent": P}, '
+        '"lifecycle": {"sleepAfterSeconds": S}}; checked strictly by the controller (invalid = disabled + event)',
+    )
 
 
 class Pools(_Model):

@@ -1,9 +1,11 @@
 """The local ModelClaim driver (`turnout controller`): claims are files, pools are runtime agents.
 
 Claims live in ``<data_dir>/claims/<name>.json`` (written by ``turnout claim apply -f claim.yaml``; deleting
-marks them and the controller finishes the job), statuses in ``<data_dir>/claim-status.json`` (atomic).
-Pools are listed in a JSON file: ``[{"name", "agent_url", "address", "gpus", "labels"}]``. Each tick the
-driver asks every agent for its engines, runs :func:`turnout.core.reconcile.plan` and applies the actions.
+marks them and the controller finishes the job), statuses in ``<data_dir>/claim-status.json`` and events in
+``<data_dir>/claim-events.json`` (both atomic). Pools are listed in a JSON file or the gateway config:
+``[{"name", "agent_url", "address", "gpus", "labels", "policy"}]``. Each tick the driver asks every agent for
+its engines, runs :func:`turnout.core.reconcile.plan`, applies the actions, then applies each pool's policy
+(:mod:`turnout.controller.policy`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,19 +22,22 @@ from typing import Any
 import orjson
 import yaml
 
+from turnout.controller.agents import Activity, AgentClient, engine_info
+from turnout.controller.metrics import ControllerMetrics
+from turnout.controller.policy import PolicyRunner, PoolTarget
+from turnout.controller.status import now_iso, phase_of, render_status
 from turnout.core.claims import ClaimPhase, InvalidClaim, PodView, parse_claim_spec
 from turnout.core.reconcile import (
+    ANNOTATION_PREFIX,
     Activate,
     Annotate,
     ClaimState,
     Deactivate,
-    EngineInfo,
     PodState,
     ReleaseFinalizer,
     SetStatus,
     plan,
 )
-from turnout.errors import UpstreamError
 from turnout.state.atomic import write_atomic
 from turnout.upstream.client import UpstreamClient
 
@@ -47,6 +53,14 @@ class Pool:
     address: str
     gpus: int
     labels: dict[str, str]
+    policy: str | None = None  # the pool.aibrix.ai/policy annotation text
+
+
+def policy_text(value: Any) -> str | None:
+    """A policy given as an object (config, pools file) becomes the annotation text it stands for."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"))
 
 
 def load_pools(path: Path) -> list[Pool]:
@@ -58,6 +72,7 @@ def load_pools(path: Path) -> list[Pool]:
             p.get("address", "127.0.0.1"),
             int(p.get("gpus", 1)),
             {str(k): str(v) for k, v in p.get("labels", {}).items()},
+            policy_text(p.get("policy")),
         )
         for p in raw
     ]
@@ -79,9 +94,12 @@ def load_claim_documents(text: str) -> list[dict[str, Any]]:
 
 
 class ClaimFiles:
+    EVENTS_KEPT = 200
+
     def __init__(self, data_dir: Path) -> None:
         self.dir = data_dir / "claims"
         self.status_path = data_dir / "claim-status.json"
+        self.events_path = data_dir / "claim-events.json"
 
     def apply(self, doc: dict[str, Any]) -> str:
         name = doc["metadata"]["name"]
@@ -104,69 +122,149 @@ class ClaimFiles:
             return []
         return [orjson.loads(p.read_bytes()) for p in sorted(self.dir.glob("*.json"))]
 
-    def statuses(self) -> dict[str, dict[str, Any]]:
+    def _read(self, path: Path, empty: Any) -> Any:
         try:
-            data: dict[str, dict[str, Any]] = orjson.loads(self.status_path.read_bytes())
-            return data
+            return orjson.loads(path.read_bytes())
         except FileNotFoundError:
-            return {}
+            return empty
+
+    def statuses(self) -> dict[str, dict[str, Any]]:
+        data: dict[str, dict[str, Any]] = self._read(self.status_path, {})
+        return data
 
     def save_statuses(self, statuses: dict[str, dict[str, Any]]) -> None:
         write_atomic(self.status_path, orjson.dumps(statuses, option=orjson.OPT_INDENT_2))
 
+    def events(self) -> list[dict[str, Any]]:
+        data: list[dict[str, Any]] = self._read(self.events_path, [])
+        return data
+
+    def save_events(self, events: list[dict[str, Any]]) -> None:
+        write_atomic(self.events_path, orjson.dumps(events[-self.EVENTS_KEPT :], option=orjson.OPT_INDENT_2))
+
 
 class LocalController:
-    def __init__(self, files: ClaimFiles, pools: list[Pool], client: UpstreamClient) -> None:
+    """Reconciles claim files against runtime agents. Owns the statuses in memory; saves them each tick."""
+
+    def __init__(
+        self,
+        files: ClaimFiles,
+        pools: list[Pool],
+        client: UpstreamClient,
+        *,
+        metrics: ControllerMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.files = files
         self.pools = {p.name: p for p in pools}
-        self.client = client
+        self.agents = AgentClient(client)
+        self.metrics = metrics or ControllerMetrics()
+        self.policy = PolicyRunner(self.agents, self.metrics)
+        self.clock = clock
+        self.statuses = files.statuses()
+        self.events = files.events()
         self.annotations: dict[str, dict[str, str]] = {p.name: {} for p in pools}
+        self.reports: dict[str, dict[str, dict[str, Any]]] = {}  # pool -> model -> engine as last reported
+        self.on_route_change: Callable[[], None] | None = None  # the gateway re-reads routes at once
+        self.activity: Callable[[str], Activity | None] = lambda claim: None  # gateway-counted requests
+        self._events_dirty = False
 
     async def tick(self) -> None:
         docs = self.files.all()
-        statuses = self.files.statuses()
         claims = []
+        models: dict[str, str] = {}
         for doc in docs:
             name = doc["metadata"]["name"]
             try:
                 spec, invalid = parse_claim_spec(name, doc.get("spec")), None
             except InvalidClaim as exc:
                 spec, invalid = None, str(exc)
-            claims.append(ClaimState(name, spec, invalid, statuses.get(name, {}).get("pod"), bool(doc.get("deleting"))))
-        pods = await asyncio.gather(*(self._pod_state(p) for p in self.pools.values()))
+            models[name] = spec.model_name if spec is not None else name
+            bound = self.statuses.get(name, {}).get("pod")
+            claims.append(ClaimState(name, spec, invalid, bound, bool(doc.get("deleting"))))
+        pools = list(self.pools.values())
+        reports = await asyncio.gather(*(self.agents.engines(p.agent_url, p.name) for p in pools))
+        self.reports = {p.name: {str(e["model_name"]): e for e in r or []} for p, r in zip(pools, reports, strict=True)}
+        pods = [self._pod_state(p, r) for p, r in zip(pools, reports, strict=True)]
         for action in plan(claims, pods):
-            await self._apply(action, statuses)
-        self.files.save_statuses(statuses)
+            await self._apply(action, models)
+        live = {c.name for c in claims if not c.deleting and c.spec is not None}
+        for pool, report in zip(pools, reports, strict=True):
+            if report is not None:
+                await self._pool_policy(pool, report, live, models)
+        self.files.save_statuses(self.statuses)
+        if self._events_dirty:
+            self.files.save_events(self.events)
+            self._events_dirty = False
 
-    async def _pod_state(self, pool: Pool) -> PodState:
-        view = PodView(pool.name, pool.labels, True, pool.address, pool.gpus)
-        try:
-            body = await self.client.get_json(f"{pool.agent_url}/v1/runtime/models", label=pool.name, timeout_s=5)
-        except UpstreamError:
-            return PodState(view, {}, reachable=False)
-        engines = {
-            e["model_name"]: EngineInfo(e["phase"], bool(e["ready"]), int(e["port"]), e.get("last_error"))
-            for e in body.get("models", [])
-        }
-        return PodState(PodView(pool.name, pool.labels, True, pool.address, pool.gpus, models=len(engines)), engines)
+    def _pod_state(self, pool: Pool, report: list[dict[str, Any]] | None) -> PodState:
+        if report is None:
+            return PodState(PodView(pool.name, pool.labels, True, pool.address, pool.gpus), {}, reachable=False)
+        engines = {str(e["model_name"]): engine_info(e) for e in report}
+        kv = sum(int(e.get("kv_used_bytes") or 0) for e in report)
+        view = PodView(pool.name, pool.labels, True, pool.address, pool.gpus, kv_used_bytes=kv, models=len(engines))
+        return PodState(view, engines)
 
-    async def _apply(self, action: object, statuses: dict[str, dict[str, Any]]) -> None:
+    async def _pool_policy(
+        self, pool: Pool, report: list[dict[str, Any]], live: set[str], models: dict[str, str]
+    ) -> None:
+        bound = {models[c]: c for c in live if self.statuses.get(c, {}).get("pod") == pool.name}
+        target = PoolTarget(pool.name, pool.agent_url, pool.gpus, pool.policy, report, bound, "local", pool.name)
+
+        async def set_route(claim: str, value: str) -> None:
+            self._annotate(pool.name, ANNOTATION_PREFIX + claim, value)
+            sleeping = json.loads(value)["state"] == "sleeping"
+            phase, reason = (ClaimPhase.SLEEPING, "IdleSleep") if sleeping else (ClaimPhase.ACTIVE, "Ready")
+            port = 0 if sleeping else int(self.reports[pool.name][models[claim]]["port"])
+            self._set_status(SetStatus(claim, phase, reason, "", pool.name, port), models[claim])
+            if self.on_route_change is not None:
+                self.on_route_change()
+
+        async def event(claim: str | None, kind: str, reason: str, message: str) -> None:
+            self._event(f"ModelClaim/{claim}" if claim else f"Pool/{pool.name}", kind, reason, message)
+
+        await self.policy.step(target, self.clock(), set_route=set_route, event=event, activity=self.activity)
+
+    def _annotate(self, pod: str, key: str, value: str | None) -> None:
+        notes = self.annotations.setdefault(pod, {})
+        if value is None:
+            notes.pop(key, None)
+        else:
+            notes[key] = value
+
+    def _event(self, obj: str, kind: str, reason: str, message: str) -> None:
+        now = now_iso(self.clock())
+        last = self.events[-1] if self.events else None
+        if last and (last["object"], last["reason"], last["message"]) == (obj, reason, message):
+            last["count"] += 1
+            last["lastTimestamp"] = now
+        else:
+            self.events.append(
+                {
+                    "object": obj,
+                    "type": kind,
+                    "reason": reason,
+                    "message": message,
+                    "count": 1,
+                    "firstTimestamp": now,
+                    "lastTimestamp": now,
+                }
+            )
+        self._events_dirty = True
+
+    def _set_status(self, action: SetStatus, model: str) -> None:
+        previous = self.statuses.get(action.claim, {})
+        before = phase_of(previous)
+        if before is not action.phase:
+            log.info("claim %s: %s -> %s (%s)", action.claim, before, action.phase.value, action.reason)
+            kind = "Warning" if action.phase in (ClaimPhase.FAILED, ClaimPhase.PENDING) else "Normal"
+            self._event(f"ModelClaim/{action.claim}", kind, action.reason, action.message or action.phase.value)
+        self.statuses[action.claim] = render_status(action, previous, now_iso(self.clock()), model)
+        self.metrics.claim("local", model, before, action.phase)
+
+    async def _apply(self, action: object, models: dict[str, str]) -> None:
         if isinstance(action, SetStatus):
-            previous = statuses.get(action.claim, {})
-            if previous.get("phase") != action.phase.value:
-                log.info(
-                    "claim %s: %s -> %s (%s)", action.claim, previous.get("phase"), action.phase.value, action.reason
-                )
-            statuses[action.claim] = {
-                "phase": action.phase.value,
-                "reason": action.reason,
-                "message": action.message,
-                "pod": action.pod,
-                "port": action.port,
-                "lastTransitionTime": previous.get("lastTransitionTime")
-                if previous.get("phase") == action.phase.value
-                else time.time(),
-            }
+            self._set_status(action, models[action.claim])
         elif isinstance(action, Activate):
             pool = self.pools[action.pod]
             body = {
@@ -177,34 +275,24 @@ class LocalController:
                 "claim_ref": {"namespace": "local", "name": action.claim},
                 "operation_id": f"activate-{action.claim}-{action.pod}",
             }
-            await self._post(pool, "/v1/runtime/models/activate", body)
+            problem = await self.agents.post(pool.agent_url, pool.name, "/v1/runtime/models/activate", body)
+            if problem is not None:
+                self._event(f"ModelClaim/{action.claim}", "Warning", "ActivateFailed", problem)
         elif isinstance(action, Deactivate):
-            await self._post(self.pools[action.pod], "/v1/runtime/models/deactivate", {"model_name": action.model})
+            pool = self.pools[action.pod]
+            await self.agents.post(
+                pool.agent_url, pool.name, "/v1/runtime/models/deactivate", {"model_name": action.model}
+            )
         elif isinstance(action, Annotate):
-            notes = self.annotations.setdefault(action.pod, {})
-            if action.value is None:
-                notes.pop(action.key, None)
-            else:
-                notes[action.key] = action.value
+            before = self.annotations.get(action.pod, {}).get(action.key)
+            self._annotate(action.pod, action.key, action.value)
+            if before != action.value and self.on_route_change is not None:
+                self.on_route_change()
         elif isinstance(action, ReleaseFinalizer):
             self.files.remove(action.claim)
-            statuses.pop(action.claim, None)
-
-    async def _post(self, pool: Pool, path: str, body: dict[str, Any]) -> None:
-        try:
-            async with self.client.request(
-                "POST",
-                pool.agent_url + path,
-                label=pool.name,
-                body=orjson.dumps(body),
-                headers={"Content-Type": "application/json"},
-                timeout_s=30,
-            ) as r:
-                await r.read()
-                if r.status >= 300:
-                    log.warning("%s %s: HTTP %s", pool.name, path, r.status)
-        except UpstreamError as exc:
-            log.warning("%s %s failed: %s", pool.name, path, exc.message)
+            self.statuses.pop(action.claim, None)
+            self.metrics.forget("local", models[action.claim])
+            self._event(f"ModelClaim/{action.claim}", "Normal", "Deleted", "engine stopped and route removed")
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -215,5 +303,13 @@ class LocalController:
             await asyncio.sleep(interval_s)
 
     def phase(self, claim: str) -> ClaimPhase | None:
-        value = self.files.statuses().get(claim, {}).get("phase")
-        return None if value is None else ClaimPhase(value)
+        return phase_of(self.statuses.get(claim))
+
+    def route(self, claim: str) -> tuple[Pool, int] | None:
+        """Where the claim's engine is routable now (its routing annotation has a port), or None."""
+        pod = self.statuses.get(claim, {}).get("pod")
+        note = self.annotations.get(pod or "", {}).get(ANNOTATION_PREFIX + claim)
+        if pod not in self.pools or note is None:
+            return None
+        port = int(json.loads(note).get("port") or 0)
+        return (self.pools[pod], port) if port else None

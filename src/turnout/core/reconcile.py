@@ -22,6 +22,7 @@ __all__ = [
     "PodState",
     "ReleaseFinalizer",
     "SetStatus",
+    "conditions",
     "plan",
     "route_annotation",
 ]
@@ -97,6 +98,21 @@ def route_annotation(model: str, engine: EngineInfo | None) -> str:
     state = "pending" if engine is None else engine.phase
     port = engine.port if engine is not None and engine.phase == "active" and engine.ready else 0
     return json.dumps({"model": model, "port": port, "state": state}, separators=(",", ":"))
+
+
+def conditions(status: SetStatus) -> list[tuple[str, bool, str, str]]:
+    """The claim's conditions as (type, status, reason, message): ``Scheduled`` (bound to a pod) and ``Ready``
+    (Active and routable)."""
+    scheduled = status.pod is not None
+    return [
+        (
+            "Scheduled",
+            scheduled,
+            "Scheduled" if scheduled else status.reason,
+            f"bound to {status.pod}" if scheduled else status.message,
+        ),
+        ("Ready", status.phase is ClaimPhase.ACTIVE, status.reason, status.message),
+    ]
 
 
 def plan(claims: Sequence[ClaimState], pods: Sequence[PodState]) -> list[Action]:

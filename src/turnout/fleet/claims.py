@@ -1,8 +1,10 @@
 """ModelClaim bindings in the gateway: each claim's engine is an upstream while it is Active.
 
-After every controller tick the bindings follow the claim statuses. A request for a claimed model that is
+The bindings follow the claims' routing annotations (a port only while the engine is active and ready) the
+moment the controller changes one, and the statuses after every tick. A request for a claimed model that is
 not Active is answered without touching the engine: Sleeping -> one asynchronous wake per binding (however
-many requests arrive) and 503 with ``Retry-After: 10``; Pending/Scheduling/Loading/Activating -> 503 with
+many requests arrive; across gateway replicas too when Redis is configured: the first replica to claim the wake
+key in Redis sends it) and 503 with ``Retry-After: 10``; Pending/Scheduling/Loading/Activating -> 503 with
 ``Retry-After``; Failed -> 503 without. The gateway never holds or replays the request.
 """
 
@@ -11,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
-
-import orjson
+from collections.abc import Callable
+from typing import Protocol
 
 from turnout.config import Worker
 from turnout.controller.local import LocalController
+from turnout.controller.status import phase_of
 from turnout.core.claims import ClaimPhase
-from turnout.errors import TurnoutError, Unavailable, UpstreamError
+from turnout.errors import TurnoutError, Unavailable
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.upstream.client import UpstreamClient
 
@@ -28,36 +30,82 @@ log = logging.getLogger("turnout.claims")
 
 SLEEPING_RETRY_S = 10
 ACTIVATING_RETRY_S = 5
+WAKE_KEY_TTL_S = 120
+
+
+class WakeLock(Protocol):
+    """Decides which gateway replica sends a wake: True for exactly one caller per key."""
+
+    async def first(self, key: str) -> bool: ...
+
+
+class RedisWakeLock:
+    def __init__(self, url: str) -> None:
+        import redis.asyncio as redis
+
+        self._redis = redis.from_url(url)
+
+    async def first(self, key: str) -> bool:
+        import redis.exceptions
+
+        try:
+            return bool(await self._redis.set(f"turnout:wake:{key}", b"1", nx=True, ex=WAKE_KEY_TTL_S))
+        except redis.exceptions.RedisError as exc:
+            log.warning("wake de-duplication through Redis failed (%s); waking from this replica", exc)
+            return True
+
+    async def close(self) -> None:
+        await self._redis.aclose()
 
 
 class ClaimBindings:
-    def __init__(self, fleet: Fleet, controller: LocalController, client: UpstreamClient, interval_s: float) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        controller: LocalController,
+        client: UpstreamClient,
+        interval_s: float,
+        wake_lock: WakeLock | None = None,
+    ) -> None:
         self.fleet = fleet
         self.controller = controller
         self.client = client
         self.interval_s = interval_s
+        self.wake_lock = wake_lock
         self.phases: dict[str, tuple[str, ClaimPhase]] = {}  # model -> (claim, phase)
         self._wakes: dict[str, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
-        self.on_change: Any = None
+        self._completed: dict[str, int] = {}  # claim -> requests finished on its engine (idle detection)
+        self.on_change: Callable[[], None] | None = None
+        self.wakes_sent = 0
+        controller.on_route_change = self.sync
+        controller.activity = self.activity
+
+    def activity(self, claim: str) -> tuple[int, int] | None:
+        """Requests in flight on the claim's engine and finished so far, as this gateway counted them."""
+        state = self.fleet.workers.get(f"claim-{claim}")
+        if state is None:
+            return None
+        return state.in_flight, self._completed.get(claim, 0) + state.completed
 
     def sync(self) -> None:
-        statuses = self.controller.files.statuses()
         docs = {d["metadata"]["name"]: d for d in self.controller.files.all()}
         seen: set[str] = set()
-        for claim, status in statuses.items():
+        for claim, status in self.controller.statuses.items():
             doc = docs.get(claim)
-            if doc is None or doc.get("deleting"):
+            phase = phase_of(status)
+            if doc is None or doc.get("deleting") or phase is None:
                 continue
-            model = (doc.get("spec") or {}).get("modelName") or claim
-            phase = ClaimPhase(status["phase"])
+            model = status.get("model") or (doc.get("spec") or {}).get("modelName") or claim
             seen.add(model)
             self.phases[model] = (claim, phase)
-            pool = self.controller.pools.get(status.get("pod") or "")
-            if phase is ClaimPhase.ACTIVE and pool is not None and status.get("port"):
-                url = f"http://{pool.address}:{status['port']}"
+            route = self.controller.route(claim)
+            if route is not None:
+                pool, port = route
+                url = f"http://{pool.address}:{port}"
                 current = self.fleet.bindings.get(model)
                 if current is None or current.base_url != url:
+                    self._unbind(model)
                     state = WorkerState(
                         Worker.model_validate({"name": f"claim-{claim}", "url": url, "type": "openai"}), claim=claim
                     )
@@ -79,9 +127,11 @@ class ClaimBindings:
         state = self.fleet.bindings.pop(model, None)
         if state is not None:
             self.fleet.workers.pop(state.name, None)
+            if state.claim is not None:  # keep the count going across re-binds
+                self._completed[state.claim] = self._completed.get(state.claim, 0) + state.completed
 
     def gate(self, model: str) -> None:
-        """Raise the 503 for a claimed model that is not Active (after starting a wake when it sleeps)."""
+        """Raise the 503 for a claimed model that is not routable (after starting a wake when it sleeps)."""
         known = self.phases.get(model)
         if known is None or model in self.fleet.bindings:
             return
@@ -110,23 +160,18 @@ class ClaimBindings:
         self._wakes[model] = asyncio.create_task(self._wake(claim, model), name=f"wake-{model}")
 
     async def _wake(self, claim: str, model: str) -> None:
-        status = self.controller.files.statuses().get(claim, {})
+        status = self.controller.statuses.get(claim, {})
         pool = self.controller.pools.get(status.get("pod") or "")
         if pool is None:
             return
-        body = orjson.dumps({"model_name": model, "operation_id": f"wake-{claim}-{status.get('lastTransitionTime')}"})
-        try:
-            async with self.client.request(
-                "POST",
-                f"{pool.agent_url}/v1/runtime/models/wake",
-                label=pool.name,
-                body=body,
-                headers={"Content-Type": "application/json"},
-                timeout_s=120,
-            ) as r:
-                await r.read()
-        except UpstreamError as exc:
-            log.warning("waking %s failed: %s", model, exc.message)
+        engine = self.controller.reports.get(pool.name, {}).get(model, {})
+        # The engine's own transition time (from its agent) names this sleep the same way on every replica.
+        key = f"{pool.name}:{model}:{engine.get('last_transition', status.get('lastTransitionTime'))}"
+        if self.wake_lock is not None and not await self.wake_lock.first(key):
+            return
+        self.wakes_sent += 1
+        body = {"model_name": model, "operation_id": f"wake-{key}"}
+        await self.controller.agents.post(pool.agent_url, pool.name, "/v1/runtime/models/wake", body)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="turnout-claims")
@@ -138,6 +183,8 @@ class ClaimBindings:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if isinstance(self.wake_lock, RedisWakeLock):
+            await self.wake_lock.close()
 
     async def _loop(self) -> None:
         while True:

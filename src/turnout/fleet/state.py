@@ -49,6 +49,7 @@ class WorkerState:
     loaded: frozenset[str] = frozenset()
     ps: list[dict[str, Any]] = field(default_factory=list)  # raw /api/ps entries
     in_flight: int = 0
+    completed: int = 0  # requests finished here (success or not), for idle detection
     speed: dict[str, float] = field(default_factory=dict)  # model -> smoothed tokens/s
     gpu_util: float | None = None
     gpu_memory: float | None = None

@@ -17,9 +17,10 @@ from turnout.admin.api import add_admin_routes
 from turnout.admin.auth import AdminAuth
 from turnout.admin.endpoints_api import add_endpoint_routes
 from turnout.config import Settings
-from turnout.controller.local import ClaimFiles, LocalController, Pool
+from turnout.controller.local import ClaimFiles, LocalController, Pool, policy_text
+from turnout.controller.metrics import ControllerMetrics
 from turnout.errors import NotFound, TurnoutError
-from turnout.fleet.claims import ClaimBindings
+from turnout.fleet.claims import ClaimBindings, RedisWakeLock
 from turnout.fleet.endpoints import EndpointManager
 from turnout.fleet.poller import Poller
 from turnout.fleet.state import Fleet
@@ -118,14 +119,19 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "workers": len(fleet.workers), "healthy_workers": up})
 
 
-def _claim_bindings(settings: Settings, fleet: Fleet, client: UpstreamClient) -> ClaimBindings | None:
+def _claim_bindings(settings: Settings, fleet: Fleet, client: UpstreamClient, metrics: Metrics) -> ClaimBindings | None:
     if settings.pools is None:
         return None
     pools = [
-        Pool(a.name, str(a.agent_url).rstrip("/"), a.address, a.gpus, dict(a.labels)) for a in settings.pools.agents
+        Pool(a.name, str(a.agent_url).rstrip("/"), a.address, a.gpus, dict(a.labels), policy_text(a.policy))
+        for a in settings.pools.agents
     ]
-    controller = LocalController(ClaimFiles(settings.data_dir), pools, client)
-    return ClaimBindings(fleet, controller, client, settings.pools.interval_s)
+    controller = LocalController(
+        ClaimFiles(settings.data_dir), pools, client, metrics=ControllerMetrics(metrics.registry)
+    )
+    redis_url = settings.storage.redis_url
+    lock = RedisWakeLock(redis_url) if redis_url else None
+    return ClaimBindings(fleet, controller, client, settings.pools.interval_s, lock)
 
 
 def create_app(settings: Settings, *, admin_token: str) -> web.Application:
@@ -170,7 +176,7 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
     app[ACCOUNTANT] = accountant
     app[SIGNINS] = AdminSignIns()
     app[ENDPOINTS] = endpoints
-    claims = _claim_bindings(settings, fleet, client)
+    claims = _claim_bindings(settings, fleet, client, metrics)
     if claims is not None:
         claims.on_change = dispatcher.wake_all
         app[PROXY].claims = claims

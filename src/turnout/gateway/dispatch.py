@@ -184,6 +184,7 @@ class Dispatcher:
 
     def _release(self, lease: Lease) -> None:
         lease.worker.in_flight -= 1
+        lease.worker.completed += 1
         self.global_in_flight -= 1
         _decrement(self.model_in_flight, lease.requested)
         _decrement(self.tenant_in_flight, lease.tenant)

@@ -8,6 +8,7 @@ are idempotent: a repeated id gets the first answer again. Errors: 400 invalid, 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections import OrderedDict
@@ -18,18 +19,41 @@ from typing import Any
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from turnout.core.runtime import ActivateRequest, EnginePhase, InvalidRequest
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
 from turnout.gateway.dialect import Dialect, error_response, json_response
 from turnout.runtime.kvcached import apply_limit, read_usage
-from turnout.runtime.launch import cached_markers
+from turnout.runtime.launch import cached_markers, launch_command
 from turnout.runtime.supervisor import EngineRecord, Supervisor
 
 __all__ = ["create_agent_app"]
 
 SUPERVISOR: web.AppKey[Supervisor] = web.AppKey("supervisor")
 _OPS_KEPT = 1000
+_NO_ACTIVITY: dict[str, int | None] = {"running": None, "waiting": None, "success_total": None}
+
+
+async def engine_activity(supervisor: Supervisor, record: EngineRecord) -> dict[str, int | None]:
+    """Running, waiting and completed requests from the engine's own /metrics; None where not observable
+    (an engine without metrics, such as llama.cpp's Python server, or one that is not ready)."""
+    names = launch_command(record.engine, record.model_name, record.artifact_url, record.port, {}).activity
+    if names is None or not record.ready:
+        return dict(_NO_ACTIVITY)
+    text = await supervisor.fetch_text(record, "/metrics")
+    if text is None:
+        return dict(_NO_ACTIVITY)
+    sums: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in names:
+                    sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    except ValueError:
+        return dict(_NO_ACTIVITY)
+    running, waiting, done = (None if n not in sums else int(sums[n]) for n in names)
+    return {"running": running, "waiting": waiting, "success_total": done}
 
 
 class _Operations:
@@ -69,17 +93,23 @@ def create_agent_app(
         "aibrix:modelclaim_lifecycle_operations", "agent operations", ["operation", "result"], registry=registry
     )
 
-    def describe(record: EngineRecord) -> dict[str, Any]:
+    def describe(record: EngineRecord, requests: dict[str, int | None] | None = None) -> dict[str, Any]:
         usage = read_usage(record.ipc_name, shm_dir)
         return {
             **record.to_json(),
             "alive": record.pid is not None,
             "kv_used_bytes": None if usage is None else usage.used + usage.prealloc,
+            "kv_prealloc_bytes": None if usage is None else usage.prealloc,
             "kv_capacity_bytes": None if usage is None else usage.total,
             "hbm_peak_bytes": None,  # needs NVML; not observable on this host
-            "requests": {"running": None, "waiting": None, "success_total": None},
+            "requests": requests or dict(_NO_ACTIVITY),
             "cached_artifacts": [] if cache_dir is None else cached_markers(cache_dir, record.artifact_url),
         }
+
+    async def describe_all() -> list[dict[str, Any]]:
+        records = list(supervisor.engines.values())
+        activity = await asyncio.gather(*(engine_activity(supervisor, r) for r in records))
+        return [describe(r, a) for r, a in zip(records, activity, strict=True)]
 
     def operation(
         name: str, fn: Callable[[dict[str, Any]], Awaitable[Any]]
@@ -158,14 +188,14 @@ def create_agent_app(
         return {"model_name": name, "kv_capacity_bytes": usage.total, "kv_used_bytes": usage.used + usage.prealloc}
 
     async def models(request: web.Request) -> web.Response:
-        return json_response({"models": [describe(r) for r in supervisor.engines.values()]})
+        return json_response({"models": await describe_all()})
 
     async def snapshot(request: web.Request) -> web.Response:
         return json_response(
             {
                 "ts": time.time(),
                 "pid": os.getpid(),
-                "engines": [describe(r) for r in supervisor.engines.values()],
+                "engines": await describe_all(),
                 "accelerators": [],
             }
         )

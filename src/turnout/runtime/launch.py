@@ -16,6 +16,8 @@ class Launch:
     argv: list[str]
     health_path: str
     sleep_api: bool  # the engine can sleep in place (vLLM, SGLang); llama.cpp is stopped and restarted
+    # Prometheus sample names for (running, waiting, completed) requests; None: the engine exports none.
+    activity: tuple[str, str, str] | None = None
 
 
 def artifact_path(url: str) -> str:
@@ -69,6 +71,7 @@ def launch_command(engine: str, model_name: str, artifact_url: str, port: int, a
             ],
             "/health",
             True,
+            ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:request_success_total"),
         )
     return Launch(
         [
@@ -88,6 +91,7 @@ def launch_command(engine: str, model_name: str, artifact_url: str, port: int, a
         ],
         "/health",
         True,
+        ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_requests_total"),
     )
 
 

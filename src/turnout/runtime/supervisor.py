@@ -79,6 +79,7 @@ class Supervisor:
         self.engines: dict[str, EngineRecord] = {}
         self._exit_codes: dict[str, int] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}  # one lifecycle operation per engine at a time
         self.client = UpstreamClient(connect_timeout_s=1, total_timeout_s=2)
         self.restarts_total = 0
 
@@ -134,18 +135,31 @@ class Supervisor:
         await self._spawn(record)
         return record
 
+    def lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
     async def deactivate(self, name: str) -> None:
         record = self.engines[name]
+        async with self.lock(name):
+            await self._deactivate(record)
+        self._locks.pop(name, None)
+
+    async def _deactivate(self, record: EngineRecord) -> None:
+        name = record.model_name
         self._set(record, EnginePhase.STOPPING)
         task = self._tasks.pop(name, None)
         if task is not None:
             task.cancel()
         await self._stop_process(record)
-        del self.engines[name]
+        self.engines.pop(name, None)
         self.save()
 
     async def sleep(self, name: str, level: int) -> EngineRecord:
-        record = self.engines[name]
+        async with self.lock(name):
+            return await self._sleep(self.engines[name], level)
+
+    async def _sleep(self, record: EngineRecord, level: int) -> EngineRecord:
+        name = record.model_name
         if record.phase == EnginePhase.SLEEPING.value:
             return record
         if record.engine == "llamacpp":
@@ -162,7 +176,10 @@ class Supervisor:
         return record
 
     async def wake(self, name: str) -> EngineRecord:
-        record = self.engines[name]
+        async with self.lock(name):
+            return await self._wake(self.engines[name])
+
+    async def _wake(self, record: EngineRecord) -> EngineRecord:
         if record.phase != EnginePhase.SLEEPING.value:
             return record
         if record.engine == "llamacpp":
@@ -279,6 +296,17 @@ class Supervisor:
                 return resp.status == 200
         except Exception:  # any failure to answer means not ready
             return False
+
+    async def fetch_text(self, record: EngineRecord, path: str) -> str | None:
+        """GET a text document from the engine (its metrics), or None when it does not answer 200."""
+        try:
+            async with self.client.request(
+                "GET", f"http://127.0.0.1:{record.port}{path}", label=record.model_name, timeout_s=2
+            ) as resp:
+                body = await resp.read()
+                return body.decode("utf-8", "replace") if resp.status == 200 else None
+        except Exception:  # an engine that cannot answer has no observable activity
+            return None
 
     async def _post(self, record: EngineRecord, path: str) -> None:
         async with self.client.request(

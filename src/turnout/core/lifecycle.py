@@ -1,0 +1,171 @@
+"""Applying a pool's policy each tick: KV capacity redistribution and idle sleep (pure).
+
+A driver gathers, per pool pod, the policy annotation text and what the agent (or the gateway) observed of each
+engine, calls :func:`pool_step` with the memory it kept from the previous tick, applies the actions, and keeps
+the returned memory for the next tick. Time comes in as ``now``; nothing here reads a clock.
+
+- An invalid policy disables the whole policy for that pool and yields one ``InvalidPoolPolicy`` event per
+  distinct annotation text (not one per tick).
+- Idle sleep: an engine that is active and ready sleeps once every observation for ``sleepAfterSeconds``
+  showed it completely idle (nothing running, nothing waiting, no new completions). An observation with any
+  of those counts unknown is not an idle one. The driver de-routes first, sleeps, and restores the route when
+  the sleep fails (:class:`SleepIdle`).
+- KV redistribution (single-GPU pods, ``reclaim.capacityBytes`` set): :func:`turnout.core.poolpolicy.plan_kv`
+  over every engine with a kvcached segment (one that is not serving keeps its pages and floor but has no
+  demand); limits are only sent when they differ from the engine's current capacity, shrinking ones first so
+  the pool never holds more than its capacity in between.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from turnout.core.poolpolicy import KvDemand, PolicyError, PoolPolicy, parse_pool_policy, plan_kv
+
+__all__ = [
+    "EngineObservation",
+    "PolicyEvent",
+    "PoolMemory",
+    "PoolStep",
+    "SetKvLimit",
+    "SleepIdle",
+    "pool_step",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineObservation:
+    claim: str
+    model: str
+    phase: str
+    ready: bool
+    kv_used_bytes: int | None = None  # used + preallocated pages
+    kv_prealloc_bytes: int = 0
+    kv_capacity_bytes: int | None = None
+    running: int | None = None
+    waiting: int | None = None
+    success_total: int | None = None
+
+    @property
+    def observable(self) -> bool:
+        return self.running is not None and self.waiting is not None and self.success_total is not None
+
+    @property
+    def serving(self) -> bool:
+        return self.phase == "active" and self.ready
+
+
+@dataclass(frozen=True, slots=True)
+class PoolMemory:
+    """What one pod's step remembers for the next: idle runs, completion counters, the reported bad policy."""
+
+    idle_since: Mapping[str, float] = field(default_factory=dict)  # model -> first idle observation of the run
+    success: Mapping[str, int] = field(default_factory=dict)  # model -> success_total seen last tick
+    reported_invalid: str | None = None  # annotation text already reported as invalid
+
+
+@dataclass(frozen=True, slots=True)
+class SetKvLimit:
+    pod: str
+    model: str
+    limit_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SleepIdle:
+    """De-route the claim, sleep its engine, and restore the route if the sleep fails."""
+
+    pod: str
+    claim: str
+    model: str
+    idle_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyEvent:
+    pod: str
+    reason: str
+    message: str
+
+
+PoolAction = SetKvLimit | SleepIdle | PolicyEvent
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStep:
+    actions: list[PoolAction]
+    memory: PoolMemory
+    policy_valid: bool | None  # None: the pool has no policy annotation
+
+
+def pool_step(
+    pod: str,
+    gpus: int,
+    policy_text: str | None,
+    engines: Sequence[EngineObservation],
+    memory: PoolMemory,
+    now: float,
+) -> PoolStep:
+    success = {e.model: e.success_total for e in engines if e.success_total is not None}
+    if policy_text is None:
+        return PoolStep([], PoolMemory(success=success), None)
+    try:
+        policy = parse_pool_policy(policy_text)
+    except PolicyError as exc:
+        actions: list[PoolAction] = []
+        if memory.reported_invalid != policy_text:
+            actions.append(PolicyEvent(pod, "InvalidPoolPolicy", f"pool policy disabled: {exc}"))
+        return PoolStep(actions, PoolMemory(success=success, reported_invalid=policy_text), False)
+    actions = []
+    idle_since = _idle_runs(engines, memory, now)
+    if policy.sleep_after_s is not None:
+        for e in engines:
+            since = idle_since.get(e.model)
+            if since is not None and now - since >= policy.sleep_after_s:
+                actions.append(SleepIdle(pod, e.claim, e.model, now - since))
+                idle_since.pop(e.model)
+    actions += _kv_actions(pod, gpus, policy, engines, memory)
+    return PoolStep(actions, PoolMemory(idle_since, success), True)
+
+
+def _idle_runs(engines: Sequence[EngineObservation], memory: PoolMemory, now: float) -> dict[str, float]:
+    """Start of the current run of complete idle observations per serving engine."""
+    out: dict[str, float] = {}
+    for e in engines:
+        if not e.serving or not e.observable:
+            continue
+        previous = memory.success.get(e.model)
+        idle = e.running == 0 and e.waiting == 0 and (previous is None or previous == e.success_total)
+        if idle:
+            out[e.model] = memory.idle_since.get(e.model, now) if previous is not None else now
+    return out
+
+
+def _kv_actions(
+    pod: str, gpus: int, policy: PoolPolicy, engines: Sequence[EngineObservation], memory: PoolMemory
+) -> list[PoolAction]:
+    if policy.capacity_bytes is None or gpus != 1:
+        return []
+    # Every engine holding a segment takes part (a booting or sleeping one keeps its pages and floor, with no
+    # demand); any serving engine without one makes KV use unobservable, so no plan.
+    placed = [e for e in engines if e.kv_capacity_bytes is not None and e.kv_used_bytes is not None]
+    if not placed or any(e.serving and e not in placed for e in engines):
+        return []
+    demands = []
+    for e in placed:
+        previous = memory.success.get(e.model)
+        if e.serving:
+            delta = None if previous is None or e.success_total is None else max(e.success_total - previous, 0)
+            inflight = None if e.running is None or e.waiting is None else e.running + e.waiting
+        else:
+            delta, inflight = 0, 0
+        used = (e.kv_used_bytes or 0) - e.kv_prealloc_bytes
+        demands.append(KvDemand(e.model, used, e.kv_prealloc_bytes, inflight, delta))
+    limits = plan_kv(policy.capacity_bytes, demands, policy.floor_percent)
+    if limits is None:
+        return []
+    current = {e.model: e.kv_capacity_bytes for e in placed}
+    changes = [SetKvLimit(pod, m, limit) for m, limit in limits.items() if current[m] != limit]
+    changes.sort(key=lambda a: a.limit_bytes - (current[a.model] or 0))  # shrink before grow
+    return list(changes)

@@ -1,0 +1,154 @@
+"""Pool policy application per tick: idle sleep, KV limits, invalid-policy events (pure, table-driven)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from turnout.core.lifecycle import (
+    EngineObservation,
+    PolicyEvent,
+    PoolMemory,
+    SetKvLimit,
+    SleepIdle,
+    pool_step,
+)
+
+P = 2 << 20
+SLEEPY = '{"lifecycle":{"sleepAfterSeconds":30}}'
+KV = json.dumps({"reclaim": {"mode": "kv-first", "capacityBytes": 10 * P, "guaranteedFloorPercent": 0}})
+
+
+def obs(
+    model: str = "a",
+    running: int | None = 0,
+    waiting: int | None = 0,
+    done: int | None = 0,
+    phase: str = "active",
+    kv: int | None = None,
+    cap: int | None = None,
+) -> EngineObservation:
+    return EngineObservation(f"claim-{model}", model, phase, phase == "active", kv, 0, cap, running, waiting, done)
+
+
+def run(policy: str | None, ticks: list[tuple[float, list[EngineObservation]]], gpus: int = 1) -> list[list[object]]:
+    """Feed observations tick by tick (carrying memory) and collect each tick's actions."""
+    memory = PoolMemory()
+    out: list[list[object]] = []
+    for now, engines in ticks:
+        step = pool_step("pod", gpus, policy, engines, memory, now)
+        memory = step.memory
+        out.append(step.actions)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("ticks", "sleeps_at"),
+    [
+        # idle from the first observation: sleeps once 30 s of idle observations have passed
+        ([(0, [obs()]), (10, [obs()]), (29, [obs()]), (30, [obs()])], [3]),
+        # a completion in between restarts the idle run
+        ([(0, [obs()]), (20, [obs(done=1)]), (40, [obs(done=1)]), (69, [obs(done=1)]), (70, [obs(done=1)])], [4]),
+        # a running request is not idle
+        ([(0, [obs()]), (40, [obs(running=1)]), (60, [obs()])], []),
+        # waiting requests are not idle either
+        ([(0, [obs()]), (40, [obs(waiting=2)])], []),
+        # an unobservable tick breaks the run: idle must be proven by complete observations
+        ([(0, [obs()]), (20, [obs(running=None)]), (40, [obs()]), (69, [obs()]), (70, [obs()])], [4]),
+        # an engine that is not active (booting, sleeping) never idles into sleep
+        ([(0, [obs(phase="sleeping")]), (100, [obs(phase="sleeping")])], []),
+    ],
+)
+def test_idle_sleep(ticks: list[tuple[float, list[EngineObservation]]], sleeps_at: list[int]) -> None:
+    actions = run(SLEEPY, ticks)
+    got = [i for i, acts in enumerate(actions) if any(isinstance(a, SleepIdle) for a in acts)]
+    assert got == sleeps_at
+
+
+def test_sleep_action_names_claim_and_idle_time() -> None:
+    actions = run(SLEEPY, [(0, [obs()]), (31, [obs()])])
+    assert actions[1] == [SleepIdle("pod", "claim-a", "a", 31)]
+
+
+def test_only_idle_engines_sleep() -> None:
+    ticks: list[tuple[float, list[EngineObservation]]] = [
+        (0, [obs("a"), obs("b")]),
+        (30, [obs("a"), obs("b", running=1)]),
+    ]
+    assert [a for a in run(SLEEPY, ticks)[1] if isinstance(a, SleepIdle)] == [SleepIdle("pod", "claim-a", "a", 30)]
+
+
+def test_no_policy_or_no_lifecycle_never_sleeps() -> None:
+    ticks: list[tuple[float, list[EngineObservation]]] = [(0, [obs()]), (1000, [obs()])]
+    assert run(None, ticks) == [[], []]
+    assert run('{"reclaim":{"mode":"kv-first"}}', ticks) == [[], []]
+
+
+def test_invalid_policy_reported_once_per_text() -> None:
+    memory = PoolMemory()
+    events = []
+    for text in ['{"lifecycle":{"sleepAfter":1}}', '{"lifecycle":{"sleepAfter":1}}', "{bad", "{bad", SLEEPY, "{bad"]:
+        step = pool_step("pod", 1, text, [obs()], memory, 0)
+        memory = step.memory
+        events.append([a for a in step.actions if isinstance(a, PolicyEvent)])
+        if text != SLEEPY:
+            assert step.policy_valid is False
+    assert [len(e) for e in events] == [1, 0, 1, 0, 0, 1]
+    assert events[0][0].reason == "InvalidPoolPolicy" and "unknown field" in events[0][0].message
+
+
+def test_invalid_policy_disables_sleep() -> None:
+    ticks: list[tuple[float, list[EngineObservation]]] = [(0, [obs()]), (1000, [obs()])]
+    actions = run('{"lifecycle":{"sleepAfterSeconds":30},"x":1}', ticks)
+    assert not any(isinstance(a, SleepIdle) for acts in actions for a in acts)
+
+
+@pytest.mark.parametrize(
+    ("second", "gpus", "expected"),
+    [
+        # demand 3:1 of the 10 pages -> 8/2 (7.5/2.5 rounded by largest remainder, ties by name)
+        ([obs("a", running=3, kv=0, cap=5 * P), obs("b", running=1, kv=0, cap=5 * P)], 1, {"a": 8 * P, "b": 2 * P}),
+        # unchanged limits are not sent again
+        ([obs("a", kv=0, cap=5 * P), obs("b", kv=0, cap=5 * P)], 1, {}),
+        # multi-GPU pods are left alone
+        ([obs("a", running=3, kv=0, cap=5 * P), obs("b", kv=0, cap=5 * P)], 2, {}),
+        # an engine without a kvcached segment makes KV unobservable: no plan
+        ([obs("a", running=3, kv=0, cap=5 * P), obs("b")], 1, {}),
+        # an engine whose requests cannot be observed: no plan
+        ([obs("a", running=None, kv=0, cap=5 * P), obs("b", kv=0, cap=5 * P)], 1, {}),
+        # protected pages over the capacity: no plan
+        ([obs("a", kv=8 * P, cap=5 * P), obs("b", kv=3 * P, cap=5 * P)], 1, {}),
+    ],
+)
+def test_kv_limits(second: list[EngineObservation], gpus: int, expected: dict[str, int]) -> None:
+    first = [obs(e.model, kv=e.kv_used_bytes, cap=e.kv_capacity_bytes) for e in second]
+    actions = run(KV, [(0, first), (5, second)], gpus=gpus)
+    assert actions[0] == [] or all(isinstance(a, SetKvLimit) for a in actions[0])
+    assert {a.model: a.limit_bytes for a in actions[1] if isinstance(a, SetKvLimit)} == expected
+
+
+def test_first_observation_plans_nothing() -> None:
+    """Completions since the last plan are unknown on the first tick: demand is not observable yet."""
+    actions = run(KV, [(0, [obs("a", running=3, kv=0, cap=5 * P), obs("b", kv=0, cap=5 * P)])])
+    assert actions == [[]]
+
+
+def test_completions_count_as_demand() -> None:
+    ticks: list[tuple[float, list[EngineObservation]]] = [
+        (0, [obs("a", done=100, kv=0, cap=5 * P), obs("b", done=7, kv=0, cap=5 * P)]),
+        (5, [obs("a", done=103, kv=0, cap=5 * P), obs("b", done=8, kv=0, cap=5 * P)]),
+    ]
+    limits = {a.model: a.limit_bytes for a in run(KV, ticks)[1] if isinstance(a, SetKvLimit)}
+    assert limits == {"a": 8 * P, "b": 2 * P}
+
+
+def test_engine_not_serving_keeps_its_pages_and_shrinks_first() -> None:
+    """A booting engine with a segment is in the plan (protected pages, no demand), and limits that shrink are
+    sent before those that grow, so the pool never holds more than its capacity in between."""
+    ticks: list[tuple[float, list[EngineObservation]]] = [
+        (0, [obs("a", running=3, kv=0, cap=5 * P), obs("b", phase="booting", kv=2 * P, cap=5 * P)]),
+        (5, [obs("a", running=3, kv=0, cap=5 * P), obs("b", phase="booting", kv=2 * P, cap=5 * P)]),
+    ]
+    actions = run(KV, ticks)[1]
+    assert actions == [SetKvLimit("pod", "b", 2 * P), SetKvLimit("pod", "a", 8 * P)]
