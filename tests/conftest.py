@@ -261,6 +261,15 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def kube() -> Iterator[Any]:
+    """A real kube-apiserver + etcd (built once and cached by scripts/kube-apiserver)."""
+    from tests.support.kube import kube_apiserver
+
+    with kube_apiserver() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     from tests.support.services import redis_server
 

@@ -242,6 +242,48 @@ def controller(
     asyncio.run(main())
 
 
+@app.command()
+def operator(
+    namespace: Annotated[
+        list[str] | None, typer.Option("--namespace", "-n", help="watch these namespaces (repeatable)")
+    ] = None,
+    all_namespaces: Annotated[bool, typer.Option("--all-namespaces", help="watch the whole cluster")] = False,
+    interval: Annotated[float, typer.Option(help="seconds between reconcile passes per claim and pool")] = 5.0,
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="kubeconfig file (default: in-cluster service account, then ~/.kube/config)")
+    ] = None,
+    metrics_port: Annotated[int, typer.Option(help="serve aibrix_modelclaim_* metrics on this port (0: off)")] = 8080,
+    liveness_port: Annotated[int, typer.Option(help="kopf liveness endpoint /healthz on this port (0: off)")] = 0,
+    log_level: Annotated[str, typer.Option()] = "info",
+) -> None:
+    """Run the Kubernetes ModelClaim operator (CRD modelclaims.model.aibrix.ai; manifests in deploy/)."""
+    try:
+        import kopf
+        from prometheus_client import start_http_server
+
+        from turnout.controller.kube import OperatorConfig, build_registry
+        from turnout.controller.metrics import ControllerMetrics
+    except ImportError as exc:
+        _fail(f"the operator needs its extra: pip install 'turnout[operator]' ({exc})")
+        return
+    if not namespace and not all_namespaces:
+        _fail("say which namespaces to watch: --namespace NS (repeatable) or --all-namespaces")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    metrics = ControllerMetrics()
+    if metrics_port:
+        start_http_server(metrics_port, registry=metrics.registry)
+    registry = build_registry(
+        OperatorConfig(interval_s=interval, namespaces=tuple(namespace or ()), kubeconfig=kubeconfig), metrics
+    )
+    kopf.run(
+        registry=registry,
+        standalone=True,
+        clusterwide=all_namespaces,
+        namespaces=namespace or (),
+        liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
+    )
+
+
 @config_app.command("check")
 def config_check(config: ConfigOption = None) -> None:
     """Validate a config file without starting anything (exit 2 when invalid)."""

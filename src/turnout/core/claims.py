@@ -91,6 +91,8 @@ def parse_claim_spec(name: str, spec: Any) -> ClaimSpec:
         raise InvalidClaim(f"spec.replicas must be 1 (one engine per claim), got {replicas!r}")
     config = spec.get("engineConfig") or {}
     args = config.get("args", {}) if isinstance(config, dict) else None
+    if isinstance(args, dict):  # a flag without a value may arrive as null (how some API servers treat "")
+        args = {k: "" if v is None else v for k, v in args.items()}
     if not isinstance(args, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in args.items()):
         raise InvalidClaim('spec.engineConfig.args must be a map of strings ("" for a boolean flag)')
     if "--gpu-memory-utilization" in args:

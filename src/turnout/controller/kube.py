@@ -1,0 +1,403 @@
+"""The Kubernetes ModelClaim driver (`turnout operator`): kopf handlers around the same pure plan.
+
+- ``ModelClaim`` (``modelclaims.model.aibrix.ai/v1alpha1``): a kopf timer reconciles each claim every
+  ``interval_s`` (and at once when it appears): status through the status subresource, events on phase
+  changes, routing annotations on pool pods, agent calls. Deletion goes through a finalizer
+  (``modelclaim.aibrix.ai/finalizer``): de-route, stop the engine, then let the object go.
+- Pool Deployments carrying ``pool.aibrix.ai/policy``: a loop lists them every ``interval_s`` and applies the
+  policy to each Deployment's pods (idle sleep, KV limits); an invalid policy is disabled with one
+  ``InvalidPoolPolicy`` warning per text. (Listed, not watched through kopf: kopf would patch its own
+  bookkeeping onto the user's Deployments.)
+
+Kubernetes API calls use the official client (in threads; kopf itself watches and patches claims).
+Pods: the agent is at ``http://<podIP>:<containerPort named "runtime", else 8080>``; GPUs are the pod's
+``nvidia.com/gpu`` limits (a pod without any counts as one device: a CPU pool for llama.cpp).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import kopf
+import orjson
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from turnout.controller.agents import AgentClient, engine_info
+from turnout.controller.metrics import ControllerMetrics
+from turnout.controller.policy import PolicyRunner, PoolTarget
+from turnout.controller.status import now_iso, phase_of, render_status
+from turnout.core.claims import ClaimPhase, InvalidClaim, PodView, parse_claim_spec
+from turnout.core.poolpolicy import PolicyError, parse_pool_policy
+from turnout.core.reconcile import (
+    ANNOTATION_PREFIX,
+    Activate,
+    Annotate,
+    ClaimState,
+    Deactivate,
+    PodState,
+    ReleaseFinalizer,
+    SetStatus,
+    plan,
+)
+from turnout.upstream.client import UpstreamClient
+
+__all__ = ["GROUP", "OperatorConfig", "build_registry", "kube_configuration"]
+
+log = logging.getLogger("turnout.operator")
+
+GROUP, VERSION, PLURAL = "model.aibrix.ai", "v1alpha1", "modelclaims"
+FINALIZER = "modelclaim.aibrix.ai/finalizer"
+POLICY_ANNOTATION = "pool.aibrix.ai/policy"
+RUNTIME_PORT_NAME = "runtime"
+DEFAULT_RUNTIME_PORT = 8080
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    interval_s: float = 5.0
+    namespaces: tuple[str, ...] = ()  # () = every namespace
+    kubeconfig: Path | None = None  # None: in-cluster service account, else the default kubeconfig
+    agent_timeout_s: float = 120.0
+
+
+def kube_configuration(kubeconfig: Path | None) -> k8s.Configuration:
+    conf = k8s.Configuration()
+    if kubeconfig is not None:
+        k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=conf)
+        return conf
+    try:
+        k8s_config.load_incluster_config(client_configuration=conf)
+    except k8s_config.ConfigException:
+        k8s_config.load_kube_config(client_configuration=conf)
+    return conf
+
+
+class Kube:
+    """The few API calls the operator makes itself (kopf patches the claims)."""
+
+    def __init__(self, conf: k8s.Configuration) -> None:
+        api = k8s.ApiClient(conf)
+        self.core = k8s.CoreV1Api(api)
+        self.apps = k8s.AppsV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+
+    @staticmethod
+    def _json(response: Any) -> Any:
+        return orjson.loads(response.data)
+
+    async def pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        response = await asyncio.to_thread(
+            self.core.list_namespaced_pod, namespace, label_selector=selector, _preload_content=False
+        )
+        items: list[dict[str, Any]] = self._json(response)["items"]
+        return items
+
+    async def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            response = await asyncio.to_thread(self.core.read_namespaced_pod, name, namespace, _preload_content=False)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        pod: dict[str, Any] = self._json(response)
+        return pod
+
+    async def annotate_pod(self, namespace: str, name: str, key: str, value: str | None) -> None:
+        body = {"metadata": {"annotations": {key: value}}}
+        try:
+            await asyncio.to_thread(self.core.patch_namespaced_pod, name, namespace, body)
+        except k8s.ApiException as exc:
+            if exc.status != 404:  # a pod that is gone has no route to fix
+                raise
+
+    async def policy_deployments(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+        """Deployments that carry a pool policy annotation, in the given namespaces (or all)."""
+        if namespaces:
+            responses = [
+                await asyncio.to_thread(self.apps.list_namespaced_deployment, ns, _preload_content=False)
+                for ns in namespaces
+            ]
+        else:
+            responses = [await asyncio.to_thread(self.apps.list_deployment_for_all_namespaces, _preload_content=False)]
+        found = []
+        for response in responses:
+            for item in self._json(response)["items"]:
+                if POLICY_ANNOTATION in (item["metadata"].get("annotations") or {}):
+                    found.append({"apiVersion": "apps/v1", "kind": "Deployment", **item})
+        return found
+
+    async def event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        """Record a Kubernetes event on an object (best effort: a lost event never stops reconciliation)."""
+        meta = obj.get("metadata") or {}
+        now = datetime.now(UTC)
+        event = k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(generate_name=f"{meta.get('name')}.", namespace=meta.get("namespace")),
+            involved_object=k8s.V1ObjectReference(
+                api_version=obj.get("apiVersion"),
+                kind=obj.get("kind"),
+                name=meta.get("name"),
+                namespace=meta.get("namespace"),
+                uid=meta.get("uid"),
+            ),
+            reason=reason,
+            message=message[:1024],
+            type=kind,
+            count=1,
+            first_timestamp=now,
+            last_timestamp=now,
+            source=k8s.V1EventSource(component="turnout-operator"),
+            reporting_component="turnout-operator",
+        )
+        try:
+            await asyncio.to_thread(self.core.create_namespaced_event, str(meta.get("namespace")), event)
+        except k8s.ApiException as exc:
+            log.warning("event %s on %s not recorded: %s", reason, meta.get("name"), exc.reason)
+
+    async def claims(self, namespace: str) -> list[dict[str, Any]]:
+        response = await asyncio.to_thread(
+            self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, _preload_content=False
+        )
+        items: list[dict[str, Any]] = self._json(response)["items"]
+        return items
+
+
+def agent_url(pod: Mapping[str, Any]) -> str | None:
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    port = DEFAULT_RUNTIME_PORT
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for p in container.get("ports") or []:
+            if p.get("name") == RUNTIME_PORT_NAME:
+                port = int(p["containerPort"])
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}"
+
+
+def pod_gpus(pod: Mapping[str, Any]) -> int:
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        total += sum(int(limits.get(r, 0)) for r in GPU_RESOURCES)
+    return max(total, 1)
+
+
+class Operator:
+    def __init__(self, cfg: OperatorConfig, metrics: ControllerMetrics) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.kube = Kube(kube_configuration(cfg.kubeconfig))
+        self.client = UpstreamClient(connect_timeout_s=3, total_timeout_s=cfg.agent_timeout_s)
+        self.agents = AgentClient(self.client)
+        self.policy = PolicyRunner(self.agents, metrics)
+        self.reported_invalid: dict[str, str] = {}  # deployment uid -> policy text already reported
+        self.pools_seen: set[tuple[str, str]] = set()
+
+    async def pod_state(self, pod: dict[str, Any]) -> tuple[PodState, list[dict[str, Any]] | None]:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        url = agent_url(pod)
+        running = status.get("phase") == "Running" and meta.get("deletionTimestamp") is None
+        report = await self.agents.engines(url, meta["name"]) if running and url else None
+        engines = {str(e["model_name"]): engine_info(e) for e in report or []}
+        kv = sum(int(e.get("kv_used_bytes") or 0) for e in report or [])
+        view = PodView(
+            meta["name"],
+            meta.get("labels") or {},
+            running,
+            status.get("podIP"),
+            pod_gpus(pod),
+            kv_used_bytes=kv,
+            models=len(engines),
+        )
+        return PodState(view, engines, reachable=report is not None or not running), report
+
+    async def reconcile(self, body: Mapping[str, Any], patch: kopf.Patch, *, deleting: bool = False) -> bool:
+        """One pass for one claim; True when a deleting claim may go."""
+        meta, status = body["metadata"], dict(body.get("status") or {})
+        name, namespace = meta["name"], meta["namespace"]
+        try:
+            spec, invalid = parse_claim_spec(name, dict(body.get("spec") or {})), None
+        except InvalidClaim as exc:
+            spec, invalid = None, str(exc)
+        model = spec.model_name if spec is not None else name
+        pods = await self.kube.pods(namespace, spec.pod_selector) if spec is not None else []
+        bound = status.get("pod")
+        if bound and all(p["metadata"]["name"] != bound for p in pods):
+            extra = await self.kube.pod(namespace, bound)  # the claim stays where it is if labels change
+            pods += [extra] if extra is not None else []
+        states = await asyncio.gather(*(self.pod_state(p) for p in pods))
+        by_name = {p["metadata"]["name"]: p for p in pods}
+        claim = ClaimState(name, spec, invalid, bound if bound in by_name else None, deleting)
+        done = False
+        for action in plan([claim], [s for s, _ in states]):
+            if isinstance(action, SetStatus):
+                await self._status(body, patch, status, action, model)
+            elif isinstance(action, Activate):
+                request = {
+                    "model_name": action.spec.model_name,
+                    "artifact_url": action.spec.artifact_url,
+                    "engine": action.spec.engine,
+                    "engine_config": {"args": dict(action.spec.args)},
+                    "claim_ref": {"namespace": namespace, "name": name, "uid": meta.get("uid", "")},
+                    "operation_id": f"activate-{meta.get('uid', name)}-{action.pod}",
+                }
+                url = agent_url(by_name[action.pod]) or ""
+                problem = await self.agents.post(url, action.pod, "/v1/runtime/models/activate", request)
+                if problem is not None:
+                    await self.kube.event(body, "Warning", "ActivateFailed", problem)
+            elif isinstance(action, Deactivate):
+                url = agent_url(by_name[action.pod]) or ""
+                await self.agents.post(url, action.pod, "/v1/runtime/models/deactivate", {"model_name": action.model})
+            elif isinstance(action, Annotate):
+                current = (by_name[action.pod]["metadata"].get("annotations") or {}).get(action.key)
+                if current != action.value:
+                    await self.kube.annotate_pod(namespace, action.pod, action.key, action.value)
+            elif isinstance(action, ReleaseFinalizer):
+                done = True
+        if deleting and done:
+            self.metrics.forget(namespace, model)
+        return done
+
+    async def _status(
+        self, body: Mapping[str, Any], patch: kopf.Patch, status: dict[str, Any], action: SetStatus, model: str
+    ) -> None:
+        before = phase_of(status)
+        new = render_status(action, status, now_iso(time.time()), model)
+        if any(status.get(k) != v for k, v in new.items()):
+            patch.status.update(new)
+        if before is not action.phase:
+            kind = "Warning" if action.phase in (ClaimPhase.FAILED, ClaimPhase.PENDING) else "Normal"
+            await self.kube.event(body, kind, action.reason, action.message or action.phase.value)
+        self.metrics.claim(body["metadata"]["namespace"], model, before, action.phase)
+
+    async def pool(self, body: Mapping[str, Any]) -> None:
+        meta = body["metadata"]
+        name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", meta["name"])
+        text = (meta.get("annotations") or {}).get(POLICY_ANNOTATION)
+        if text is None:
+            self.metrics.pool(namespace, name, None)
+            return
+        try:
+            parse_pool_policy(text)
+        except PolicyError as exc:
+            self.metrics.pool(namespace, name, False)
+            if self.reported_invalid.get(uid) != text:
+                self.reported_invalid[uid] = text
+                log.warning("deployment %s/%s: pool policy disabled: %s", namespace, name, exc)
+                await self.kube.event(body, "Warning", "InvalidPoolPolicy", f"pool policy disabled: {exc}")
+            return
+        self.reported_invalid.pop(uid, None)
+        selector = ((body.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        if not selector:
+            return
+        pods = await self.kube.pods(namespace, selector)
+        claims = {c["metadata"]["name"]: c for c in await self.kube.claims(namespace)}
+        for pod in pods:
+            state, report = await self.pod_state(pod)
+            url = agent_url(pod)
+            if report is None or url is None:
+                continue
+            pod_name = state.pod.name
+            bound = {
+                str((c.get("status") or {}).get("model") or c["metadata"]["name"]): n
+                for n, c in claims.items()
+                if (c.get("status") or {}).get("pod") == pod_name and not c["metadata"].get("deletionTimestamp")
+            }
+            target = PoolTarget(pod_name, url, state.pod.gpus, text, report, bound, namespace, name)
+
+            async def set_route(claim: str, value: str, pod_name: str = pod_name) -> None:
+                await self.kube.annotate_pod(namespace, pod_name, ANNOTATION_PREFIX + claim, value)
+
+            async def event(claim: str | None, kind: str, reason: str, message: str) -> None:
+                await self.kube.event(claims.get(claim or "", body), kind, reason, message)
+
+            await self.policy.step(target, time.time(), set_route=set_route, event=event)
+
+    async def pools(self) -> None:
+        """One pass over every pool Deployment (listed here rather than watched through kopf, which would
+        patch its own bookkeeping onto the user's Deployments)."""
+        deployments = await self.kube.policy_deployments(self.cfg.namespaces)
+        seen = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in deployments}
+        for namespace, name in self.pools_seen - seen:
+            self.metrics.pool(namespace, name, None)
+        self.pools_seen = seen
+        for deployment in deployments:
+            try:
+                await self.pool(deployment)
+            except k8s.ApiException as exc:
+                log.warning("pool %s: %s", deployment["metadata"]["name"], exc.reason)
+
+    async def pool_loop(self) -> None:
+        while True:
+            try:
+                await self.pools()
+            except Exception:  # one failed pass must not end pool policies
+                log.exception("pool policy pass failed")
+            await asyncio.sleep(self.cfg.interval_s)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def build_registry(cfg: OperatorConfig, metrics: ControllerMetrics) -> kopf.OperatorRegistry:
+    """The operator's handlers in their own registry (several can run in one process, as the tests do)."""
+    registry = kopf.OperatorRegistry()
+    holder: dict[str, Operator] = {}
+    tasks: list[asyncio.Task[None]] = []
+
+    def operator() -> Operator:
+        if "op" not in holder:
+            holder["op"] = Operator(cfg, metrics)
+        return holder["op"]
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.finalizer = FINALIZER
+        settings.posting.level = logging.WARNING  # kopf's own events only for handler errors
+        settings.watching.server_timeout = 60
+        tasks.append(asyncio.create_task(operator().pool_loop(), name="turnout-pool-policies"))
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        conf = kube_configuration(cfg.kubeconfig)
+        keys = conf.api_key or {}
+        token = keys.get("BearerToken") or keys.get("authorization") or ""  # the key's name varies by client version
+        scheme, _sep, value = token.partition(" ")
+        return kopf.ConnectionInfo(
+            server=conf.host,
+            ca_path=conf.ssl_ca_cert,
+            insecure=not conf.verify_ssl,
+            scheme=scheme or None,
+            token=value or None,
+            certificate_path=conf.cert_file,
+            private_key_path=conf.key_file,
+        )
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if "op" in holder:
+            await holder.pop("op").close()
+
+    @kopf.timer(GROUP, VERSION, PLURAL, interval=cfg.interval_s, registry=registry)
+    async def claim_timer(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        await operator().reconcile(body, patch)
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
+    async def claim_deleted(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        if not await operator().reconcile(body, patch, deleting=True):
+            raise kopf.TemporaryError("de-routing and stopping the engine", delay=1)
+
+    return registry

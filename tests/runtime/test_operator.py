@@ -1,0 +1,301 @@
+"""The Kubernetes operator against a real kube-apiserver (v1.20, RBAC on) with the manifests in deploy/,
+a real runtime agent and real llama.cpp engines. Nothing runs pods here: the test creates the pool pod
+object and sets its status (Running, podIP 127.0.0.1) itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import threading
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kopf
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import utils as k8s_utils
+
+from tests.runtime.conftest import AgentStarter
+from tests.support.kube import KubeServer
+from turnout.controller.kube import FINALIZER, GROUP, OperatorConfig, build_registry
+from turnout.controller.metrics import ControllerMetrics
+from turnout.runtime.agent import SUPERVISOR
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+NS = "pools"
+VERSION, PLURAL = "v1alpha1", "modelclaims"
+
+
+def api_client(kubeconfig: Path) -> k8s.ApiClient:
+    conf = k8s.Configuration()
+    k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=conf)
+    return k8s.ApiClient(conf)
+
+
+@pytest.fixture(scope="module")
+def cluster(kube: KubeServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[k8s.ApiClient, Path]]:
+    """CRD and RBAC from deploy/ installed; yields an admin client and a kubeconfig for the operator's
+    service account (a TokenRequest token: the operator runs with exactly the ClusterRole in deploy/)."""
+    admin = api_client(kube.kubeconfig)
+    k8s_utils.create_from_yaml(admin, str(DEPLOY / "crd.yaml"))
+    ext = k8s.ApiextensionsV1Api(admin)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        crd = ext.read_custom_resource_definition("modelclaims.model.aibrix.ai")
+        if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("CRD never became Established")
+    k8s_utils.create_from_yaml(admin, str(DEPLOY / "rbac.yaml"))
+    core = k8s.CoreV1Api(admin)
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NS)))
+    token = core.create_namespaced_service_account_token(
+        "turnout-operator",
+        "turnout-system",
+        k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)),
+    ).status.token
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    config["users"][0]["user"] = {"token": token}
+    operator_config = tmp_path_factory.mktemp("operator") / "kubeconfig"
+    operator_config.write_text(yaml.safe_dump(config))
+    yield admin, operator_config
+    admin.close()
+
+
+class RunningOperator:
+    def __init__(self, kubeconfig: Path) -> None:
+        self.metrics = ControllerMetrics()
+        registry = build_registry(OperatorConfig(interval_s=0.5, namespaces=(NS,), kubeconfig=kubeconfig), self.metrics)
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.errors: list[BaseException] = []
+
+        def main() -> None:
+            try:
+                asyncio.run(
+                    kopf.operator(
+                        registry=registry,
+                        standalone=True,
+                        namespaces=[NS],
+                        stop_flag=self.stop,
+                        ready_flag=self.ready,
+                    )
+                )
+            except BaseException as exc:  # reported by the test, not lost in the thread
+                self.errors.append(exc)
+
+        self.thread = threading.Thread(target=main, name="kopf-operator", daemon=True)
+        self.thread.start()
+        assert self.ready.wait(30), "the operator did not start"
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the operator did not stop"
+        assert not self.errors, self.errors
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], what: str, limit_s: float = 60) -> Any:
+    deadline = time.monotonic() + limit_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def claim(name: str, artifact: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ModelClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "podSelector": {"matchLabels": {"pool": "cpu"}},
+            "artifactURL": artifact,
+            "engine": "llamacpp",
+            "engineConfig": {"args": {"--n_ctx": "256"}},
+        },
+    }
+
+
+def request(kube: KubeServer, method: str, path: str, body: Any = None, accept: str = "application/json") -> Any:
+    """A plain REST call, as kubectl makes it (the Python client turns "" map values into null)."""
+    cluster = yaml.safe_load(kube.kubeconfig.read_text())["clusters"][0]["cluster"]
+    ctx = ssl.create_default_context(cafile=cluster["certificate-authority"])
+    ctx.check_hostname = False
+    headers = {"Authorization": f"Bearer {kube.token}", "Accept": accept, "Content-Type": "application/json"}
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(kube.url + path, data=data, method=method, headers=headers)
+    with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def table(kube: KubeServer, path: str) -> dict[str, Any]:
+    """The server-side table (what kubectl get prints), using the CRD's printer columns."""
+    result: dict[str, Any] = request(kube, "GET", path, accept="application/json;as=Table;v=v1;g=meta.k8s.io")
+    return result
+
+
+def test_manifests_apply_and_the_schema_refuses_bad_claims(
+    cluster: tuple[k8s.ApiClient, Path], kube: KubeServer
+) -> None:
+    admin, _ = cluster
+    # The operator Deployment and the warm pool sample are accepted by the API server as written.
+    k8s_utils.create_from_yaml(admin, str(DEPLOY / "operator.yaml"))
+    k8s_utils.create_from_yaml(admin, str(DEPLOY / "warm-pool.yaml"))
+    custom = k8s.CustomObjectsApi(admin)
+    for doc in yaml.safe_load_all((DEPLOY / "modelclaims.yaml").read_text()):
+        request(kube, "POST", f"/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}", doc)
+    stored = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "qwen25-0-5b")
+    assert stored["spec"]["engine"] == "vllm" and stored["spec"]["replicas"] == 1  # schema defaults
+    flags = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "qwen3-0-6b")["spec"]
+    assert flags["engineConfig"]["args"]["--enforce-eager"] == ""
+    policy = k8s.AppsV1Api(admin).read_namespaced_deployment("warm-runtime-pool", "default").metadata.annotations
+    json.loads(policy["pool.aibrix.ai/policy"])  # the sample's policy is valid JSON as folded by YAML
+    bad = [
+        {"artifactURL": "hf://x"},  # no podSelector
+        {"podSelector": {"matchLabels": {"a": "b"}}, "artifactURL": "ftp://x"},  # unknown scheme
+        {"podSelector": {"matchLabels": {"a": "b"}}, "artifactURL": "hf://x", "replicas": 2},
+        {"podSelector": {"matchLabels": {"a": "b"}}, "artifactURL": "hf://x", "engine": "tgi"},
+    ]
+    for i, spec in enumerate(bad):
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelClaim", "metadata": {"name": f"bad{i}"}, "spec": spec}
+        with pytest.raises(k8s.ApiException) as caught:
+            custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+        assert caught.value.status == 422, spec
+
+
+async def test_operator_reconciles_claims_on_a_real_api_server(
+    cluster: tuple[k8s.ApiClient, Path], kube: KubeServer, start_agent: AgentStarter, tiny_model: Path, tmp_path: Path
+) -> None:
+    admin, operator_kubeconfig = cluster
+    core, custom, apps = k8s.CoreV1Api(admin), k8s.CustomObjectsApi(admin), k8s.AppsV1Api(admin)
+    url, agent = await start_agent()
+    agent_port = int(url.rsplit(":", 1)[1])
+    labels = {"pool": "cpu", "pool.aibrix.ai/enabled": "true", "app": "pool"}
+    pod = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="pool-0", labels=labels),
+        spec=k8s.V1PodSpec(
+            containers=[
+                k8s.V1Container(
+                    name="runtime",
+                    image="turnout",
+                    ports=[k8s.V1ContainerPort(name="runtime", container_port=agent_port)],
+                )
+            ]
+        ),
+    )
+    core.create_namespaced_pod(NS, pod)
+    core.patch_namespaced_pod_status("pool-0", NS, {"status": {"phase": "Running", "podIP": "127.0.0.1"}})
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "pool", "annotations": {"pool.aibrix.ai/policy": '{"lifecycle":{"sleepAfter":1}}'}},
+        "spec": {
+            "selector": {"matchLabels": {"app": "pool"}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "runtime", "image": "turnout"}]},
+            },
+        },
+    }
+    apps.create_namespaced_deployment(NS, deployment)
+    operator = RunningOperator(operator_kubeconfig)
+    try:
+        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, claim("tiny", f"file://{tiny_model}"))
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, claim("broken", f"file://{tmp_path / 'missing.gguf'}")
+        )
+
+        def get(name: str) -> dict[str, Any]:
+            obj: dict[str, Any] = custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+            return obj
+
+        async def active() -> dict[str, Any] | None:
+            obj = get("tiny")
+            return obj if (obj.get("status") or {}).get("phase") == "Active" else None
+
+        tiny = await eventually(active, "claim tiny Active")
+        status = tiny["status"]
+        assert status["pod"] == "pool-0" and status["port"] > 0 and status["readyReplicas"] == 1
+        assert {c["type"]: c["status"] for c in status["conditions"]} == {"Scheduled": "True", "Ready": "True"}
+        assert FINALIZER in tiny["metadata"]["finalizers"]
+
+        async def routed() -> bool:
+            notes = core.read_namespaced_pod("pool-0", NS).metadata.annotations or {}
+            return json.loads(notes.get("modelclaim.aibrix.ai/tiny", "{}")).get("state") == "active"
+
+        await eventually(routed, "routing annotation")
+        notes = core.read_namespaced_pod("pool-0", NS).metadata.annotations
+        assert json.loads(notes["modelclaim.aibrix.ai/tiny"]) == {
+            "model": "tiny",
+            "port": status["port"],
+            "state": "active",
+        }
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"http://127.0.0.1:{status['port']}/v1/chat/completions", json=body) as r,
+        ):
+            assert r.status == 200  # the engine the annotation points at serves the claim's model
+
+        rows = table(kube, f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}/tiny")
+        columns = [c["name"] for c in rows["columnDefinitions"]]
+        assert columns[:6] == ["Name", "Phase", "Model", "Pod", "Ready", "Engine"]
+        assert rows["rows"][0]["cells"][1:5] == ["Active", "tiny", "pool-0", 1]
+
+        async def failed() -> dict[str, Any] | None:
+            obj = get("broken")
+            return obj if (obj.get("status") or {}).get("phase") == "Failed" else None
+
+        broken = await eventually(failed, "claim broken Failed")
+        assert broken["status"]["reason"] == "EngineFailed" and "exited" in broken["status"]["message"]
+
+        def events(name: str) -> list[Any]:
+            return core.list_namespaced_event(NS, field_selector=f"involvedObject.name={name}").items
+
+        await eventually(
+            lambda: _async(any(e.reason == "EngineFailed" and e.type == "Warning" for e in events("broken"))),
+            "EngineFailed event",
+        )
+        assert any(e.reason == "Ready" for e in events("tiny"))
+        await asyncio.sleep(2)  # several pool-policy passes: still one event for one bad policy
+        invalid = [e for e in events("pool") if e.reason == "InvalidPoolPolicy"]
+        assert len(invalid) == 1 and (invalid[0].count or 1) == 1, invalid
+        assert invalid[0].involved_object.kind == "Deployment" and "sleepAfter" in invalid[0].message
+        sample = operator.metrics.registry.get_sample_value
+        assert sample("aibrix_modelclaim_pool_policy_valid", {"namespace": NS, "deployment": "pool"}) == 0
+        assert sample("aibrix_modelclaim_ready_replicas", {"namespace": NS, "model": "tiny"}) == 1
+        assert (
+            sample("aibrix_modelclaim_activation_total", {"namespace": NS, "model": "broken", "result": "failure"}) == 1
+        )
+
+        # Deleting: the finalizer de-routes, stops the engine, and only then lets the object go.
+        custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "tiny")
+
+        async def gone() -> bool:
+            try:
+                get("tiny")
+            except k8s.ApiException as exc:
+                return exc.status == 404
+            return False
+
+        await eventually(gone, "claim tiny deleted")
+        assert "tiny" not in agent.app[SUPERVISOR].engines
+        assert "modelclaim.aibrix.ai/tiny" not in (core.read_namespaced_pod("pool-0", NS).metadata.annotations or {})
+    finally:
+        operator.close()
+
+
+async def _async(value: Any) -> Any:
+    return value
