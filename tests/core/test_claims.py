@@ -1,6 +1,6 @@
 import pytest
 
-from turnout.core.claims import POOL_LABEL, InvalidClaim, PodView, parse_claim_spec, rank_pods
+from turnout.core.claims import POOL_LABEL, InvalidClaim, PodView, artifact_key, parse_claim_spec, rank_pods
 
 BASE = {"podSelector": {"matchLabels": {"pool": "a"}}, "artifactURL": "hf://org/m"}
 
@@ -63,3 +63,18 @@ def test_rank(pods: list[PodView], expected: list[str], why: str) -> None:
     ranked, reason = rank_pods(parse_claim_spec("c", BASE), pods)
     assert [p.name for p in ranked] == expected
     assert why in reason
+
+
+def test_cached_artifact_matches_either_hugging_face_scheme() -> None:
+    """A pod that cached hf://org/m ranks first for a claim written huggingface://org/m."""
+    claim = parse_claim_spec("c", {**BASE, "artifactURL": "huggingface://org/m"})
+    ranked, _ = rank_pods(claim, [pod("a"), pod("b", cached_artifacts=frozenset({artifact_key("hf://org/m")}))])
+    assert [p.name for p in ranked] == ["b", "a"]
+    assert artifact_key("huggingface://org/m") == artifact_key("hf://org/m") == "hf://org/m"
+    assert artifact_key("s3://bucket/m") == "s3://bucket/m"
+
+
+def test_null_flag_value_is_a_boolean_flag() -> None:
+    """Some API servers hand "" back as null; the claim still means a flag without a value."""
+    claim = parse_claim_spec("c", {**BASE, "engineConfig": {"args": {"--enforce-eager": None}}})
+    assert claim.args == {"--enforce-eager": ""}

@@ -4,34 +4,53 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from turnout.core.claims import PodView, artifact_key
 from turnout.core.lifecycle import EngineObservation
 from turnout.core.reconcile import EngineInfo
 from turnout.errors import UpstreamError
 from turnout.upstream.client import UpstreamClient
 
-__all__ = ["Activity", "AgentClient", "engine_info", "observation"]
+__all__ = ["Activity", "AgentClient", "AgentReport", "engine_info", "observation", "pod_view"]
 
 log = logging.getLogger("turnout.controller")
 
 Activity = tuple[int, int]  # (in flight, completed so far) as the gateway counted them
 
 
+@dataclass(frozen=True, slots=True)
+class AgentReport:
+    """One agent snapshot: its engines, the artifacts its pod has cached, the free device memory (NVML)."""
+
+    engines: list[dict[str, Any]]
+    cached: frozenset[str] = frozenset()
+    free_hbm_bytes: int | None = None
+
+
 class AgentClient:
     def __init__(self, client: UpstreamClient) -> None:
         self.client = client
 
-    async def engines(self, agent_url: str, label: str) -> list[dict[str, Any]] | None:
-        """The agent's engines, or None when it does not answer."""
+    async def report(self, agent_url: str, label: str) -> AgentReport | None:
+        """The agent's snapshot, or None when it does not answer."""
         try:
-            body = await self.client.get_json(f"{agent_url}/v1/runtime/models", label=label, timeout_s=5)
+            body = await self.client.get_json(f"{agent_url}/v1/runtime/snapshot", label=label, timeout_s=5)
         except UpstreamError:
             return None
-        models = body.get("models") if isinstance(body, dict) else None
-        return [m for m in models if isinstance(m, dict)] if isinstance(models, list) else None
+        engines = body.get("engines") if isinstance(body, dict) else None
+        if not isinstance(engines, list):
+            return None
+        accelerators = [a for a in body.get("accelerators") or [] if isinstance(a, dict)]
+        free = [_int(a.get("hbm_free_bytes")) for a in accelerators]
+        return AgentReport(
+            [e for e in engines if isinstance(e, dict)],
+            frozenset(str(k) for k in body.get("cached_artifacts") or []),
+            sum(f for f in free if f is not None) if accelerators and None not in free else None,
+        )
 
     async def post(self, agent_url: str, label: str, path: str, body: Mapping[str, Any]) -> str | None:
         """POST an operation; None when it worked, else what went wrong (for logs, events and statuses)."""
@@ -88,4 +107,30 @@ def observation(claim: str, engine: Mapping[str, Any], activity: Activity | None
         running=running,
         waiting=waiting,
         success_total=done,
+    )
+
+
+def pod_view(
+    name: str, labels: Mapping[str, str], running: bool, address: str | None, gpus: int, report: AgentReport | None
+) -> PodView:
+    """What placement ranks a pod by: cached artifacts (and those its engines run), free HBM, KV used, models,
+    load (requests running or waiting where the engines report them)."""
+    if report is None:
+        return PodView(name, labels, running, address, gpus)
+    engines = report.engines
+    load = 0
+    for e in engines:
+        requests = e.get("requests") or {}
+        load += sum(_int(requests.get(k)) or 0 for k in ("running", "waiting"))
+    return PodView(
+        name,
+        labels,
+        running,
+        address,
+        gpus,
+        free_hbm_bytes=report.free_hbm_bytes,
+        kv_used_bytes=sum(_int(e.get("kv_used_bytes")) or 0 for e in engines),
+        models=len(engines),
+        load=float(load),
+        cached_artifacts=report.cached | {artifact_key(str(e.get("artifact_url", ""))) for e in engines},
     )

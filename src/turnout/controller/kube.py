@@ -30,11 +30,11 @@ import orjson
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from turnout.controller.agents import AgentClient, engine_info
+from turnout.controller.agents import AgentClient, engine_info, pod_view
 from turnout.controller.metrics import ControllerMetrics
 from turnout.controller.policy import PolicyRunner, PoolTarget
 from turnout.controller.status import now_iso, phase_of, render_status
-from turnout.core.claims import ClaimPhase, InvalidClaim, PodView, parse_claim_spec
+from turnout.core.claims import ClaimPhase, InvalidClaim, parse_claim_spec
 from turnout.core.poolpolicy import PolicyError, parse_pool_policy
 from turnout.core.reconcile import (
     ANNOTATION_PREFIX,
@@ -207,19 +207,11 @@ class Operator:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
         url = agent_url(pod)
         running = status.get("phase") == "Running" and meta.get("deletionTimestamp") is None
-        report = await self.agents.engines(url, meta["name"]) if running and url else None
-        engines = {str(e["model_name"]): engine_info(e) for e in report or []}
-        kv = sum(int(e.get("kv_used_bytes") or 0) for e in report or [])
-        view = PodView(
-            meta["name"],
-            meta.get("labels") or {},
-            running,
-            status.get("podIP"),
-            pod_gpus(pod),
-            kv_used_bytes=kv,
-            models=len(engines),
-        )
-        return PodState(view, engines, reachable=report is not None or not running), report
+        report = await self.agents.report(url, meta["name"]) if running and url else None
+        engines = {str(e["model_name"]): engine_info(e) for e in (report.engines if report else [])}
+        view = pod_view(meta["name"], meta.get("labels") or {}, running, status.get("podIP"), pod_gpus(pod), report)
+        reachable = report is not None or not running
+        return PodState(view, engines, reachable=reachable), (report.engines if report else None)
 
     async def reconcile(self, body: Mapping[str, Any], patch: kopf.Patch, *, deleting: bool = False) -> bool:
         """One pass for one claim; True when a deleting claim may go."""

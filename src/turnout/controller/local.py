@@ -22,11 +22,11 @@ from typing import Any
 import orjson
 import yaml
 
-from turnout.controller.agents import Activity, AgentClient, engine_info
+from turnout.controller.agents import Activity, AgentClient, AgentReport, engine_info, pod_view
 from turnout.controller.metrics import ControllerMetrics
 from turnout.controller.policy import PolicyRunner, PoolTarget
 from turnout.controller.status import now_iso, phase_of, render_status
-from turnout.core.claims import ClaimPhase, InvalidClaim, PodView, parse_claim_spec
+from turnout.core.claims import ClaimPhase, InvalidClaim, parse_claim_spec
 from turnout.core.reconcile import (
     ANNOTATION_PREFIX,
     Activate,
@@ -183,27 +183,28 @@ class LocalController:
             bound = self.statuses.get(name, {}).get("pod")
             claims.append(ClaimState(name, spec, invalid, bound, bool(doc.get("deleting"))))
         pools = list(self.pools.values())
-        reports = await asyncio.gather(*(self.agents.engines(p.agent_url, p.name) for p in pools))
-        self.reports = {p.name: {str(e["model_name"]): e for e in r or []} for p, r in zip(pools, reports, strict=True)}
+        reports = await asyncio.gather(*(self.agents.report(p.agent_url, p.name) for p in pools))
+        self.reports = {
+            p.name: {str(e["model_name"]): e for e in (r.engines if r else [])}
+            for p, r in zip(pools, reports, strict=True)
+        }
         pods = [self._pod_state(p, r) for p, r in zip(pools, reports, strict=True)]
         for action in plan(claims, pods):
             await self._apply(action, models)
         live = {c.name for c in claims if not c.deleting and c.spec is not None}
         for pool, report in zip(pools, reports, strict=True):
             if report is not None:
-                await self._pool_policy(pool, report, live, models)
+                await self._pool_policy(pool, report.engines, live, models)
         self.files.save_statuses(self.statuses)
         if self._events_dirty:
             self.files.save_events(self.events)
             self._events_dirty = False
 
-    def _pod_state(self, pool: Pool, report: list[dict[str, Any]] | None) -> PodState:
+    def _pod_state(self, pool: Pool, report: AgentReport | None) -> PodState:
+        view = pod_view(pool.name, pool.labels, True, pool.address, pool.gpus, report)
         if report is None:
-            return PodState(PodView(pool.name, pool.labels, True, pool.address, pool.gpus), {}, reachable=False)
-        engines = {str(e["model_name"]): engine_info(e) for e in report}
-        kv = sum(int(e.get("kv_used_bytes") or 0) for e in report)
-        view = PodView(pool.name, pool.labels, True, pool.address, pool.gpus, kv_used_bytes=kv, models=len(engines))
-        return PodState(view, engines)
+            return PodState(view, {}, reachable=False)
+        return PodState(view, {str(e["model_name"]): engine_info(e) for e in report.engines})
 
     async def _pool_policy(
         self, pool: Pool, report: list[dict[str, Any]], live: set[str], models: dict[str, str]

@@ -18,6 +18,7 @@ __all__ = [
     "ClaimSpec",
     "InvalidClaim",
     "PodView",
+    "artifact_key",
     "matches_selector",
     "parse_claim_spec",
     "rank_pods",
@@ -116,7 +117,12 @@ class PodView:
     kv_used_bytes: int | None = None
     models: int = 0
     load: float = 0.0
-    cached_artifacts: frozenset[str] = frozenset()
+    cached_artifacts: frozenset[str] = frozenset()  # artifact_key() of what the pod has cached or runs
+
+
+def artifact_key(url: str) -> str:
+    """One name per artifact: ``huggingface://X`` and ``hf://X`` are the same model."""
+    return "hf://" + url.removeprefix("huggingface://") if url.startswith("huggingface://") else url
 
 
 def matches_selector(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
@@ -144,7 +150,7 @@ def rank_pods(claim: ClaimSpec, pods: Sequence[PodView]) -> tuple[list[PodView],
 
     def key(p: PodView) -> tuple[Any, ...]:
         return (
-            claim.artifact_url not in p.cached_artifacts,
+            artifact_key(claim.artifact_url) not in p.cached_artifacts,
             -(p.free_hbm_bytes or 0),
             p.kv_used_bytes or 0,
             p.models,

@@ -25,7 +25,8 @@ from turnout.core.runtime import ActivateRequest, EnginePhase, InvalidRequest
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
 from turnout.gateway.dialect import Dialect, error_response, json_response
 from turnout.runtime.kvcached import apply_limit, read_usage
-from turnout.runtime.launch import cached_markers, launch_command
+from turnout.runtime.launch import cached_artifact_keys, cached_markers, launch_command
+from turnout.runtime.nvml import Nvml, group_pids
 from turnout.runtime.supervisor import EngineRecord, Supervisor
 
 __all__ = ["create_agent_app"]
@@ -80,8 +81,11 @@ def create_agent_app(
     cache_dir: Path | None = None,
     shm_dir: Path = Path("/dev/shm"),
     backoff_base_s: float = 2.0,
+    nvml: Nvml | None = None,
 ) -> web.Application:
     supervisor = Supervisor(registry_path, log_dir, port_range=port_range, backoff_base_s=backoff_base_s)
+    gpu = nvml if nvml is not None else Nvml()
+    peaks: dict[str, int] = {}  # model -> highest device memory its process group was seen holding
     ops = _Operations()
     registry = CollectorRegistry()
     resident = Gauge("aibrix:modelclaim_models_resident", "engines with a live, ready process", registry=registry)
@@ -93,7 +97,18 @@ def create_agent_app(
         "aibrix:modelclaim_lifecycle_operations", "agent operations", ["operation", "result"], registry=registry
     )
 
-    def describe(record: EngineRecord, requests: dict[str, int | None] | None = None) -> dict[str, Any]:
+    def peak_of(record: EngineRecord, per_pid: dict[int, int]) -> int | None:
+        """Best effort: NVML's per-process memory summed over the engine's process group, kept as a peak."""
+        if not gpu.available:
+            return None
+        if record.pid is not None:
+            now = sum(per_pid.get(pid, 0) for pid in group_pids(record.pid))
+            peaks[record.model_name] = max(peaks.get(record.model_name, 0), now)
+        return peaks.get(record.model_name, 0)
+
+    def describe(
+        record: EngineRecord, requests: dict[str, int | None] | None = None, per_pid: dict[int, int] | None = None
+    ) -> dict[str, Any]:
         usage = read_usage(record.ipc_name, shm_dir)
         return {
             **record.to_json(),
@@ -101,7 +116,7 @@ def create_agent_app(
             "kv_used_bytes": None if usage is None else usage.used + usage.prealloc,
             "kv_prealloc_bytes": None if usage is None else usage.prealloc,
             "kv_capacity_bytes": None if usage is None else usage.total,
-            "hbm_peak_bytes": None,  # needs NVML; not observable on this host
+            "hbm_peak_bytes": peak_of(record, per_pid if per_pid is not None else gpu.process_memory()),
             "requests": requests or dict(_NO_ACTIVITY),
             "cached_artifacts": [] if cache_dir is None else cached_markers(cache_dir, record.artifact_url),
         }
@@ -109,7 +124,8 @@ def create_agent_app(
     async def describe_all() -> list[dict[str, Any]]:
         records = list(supervisor.engines.values())
         activity = await asyncio.gather(*(engine_activity(supervisor, r) for r in records))
-        return [describe(r, a) for r, a in zip(records, activity, strict=True)]
+        per_pid = gpu.process_memory()
+        return [describe(r, a, per_pid) for r, a in zip(records, activity, strict=True)]
 
     def operation(
         name: str, fn: Callable[[dict[str, Any]], Awaitable[Any]]
@@ -196,7 +212,8 @@ def create_agent_app(
                 "ts": time.time(),
                 "pid": os.getpid(),
                 "engines": await describe_all(),
-                "accelerators": [],
+                "accelerators": gpu.accelerators(),  # [] without NVML
+                "cached_artifacts": [] if cache_dir is None else cached_artifact_keys(cache_dir),
             }
         )
 
@@ -208,7 +225,9 @@ def create_agent_app(
         for record in supervisor.engines.values():
             usage = read_usage(record.ipc_name, shm_dir)
             restarts.labels(record.model_name).set(record.restarts)
-            hbm_peak.labels(record.model_name).set(0)
+            peak = peaks.get(record.model_name)
+            if peak is not None:
+                hbm_peak.labels(record.model_name).set(peak)
             if usage is not None:
                 kv_used.labels(record.model_name).set(usage.used + usage.prealloc)
                 kv_total.labels(record.model_name).set(usage.total)

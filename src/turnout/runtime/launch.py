@@ -8,7 +8,7 @@ from pathlib import Path
 
 from turnout.core.runtime import engine_args
 
-__all__ = ["Launch", "artifact_path", "launch_command"]
+__all__ = ["Launch", "artifact_path", "cached_artifact_keys", "launch_command"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +102,15 @@ def cached_markers(cache_dir: Path, artifact_url: str) -> list[str]:
     ident = artifact_path(artifact_url)
     hub = "models--" + ident.replace("/", "--")
     return sorted(p.name for p in cache_dir.iterdir() if p.name in (hub, Path(ident).name))
+
+
+def cached_artifact_keys(cache_dir: Path) -> list[str]:
+    """Artifacts this pod has cached, as :func:`turnout.core.claims.artifact_key` names them: Hugging Face hub
+    entries ``models--ORG--NAME`` become ``hf://ORG/NAME`` (what the controller prefers when placing)."""
+    if not cache_dir.is_dir():
+        return []
+    keys = []
+    for entry in cache_dir.iterdir():
+        if entry.name.startswith("models--") and entry.is_dir():
+            keys.append("hf://" + entry.name.removeprefix("models--").replace("--", "/"))
+    return sorted(keys)

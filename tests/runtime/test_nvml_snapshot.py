@@ -1,0 +1,131 @@
+"""Snapshot extras: accelerators and per-engine HBM peak through NVML (a stand-in module here: no GPU on this
+machine; the real one is nvidia-ml-py), process groups read from the real /proc, cached artifacts from a
+real cache directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.conftest import free_port
+from turnout.runtime.agent import SUPERVISOR, create_agent_app
+from turnout.runtime.launch import cached_artifact_keys
+from turnout.runtime.nvml import Nvml, group_pids
+from turnout.runtime.supervisor import EngineRecord, process_start_time
+
+
+class FakeNvml:
+    """The pynvml calls the agent makes, answering for one 141 GB device and the given PIDs."""
+
+    def __init__(self, usage: dict[int, int]) -> None:
+        self.usage = usage
+
+    def nvmlInit(self) -> None: ...
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetName(self, handle: int) -> bytes:
+        return b"NVIDIA H200"
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
+        used = sum(self.usage.values())
+        return SimpleNamespace(total=141 << 30, used=used, free=(141 << 30) - used)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
+        return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in self.usage.items()]
+
+
+@pytest.fixture
+def process_group() -> Iterator[tuple[int, int]]:
+    """A real session leader with one child in its group: (leader pid, child pid)."""
+    proc = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    yield proc.pid, child
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+
+
+def test_group_pids_reads_the_real_process_group(process_group: tuple[int, int]) -> None:
+    leader, child = process_group
+    assert group_pids(leader) == {leader, child}
+    assert group_pids(2**22 + 12345) == set()
+
+
+def test_no_nvml_means_nothing_observable() -> None:
+    class Broken:
+        def nvmlInit(self) -> None:
+            raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    nv = Nvml(Broken())
+    assert not nv.available and nv.accelerators() == [] and nv.process_memory() == {}
+
+
+def test_cached_artifact_keys(tmp_path: Path) -> None:
+    (tmp_path / "models--Qwen--Qwen3-0.6B").mkdir()
+    (tmp_path / "models--org--m").mkdir()
+    (tmp_path / "datasets--x--y").mkdir()
+    (tmp_path / "models--not-a-dir").write_text("")
+    assert cached_artifact_keys(tmp_path) == ["hf://Qwen/Qwen3-0.6B", "hf://org/m"]
+    assert cached_artifact_keys(tmp_path / "absent") == []
+
+
+async def test_snapshot_reports_accelerators_peak_and_cache(tmp_path: Path, process_group: tuple[int, int]) -> None:
+    leader, child = process_group
+    nv = FakeNvml({leader: 1 << 30, child: 3 << 30, 999_999_999: 7 << 30})  # the last PID is someone else's
+    cache = tmp_path / "hub"
+    (cache / "models--org--m").mkdir(parents=True)
+    app = create_agent_app(
+        registry_path=tmp_path / "engines.json",
+        log_dir=tmp_path / "logs",
+        port_range=(free_port(), free_port()),
+        cache_dir=cache,
+        nvml=Nvml(nv),
+    )
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        # an engine record for the real process group (as if the agent had spawned it)
+        record = EngineRecord("m", "vllm", "hf://org/m", 1, "m", {}, {}, phase="active", ready=False)
+        record.pid, record.pid_start = leader, process_start_time(leader)
+        app[SUPERVISOR].engines["m"] = record
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/v1/runtime/snapshot") as r:
+                snap = await r.json()
+            nv.usage[child] = 1 << 30  # usage falls: the peak stays
+            async with http.get(f"http://127.0.0.1:{port}/v1/runtime/snapshot") as r:
+                again = await r.json()
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
+                metrics = await r.text()
+        assert snap["accelerators"] == [
+            {
+                "index": 0,
+                "name": "NVIDIA H200",
+                "hbm_total_bytes": 141 << 30,
+                "hbm_free_bytes": (141 << 30) - (11 << 30),
+                "hbm_used_bytes": 11 << 30,
+            }
+        ]
+        assert snap["cached_artifacts"] == ["hf://org/m"]
+        assert snap["engines"][0]["hbm_peak_bytes"] == 4 << 30  # leader + child, not the stranger
+        assert again["engines"][0]["hbm_peak_bytes"] == 4 << 30
+        assert 'aibrix:modelclaim_hbm_peak_bytes{model="m"} 4.294967296e+09' in metrics
+    finally:
+        app[SUPERVISOR].engines.clear()  # the group belongs to the fixture, not to the agent
+        await runner.cleanup()
