@@ -254,6 +254,31 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
         assert columns[:6] == ["Name", "Phase", "Model", "Pod", "Ready", "Engine"]
         assert rows["rows"][0]["cells"][1:5] == ["Active", "tiny", "pool-0", 1]
 
+        greedy = claim("greedy", "hf://org/m")
+        greedy["spec"]["engineConfig"]["args"]["--gpu-memory-utilization"] = "0.9"
+        nowhere = claim("nowhere", "hf://org/m")
+        nowhere["spec"]["podSelector"] = {"matchLabels": {"pool": "gpu"}}
+        for extra in (greedy, nowhere):
+            custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, extra)
+
+        async def phases() -> bool:
+            got = {n: (get(n).get("status") or {}).get("phase") for n in ("greedy", "nowhere")}
+            return got == {"greedy": "Failed", "nowhere": "Pending"}
+
+        await eventually(phases, "greedy Failed and nowhere Pending")
+        assert get("greedy")["status"]["reason"] == "InvalidSpec"
+        assert "gpu-memory-utilization" in get("greedy")["status"]["message"]
+        assert get("nowhere")["status"]["reason"] == "NoCandidatePod"
+        assert "podSelector" in get("nowhere")["status"]["message"]
+
+        # A restarted operator picks up where the last one stopped: same engine, same port, no relaunch.
+        pid = agent.app[SUPERVISOR].engines["tiny"].pid
+        operator.close()
+        operator = RunningOperator(operator_kubeconfig)
+        await asyncio.sleep(1.5)
+        assert get("tiny")["status"]["phase"] == "Active" and get("tiny")["status"]["port"] == status["port"]
+        assert agent.app[SUPERVISOR].engines["tiny"].pid == pid
+
         async def failed() -> dict[str, Any] | None:
             obj = get("broken")
             return obj if (obj.get("status") or {}).get("phase") == "Failed" else None

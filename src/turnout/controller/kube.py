@@ -163,6 +163,15 @@ class Kube:
         except k8s.ApiException as exc:
             log.warning("event %s on %s not recorded: %s", reason, meta.get("name"), exc.reason)
 
+    async def has_event(self, namespace: str, uid: str, reason: str, message: str) -> bool:
+        response = await asyncio.to_thread(
+            self.core.list_namespaced_event,
+            namespace,
+            field_selector=f"involvedObject.uid={uid},reason={reason}",
+            _preload_content=False,
+        )
+        return any(e.get("message") == message[:1024] for e in self._json(response)["items"])
+
     async def claims(self, namespace: str) -> list[dict[str, Any]]:
         response = await asyncio.to_thread(
             self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, _preload_content=False
@@ -285,8 +294,11 @@ class Operator:
             self.metrics.pool(namespace, name, False)
             if self.reported_invalid.get(uid) != text:
                 self.reported_invalid[uid] = text
-                log.warning("deployment %s/%s: pool policy disabled: %s", namespace, name, exc)
-                await self.kube.event(body, "Warning", "InvalidPoolPolicy", f"pool policy disabled: {exc}")
+                message = f"pool policy disabled: {exc}"
+                log.warning("deployment %s/%s: %s", namespace, name, message)
+                # One event per policy text, also across operator restarts: look before posting.
+                if not await self.kube.has_event(namespace, uid, "InvalidPoolPolicy", message):
+                    await self.kube.event(body, "Warning", "InvalidPoolPolicy", message)
             return
         self.reported_invalid.pop(uid, None)
         selector = ((body.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
