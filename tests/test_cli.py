@@ -244,3 +244,8 @@ def test_claim_events_lists_what_the_controller_recorded(tmp_path: Path) -> None
     assert out.returncode == 0
     line = out.stdout.splitlines()[1]
     assert "InvalidPoolPolicy" in line and "Pool/gpu-0" in line and " 3 " in line and "unknown field" in line
+
+
+def test_operator_needs_a_scope(tmp_path: Path) -> None:
+    out = run(["operator", "--metrics-port", "0"], tmp_path)
+    assert out.returncode == 2 and "--namespace" in out.stderr and "--all-namespaces" in out.stderr

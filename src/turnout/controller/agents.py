@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from turnout.core.claims import PodView, artifact_key
+from turnout.core.claims import ClaimSpec, PodView, artifact_key
 from turnout.core.lifecycle import EngineObservation
 from turnout.core.reconcile import EngineInfo
 from turnout.errors import UpstreamError
@@ -71,6 +71,18 @@ class AgentClient:
             problem = exc.message
         log.warning("%s %s failed: %s", label, path, problem)
         return problem
+
+    async def activate(self, agent_url: str, pod: str, spec: ClaimSpec, claim_ref: Mapping[str, str]) -> str | None:
+        """Start the claim's engine on the pod. The operation id names (claim, pod), so a repeat is a no-op."""
+        body = {
+            "model_name": spec.model_name,
+            "artifact_url": spec.artifact_url,
+            "engine": spec.engine,
+            "engine_config": {"args": dict(spec.args)},
+            "claim_ref": dict(claim_ref),
+            "operation_id": f"activate-{claim_ref.get('uid') or claim_ref['name']}-{pod}",
+        }
+        return await self.post(agent_url, pod, "/v1/runtime/models/activate", body)
 
 
 def _message(raw: bytes) -> str:

@@ -244,16 +244,9 @@ class Operator:
             if isinstance(action, SetStatus):
                 await self._status(body, patch, status, action, model)
             elif isinstance(action, Activate):
-                request = {
-                    "model_name": action.spec.model_name,
-                    "artifact_url": action.spec.artifact_url,
-                    "engine": action.spec.engine,
-                    "engine_config": {"args": dict(action.spec.args)},
-                    "claim_ref": {"namespace": namespace, "name": name, "uid": meta.get("uid", "")},
-                    "operation_id": f"activate-{meta.get('uid', name)}-{action.pod}",
-                }
+                ref = {"namespace": namespace, "name": name, "uid": str(meta.get("uid", ""))}
                 url = agent_url(by_name[action.pod]) or ""
-                problem = await self.agents.post(url, action.pod, "/v1/runtime/models/activate", request)
+                problem = await self.agents.activate(url, action.pod, action.spec, ref)
                 if problem is not None:
                     await self.kube.event(body, "Warning", "ActivateFailed", problem)
             elif isinstance(action, Deactivate):

@@ -268,15 +268,8 @@ class LocalController:
             self._set_status(action, models[action.claim])
         elif isinstance(action, Activate):
             pool = self.pools[action.pod]
-            body = {
-                "model_name": action.spec.model_name,
-                "artifact_url": action.spec.artifact_url,
-                "engine": action.spec.engine,
-                "engine_config": {"args": dict(action.spec.args)},
-                "claim_ref": {"namespace": "local", "name": action.claim},
-                "operation_id": f"activate-{action.claim}-{action.pod}",
-            }
-            problem = await self.agents.post(pool.agent_url, pool.name, "/v1/runtime/models/activate", body)
+            ref = {"namespace": "local", "name": action.claim}
+            problem = await self.agents.activate(pool.agent_url, pool.name, action.spec, ref)
             if problem is not None:
                 self._event(f"ModelClaim/{action.claim}", "Warning", "ActivateFailed", problem)
         elif isinstance(action, Deactivate):
