@@ -100,3 +100,40 @@ def test_deletion_deroutes_then_stops_then_releases() -> None:
 def test_route_annotation() -> None:
     assert route_annotation("m", EngineInfo("active", True, 9)) == '{"model":"m","port":9,"state":"active"}'
     assert route_annotation("m", None) == '{"model":"m","port":0,"state":"pending"}'
+
+
+def launched(spec: object = SPEC) -> object:
+    from turnout.core.reconcile import launch_key
+
+    return launch_key(spec)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("engine", "restarts"),
+    [
+        (EngineInfo("active", True, 30001, launched=launched()), False),  # same spec: keep serving
+        (EngineInfo("active", True, 30001), False),  # launch not reported: no drift check
+        (EngineInfo("active", True, 30001, launched=("vllm", "hf://q", (("--max-model-len", "4096"),))), True),
+        (EngineInfo("active", True, 30001, launched=("sglang", "hf://q", ())), True),
+        (EngineInfo("active", True, 30001, launched=("vllm", "hf://other", ())), True),
+    ],
+)
+def test_changed_spec_restarts_the_engine(engine: EngineInfo, restarts: bool) -> None:
+    actions = plan([ClaimState("qwen", SPEC, bound_pod="p1")], [PodState(pod(), {"qwen": engine})])
+    if restarts:
+        # de-routed first, then stopped; the next pass finds no engine and activates the new spec
+        assert actions[:2] == [Annotate("p1", KEY, route_annotation("qwen", None)), Deactivate("qwen", "p1", "qwen")]
+        assert statuses(actions) == [(ClaimPhase.LOADING, "SpecChanged")]
+    else:
+        assert not any(isinstance(a, Deactivate) for a in actions)
+        assert statuses(actions) == [(ClaimPhase.ACTIVE, "Ready")]
+
+
+def test_renamed_model_stops_the_old_engine_only() -> None:
+    engines = {
+        "old-name": EngineInfo("active", True, 30001, claim="qwen"),
+        "neighbour": EngineInfo("active", True, 30002, claim="other-claim"),
+    }
+    actions = plan([ClaimState("qwen", SPEC, bound_pod="p1")], [PodState(pod(), engines)])
+    assert [a for a in actions if isinstance(a, Deactivate)] == [Deactivate("qwen", "p1", "old-name")]
+    assert Activate("qwen", "p1", SPEC) in actions

@@ -87,3 +87,32 @@ async def test_claim_lifecycle(controller: tuple[LocalController, web.AppRunner]
 def test_bad_claim_documents(text: str, fragment: str) -> None:
     with pytest.raises(InvalidClaim, match=fragment):
         load_claim_documents(text)
+
+
+async def test_changed_and_recreated_claims_get_new_engines(
+    controller: tuple[LocalController, web.AppRunner], tiny_model: Path
+) -> None:
+    ctl, agent = controller
+    engines = agent.app[SUPERVISOR].engines
+    first = load_claim_documents(CLAIM.replace("MODEL", str(tiny_model)))[0]
+    ctl.files.apply(first)
+    await tick_until(ctl, "tiny-claim", ClaimPhase.ACTIVE)
+    pid, uid = engines["tiny"].pid, ctl.files.all()[0]["metadata"]["uid"]
+
+    # re-applied with other args: de-routed, stopped, started again with them
+    changed = {**first, "spec": {**first["spec"], "engineConfig": {"args": {"--n_ctx": "128"}}}}
+    ctl.files.apply(changed)
+    assert ctl.files.all()[0]["metadata"]["uid"] == uid  # an update keeps the claim's identity
+    await tick_until(ctl, "tiny-claim", ClaimPhase.LOADING)
+    assert ctl.statuses["tiny-claim"]["reason"] in ("SpecChanged", "Activating", "Loading")
+    await tick_until(ctl, "tiny-claim", ClaimPhase.ACTIVE)
+    assert engines["tiny"].args == {"--n_ctx": "128"} and engines["tiny"].pid != pid
+
+    # deleted, then created again under the same name: a new claim, so a new engine (not a remembered answer)
+    ctl.files.mark_deleted("tiny-claim")
+    await tick_until(ctl, "tiny-claim", None)
+    assert "tiny" not in engines
+    ctl.files.apply(first)
+    assert ctl.files.all()[0]["metadata"]["uid"] != uid
+    await tick_until(ctl, "tiny-claim", ClaimPhase.ACTIVE)
+    assert engines["tiny"].args == {"--n_ctx": "256"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import orjson
 
 from turnout.core.claims import ClaimSpec, PodView, artifact_key
 from turnout.core.lifecycle import EngineObservation
-from turnout.core.reconcile import EngineInfo
+from turnout.core.reconcile import EngineInfo, launch_key
 from turnout.errors import UpstreamError
 from turnout.upstream.client import UpstreamClient
 
@@ -80,9 +81,15 @@ class AgentClient:
             "engine": spec.engine,
             "engine_config": {"args": dict(spec.args)},
             "claim_ref": dict(claim_ref),
-            "operation_id": f"activate-{claim_ref.get('uid') or claim_ref['name']}-{pod}",
+            # names this claim (uid), this spec and this pod: a changed or re-created claim starts afresh
+            "operation_id": f"activate-{claim_ref.get('uid') or claim_ref['name']}-{spec_digest(spec)}-{pod}",
         }
         return await self.post(agent_url, pod, "/v1/runtime/models/activate", body)
+
+
+def spec_digest(spec: ClaimSpec) -> str:
+    raw = orjson.dumps([spec.model_name, *launch_key(spec)])
+    return hashlib.sha256(raw).hexdigest()[:12]
 
 
 def _message(raw: bytes) -> str:
@@ -93,8 +100,25 @@ def _message(raw: bytes) -> str:
         return raw[:200].decode("utf-8", "replace")
 
 
-def engine_info(engine: Mapping[str, Any]) -> EngineInfo:
-    return EngineInfo(str(engine["phase"]), bool(engine["ready"]), int(engine["port"]), engine.get("last_error"))
+def engine_info(engine: Mapping[str, Any], namespace: str = "local") -> EngineInfo:
+    """The plan's view of one reported engine; its claim is named only when it is from ``namespace``."""
+    args = engine.get("args")
+    launched = None
+    if isinstance(args, dict) and "engine" in engine and "artifact_url" in engine:
+        launched = (
+            str(engine["engine"]),
+            str(engine["artifact_url"]),
+            tuple(sorted((str(k), str(v)) for k, v in args.items())),
+        )
+    ref = engine.get("claim_ref") or {}
+    return EngineInfo(
+        str(engine["phase"]),
+        bool(engine["ready"]),
+        int(engine["port"]),
+        engine.get("last_error"),
+        launched,
+        str(ref["name"]) if isinstance(ref, dict) and ref.get("name") and ref.get("namespace") == namespace else None,
+    )
 
 
 def _int(value: Any) -> int | None:

@@ -214,10 +214,11 @@ class Operator:
 
     async def pod_state(self, pod: dict[str, Any]) -> tuple[PodState, list[dict[str, Any]] | None]:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        namespace = str(meta.get("namespace", ""))
         url = agent_url(pod)
         running = status.get("phase") == "Running" and meta.get("deletionTimestamp") is None
         report = await self.agents.report(url, meta["name"]) if running and url else None
-        engines = {str(e["model_name"]): engine_info(e) for e in (report.engines if report else [])}
+        engines = {str(e["model_name"]): engine_info(e, namespace) for e in (report.engines if report else [])}
         view = pod_view(meta["name"], meta.get("labels") or {}, running, status.get("podIP"), pod_gpus(pod), report)
         reachable = report is not None or not running
         return PodState(view, engines, reachable=reachable), (report.engines if report else None)

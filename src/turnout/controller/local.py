@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,8 +103,15 @@ class ClaimFiles:
         self.events_path = data_dir / "claim-events.json"
 
     def apply(self, doc: dict[str, Any]) -> str:
+        """Create or update; a new claim (or one re-created after a delete) gets a new uid."""
         name = doc["metadata"]["name"]
-        write_atomic(self.dir / f"{name}.json", orjson.dumps({**doc, "deleting": False}))
+        path = self.dir / f"{name}.json"
+        uid = None
+        if path.exists():
+            old = orjson.loads(path.read_bytes())
+            uid = None if old.get("deleting") else old.get("metadata", {}).get("uid")
+        meta = {**doc["metadata"], "uid": uid or uuid.uuid4().hex}
+        write_atomic(path, orjson.dumps({**doc, "metadata": meta, "deleting": False}))
         return str(name)
 
     def mark_deleted(self, name: str) -> bool:
@@ -168,11 +176,13 @@ class LocalController:
         self.on_route_change: Callable[[], None] | None = None  # the gateway re-reads routes at once
         self.activity: Callable[[str], Activity | None] = lambda claim: None  # gateway-counted requests
         self._events_dirty = False
+        self.uids: dict[str, str] = {}
 
     async def tick(self) -> None:
         docs = self.files.all()
         claims = []
         models: dict[str, str] = {}
+        self.uids = {d["metadata"]["name"]: str(d["metadata"].get("uid", "")) for d in docs}
         for doc in docs:
             name = doc["metadata"]["name"]
             try:
@@ -268,7 +278,7 @@ class LocalController:
             self._set_status(action, models[action.claim])
         elif isinstance(action, Activate):
             pool = self.pools[action.pod]
-            ref = {"namespace": "local", "name": action.claim}
+            ref = {"namespace": "local", "name": action.claim, "uid": self.uids.get(action.claim, "")}
             problem = await self.agents.activate(pool.agent_url, pool.name, action.spec, ref)
             if problem is not None:
                 self._event(f"ModelClaim/{action.claim}", "Warning", "ActivateFailed", problem)

@@ -23,11 +23,20 @@ __all__ = [
     "ReleaseFinalizer",
     "SetStatus",
     "conditions",
+    "launch_key",
     "plan",
     "route_annotation",
 ]
 
 ANNOTATION_PREFIX = "modelclaim.aibrix.ai/"
+
+
+LaunchKey = tuple[str, str, tuple[tuple[str, str], ...]]  # (engine, artifact URL, sorted args)
+
+
+def launch_key(spec: ClaimSpec) -> LaunchKey:
+    """What an engine was started from; a claim whose key changed needs a new engine."""
+    return spec.engine, spec.artifact_url, tuple(sorted(spec.args.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +45,8 @@ class EngineInfo:
     ready: bool
     port: int
     last_error: str | None = None
+    launched: LaunchKey | None = None  # None: not reported (no drift check)
+    claim: str | None = None  # the claim the agent started it for
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +160,23 @@ def plan(claims: Sequence[ClaimState], pods: Sequence[PodState]) -> list[Action]
                 )
             )
             continue
+        for model, other in bound.engines.items():  # the claim's modelName changed: its old engine goes
+            if other.claim == claim.name and model != spec.model_name:
+                actions.append(Deactivate(claim.name, bound.pod.name, model))
         engine = bound.engines.get(spec.model_name)
+        if engine is not None and engine.launched is not None and engine.launched != launch_key(spec):
+            actions.append(Annotate(bound.pod.name, key, route_annotation(spec.model_name, None)))
+            actions.append(Deactivate(claim.name, bound.pod.name, spec.model_name))
+            actions.append(
+                SetStatus(
+                    claim.name,
+                    ClaimPhase.LOADING,
+                    "SpecChanged",
+                    "engine, artifact or args changed: restarting the engine",
+                    bound.pod.name,
+                )
+            )
+            continue
         actions.append(Annotate(bound.pod.name, key, route_annotation(spec.model_name, engine)))
         actions.append(_status_for(claim.name, bound.pod.name, engine))
         if engine is None:
