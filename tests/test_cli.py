@@ -47,6 +47,15 @@ def test_config_check_ok(tmp_path: Path) -> None:
     assert result.returncode == 0 and "3 workers" in result.stdout
 
 
+def test_config_check_warns_about_a_pool_policy_the_controller_would_disable(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    agent = {"name": "gpu-0", "agent_url": "http://127.0.0.1:1", "policy": {"lifecycle": {"sleepAfter": 5}}}
+    config.write_text(json.dumps({"workers": [], "pools": {"agents": [agent]}}))
+    result = run(["config", "check", "--config", str(config)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "pools.agents[0].policy (gpu-0)" in result.stderr and "sleepAfter" in result.stderr
+
+
 @contextmanager
 def serving(cwd: Path, **env: str) -> Iterator[tuple[int, list[str]]]:
     """Run `turnout serve` until the block ends; yields (port, output lines once it has stopped)."""

@@ -294,6 +294,16 @@ def config_check(config: ConfigOption = None) -> None:
         _fail(str(exc))
         return
     typer.echo(f"{path}: ok ({len(settings.workers)} workers, data dir {settings.data_dir})")
+    from turnout.controller.local import policy_text
+    from turnout.core.poolpolicy import PolicyError, parse_pool_policy
+
+    for i, agent in enumerate(settings.pools.agents if settings.pools else []):
+        text = policy_text(agent.policy)
+        try:
+            if text is not None:
+                parse_pool_policy(text)
+        except PolicyError as exc:
+            typer.echo(f"warning: pools.agents[{i}].policy ({agent.name}): {exc}; the controller disables it", err=True)
 
 
 @config_app.command("schema")
