@@ -52,6 +52,11 @@ def write(tmp_path: Path, data: object) -> Path:
         ({"listen": {"port": 70000}}, ["listen.port"]),
         ({"lisen": {}}, ["lisen", "Extra inputs are not permitted"]),
         ({"workers": [{"name": "a"}]}, ["workers[0].url", "Field required"]),
+        (
+            {"pools": {"agents": [{"name": "g", "agent_url": "http://x"}], "kubernetes": {}}},
+            ["pools", "not both"],
+        ),
+        ({"pools": {"kubernetes": {"namespace": ["a"]}}}, ["pools.kubernetes.namespace", "Extra inputs"]),
         ("[1, 2]", ["top level must be a JSON object"]),
         ('{"workers": [}', ["not valid JSON", "line 1"]),
     ],

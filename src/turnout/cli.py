@@ -82,7 +82,7 @@ def serve(
     except PlacementFileError as exc:
         _fail(f"{exc}\nfix the file or delete it to fall back to the config baseline")
         return
-    except StoreError as exc:
+    except (StoreError, ConfigError) as exc:
         _fail(str(exc))
         return
     bind_port = port or settings.listen.port

@@ -179,11 +179,26 @@ class PoolAgent(_Model):
     )
 
 
+class PoolsKubernetes(_Model):
+    """Claims reconciled by `turnout operator` in a cluster; the gateway only reads them."""
+
+    namespaces: list[str] = Field(default_factory=list, description="namespaces to read claims from; empty = all")
+    kubeconfig: Path | None = Field(None, description="kubeconfig file; none = in-cluster service account")
+
+
 class Pools(_Model):
-    """GPU runtime pools driven by the in-process local ModelClaim controller (claims in the data dir)."""
+    """GPU runtime pools: either agents driven by the in-process local ModelClaim controller (claims in the
+    data dir), or a Kubernetes cluster whose claims `turnout operator` reconciles."""
 
     agents: list[PoolAgent] = Field(default_factory=list)
-    interval_s: float = Field(2.0, gt=0, description="seconds between reconcile ticks")
+    kubernetes: PoolsKubernetes | None = None
+    interval_s: float = Field(2.0, gt=0, description="seconds between reconcile ticks (or reads of the cluster)")
+
+    @model_validator(mode="after")
+    def _one_driver(self) -> Self:
+        if self.agents and self.kubernetes is not None:
+            raise ValueError("set pools.agents (local controller) or pools.kubernetes (operator), not both")
+        return self
 
 
 class Tenant(_Model):

@@ -22,7 +22,9 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import utils as k8s_utils
 
+from tests.conftest import GatewayFactory
 from tests.runtime.conftest import AgentStarter
+from tests.runtime.test_gateway_claims import until_status
 from tests.support.kube import KubeServer
 from turnout.controller.kube import FINALIZER, GROUP, OperatorConfig, build_registry
 from turnout.controller.metrics import ControllerMetrics
@@ -55,19 +57,27 @@ def cluster(kube: KubeServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
     else:
         raise AssertionError("CRD never became Established")
     k8s_utils.create_from_yaml(admin, str(DEPLOY / "rbac.yaml"))
+    k8s_utils.create_from_yaml(admin, str(DEPLOY / "gateway-rbac.yaml"))
     core = k8s.CoreV1Api(admin)
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NS)))
+    yield admin, service_account_kubeconfig(kube, core, "turnout-operator", tmp_path_factory)
+    admin.close()
+
+
+def service_account_kubeconfig(
+    kube: KubeServer, core: k8s.CoreV1Api, account: str, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A kubeconfig holding a TokenRequest token of a service account in turnout-system."""
     token = core.create_namespaced_service_account_token(
-        "turnout-operator",
+        account,
         "turnout-system",
         k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)),
     ).status.token
     config = yaml.safe_load(kube.kubeconfig.read_text())
     config["users"][0]["user"] = {"token": token}
-    operator_config = tmp_path_factory.mktemp("operator") / "kubeconfig"
-    operator_config.write_text(yaml.safe_dump(config))
-    yield admin, operator_config
-    admin.close()
+    path = tmp_path_factory.mktemp(account) / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 class RunningOperator:
@@ -176,7 +186,13 @@ def test_manifests_apply_and_the_schema_refuses_bad_claims(
 
 
 async def test_operator_reconciles_claims_on_a_real_api_server(
-    cluster: tuple[k8s.ApiClient, Path], kube: KubeServer, start_agent: AgentStarter, tiny_model: Path, tmp_path: Path
+    cluster: tuple[k8s.ApiClient, Path],
+    kube: KubeServer,
+    start_agent: AgentStarter,
+    gateway: GatewayFactory,
+    tiny_model: Path,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     admin, operator_kubeconfig = cluster
     core, custom, apps = k8s.CoreV1Api(admin), k8s.CustomObjectsApi(admin), k8s.AppsV1Api(admin)
@@ -270,6 +286,24 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
         assert "gpu-memory-utilization" in get("greedy")["status"]["message"]
         assert get("nowhere")["status"]["reason"] == "NoCandidatePod"
         assert "podSelector" in get("nowhere")["status"]["message"]
+
+        # A gateway in the cluster (read-only service account) routes to the claim the operator placed, and a
+        # request for a sleeping claim is answered 503 Retry-After: 10 while it wakes it.
+        gw_config = service_account_kubeconfig(kube, core, "turnout-gateway", tmp_path_factory)
+        gw = await gateway(
+            [], pools={"kubernetes": {"namespaces": [NS], "kubeconfig": str(gw_config)}, "interval_s": 0.2}
+        )
+        await until_status(gw, "tiny", 200)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{url}/v1/runtime/models/sleep", json={"model_name": "tiny", "level": 1}) as r,
+        ):
+            assert r.status == 200
+        headers = await until_status(gw, "tiny", 503)
+        assert headers["Retry-After"] == "10"
+        assert (get("tiny").get("status") or {}).get("phase") in ("Sleeping", "Active")
+        await until_status(gw, "tiny", 200)  # woken by the gateway, re-routed by the operator
+        status = get("tiny")["status"]
 
         # A restarted operator picks up where the last one stopped: same engine, same port, no relaunch.
         pid = agent.app[SUPERVISOR].engines["tiny"].pid

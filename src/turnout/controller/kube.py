@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,11 +30,11 @@ import orjson
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from turnout.controller.agents import AgentClient, engine_info, pod_view
+from turnout.controller.agents import Activity, AgentClient, engine_info, pod_view
 from turnout.controller.metrics import ControllerMetrics
 from turnout.controller.policy import PolicyRunner, PoolTarget
 from turnout.controller.status import now_iso, phase_of, render_status
-from turnout.core.claims import ClaimPhase, InvalidClaim, parse_claim_spec
+from turnout.core.claims import POOL_LABEL, ClaimPhase, InvalidClaim, parse_claim_spec
 from turnout.core.poolpolicy import PolicyError, parse_pool_policy
 from turnout.core.reconcile import (
     ANNOTATION_PREFIX,
@@ -47,9 +47,10 @@ from turnout.core.reconcile import (
     SetStatus,
     plan,
 )
+from turnout.fleet.claim_sources import ClaimView, WakeTarget, parse_route
 from turnout.upstream.client import UpstreamClient
 
-__all__ = ["GROUP", "OperatorConfig", "build_registry", "kube_configuration"]
+__all__ = ["GROUP", "KubeRoutes", "OperatorConfig", "build_registry", "kube_configuration"]
 
 log = logging.getLogger("turnout.operator")
 
@@ -171,6 +172,25 @@ class Kube:
             _preload_content=False,
         )
         return any(e.get("message") == message[:1024] for e in self._json(response)["items"])
+
+    async def all_claims(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+        if namespaces:
+            return [c for ns in namespaces for c in await self.claims(ns)]
+        response = await asyncio.to_thread(
+            self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, _preload_content=False
+        )
+        items: list[dict[str, Any]] = self._json(response)["items"]
+        return items
+
+    async def pool_pods(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+        selector = f"{POOL_LABEL}=true"
+        if namespaces:
+            return [p for ns in namespaces for p in await self.pods(ns, {POOL_LABEL: "true"})]
+        response = await asyncio.to_thread(
+            self.core.list_pod_for_all_namespaces, label_selector=selector, _preload_content=False
+        )
+        items: list[dict[str, Any]] = self._json(response)["items"]
+        return items
 
     async def claims(self, namespace: str) -> list[dict[str, Any]]:
         response = await asyncio.to_thread(
@@ -345,6 +365,58 @@ class Operator:
 
     async def close(self) -> None:
         await self.client.close()
+
+
+class KubeRoutes:
+    """The gateway's view of the claims an operator reconciles: statuses for the phase, the routing annotation
+    on the bound pod for the port, the pod's agent for wakes. Read-only (deploy/gateway-rbac.yaml)."""
+
+    def __init__(self, namespaces: tuple[str, ...], kubeconfig: Path | None, client: UpstreamClient) -> None:
+        self.kube = Kube(kube_configuration(kubeconfig))
+        self.namespaces = namespaces
+        self.agents = AgentClient(client)
+        self.on_route_change: Callable[[], None] | None = None
+        self.activity: Callable[[str], Activity | None] = lambda claim: None  # the operator reads engines' own
+        self._views: list[ClaimView] = []
+        self._bound: dict[str, tuple[dict[str, Any], str]] = {}  # key -> (pod, model)
+
+    async def refresh(self) -> None:
+        claims = await self.kube.all_claims(self.namespaces)
+        pods = {
+            (p["metadata"]["namespace"], p["metadata"]["name"]): p for p in await self.kube.pool_pods(self.namespaces)
+        }
+        views, bound = [], {}
+        for claim in sorted(claims, key=lambda c: (c["metadata"]["namespace"], c["metadata"]["name"])):
+            meta, status = claim["metadata"], claim.get("status") or {}
+            if meta.get("deletionTimestamp"):
+                continue
+            key = f"{meta['namespace']}/{meta['name']}"
+            model = str(status.get("model") or (claim.get("spec") or {}).get("modelName") or meta["name"])
+            phase = phase_of(status) or ClaimPhase.PENDING
+            pod = pods.get((meta["namespace"], status.get("pod") or ""))
+            route = None
+            if pod is not None:
+                bound[key] = (pod, model)
+                port = parse_route((pod["metadata"].get("annotations") or {}).get(ANNOTATION_PREFIX + meta["name"]))
+                ip = (pod.get("status") or {}).get("podIP")
+                route = (ip, port) if port and ip else None
+            views.append(ClaimView(key, model, phase, route))
+        self._views, self._bound = views, bound
+
+    def views(self) -> list[ClaimView]:
+        return list(self._views)
+
+    async def wake_target(self, key: str) -> WakeTarget | None:
+        found = self._bound.get(key)
+        if found is None:
+            return None
+        pod, model = found
+        url = agent_url(pod)
+        if url is None:
+            return None
+        report = await self.agents.report(url, pod["metadata"]["name"])
+        engine = next((e for e in (report.engines if report else []) if e.get("model_name") == model), {})
+        return WakeTarget(url, pod["metadata"]["name"], model, str(engine.get("last_transition", "unknown")))
 
 
 def build_registry(cfg: OperatorConfig, metrics: ControllerMetrics) -> kopf.OperatorRegistry:

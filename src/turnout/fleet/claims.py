@@ -17,12 +17,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 from turnout.config import Worker
-from turnout.controller.local import LocalController
-from turnout.controller.status import phase_of
 from turnout.core.claims import ClaimPhase
 from turnout.errors import TurnoutError, Unavailable
+from turnout.fleet.claim_sources import ClaimSource
 from turnout.fleet.state import Fleet, WorkerState
-from turnout.upstream.client import UpstreamClient
 
 __all__ = ["ClaimBindings"]
 
@@ -62,60 +60,57 @@ class ClaimBindings:
     def __init__(
         self,
         fleet: Fleet,
-        controller: LocalController,
-        client: UpstreamClient,
+        source: ClaimSource,
         interval_s: float,
         wake_lock: WakeLock | None = None,
     ) -> None:
         self.fleet = fleet
-        self.controller = controller
-        self.client = client
+        self.source = source
         self.interval_s = interval_s
         self.wake_lock = wake_lock
-        self.phases: dict[str, tuple[str, ClaimPhase]] = {}  # model -> (claim, phase)
+        self.phases: dict[str, tuple[str, ClaimPhase]] = {}  # model -> (claim key, phase)
         self._wakes: dict[str, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._completed: dict[str, int] = {}  # claim -> requests finished on its engine (idle detection)
         self.on_change: Callable[[], None] | None = None
         self.wakes_sent = 0
-        controller.on_route_change = self.sync
-        controller.activity = self.activity
+        source.on_route_change = self.sync
+        source.activity = self.activity
+
+    @staticmethod
+    def worker_name(key: str) -> str:
+        return "claim-" + key.replace("/", ".")
 
     def activity(self, claim: str) -> tuple[int, int] | None:
         """Requests in flight on the claim's engine and finished so far, as this gateway counted them."""
-        state = self.fleet.workers.get(f"claim-{claim}")
+        state = self.fleet.workers.get(self.worker_name(claim))
         if state is None:
             return None
         return state.in_flight, self._completed.get(claim, 0) + state.completed
 
     def sync(self) -> None:
-        docs = {d["metadata"]["name"]: d for d in self.controller.files.all()}
         seen: set[str] = set()
-        for claim, status in self.controller.statuses.items():
-            doc = docs.get(claim)
-            phase = phase_of(status)
-            if doc is None or doc.get("deleting") or phase is None:
+        for view in self.source.views():
+            if view.model in seen:
+                log.warning("model %s is claimed twice; %s is ignored", view.model, view.key)
                 continue
-            model = status.get("model") or (doc.get("spec") or {}).get("modelName") or claim
-            seen.add(model)
-            self.phases[model] = (claim, phase)
-            route = self.controller.route(claim)
-            if route is not None:
-                pool, port = route
-                url = f"http://{pool.address}:{port}"
-                current = self.fleet.bindings.get(model)
-                if current is None or current.base_url != url:
-                    self._unbind(model)
-                    state = WorkerState(
-                        Worker.model_validate({"name": f"claim-{claim}", "url": url, "type": "openai"}), claim=claim
-                    )
-                    state.inventory = state.loaded = frozenset({model})
-                    state.tags = {model: {"id": model, "object": "model", "owned_by": f"claim/{claim}"}}
-                    self.fleet.workers[state.name] = state
-                    self.fleet.bindings[model] = state
-                self.fleet.bindings[model].healthy = True
-            else:
-                self._unbind(model)
+            seen.add(view.model)
+            self.phases[view.model] = (view.key, view.phase)
+            if view.route is None:
+                self._unbind(view.model)
+                continue
+            host, port = view.route
+            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            current = self.fleet.bindings.get(view.model)
+            if current is None or current.base_url != url:
+                self._unbind(view.model)
+                worker = Worker.model_validate({"name": self.worker_name(view.key), "url": url, "type": "openai"})
+                state = WorkerState(worker, claim=view.key)
+                state.inventory = state.loaded = frozenset({view.model})
+                state.tags = {view.model: {"id": view.model, "object": "model", "owned_by": f"claim/{view.key}"}}
+                self.fleet.workers[state.name] = state
+                self.fleet.bindings[view.model] = state
+            self.fleet.bindings[view.model].healthy = True
         for model in list(self.phases):
             if model not in seen:
                 self.phases.pop(model)
@@ -145,7 +140,7 @@ class ClaimBindings:
             )
         if phase is ClaimPhase.FAILED:
             raise Unavailable(
-                f'model "{model}" failed to start (claim {claim}); see `turnout claim list`', code="model_failed"
+                f'model "{model}" failed to start (claim {claim}); see its status and events', code="model_failed"
             )
         raise Unavailable(
             f'model "{model}" is {phase.value.lower()}; retry shortly',
@@ -157,21 +152,18 @@ class ClaimBindings:
         running = self._wakes.get(model)
         if running is not None and not running.done():
             return
-        self._wakes[model] = asyncio.create_task(self._wake(claim, model), name=f"wake-{model}")
+        self._wakes[model] = asyncio.create_task(self._wake(claim), name=f"wake-{model}")
 
-    async def _wake(self, claim: str, model: str) -> None:
-        status = self.controller.statuses.get(claim, {})
-        pool = self.controller.pools.get(status.get("pod") or "")
-        if pool is None:
+    async def _wake(self, claim: str) -> None:
+        target = await self.source.wake_target(claim)
+        if target is None:
             return
-        engine = self.controller.reports.get(pool.name, {}).get(model, {})
-        # The engine's own transition time (from its agent) names this sleep the same way on every replica.
-        key = f"{pool.name}:{model}:{engine.get('last_transition', status.get('lastTransitionTime'))}"
+        key = f"{target.pod}:{target.model}:{target.sleep_id}"
         if self.wake_lock is not None and not await self.wake_lock.first(key):
             return
         self.wakes_sent += 1
-        body = {"model_name": model, "operation_id": f"wake-{key}"}
-        await self.controller.agents.post(pool.agent_url, pool.name, "/v1/runtime/models/wake", body)
+        body = {"model_name": target.model, "operation_id": f"wake-{key}"}
+        await self.source.agents.post(target.agent_url, target.pod, "/v1/runtime/models/wake", body)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="turnout-claims")
@@ -189,7 +181,7 @@ class ClaimBindings:
     async def _loop(self) -> None:
         while True:
             try:
-                await self.controller.tick()
+                await self.source.refresh()
                 self.sync()
             except TurnoutError as exc:
                 log.warning("claims tick failed: %s", exc.message)

@@ -16,10 +16,11 @@ from turnout.admin.accounts import AdminSignIns, add_account_routes
 from turnout.admin.api import add_admin_routes
 from turnout.admin.auth import AdminAuth
 from turnout.admin.endpoints_api import add_endpoint_routes
-from turnout.config import Settings
+from turnout.config import ConfigError, Settings
 from turnout.controller.local import ClaimFiles, LocalController, Pool, policy_text
 from turnout.controller.metrics import ControllerMetrics
 from turnout.errors import NotFound, TurnoutError
+from turnout.fleet.claim_sources import LocalSource
 from turnout.fleet.claims import ClaimBindings, RedisWakeLock
 from turnout.fleet.endpoints import EndpointManager
 from turnout.fleet.poller import Poller
@@ -122,6 +123,22 @@ async def _healthz(request: web.Request) -> web.Response:
 def _claim_bindings(settings: Settings, fleet: Fleet, client: UpstreamClient, metrics: Metrics) -> ClaimBindings | None:
     if settings.pools is None:
         return None
+    redis_url = settings.storage.redis_url
+    lock = RedisWakeLock(redis_url) if redis_url else None
+    if settings.pools.kubernetes is not None:
+        try:
+            from turnout.controller.kube import KubeRoutes
+        except ImportError as exc:
+            raise ConfigError(
+                f"pools.kubernetes needs the operator extra: pip install 'turnout[operator]' ({exc})"
+            ) from exc
+        cfg = settings.pools.kubernetes
+        kubeconfig = None if cfg.kubeconfig is None else settings.base_dir / cfg.kubeconfig
+        try:
+            source = KubeRoutes(tuple(cfg.namespaces), kubeconfig, client)
+        except Exception as exc:  # the kubernetes client raises several kinds for a bad or missing kubeconfig
+            raise ConfigError(f"pools.kubernetes: cannot load the cluster credentials: {exc}") from exc
+        return ClaimBindings(fleet, source, settings.pools.interval_s, lock)
     pools = [
         Pool(a.name, str(a.agent_url).rstrip("/"), a.address, a.gpus, dict(a.labels), policy_text(a.policy))
         for a in settings.pools.agents
@@ -129,9 +146,7 @@ def _claim_bindings(settings: Settings, fleet: Fleet, client: UpstreamClient, me
     controller = LocalController(
         ClaimFiles(settings.data_dir), pools, client, metrics=ControllerMetrics(metrics.registry)
     )
-    redis_url = settings.storage.redis_url
-    lock = RedisWakeLock(redis_url) if redis_url else None
-    return ClaimBindings(fleet, controller, client, settings.pools.interval_s, lock)
+    return ClaimBindings(fleet, LocalSource(controller), settings.pools.interval_s, lock)
 
 
 def create_app(settings: Settings, *, admin_token: str) -> web.Application:
