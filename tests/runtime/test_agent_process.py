@@ -1,0 +1,130 @@
+"""`turnout agent` as a real process: SIGKILL it, start another on the same registry, and its engines (real
+llama.cpp processes in their own sessions) are re-adopted with the same PIDs and ports, never restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import free_port
+from tests.runtime.test_agent import activate_body, chat
+
+
+class AgentProcess:
+    def __init__(self, registry: Path, engine_ports: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = (registry.parent / f"agent-{self.port}.log").open("wb")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "turnout",
+                "agent",
+                "--port",
+                str(self.port),
+                "--registry",
+                str(registry),
+                "--engine-ports",
+                engine_ports,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        async with aiohttp.ClientSession() as http, http.request(method, f"{self.url}{path}", json=body) as r:
+            return r.status, await r.json()
+
+    async def until(self, check: Callable[[dict[str, Any]], bool], limit_s: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + limit_s
+        last: Any = None
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError):
+                _, last = await self.call("GET", "/v1/runtime/models")
+                engines = {e["model_name"]: e for e in last["models"]}
+                if check(engines):
+                    return engines
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"agent never got there: {last}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+async def agents(tmp_path: Path) -> AsyncIterator[Callable[[], AgentProcess]]:
+    registry = tmp_path / "agent" / "engines.json"
+    registry.parent.mkdir()
+    low = free_port()
+    started: list[AgentProcess] = []
+
+    def start() -> AgentProcess:
+        started.append(AgentProcess(registry, f"{low}-{low + 20}"))
+        return started[-1]
+
+    yield start
+    for agent in started:
+        agent.stop()
+    # whatever the test left: every engine group in the registry goes (they outlive agents by design)
+    with contextlib.suppress(FileNotFoundError):
+        for engine in json.loads(registry.read_text())["engines"]:
+            if engine.get("pid"):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(engine["pid"], signal.SIGKILL)
+
+
+def both_active(engines: dict[str, Any]) -> bool:
+    return all(engines.get(n, {}).get("phase") == "active" for n in ("alpha", "beta"))
+
+
+async def test_sigkilled_agent_is_replaced_and_engines_are_readopted(
+    agents: Callable[[], AgentProcess], tiny_model: Path
+) -> None:
+    first = agents()
+    await first.until(lambda engines: True, limit_s=30)  # the API answers
+    for name in ("alpha", "beta"):
+        status, _ = await first.call("POST", "/v1/runtime/models/activate", activate_body(name, tiny_model))
+        assert status == 200
+    before = await first.until(both_active)
+
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(10)
+    for name in ("alpha", "beta"):  # engines keep serving with no agent at all
+        assert await chat(before[name]["port"], name) == 200
+
+    second = agents()
+    after = await second.until(both_active, limit_s=30)
+    for name in ("alpha", "beta"):
+        assert after[name]["pid"] == before[name]["pid"], "re-adopted, not restarted"
+        assert after[name]["port"] == before[name]["port"] and after[name]["ipc_name"] == before[name]["ipc_name"]
+        assert after[name]["restarts"] == 0
+        assert await chat(after[name]["port"], name) == 200
+
+    # the new agent supervises what it adopted: a crash of an adopted engine is restarted on the same port
+    os.killpg(after["alpha"]["pid"], signal.SIGKILL)
+    restarted = await second.until(lambda e: e["alpha"]["restarts"] == 1 and e["alpha"]["phase"] == "active")
+    assert restarted["alpha"]["port"] == before["alpha"]["port"] and restarted["alpha"]["pid"] != before["alpha"]["pid"]
+    assert restarted["beta"]["pid"] == before["beta"]["pid"]
+    for name in ("alpha", "beta"):
+        status, _ = await second.call("POST", "/v1/runtime/models/deactivate", {"model_name": name})
+        assert status == 200
