@@ -57,6 +57,10 @@ def write(tmp_path: Path, data: object) -> Path:
             ["pools", "not both"],
         ),
         ({"pools": {"kubernetes": {"namespace": ["a"]}}}, ["pools.kubernetes.namespace", "Extra inputs"]),
+        (
+            {"pools": {"agents": [{"name": "g", "agent_url": "http://x"}, {"name": "g", "agent_url": "http://y"}]}},
+            ["duplicate pool agent name", "'g'"],
+        ),
         ("[1, 2]", ["top level must be a JSON object"]),
         ('{"workers": [}', ["not valid JSON", "line 1"]),
     ],

@@ -198,6 +198,10 @@ class Pools(_Model):
     def _one_driver(self) -> Self:
         if self.agents and self.kubernetes is not None:
             raise ValueError("set pools.agents (local controller) or pools.kubernetes (operator), not both")
+        names = [a.name for a in self.agents]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate pool agent name(s) {duplicates}: each pool pod needs its own name")
         return self
 
 
