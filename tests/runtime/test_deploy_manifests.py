@@ -91,3 +91,19 @@ def test_rbac_binds_the_operator_service_account() -> None:
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account["name"]
     subject = kinds["ClusterRoleBinding"]["subjects"][0]
     assert (subject["name"], subject["namespace"]) == (account["name"], account["namespace"])
+
+
+def test_gateway_manifest_config_is_valid_and_matches_its_rbac(tmp_path: Path) -> None:
+    from turnout.config import load_settings
+
+    config_map, _, deployment, service = docs("gateway.yaml")
+    path = tmp_path / "config.json"
+    path.write_text(config_map["data"]["config.json"])
+    settings = load_settings(path, env={})
+    assert settings.pools is not None and settings.pools.kubernetes is not None
+    assert settings.listen.host == "0.0.0.0" and not settings.auth.open  # keys required off loopback
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == docs("gateway-rbac.yaml")[0]["metadata"]["name"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["data"] == settings.storage.data_dir and pod["containers"][0]["args"][-1].startswith(mounts["config"])
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]

@@ -161,8 +161,8 @@ def test_manifests_apply_and_the_schema_refuses_bad_claims(
 ) -> None:
     admin, _ = cluster
     # The operator Deployment and the warm pool sample are accepted by the API server as written.
-    k8s_utils.create_from_yaml(admin, str(DEPLOY / "operator.yaml"))
-    k8s_utils.create_from_yaml(admin, str(DEPLOY / "warm-pool.yaml"))
+    for manifest in ("operator.yaml", "gateway.yaml", "warm-pool.yaml", "networkpolicy.yaml"):
+        k8s_utils.create_from_yaml(admin, str(DEPLOY / manifest))
     custom = k8s.CustomObjectsApi(admin)
     for doc in yaml.safe_load_all((DEPLOY / "modelclaims.yaml").read_text()):
         request(kube, "POST", f"/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}", doc)

@@ -47,7 +47,7 @@ from turnout.core.reconcile import (
     SetStatus,
     plan,
 )
-from turnout.fleet.claim_sources import ClaimView, WakeTarget, parse_route
+from turnout.fleet.claim_sources import ClaimView, WakeTarget, effective_phase, parse_route
 from turnout.upstream.client import UpstreamClient
 
 __all__ = ["GROUP", "KubeRoutes", "OperatorConfig", "build_registry", "kube_configuration"]
@@ -397,9 +397,11 @@ class KubeRoutes:
             route = None
             if pod is not None:
                 bound[key] = (pod, model)
-                port = parse_route((pod["metadata"].get("annotations") or {}).get(ANNOTATION_PREFIX + meta["name"]))
+                note = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_PREFIX + meta["name"])
+                port, state = parse_route(note)
                 ip = (pod.get("status") or {}).get("podIP")
                 route = (ip, port) if port and ip else None
+                phase = effective_phase(phase, state, route is not None)
             views.append(ClaimView(key, model, phase, route))
         self._views, self._bound = views, bound
 

@@ -309,10 +309,15 @@ class LocalController:
     def phase(self, claim: str) -> ClaimPhase | None:
         return phase_of(self.statuses.get(claim))
 
+    def annotation(self, claim: str) -> str | None:
+        """The claim's routing annotation on its pod, if any."""
+        pod = self.statuses.get(claim, {}).get("pod")
+        return self.annotations.get(pod or "", {}).get(ANNOTATION_PREFIX + claim)
+
     def route(self, claim: str) -> tuple[Pool, int] | None:
         """Where the claim's engine is routable now (its routing annotation has a port), or None."""
         pod = self.statuses.get(claim, {}).get("pod")
-        note = self.annotations.get(pod or "", {}).get(ANNOTATION_PREFIX + claim)
+        note = self.annotation(claim)
         if pod not in self.pools or note is None:
             return None
         port = int(json.loads(note).get("port") or 0)

@@ -13,7 +13,7 @@ from turnout.controller.local import LocalController
 from turnout.controller.status import phase_of
 from turnout.core.claims import ClaimPhase
 
-__all__ = ["ClaimSource", "ClaimView", "LocalSource", "WakeTarget", "parse_route"]
+__all__ = ["ClaimSource", "ClaimView", "LocalSource", "WakeTarget", "effective_phase", "parse_route"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,15 +44,34 @@ class ClaimSource(Protocol):
     async def wake_target(self, key: str) -> WakeTarget | None: ...
 
 
-def parse_route(note: str | None) -> int:
-    """The port in a ``modelclaim.aibrix.ai/<claim>`` annotation; 0 when absent, unroutable or malformed."""
+def parse_route(note: str | None) -> tuple[int, str | None]:
+    """Port and engine state of a ``modelclaim.aibrix.ai/<claim>`` annotation; port 0 when absent, unroutable or
+    malformed."""
     if not note:
-        return 0
+        return 0, None
     try:
-        port = json.loads(note).get("port")
+        data = json.loads(note)
+        port, state = data.get("port"), data.get("state")
     except (ValueError, AttributeError):
-        return 0
-    return port if isinstance(port, int) and 0 < port < 65536 else 0
+        return 0, None
+    port = port if isinstance(port, int) and 0 < port < 65536 else 0
+    return port, state if isinstance(state, str) else None
+
+
+# The routing annotation is written before the status (it is what takes an engine off the route), so for a
+# moment the status can lag (Active while the engine sleeps, Sleeping while it wakes): trust the route.
+_ROUTE_PHASES = {
+    "sleeping": ClaimPhase.SLEEPING,
+    "restarting": ClaimPhase.ACTIVATING,
+    "booting": ClaimPhase.LOADING,
+    "failed": ClaimPhase.FAILED,
+}
+
+
+def effective_phase(phase: ClaimPhase, route_state: str | None, routable: bool) -> ClaimPhase:
+    if not routable and route_state in _ROUTE_PHASES:
+        return _ROUTE_PHASES[route_state]
+    return phase
 
 
 class LocalSource:
@@ -91,6 +110,8 @@ class LocalSource:
                 continue
             model = status.get("model") or (doc.get("spec") or {}).get("modelName") or claim
             route = self.controller.route(claim)
+            _, state = parse_route(self.controller.annotation(claim))
+            phase = effective_phase(phase, state, route is not None)
             out.append(ClaimView(claim, model, phase, None if route is None else (route[0].address, route[1])))
         return out
 
