@@ -137,3 +137,11 @@ def test_renamed_model_stops_the_old_engine_only() -> None:
     actions = plan([ClaimState("qwen", SPEC, bound_pod="p1")], [PodState(pod(), engines)])
     assert [a for a in actions if isinstance(a, Deactivate)] == [Deactivate("qwen", "p1", "old-name")]
     assert Activate("qwen", "p1", SPEC) in actions
+
+
+def test_pods_whose_agent_is_silent_are_not_candidates() -> None:
+    pods = [PodState(pod("p1"), reachable=False), PodState(pod("p2", models=5))]
+    actions = plan([ClaimState("qwen", SPEC)], pods)
+    assert Activate("qwen", "p2", SPEC) in actions  # the worse-ranked pod that answers
+    [status] = [a for a in plan([ClaimState("qwen", SPEC)], pods[:1]) if isinstance(a, SetStatus)]
+    assert status.phase is ClaimPhase.PENDING and "p1 does not answer" in status.message

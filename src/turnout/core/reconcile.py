@@ -141,6 +141,10 @@ def plan(claims: Sequence[ClaimState], pods: Sequence[PodState]) -> list[Action]
         spec = claim.spec
         if bound is None or not bound.pod.running or not bound.pod.address:
             ranked, why = rank_pods(spec, [p.pod for p in pods])
+            silent = sorted(p.name for p in ranked if not by_name[p.name].reachable)
+            ranked = [p for p in ranked if by_name[p.name].reachable]
+            if not ranked and silent:
+                why = f"the runtime agent on {', '.join(silent)} does not answer yet"
             if not ranked:
                 actions.append(SetStatus(claim.name, ClaimPhase.PENDING, "NoCandidatePod", why))
                 continue
