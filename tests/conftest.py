@@ -35,6 +35,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+async def serve_app(app: web.Application, **runner_options: Any) -> tuple[str, web.AppRunner]:
+    """Serve an aiohttp app on a free loopback port; the caller cleans the runner up."""
+    runner = web.AppRunner(app, **runner_options)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return f"http://127.0.0.1:{port}", runner
+
+
 @pytest.fixture(autouse=True)
 async def _no_leaked_tasks() -> AsyncIterator[None]:
     """Fail a test that leaves asyncio tasks running behind it."""
@@ -211,11 +220,8 @@ async def gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
         path.write_text(json.dumps(config))
         settings = load_settings(path, env=env or {})
         app = create_app(settings, admin_token=ADMIN_TOKEN)
-        runner = web.AppRunner(app, handler_cancellation=True)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        gw = Gateway(f"http://127.0.0.1:{port}", app, settings, data_dir, runner)
+        url, runner = await serve_app(app, handler_cancellation=True)
+        gw = Gateway(url, app, settings, data_dir, runner)
         runners.append(gw)
         return gw
 

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.conftest import EmulatorFactory, GatewayFactory, free_port, worker
+from tests.conftest import EmulatorFactory, GatewayFactory, free_port, serve_app, worker
 from turnout.gateway.keys import FLEET, POLLER
 
 DCGM = """# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
@@ -31,11 +31,8 @@ async def metrics_url() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/metrics", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield f"http://127.0.0.1:{port}/metrics"
+    url, runner = await serve_app(app)
+    yield f"{url}/metrics"
     await runner.cleanup()
 
 

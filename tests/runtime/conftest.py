@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from tests.conftest import free_port
+from tests.conftest import free_port, serve_app
 from turnout.runtime.agent import SUPERVISOR, create_agent_app
 
 AgentStarter = Callable[[], Awaitable[tuple[str, web.AppRunner]]]
@@ -27,12 +27,9 @@ async def start_agent(tmp_path: Path) -> AsyncIterator[AgentStarter]:
             port_range=(low, low + 20),
             backoff_base_s=0.05,
         )
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url, runner = await serve_app(app)
         runners.append(runner)
-        return f"http://127.0.0.1:{port}", runner
+        return url, runner
 
     yield start
     if runners:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from tests.conftest import free_port
+from tests.conftest import serve_app
 from turnout.runtime.agent import engine_activity
 from turnout.runtime.supervisor import EngineRecord, Supervisor
 
@@ -42,11 +42,8 @@ async def engine_metrics() -> AsyncIterator[tuple[int, dict[str, str]]]:
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield port, body
+    url, runner = await serve_app(app)
+    yield int(url.rsplit(":", 1)[1]), body
     await runner.cleanup()
 
 

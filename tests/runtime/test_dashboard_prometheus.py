@@ -19,7 +19,7 @@ import yaml
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, serve_app
 from tests.runtime.conftest import AgentStarter
 from turnout.controller.metrics import ControllerMetrics
 from turnout.core.claims import ClaimPhase
@@ -38,11 +38,8 @@ async def controller_metrics() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/metrics", serve)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield f"127.0.0.1:{port}"
+    url, runner = await serve_app(app)
+    yield url.removeprefix("http://")
     await runner.cleanup()
 
 

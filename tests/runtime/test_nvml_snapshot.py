@@ -14,9 +14,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
-from tests.conftest import free_port
+from tests.conftest import free_port, serve_app
 from turnout.runtime.agent import SUPERVISOR, create_agent_app
 from turnout.runtime.launch import cached_artifact_keys
 from turnout.runtime.nvml import Nvml, group_pids
@@ -96,22 +95,19 @@ async def test_snapshot_reports_accelerators_peak_and_cache(tmp_path: Path, proc
         cache_dir=cache,
         nvml=Nvml(nv),
     )
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    base, runner = await serve_app(app)
     try:
         # an engine record for the real process group (as if the agent had spawned it)
         record = EngineRecord("m", "vllm", "hf://org/m", 1, "m", {}, {}, phase="active", ready=False)
         record.pid, record.pid_start = leader, process_start_time(leader)
         app[SUPERVISOR].engines["m"] = record
         async with aiohttp.ClientSession() as http:
-            async with http.get(f"http://127.0.0.1:{port}/v1/runtime/snapshot") as r:
+            async with http.get(f"{base}/v1/runtime/snapshot") as r:
                 snap = await r.json()
             nv.usage[child] = 1 << 30  # usage falls: the peak stays
-            async with http.get(f"http://127.0.0.1:{port}/v1/runtime/snapshot") as r:
+            async with http.get(f"{base}/v1/runtime/snapshot") as r:
                 again = await r.json()
-            async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
+            async with http.get(f"{base}/metrics") as r:
                 metrics = await r.text()
         assert snap["accelerators"] == [
             {
