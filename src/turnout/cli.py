@@ -172,12 +172,16 @@ def claim_list(data_dir: DataDirOption = Path("turnout-data")) -> None:
 
     files = ClaimFiles(data_dir)
     statuses = files.statuses()
-    typer.echo(f"{'NAME':24} {'PHASE':12} {'POD':16} {'PORT':>6}  REASON")
+    typer.echo(f"{'NAME':24} {'MODEL':24} {'PHASE':12} {'POD':16} {'PORT':>6}  REASON")
     for doc in files.all():
         name = doc["metadata"]["name"]
         st = statuses.get(name, {})
         phase = "Deleting" if doc.get("deleting") else st.get("phase", "Pending")
-        typer.echo(f"{name:24} {phase:12} {st.get('pod') or '-'!s:16} {st.get('port', 0):>6}  {st.get('reason', '')}")
+        model = st.get("model") or (doc.get("spec") or {}).get("modelName") or name
+        reason = st.get("reason", "")
+        if st.get("message") and phase not in ("Active", "Deleting"):
+            reason = f"{reason}: {st['message']}"
+        typer.echo(f"{name:24} {model:24} {phase:12} {st.get('pod') or '-'!s:16} {st.get('port', 0):>6}  {reason}")
 
 
 @claim_app.command("events")
