@@ -69,6 +69,13 @@ async def test_claims_route_sleep_wake_and_fail(
     await until_status(gw, "alpha", 200)
     async with aiohttp.ClientSession() as http, http.get(f"{gw.url}/v1/models") as r:
         assert "alpha" in [m["id"] for m in (await r.json())["data"]]
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{gw.url}/admin/api/claims") as r:
+            assert r.status == 401  # admin token required
+        async with http.get(f"{gw.url}/admin/api/claims", headers=gw.admin_headers) as r:
+            listed = {c["claim"]: c for c in (await r.json())["claims"]}
+    assert listed["alpha"]["phase"] == "Active" and listed["alpha"]["serving"] is True
+    assert listed["alpha"]["upstream"].startswith("127.0.0.1:")
 
     # the engine goes to sleep: requests get 503 Retry-After: 10 and exactly one wake happens
     async with (

@@ -1,4 +1,4 @@
-"""Admin JSON API: placement matrix and overrides, inventory, fleet status.
+"""Admin JSON API: placement matrix and overrides, inventory, fleet status, ModelClaims.
 
 All routes live under ``/admin/api`` and need the admin bearer token. Validation errors are 400/422,
 an unknown worker is 404, and nothing is written when a request fails.
@@ -17,7 +17,7 @@ from turnout.core.routing import installed_name
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.dialect import json_response
-from turnout.gateway.keys import DISPATCHER, FLEET
+from turnout.gateway.keys import DISPATCHER, FLEET, PROXY
 from turnout.state.placement_store import PlacementFileError, parse_rules_body
 
 __all__ = ["add_admin_routes"]
@@ -188,6 +188,27 @@ async def inventory(request: web.Request) -> web.Response:
     )
 
 
+async def claims(request: web.Request) -> web.Response:
+    """ModelClaims as this gateway sees them: phase (after the route's own state), model, where it routes."""
+    bindings = request.app[PROXY].claims
+    if bindings is None:
+        return json_response({"claims": [], "configured": False})
+    out = []
+    for view in bindings.source.views():
+        bound = bindings.fleet.bindings.get(view.model)
+        out.append(
+            {
+                "claim": view.key,
+                "model": view.model,
+                "phase": view.phase.value,
+                "upstream": None if view.route is None else f"{view.route[0]}:{view.route[1]}",
+                "serving": bound is not None and bound.claim == view.key,
+                "in_flight": bound.in_flight if bound is not None else 0,
+            }
+        )
+    return json_response({"claims": out, "configured": True, "wakes_sent": bindings.wakes_sent})
+
+
 def add_admin_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/admin/api/placement", get_placement)
@@ -195,3 +216,4 @@ def add_admin_routes(app: web.Application) -> None:
     r.add_post("/admin/api/placement/workers/{name}/toggle", toggle_placement)
     r.add_delete("/admin/api/placement/workers/{name}", delete_placement)
     r.add_get("/admin/api/inventory", inventory)
+    r.add_get("/admin/api/claims", claims)
