@@ -258,3 +258,8 @@ def test_claim_events_lists_what_the_controller_recorded(tmp_path: Path) -> None
 def test_operator_needs_a_scope(tmp_path: Path) -> None:
     out = run(["operator", "--metrics-port", "0"], tmp_path)
     assert out.returncode == 2 and "--namespace" in out.stderr and "--all-namespaces" in out.stderr
+
+
+def test_agent_refuses_a_bad_engine_python(tmp_path: Path) -> None:
+    out = run(["agent", "--engine-python", "tgi=/usr/bin/python3", "--registry", str(tmp_path / "e.json")], tmp_path)
+    assert out.returncode == 2 and "ENGINE=PATH" in out.stderr and "vllm" in out.stderr

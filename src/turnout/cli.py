@@ -123,20 +123,32 @@ def agent(
     ),
     engine_ports: Annotated[str, typer.Option(help="port range for engines, LOW-HIGH")] = "30000-30999",
     cache_dir: Annotated[Path | None, typer.Option(help="model cache to inspect for artifact markers")] = None,
+    engine_python: Annotated[
+        list[str] | None,
+        typer.Option(help="ENGINE=PYTHON: the interpreter that has this engine installed (repeatable)"),
+    ] = None,
     log_level: Annotated[str, typer.Option()] = "info",
 ) -> None:
     """Run the runtime agent: one supervised engine process per model claim."""
+    from turnout.core.runtime import ENGINES
     from turnout.runtime.agent import create_agent_app
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     low, _, high = engine_ports.partition("-")
     if not (low.isdigit() and high.isdigit() and 0 < int(low) <= int(high) < 65536):
         _fail(f"--engine-ports {engine_ports!r}: use LOW-HIGH, e.g. 30000-30999")
+    pythons = {}
+    for item in engine_python or []:
+        engine, sep, exe = item.partition("=")
+        if not sep or engine not in ENGINES or not exe:
+            _fail(f"--engine-python {item!r}: use ENGINE=PATH with ENGINE one of vllm, sglang, llamacpp")
+        pythons[engine] = exe
     application = create_agent_app(
         registry_path=registry,
         log_dir=registry.parent / "engine-logs",
         port_range=(int(low), int(high)),
         cache_dir=cache_dir,
+        engine_python=pythons,
     )
     web.run_app(application, host=host, port=port, print=None, access_log=None)
 

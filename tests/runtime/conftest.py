@@ -1,9 +1,10 @@
-"""A real runtime agent for the runtime tests (engines are real llama.cpp processes)."""
+"""A real runtime agent for the runtime tests (engines are real llama.cpp or vLLM processes)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -11,7 +12,7 @@ from aiohttp import web
 from tests.conftest import free_port, serve_app
 from turnout.runtime.agent import SUPERVISOR, create_agent_app
 
-AgentStarter = Callable[[], Awaitable[tuple[str, web.AppRunner]]]
+AgentStarter = Callable[..., Awaitable[tuple[str, web.AppRunner]]]
 
 
 @pytest.fixture
@@ -20,12 +21,13 @@ async def start_agent(tmp_path: Path) -> AsyncIterator[AgentStarter]:
     runners: list[web.AppRunner] = []
     low = free_port()
 
-    async def start() -> tuple[str, web.AppRunner]:
+    async def start(**options: Any) -> tuple[str, web.AppRunner]:
         app = create_agent_app(
             registry_path=tmp_path / "agent" / "engines.json",
             log_dir=tmp_path / "agent" / "logs",
             port_range=(low, low + 20),
             backoff_base_s=0.05,
+            **options,
         )
         url, runner = await serve_app(app)
         runners.append(runner)

@@ -25,7 +25,7 @@ from turnout.core.runtime import ActivateRequest, EnginePhase, InvalidRequest
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
 from turnout.gateway.dialect import Dialect, error_response, json_response
 from turnout.runtime.kvcached import apply_limit, read_usage
-from turnout.runtime.launch import cached_artifact_keys, cached_markers, launch_command
+from turnout.runtime.launch import cached_artifact_keys, cached_markers
 from turnout.runtime.nvml import Nvml, group_pids
 from turnout.runtime.supervisor import EngineRecord, Supervisor
 
@@ -39,7 +39,7 @@ _NO_ACTIVITY: dict[str, int | None] = {"running": None, "waiting": None, "succes
 async def engine_activity(supervisor: Supervisor, record: EngineRecord) -> dict[str, int | None]:
     """Running, waiting and completed requests from the engine's own /metrics; None where not observable
     (an engine without metrics, such as llama.cpp's Python server, or one that is not ready)."""
-    names = launch_command(record.engine, record.model_name, record.artifact_url, record.port, {}).activity
+    names = supervisor.launch(record).activity
     if names is None or not record.ready:
         return dict(_NO_ACTIVITY)
     text = await supervisor.fetch_text(record, "/metrics")
@@ -82,8 +82,11 @@ def create_agent_app(
     shm_dir: Path = Path("/dev/shm"),
     backoff_base_s: float = 2.0,
     nvml: Nvml | None = None,
+    engine_python: dict[str, str] | None = None,
 ) -> web.Application:
-    supervisor = Supervisor(registry_path, log_dir, port_range=port_range, backoff_base_s=backoff_base_s)
+    supervisor = Supervisor(
+        registry_path, log_dir, port_range=port_range, backoff_base_s=backoff_base_s, engine_python=engine_python
+    )
     gpu = nvml if nvml is not None else Nvml()
     peaks: dict[str, int] = {}  # model -> highest device memory its process group was seen holding
     ops = _Operations()

@@ -30,13 +30,22 @@ def artifact_path(url: str) -> str:
     return url  # s3:// and gcs:// are handed over as is (the engine's loader or a sidecar fetches them)
 
 
-def launch_command(engine: str, model_name: str, artifact_url: str, port: int, args: dict[str, str]) -> Launch:
+NO_SLEEP_MODE = "--no-enable-sleep-mode"
+
+
+def launch_command(
+    engine: str, model_name: str, artifact_url: str, port: int, args: dict[str, str], python: str | None = None
+) -> Launch:
+    """How to start the engine. ``python`` is the interpreter that has the engine installed (default: the
+    agent's own). A vLLM claim with ``--no-enable-sleep-mode`` (platforms without sleep mode, such as CPU)
+    sleeps the way llama.cpp does: the process stops and starts again."""
     model = artifact_path(artifact_url)
     extra = engine_args(args)
+    exe = python or sys.executable
     if engine == "llamacpp":
         return Launch(
             [
-                sys.executable,
+                exe,
                 "-m",
                 "llama_cpp.server",
                 "--model",
@@ -55,7 +64,7 @@ def launch_command(engine: str, model_name: str, artifact_url: str, port: int, a
     if engine == "vllm":
         return Launch(
             [
-                sys.executable,
+                exe,
                 "-m",
                 "vllm.entrypoints.openai.api_server",
                 "--model",
@@ -70,12 +79,12 @@ def launch_command(engine: str, model_name: str, artifact_url: str, port: int, a
                 *extra,
             ],
             "/health",
-            True,
+            NO_SLEEP_MODE not in args,
             ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:request_success_total"),
         )
     return Launch(
         [
-            sys.executable,
+            exe,
             "-m",
             "sglang.launch_server",
             "--model-path",

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from turnout.core.runtime import MAX_RESTARTS, ActivateRequest, EnginePhase, backoff_s, ipc_name, pick_port
-from turnout.runtime.launch import launch_command
+from turnout.runtime.launch import Launch, launch_command
 from turnout.state.atomic import write_atomic
 from turnout.upstream.client import UpstreamClient
 
@@ -70,7 +70,9 @@ class Supervisor:
         port_range: tuple[int, int],
         backoff_base_s: float = 2.0,
         poll_s: float = 0.2,
+        engine_python: dict[str, str] | None = None,
     ) -> None:
+        self.engine_python = dict(engine_python or {})  # engine -> interpreter that has it installed
         self.registry_path = registry_path
         self.log_dir = log_dir
         self.port_range = port_range
@@ -162,7 +164,7 @@ class Supervisor:
         name = record.model_name
         if record.phase == EnginePhase.SLEEPING.value:
             return record
-        if record.engine == "llamacpp":
+        if not self.launch(record).sleep_api:
             task = self._tasks.pop(name, None)
             if task is not None:
                 task.cancel()
@@ -182,7 +184,7 @@ class Supervisor:
     async def _wake(self, record: EngineRecord) -> EngineRecord:
         if record.phase != EnginePhase.SLEEPING.value:
             return record
-        if record.engine == "llamacpp":
+        if not self.launch(record).sleep_api:
             self._set(record, EnginePhase.BOOTING)
             await self._spawn(record)
         else:
@@ -205,8 +207,12 @@ class Supervisor:
             await self.deactivate(name)
 
     # -- processes ---------------------------------------------------------------------------------
+    def launch(self, record: EngineRecord) -> Launch:
+        python = self.engine_python.get(record.engine)
+        return launch_command(record.engine, record.model_name, record.artifact_url, record.port, record.args, python)
+
     async def _spawn(self, record: EngineRecord) -> None:
-        launch = launch_command(record.engine, record.model_name, record.artifact_url, record.port, record.args)
+        launch = self.launch(record)
         env = {**os.environ, "ENABLE_KVCACHED": "true", "KVCACHED_AUTOPATCH": "1", "KVCACHED_IPC_NAME": record.ipc_name}
         if record.engine == "vllm":
             env["VLLM_SERVER_DEV_MODE"] = "1"
@@ -287,7 +293,7 @@ class Supervisor:
         return not self._alive(record)
 
     async def _healthy(self, record: EngineRecord) -> bool:
-        path = launch_command(record.engine, record.model_name, record.artifact_url, record.port, {}).health_path
+        path = self.launch(record).health_path
         try:
             async with self.client.request(
                 "GET", f"http://127.0.0.1:{record.port}{path}", label=record.model_name, timeout_s=2

@@ -1,0 +1,44 @@
+"""Engine command lines as the agent spawns them (the vLLM and llama.cpp ones also run for real elsewhere)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from turnout.runtime.launch import artifact_path, launch_command
+
+
+def test_vllm_command_and_sleep_mode() -> None:
+    launch = launch_command("vllm", "qwen", "hf://Qwen/Qwen3-0.6B", 30001, {"--max-model-len": "4096"})
+    assert launch.argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert launch.argv[launch.argv.index("--model") + 1] == "Qwen/Qwen3-0.6B"
+    assert launch.argv[launch.argv.index("--served-model-name") + 1] == "qwen"
+    assert "--enable-sleep-mode" in launch.argv and launch.argv[-2:] == ["--max-model-len", "4096"]
+    assert launch.sleep_api and launch.health_path == "/health"
+    # a platform without sleep mode (CPU): the claim's flag comes last and wins; the agent then stops the process
+    off = launch_command("vllm", "qwen", "hf://Qwen/Qwen3-0.6B", 30001, {"--no-enable-sleep-mode": ""})
+    assert off.argv[-1] == "--no-enable-sleep-mode" and not off.sleep_api
+
+
+@pytest.mark.parametrize(
+    ("engine", "module", "sleeps_in_place"),
+    [("sglang", "sglang.launch_server", True), ("llamacpp", "llama_cpp.server", False)],
+)
+def test_other_engines(engine: str, module: str, sleeps_in_place: bool) -> None:
+    launch = launch_command(engine, "m", "file:///models/m.gguf", 30002, {}, python="/opt/engines/bin/python")
+    assert launch.argv[:3] == ["/opt/engines/bin/python", "-m", module]  # the interpreter that has the engine
+    assert "/models/m.gguf" in launch.argv and launch.sleep_api is sleeps_in_place
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [
+        ("hf://org/m", "org/m"),
+        ("huggingface://org/m", "org/m"),
+        ("file:///x/m.gguf", "/x/m.gguf"),
+        ("s3://b/m", "s3://b/m"),
+    ],
+)
+def test_artifact_path(url: str, path: str) -> None:
+    assert artifact_path(url) == path
