@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from turnout.core.claims import ClaimPhase
-from turnout.fleet.claim_sources import effective_phase, parse_route
+from turnout.core.reconcile import parse_route
+from turnout.fleet.claim_sources import effective_phase
 
 
 @pytest.mark.parametrize(

@@ -45,9 +45,10 @@ from turnout.core.reconcile import (
     PodState,
     ReleaseFinalizer,
     SetStatus,
+    parse_route,
     plan,
 )
-from turnout.fleet.claim_sources import ClaimView, WakeTarget, effective_phase, parse_route
+from turnout.fleet.claim_sources import ClaimView, WakeTarget, effective_phase
 from turnout.upstream.client import UpstreamClient
 
 __all__ = ["GROUP", "KubeRoutes", "OperatorConfig", "build_registry", "kube_configuration"]
@@ -92,25 +93,26 @@ class Kube:
         self.custom = k8s.CustomObjectsApi(api)
 
     @staticmethod
-    def _json(response: Any) -> Any:
+    async def _get(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One API call in a thread, its JSON decoded here (orjson) rather than into client model objects."""
+        response = await asyncio.to_thread(call, *args, _preload_content=False, **kwargs)
         return orjson.loads(response.data)
+
+    async def _items(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = (await self._get(call, *args, **kwargs))["items"]
+        return items
 
     async def pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-        response = await asyncio.to_thread(
-            self.core.list_namespaced_pod, namespace, label_selector=selector, _preload_content=False
-        )
-        items: list[dict[str, Any]] = self._json(response)["items"]
-        return items
+        return await self._items(self.core.list_namespaced_pod, namespace, label_selector=selector)
 
     async def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            response = await asyncio.to_thread(self.core.read_namespaced_pod, name, namespace, _preload_content=False)
+            pod: dict[str, Any] = await self._get(self.core.read_namespaced_pod, name, namespace)
         except k8s.ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        pod: dict[str, Any] = self._json(response)
         return pod
 
     async def annotate_pod(self, namespace: str, name: str, key: str, value: str | None) -> None:
@@ -124,18 +126,14 @@ class Kube:
     async def policy_deployments(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
         """Deployments that carry a pool policy annotation, in the given namespaces (or all)."""
         if namespaces:
-            responses = [
-                await asyncio.to_thread(self.apps.list_namespaced_deployment, ns, _preload_content=False)
-                for ns in namespaces
-            ]
+            items = [d for ns in namespaces for d in await self._items(self.apps.list_namespaced_deployment, ns)]
         else:
-            responses = [await asyncio.to_thread(self.apps.list_deployment_for_all_namespaces, _preload_content=False)]
-        found = []
-        for response in responses:
-            for item in self._json(response)["items"]:
-                if POLICY_ANNOTATION in (item["metadata"].get("annotations") or {}):
-                    found.append({"apiVersion": "apps/v1", "kind": "Deployment", **item})
-        return found
+            items = await self._items(self.apps.list_deployment_for_all_namespaces)
+        return [
+            {"apiVersion": "apps/v1", "kind": "Deployment", **item}
+            for item in items
+            if POLICY_ANNOTATION in (item["metadata"].get("annotations") or {})
+        ]
 
     async def event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         """Record a Kubernetes event on an object (best effort: a lost event never stops reconciliation)."""
@@ -165,39 +163,22 @@ class Kube:
             log.warning("event %s on %s not recorded: %s", reason, meta.get("name"), exc.reason)
 
     async def has_event(self, namespace: str, uid: str, reason: str, message: str) -> bool:
-        response = await asyncio.to_thread(
-            self.core.list_namespaced_event,
-            namespace,
-            field_selector=f"involvedObject.uid={uid},reason={reason}",
-            _preload_content=False,
-        )
-        return any(e.get("message") == message[:1024] for e in self._json(response)["items"])
+        selector = f"involvedObject.uid={uid},reason={reason}"
+        events = await self._items(self.core.list_namespaced_event, namespace, field_selector=selector)
+        return any(e.get("message") == message[:1024] for e in events)
 
     async def all_claims(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
         if namespaces:
             return [c for ns in namespaces for c in await self.claims(ns)]
-        response = await asyncio.to_thread(
-            self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, _preload_content=False
-        )
-        items: list[dict[str, Any]] = self._json(response)["items"]
-        return items
+        return await self._items(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
 
     async def pool_pods(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
-        selector = f"{POOL_LABEL}=true"
         if namespaces:
             return [p for ns in namespaces for p in await self.pods(ns, {POOL_LABEL: "true"})]
-        response = await asyncio.to_thread(
-            self.core.list_pod_for_all_namespaces, label_selector=selector, _preload_content=False
-        )
-        items: list[dict[str, Any]] = self._json(response)["items"]
-        return items
+        return await self._items(self.core.list_pod_for_all_namespaces, label_selector=f"{POOL_LABEL}=true")
 
     async def claims(self, namespace: str) -> list[dict[str, Any]]:
-        response = await asyncio.to_thread(
-            self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, _preload_content=False
-        )
-        items: list[dict[str, Any]] = self._json(response)["items"]
-        return items
+        return await self._items(self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL)
 
 
 def agent_url(pod: Mapping[str, Any]) -> str | None:

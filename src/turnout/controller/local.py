@@ -37,6 +37,7 @@ from turnout.core.reconcile import (
     PodState,
     ReleaseFinalizer,
     SetStatus,
+    parse_route,
     plan,
 )
 from turnout.state.atomic import write_atomic
@@ -317,8 +318,5 @@ class LocalController:
     def route(self, claim: str) -> tuple[Pool, int] | None:
         """Where the claim's engine is routable now (its routing annotation has a port), or None."""
         pod = self.statuses.get(claim, {}).get("pod")
-        note = self.annotation(claim)
-        if pod not in self.pools or note is None:
-            return None
-        port = int(json.loads(note).get("port") or 0)
-        return (self.pools[pod], port) if port else None
+        port, _state = parse_route(self.annotation(claim))
+        return (self.pools[pod], port) if port and pod in self.pools else None

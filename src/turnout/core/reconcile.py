@@ -24,6 +24,7 @@ __all__ = [
     "SetStatus",
     "conditions",
     "launch_key",
+    "parse_route",
     "plan",
     "route_annotation",
 ]
@@ -124,6 +125,20 @@ def conditions(status: SetStatus) -> list[tuple[str, bool, str, str]]:
         ),
         ("Ready", status.phase is ClaimPhase.ACTIVE, status.reason, status.message),
     ]
+
+
+def parse_route(note: str | None) -> tuple[int, str | None]:
+    """Port and engine state of a ``modelclaim.aibrix.ai/<claim>`` annotation; port 0 when absent, unroutable or
+    malformed."""
+    if not note:
+        return 0, None
+    try:
+        data = json.loads(note)
+        port, state = data.get("port"), data.get("state")
+    except (ValueError, AttributeError):
+        return 0, None
+    port = port if isinstance(port, int) and 0 < port < 65536 else 0
+    return port, state if isinstance(state, str) else None
 
 
 def plan(claims: Sequence[ClaimState], pods: Sequence[PodState]) -> list[Action]:

@@ -3,7 +3,6 @@ the operator reconciles (claims' statuses and the routing annotations on pool po
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -12,8 +11,9 @@ from turnout.controller.agents import Activity, AgentClient
 from turnout.controller.local import LocalController
 from turnout.controller.status import phase_of
 from turnout.core.claims import ClaimPhase
+from turnout.core.reconcile import parse_route
 
-__all__ = ["ClaimSource", "ClaimView", "LocalSource", "WakeTarget", "effective_phase", "parse_route"]
+__all__ = ["ClaimSource", "ClaimView", "LocalSource", "WakeTarget", "effective_phase"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,20 +42,6 @@ class ClaimSource(Protocol):
     def views(self) -> list[ClaimView]: ...
 
     async def wake_target(self, key: str) -> WakeTarget | None: ...
-
-
-def parse_route(note: str | None) -> tuple[int, str | None]:
-    """Port and engine state of a ``modelclaim.aibrix.ai/<claim>`` annotation; port 0 when absent, unroutable or
-    malformed."""
-    if not note:
-        return 0, None
-    try:
-        data = json.loads(note)
-        port, state = data.get("port"), data.get("state")
-    except (ValueError, AttributeError):
-        return 0, None
-    port = port if isinstance(port, int) and 0 < port < 65536 else 0
-    return port, state if isinstance(state, str) else None
 
 
 # The routing annotation is written before the status (it is what takes an engine off the route), so for a
