@@ -35,6 +35,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+async def eventually(check: Callable[[], Awaitable[Any]], what: str, limit_s: float = 60, every_s: float = 0.2) -> Any:
+    """Poll ``check`` until it returns something truthy (returned), or fail naming ``what`` and the last answer."""
+    deadline = time.monotonic() + limit_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(every_s)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
 async def serve_app(app: web.Application, **runner_options: Any) -> tuple[str, web.AppRunner]:
     """Serve an aiohttp app on a free loopback port; the caller cleans the runner up."""
     runner = web.AppRunner(app, **runner_options)

@@ -3,14 +3,12 @@ llama.cpp processes in their own sessions) are re-adopted with the same PIDs and
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import eventually, free_port
 from tests.runtime.test_agent import activate_body, chat
 
 
@@ -49,16 +47,15 @@ class AgentProcess:
             return r.status, await r.json()
 
     async def until(self, check: Callable[[dict[str, Any]], bool], limit_s: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + limit_s
-        last: Any = None
-        while time.monotonic() < deadline:
-            with contextlib.suppress(aiohttp.ClientError):
-                _, last = await self.call("GET", "/v1/runtime/models")
-                engines = {e["model_name"]: e for e in last["models"]}
-                if check(engines):
-                    return engines
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"agent never got there: {last}")
+        async def engines() -> tuple[dict[str, Any]] | None:  # a tuple: no engines at all may be the answer
+            with contextlib.suppress(aiohttp.ClientError):  # the agent may not be listening yet
+                _, body = await self.call("GET", "/v1/runtime/models")
+                found = {e["model_name"]: e for e in body["models"]}
+                return (found,) if check(found) else None
+            return None
+
+        (found,) = await eventually(engines, "the agent's engines", limit_s)
+        return found
 
     def stop(self) -> None:
         if self.proc.poll() is None:

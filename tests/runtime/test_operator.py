@@ -10,7 +10,7 @@ import ssl
 import threading
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import utils as k8s_utils
 
-from tests.conftest import GatewayFactory
+from tests.conftest import GatewayFactory, eventually
 from tests.runtime.conftest import AgentStarter
 from tests.runtime.test_gateway_claims import until_status
 from tests.support.kube import KubeServer
@@ -111,17 +111,6 @@ class RunningOperator:
         self.thread.join(30)
         assert not self.thread.is_alive(), "the operator did not stop"
         assert not self.errors, self.errors
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], what: str, limit_s: float = 60) -> Any:
-    deadline = time.monotonic() + limit_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 def claim(name: str, artifact: str) -> dict[str, Any]:
@@ -323,10 +312,10 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
         def events(name: str) -> list[Any]:
             return core.list_namespaced_event(NS, field_selector=f"involvedObject.name={name}").items
 
-        await eventually(
-            lambda: _async(any(e.reason == "EngineFailed" and e.type == "Warning" for e in events("broken"))),
-            "EngineFailed event",
-        )
+        async def engine_failed_event() -> bool:
+            return any(e.reason == "EngineFailed" and e.type == "Warning" for e in events("broken"))
+
+        await eventually(engine_failed_event, "EngineFailed event")
         assert any(e.reason == "Ready" for e in events("tiny"))
         await asyncio.sleep(2)  # several pool-policy passes: still one event for one bad policy
         invalid = [e for e in events("pool") if e.reason == "InvalidPoolPolicy"]
@@ -354,7 +343,3 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
         assert "modelclaim.aibrix.ai/tiny" not in (core.read_namespaced_pod("pool-0", NS).metadata.annotations or {})
     finally:
         operator.close()
-
-
-async def _async(value: Any) -> Any:
-    return value

@@ -8,14 +8,12 @@ import json
 import os
 import signal
 import struct
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from tests.conftest import Gateway, GatewayFactory
+from tests.conftest import Gateway, GatewayFactory, eventually
 from tests.runtime.conftest import AgentStarter
 from tests.runtime.test_gateway_claims import chat, until_status
 from turnout.controller.local import ClaimFiles, LocalController, Pool, load_claim_documents
@@ -39,15 +37,6 @@ PAGE = 2 << 20
 def apply(files: ClaimFiles, name: str, model: Path) -> None:
     for doc in load_claim_documents(CLAIM.replace("NAME", name).replace("MODEL", str(model))):
         files.apply(doc)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, limit_s: float = 60) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def get_text(url: str) -> str:
@@ -77,7 +66,7 @@ async def test_idle_engine_sleeps_then_a_request_wakes_it(
         await chat(gw, "busy")  # keeps "busy" in use: only the idle engine may sleep
         return engines["idle"].phase == "sleeping"
 
-    await eventually(idle_asleep, "the idle engine to sleep", 30)
+    await eventually(idle_asleep, "the idle engine to sleep", 30, every_s=0.1)
     assert engines["busy"].phase == "active" and engines["busy"].pid == busy_pid
     status, headers = await chat(gw, "idle")  # de-routed before it slept: the gateway answers, not the engine
     assert status == 503 and headers["Retry-After"] == "10"
@@ -133,7 +122,7 @@ async def test_engine_crashing_six_times_fails_the_claim(
                 record = engines["crashy"]
                 return record.phase == "failed" or (record.pid not in (None, old))
 
-            await eventually(relaunched_or_failed, f"restart after crash {crash + 1}")
+            await eventually(relaunched_or_failed, f"restart after crash {crash + 1}", every_s=0.1)
         await ctl.tick()
         status = ctl.statuses["crashy"]
         assert status["phase"] == "Failed" and status["reason"] == "EngineFailed"
@@ -162,7 +151,7 @@ async def tick_until_active(ctl: LocalController, *claims: str) -> None:
         await ctl.tick()
         return all(ctl.phase(c) is ClaimPhase.ACTIVE for c in claims)
 
-    await eventually(active, f"{claims} to be Active")
+    await eventually(active, f"{claims} to be Active", every_s=0.1)
 
 
 def write_segment(path: Path, total: int, used: int = 0, prealloc: int = 0) -> None:

@@ -5,16 +5,14 @@ idle sleep and a wake through a request. vLLM has no sleep mode on CPU, so the c
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from tests.conftest import GatewayFactory
+from tests.conftest import GatewayFactory, eventually
 from tests.runtime.conftest import AgentStarter
 from tests.runtime.test_gateway_claims import until_status
 from turnout.controller.local import ClaimFiles, load_claim_documents
@@ -48,13 +46,6 @@ def tiny_hf_model(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) ->
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return out
-
-
-async def eventually(check: Callable[[], bool], limit_s: float) -> None:
-    for _ in range(int(limit_s / 0.5)):  # polled: an engine's phase is not an awaitable event
-        if check():
-            return
-        await asyncio.sleep(0.5)
 
 
 async def test_vllm_engine_idles_into_sleep_by_its_own_metrics_and_wakes_on_a_request(
@@ -93,7 +84,11 @@ async def test_vllm_engine_idles_into_sleep_by_its_own_metrics_and_wakes_on_a_re
     assert engine["requests"]["running"] == 0 and engine["requests"]["waiting"] == 0
     assert engine["requests"]["success_total"] >= 2
     record = agent.app[SUPERVISOR].engines["tinyv"]
-    await eventually(lambda: record.phase == "sleeping", 60)
+
+    async def asleep() -> bool:
+        return record.phase == "sleeping"
+
+    await eventually(asleep, "the idle vLLM engine to sleep", 60, every_s=0.5)
     assert record.phase == "sleeping" and record.pid is None  # stopped: no sleep mode on CPU
     status, headers = 0, {}
     async with aiohttp.ClientSession() as http, http.post(f"{gw.url}/v1/chat/completions", json=body) as r:
