@@ -8,11 +8,21 @@ only owns connections, flow control and timeouts.
 
 Errors: :class:`ConnectFailed` when nothing was sent (the caller may try another worker), otherwise
 :class:`turnout.errors.UpstreamError`.
+
+Response framing is what keeps one tenant's answer from reaching another, so it is strict:
+
+* interim ``1xx`` heads (``100 Continue``, ``103 Early Hints``) are parsed and skipped; the final head that
+  follows is the answer. ``101 Switching Protocols`` is an error (Turnout never asks to upgrade).
+* a connection goes back to the pool only when its response was read completely and cleanly, with
+  keep-alive, and nothing else arrived: bytes after the body (a second response, a body longer than its
+  ``Content-Length``, garbage) poison the connection, and a pooled connection is checked for stray bytes
+  (a zero-timeout poll of its socket) before it is reused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import ssl
 from collections import deque
@@ -104,6 +114,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.lost = False
+        self.poisoned = False  # something arrived that belongs to no request: never reuse
         self._reset()
 
     def _reset(self) -> None:
@@ -120,6 +131,7 @@ class Connection(asyncio.Protocol):
         self._header_name = b""
         self._waiter: asyncio.Future[None] | None = None
         self._until_eof = True
+        self._interim = False
 
     def begin(self) -> None:
         """Prepare a reused connection for its next response."""
@@ -130,11 +142,23 @@ class Connection(asyncio.Protocol):
         return (
             self.complete
             and not self.lost
+            and not self.poisoned
             and self.error is None
             and self.transport is not None
             and not self.transport.is_closing()
             and self.keep_alive
         )
+
+    def idle_and_clean(self) -> bool:
+        """For a pooled connection: still open and nothing waiting to be read (no stray bytes, no EOF)."""
+        if self.lost or self.poisoned or self.transport is None or self.transport.is_closing():
+            return False
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        return not poller.poll(0)
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -142,12 +166,21 @@ class Connection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        if self.complete or self.poisoned:  # the response was whole; anything more belongs to no request
+            self._poison()
+            return
         self.received_any = True
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(UpstreamError(f"invalid HTTP response: {exc}"))
+        except httptools.HttpParserUpgrade:
+            self._fail(UpstreamError("the worker switched protocols (HTTP upgrade), which Turnout never asks for"))
             self.close()
+        except httptools.HttpParserError as exc:
+            if self.complete:  # garbage after a complete response: the response stands, the connection goes
+                self._poison()
+            else:
+                self._fail(UpstreamError(f"invalid HTTP response: {exc}"))
+                self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -165,7 +198,17 @@ class Connection(asyncio.Protocol):
         pass
 
     # -- httptools callbacks -----------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second response in one read: poison (the current one stays complete)
+            self.poisoned = True
+            return
+        self.content_type = ""
+        self._until_eof = True
+        self._header_name = b""
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.complete:
+            return
         if name:
             self._header_name = name.lower()
         field = self._header_name
@@ -175,13 +218,24 @@ class Connection(asyncio.Protocol):
             self._until_eof = False
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        if self.complete:
+            return
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            # An interim head (RFC 9110 15.2): skip it; the final head follows on the same connection.
+            self._interim = True
+            if status == 101:
+                self._fail(UpstreamError("the worker switched protocols (101), which Turnout never asks for"))
+            return
+        self.status = status
         self.headers_done = True
-        if self.status in (204, 304) or 100 <= self.status < 200:
+        if status in (204, 304):
             self._until_eof = False
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self.complete or self._interim:
+            return
         self.body.append(body)
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
@@ -190,11 +244,24 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        if self.complete:
+            self.poisoned = True
+            return
         self.complete = True
         self.keep_alive = self.parser.should_keep_alive()  # only meaningful inside the callback
         self._wake()
 
     # -- used by the client ------------------------------------------------------------------------
+    def _poison(self) -> None:
+        self.poisoned = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+        self.lost = True
+        self._wake()
+
     def _fail(self, error: BaseException) -> None:
         if self.error is None:
             self.error = error
@@ -272,9 +339,10 @@ class Pool:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if conn.transport is not None and not conn.lost and not conn.transport.is_closing():
+            if conn.idle_and_clean():
                 conn.begin()
                 return conn, True
+            conn.close()
         loop = asyncio.get_running_loop()
         ctx = None
         if target.scheme == "https":
