@@ -11,7 +11,12 @@ from turnout.core.patterns import PatternError, best_match, best_value, parse_pa
         ("qwen3:8b", "qwen3", False),
         ("gemma4:*", "gemma4:2b", True),
         ("gemma4:*", "gemma4:latest", True),
-        ("gemma4:*", "gemma4", False),
+        ("gemma4:*", "gemma4", True),  # a tagless name is gemma4:latest
+        ("gemma4", "gemma4:latest", True),
+        ("gemma4:latest", "gemma4", True),
+        ("gemma4", "gemma4:2b", False),
+        ("host:5000/m", "host:5000/m:latest", True),
+        ("host:5000/m:*", "host:5000/m", True),
         ("gemma4:*", "gemma40:2b", False),
         ("orcarouter/*", "orcarouter/llama", True),
         ("orcarouter/*", "orcarouter", False),

@@ -46,8 +46,11 @@ def rules(mode: str, allowed: list[str] = [], denied: list[str] = []) -> Placeme
         (rules("whitelist", ["*"], ["llama*"]), "qwen", True, "*", False),
         (rules("allow_all", [], ["*"]), "anything", False, "*", False),
         (rules("whitelist", ["llama*"], ["*"]), "llama3", True, "llama*", False),
-        # exact names are exact: no tag inference inside the resolver
-        (rules("whitelist", ["gemma4"]), "gemma4:latest", False, "mode", False),
+        # a tagless rule means Ollama's implicit :latest, in either direction (core.names)
+        (rules("whitelist", ["gemma4"]), "gemma4:latest", True, "gemma4", True),
+        (rules("allow_all", [], ["gemma4:latest"]), "gemma4", False, "gemma4:latest", True),
+        (rules("whitelist", ["gemma4"]), "gemma4:2b", False, "mode", False),
+        (rules("whitelist", ["gemma4:*"]), "gemma4", True, "gemma4:*", False),
         (rules("whitelist", ["gemma4:latest"]), "gemma4:latest", True, "gemma4:latest", True),
     ],
 )

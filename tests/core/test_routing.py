@@ -42,9 +42,17 @@ def pick(decision: Route | NoRoute) -> str:
             "not installed on any eligible worker",
         ),
         # nowhere at all, every inventory known
-        ([w("a", inventory=frozenset()), w("b", inventory=frozenset({"x"}))], NoRouteReason.UNKNOWN_MODEL, "not found"),
+        (
+            [w("a", inventory=frozenset()), w("b", inventory=frozenset({"x"}))],
+            NoRouteReason.UNKNOWN_MODEL,
+            "is not installed on any eligible worker",
+        ),
         # nowhere and blocked everywhere: it's an unknown model, not a placement problem
-        ([w("a", rules=WL_OTHER, inventory=frozenset())], NoRouteReason.UNKNOWN_MODEL, "not found"),
+        (
+            [w("a", rules=WL_OTHER, inventory=frozenset())],
+            NoRouteReason.UNKNOWN_MODEL,
+            "is not installed on any eligible worker",
+        ),
         ([w("a", max_concurrent=1, in_flight=1)], NoRouteReason.SATURATED, "busy (a)"),
     ],
 )
@@ -138,6 +146,7 @@ def test_candidates_are_failover_order() -> None:
         ("gemma4:2b", frozenset({"gemma4:latest"}), None),
         ("org/gemma4", frozenset({"org/gemma4:latest"}), "org/gemma4:latest"),
         ("gemma4", None, None),
+        ("gemma4:latest", frozenset({"gemma4"}), "gemma4"),
     ],
 )
 def test_installed_name(model: str, inventory: frozenset[str] | None, expected: str | None) -> None:
@@ -158,3 +167,28 @@ def test_absent_inputs_rank_between_known_ones() -> None:
     decision = route(M, [w("a", tokens_per_s=5.0), w("b"), w("c", tokens_per_s=50.0)])
     assert isinstance(decision, Route)
     assert [c.worker for c in decision.candidates] == ["c", "b", "a"]
+
+
+def test_a_tagless_rule_blocks_the_latest_tag_it_means() -> None:
+    """The rule shown as blocking "gemma4" blocks a request for "gemma4" served as "gemma4:latest"."""
+    rules = PlacementRules.parse("allow_all", [], ["gemma4"])
+    for model in ("gemma4", "gemma4:latest"):
+        decision = route(model, [w("a", rules=rules, inventory=frozenset({"gemma4:latest"}))])
+        assert isinstance(decision, NoRoute) and decision.reason is NoRouteReason.BLOCKED, model
+
+
+def test_a_worker_known_not_to_hold_the_model_is_never_picked() -> None:
+    known_without = w("a", inventory=frozenset({"other:1b"}))
+    unknown = w("b", inventory=None)
+    decision = route("m:1b", [known_without, unknown])
+    assert isinstance(decision, Route)
+    assert [c.worker for c in decision.candidates] == ["b"]
+    holder = w("c", inventory=frozenset({"m:1b"}))
+    decision = route("m:1b", [known_without, unknown, holder])
+    assert isinstance(decision, Route) and [c.worker for c in decision.candidates] == ["c"]
+
+
+def test_known_nowhere_uses_the_design_wording() -> None:
+    decision = route("ghost:1b", [w("a", inventory=frozenset({"m:1b"}))])
+    assert isinstance(decision, NoRoute)
+    assert decision.message == 'model "ghost:1b" is not installed on any eligible worker'

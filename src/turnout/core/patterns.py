@@ -4,6 +4,10 @@ A pattern is either an exact model name (``qwen3:8b``), a prefix with a single t
 (``gemma4:*``, ``orcarouter/*``) or ``*`` alone, which matches every model. Any other use of ``*``
 is an error. Specificity orders patterns: an exact name beats any prefix, and a longer prefix beats a
 shorter one (``*`` is the prefix of length 0).
+
+Names are compared in their canonical form (:func:`turnout.core.names.canonical`): a tagless name means
+``:latest``, so the rule ``gemma4`` and the rule ``gemma4:latest`` are the same rule, both match a request
+for either spelling, and ``gemma4:*`` matches a request for ``gemma4``.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
+
+from turnout.core.names import canonical
 
 __all__ = ["Pattern", "PatternError", "best_match", "best_value", "parse_pattern"]
 
@@ -26,18 +32,20 @@ class Pattern:
     """A parsed model pattern. ``text`` is what the operator wrote."""
 
     text: str
-    prefix: str
+    prefix: str  # for an exact pattern: the canonical name
     exact: bool
 
     def matches(self, model: str) -> bool:
-        if self.exact:
-            return model == self.text
-        return model.startswith(self.prefix)
+        return self.matches_canonical(canonical(model))
+
+    def matches_canonical(self, name: str) -> bool:
+        """``matches`` for a name already in canonical form (callers that test many patterns)."""
+        return name == self.prefix if self.exact else name.startswith(self.prefix)
 
     @property
     def specificity(self) -> tuple[int, int]:
         """Sort key: higher is more specific. Exact names rank above every prefix."""
-        return (1, len(self.text)) if self.exact else (0, len(self.prefix))
+        return (1, len(self.prefix)) if self.exact else (0, len(self.prefix))
 
 
 def parse_pattern(text: str) -> Pattern:
@@ -50,7 +58,7 @@ def parse_pattern(text: str) -> Pattern:
         raise PatternError(f"pattern {text!r} has leading or trailing whitespace")
     star = text.find("*")
     if star == -1:
-        return Pattern(text=text, prefix=text, exact=True)
+        return Pattern(text=text, prefix=canonical(text), exact=True)
     if star != len(text) - 1:
         raise PatternError(
             f"pattern {text!r}: '*' is only allowed once, as the last character (e.g. 'gemma4:*' or '*')"
@@ -60,9 +68,10 @@ def parse_pattern(text: str) -> Pattern:
 
 def best_match(model: str, patterns: Iterable[Pattern]) -> Pattern | None:
     """The most specific pattern matching ``model``, or None. Ties keep the first given."""
+    name = canonical(model)
     best: Pattern | None = None
     for pattern in patterns:
-        if pattern.matches(model) and (best is None or pattern.specificity > best.specificity):
+        if pattern.matches_canonical(name) and (best is None or pattern.specificity > best.specificity):
             best = pattern
     return best
 

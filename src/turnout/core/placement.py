@@ -6,7 +6,9 @@ Hard rules that adaptive scoring never overrides. Resolution for one worker and 
 2. else the longest matching prefix rule decides;
 3. else the worker's mode decides: ``allow_all`` allows, ``whitelist`` denies.
 
-At equal specificity a deny rule wins over an allow rule.
+At equal specificity a deny rule wins over an allow rule. Names compare canonically (a tagless name is
+``:latest``, :mod:`turnout.core.names`), so every spelling of one model gets one verdict: the placement
+matrix, the router, discovery lists and the toggle all call :func:`resolve_placement`.
 """
 
 from __future__ import annotations
@@ -52,6 +54,14 @@ class PlacementRules:
     def exact_names(self) -> set[str]:
         return {p.text for p in (*self.allowed, *self.denied) if p.exact}
 
+    def exact_rule(self, model: str) -> Pattern | None:
+        """The exact rule (allow or deny) naming ``model`` in any spelling, if there is one."""
+        want = parse_pattern(model).prefix if "*" not in model else None
+        for p in (*self.allowed, *self.denied):
+            if p.exact and p.prefix == want:
+                return p
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -77,8 +87,9 @@ def toggle_rule(rules: PlacementRules, model: str) -> PlacementRules:
     target = parse_pattern(model)
     if not target.exact:
         raise ValueError(f"toggle needs an exact model name, got pattern {model!r}")
-    allowed = tuple(p for p in rules.allowed if p != target)
-    denied = tuple(p for p in rules.denied if p != target)
+    # an exact rule for the same model in another spelling ("gemma4" for "gemma4:latest") is the same rule
+    allowed = tuple(p for p in rules.allowed if not (p.exact and p.prefix == target.prefix))
+    denied = tuple(p for p in rules.denied if not (p.exact and p.prefix == target.prefix))
     if len(allowed) != len(rules.allowed) or len(denied) != len(rules.denied):
         return PlacementRules(mode=rules.mode, allowed=allowed, denied=denied)
     if resolve_placement(rules, model).allowed:

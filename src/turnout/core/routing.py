@@ -5,9 +5,9 @@ The order is fixed and each step has its own failure:
 
 1. drop unhealthy workers (and those excluded by the caller after a failed attempt)  -> NO_HEALTHY
 2. drop workers whose placement rules block the model                               -> BLOCKED / UNKNOWN_MODEL
-3. if some eligible worker's inventory is known to hold the model, keep only those;
-   if every eligible inventory is known and none holds it                           -> NOT_INSTALLED
-   (an inventory never fetched is unknown and fails open)
+3. if some eligible worker's inventory is known to hold the model, keep only those; otherwise keep only
+   the workers whose inventory is unknown (never fetched: fails open). A worker whose (last known, possibly
+   stale) inventory lacks the model is never picked; when no worker is left            -> NOT_INSTALLED
 4. enforce the global, per-model and per-worker concurrency limits                  -> SATURATED
 5. score what is left by loaded affinity, load, learned tokens/s, GPU utilisation and
    VRAM pressure; an absent input is neutral (the mean of the known ones), never zero.
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from turnout.core.names import lookup
 from turnout.core.placement import PlacementRules, Verdict, resolve_placement
 
 __all__ = [
@@ -100,14 +101,9 @@ class NoRoute:
 
 
 def installed_name(model: str, inventory: frozenset[str] | None) -> str | None:
-    """The inventory entry serving ``model``: the same name, or ``name:latest`` (Ollama's default tag)."""
-    if inventory is None:
-        return None
-    if model in inventory:
-        return model
-    if ":" not in model.rsplit("/", 1)[-1] and f"{model}:latest" in inventory:
-        return f"{model}:latest"
-    return None
+    """The inventory entry serving ``model``: the same name, or its other spelling (``gemma4`` <->
+    ``gemma4:latest``, Ollama's default tag). None when absent or when the inventory is unknown."""
+    return lookup(model, inventory)
 
 
 def route(
@@ -147,10 +143,12 @@ def route(
     holding = [(w, n) for w, n in eligible if installed_name(model, w.inventory) is not None]
     if holding:
         eligible = holding
-    elif all(w.inventory is not None for w, _ in eligible):
-        if _known_nowhere(model, workers):
-            return _unknown_model(model)
-        return NoRoute(NoRouteReason.NOT_INSTALLED, f'model "{model}" is not installed on any eligible worker')
+    else:
+        eligible = [(w, n) for w, n in eligible if w.inventory is None]  # unknown inventory fails open
+        if not eligible:
+            if _known_nowhere(model, workers):
+                return _unknown_model(model)
+            return NoRoute(NoRouteReason.NOT_INSTALLED, _not_installed(model))
 
     if capacity.global_max is not None and capacity.global_in_flight >= capacity.global_max:
         return NoRoute(
@@ -181,8 +179,13 @@ def _known_nowhere(model: str, workers: Sequence[WorkerView]) -> bool:
     return all(w.inventory is not None and installed_name(model, w.inventory) is None for w in workers)
 
 
+def _not_installed(model: str) -> str:
+    return f'model "{model}" is not installed on any eligible worker'
+
+
 def _unknown_model(model: str) -> NoRoute:
-    return NoRoute(NoRouteReason.UNKNOWN_MODEL, f'model "{model}" not found on any worker')
+    """Known nowhere in the fleet: the design's wording, with its own code (404) for clients that branch on it."""
+    return NoRoute(NoRouteReason.UNKNOWN_MODEL, _not_installed(model))
 
 
 def _rank(free: list[tuple[WorkerView, str]], rotation: int) -> tuple[Candidate, ...]:

@@ -1,0 +1,66 @@
+"""Model names: one rule for which spellings are the same model, and which names are acceptable."""
+
+from __future__ import annotations
+
+import pytest
+
+from turnout.core.names import MAX_MODEL_NAME, canonical, lookup, model_name_problem, same_model
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("gemma4", "gemma4:latest"),
+        ("gemma4:latest", "gemma4:latest"),
+        ("gemma4:2b", "gemma4:2b"),
+        ("org/gemma4", "org/gemma4:latest"),
+        ("host:5000/gemma4", "host:5000/gemma4:latest"),
+        ("host:5000/gemma4:q4", "host:5000/gemma4:q4"),
+    ],
+)
+def test_canonical(name: str, expected: str) -> None:
+    assert canonical(name) == expected
+
+
+@pytest.mark.parametrize(
+    ("model", "names", "expected"),
+    [
+        ("gemma4", {"gemma4:latest"}, "gemma4:latest"),
+        ("gemma4:latest", {"gemma4"}, "gemma4"),
+        ("gemma4", {"gemma4", "gemma4:latest"}, "gemma4"),  # the same spelling first
+        ("gemma4:2b", {"gemma4:latest"}, None),
+        ("gemma4:latest", {"gemma4:2b"}, None),
+        ("org/m:latest", {"org/m"}, "org/m"),
+        ("gemma4", None, None),
+    ],
+)
+def test_lookup(model: str, names: set[str] | None, expected: str | None) -> None:
+    assert lookup(model, None if names is None else frozenset(names)) == expected
+
+
+def test_same_model() -> None:
+    assert same_model("a", "a:latest") and not same_model("a", "a:2b")
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("llama\r\nX-Injected: 1", "U+000D"),
+        ("llama\n", "U+000A"),
+        ("llama\x00", "U+0000"),
+        ("llama\x7f", "U+007F"),
+        ("llama\u2028", "U+2028"),
+        ("x" * (MAX_MODEL_NAME + 1), "at most 256"),
+        ("   ", "empty"),
+        (5, "must be a string"),
+        (None, "must be a string"),
+    ],
+)
+def test_bad_names(name: object, fragment: str) -> None:
+    problem = model_name_problem(name)
+    assert problem is not None and fragment in problem
+
+
+@pytest.mark.parametrize("name", ["llama3.2", "qwen3:8b", "hf.co/org/repo:Q4_K_M", "x" * MAX_MODEL_NAME, "modèle"])
+def test_good_names(name: str) -> None:
+    assert model_name_problem(name) is None
