@@ -67,6 +67,11 @@ class Metrics:
             ["endpoint", "reason"],
             registry=self.registry,
         )
+        self.usage_rows_dropped = Counter(
+            "turnout_usage_rows_dropped",
+            "usage roll-ups the database refused even one by one (each is logged; every other row is written)",
+            registry=self.registry,
+        )
         self.registry.register(_FleetCollector(fleet))
 
         self._done: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}

@@ -1,8 +1,10 @@
 """Who is calling and what it costs: key authentication, limit admission and settlement, usage rows.
 
 Flow per client request: ``authenticate`` (401) -> scope check (403) -> ``admit`` (429) -> proxy ->
-``finish`` (settle tokens with the real usage, or refund on failure; queue one usage row).
-Usage rows are written in batches by a background task, off the request path; shutdown flushes.
+``finish`` (settle tokens with the real usage, or refund on failure; queue one usage row). A request refused
+by the scope check or a limit is finished too, so it shows in usage as an error of its key.
+Usage rows are written in batches by a background task, off the request path; shutdown flushes. A roll-up
+the database refuses is logged and counted (``on_dropped``) and never holds back the others.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +24,8 @@ from turnout.core.limits import Decision, estimate_tokens
 from turnout.errors import Forbidden, TurnoutError, Unauthorized
 from turnout.gateway.calls import Call
 from turnout.gateway.limiter import LocalLimiter, RedisLimiter, Subject, TokenLimiter
-from turnout.store.db import StoreError
 from turnout.store.keys import KeyRecord, KeyStore
-from turnout.store.usage import Rollup, UsageRow, UsageStore
+from turnout.store.usage import Rollup, UsageRow, UsageStore, WriteResult
 
 __all__ = ["Accountant", "Outcome", "Ticket", "UsageBatcher"]
 
@@ -35,11 +37,16 @@ _MAX_PENDING_GROUPS = 100_000
 
 @dataclass(slots=True)
 class Outcome:
-    """What the proxy learned about one request, for accounting."""
+    """What the proxy learned about one request, for accounting.
+
+    A token count is None when the worker reported none (llama_cpp.server streams carry no usage); ``finish``
+    then uses the gateway's own prompt estimate, and 0 for the completion (the proxy counts a stream's content
+    events as its completion tokens when the worker reports none).
+    """
 
     worker: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
     failed: bool = False
     fallback_from: str | None = None
 
@@ -50,6 +57,7 @@ class Ticket:
     reserved: int
     admitted: list[tuple[Subject, Decision]]  # limits this request holds (key chain, tenant)
     started: float
+    prompt_estimate: int = 0  # the gateway's own prompt token estimate (the prompt part of ``reserved``)
 
 
 class UsageBatcher:
@@ -62,6 +70,7 @@ class UsageBatcher:
         self._groups: dict[tuple[Any, ...], Rollup] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self.on_dropped: Callable[[int], None] = lambda _count: None  # roll-ups the database refused
 
     def add(self, row: UsageRow) -> None:
         """Roll the request into its group (cheap; runs on the request path)."""
@@ -82,10 +91,17 @@ class UsageBatcher:
         if not groups:
             return
         try:
-            await asyncio.to_thread(self.store.insert_rollups, groups)
-        except StoreError as exc:
-            log.warning("could not write %d usage roll-ups (will retry): %s", len(groups), exc)
-            for key, pending in groups.items():  # merge back: nothing is lost while the database is down
+            result = await asyncio.to_thread(self.store.insert_rollups, groups)
+        except Exception:  # a bug, not the database: keep the rows, and keep the loop alive
+            log.exception("could not write %d usage roll-ups (will retry)", len(groups))
+            result = WriteResult(unwritten=groups)
+        for refused in result.refused:
+            log.error("usage roll-up dropped, the database refused it: %s", refused.describe())
+        if result.refused:
+            self.on_dropped(len(result.refused))
+        if result.unwritten:
+            log.warning("could not write %d usage roll-ups (will retry): %s", len(result.unwritten), result.error)
+            for key, pending in result.unwritten.items():  # merge back: nothing is lost while the database is down
                 self._groups.setdefault(key, Rollup()).absorb(pending)
 
     async def close(self) -> None:
@@ -183,9 +199,10 @@ class Accountant:
     async def admit(self, key: KeyRecord | None, call: Call) -> Ticket:
         """Admit against every limit that applies; a refusal by one undoes the others (all or nothing)."""
         started = time.perf_counter()
+        prompt = estimate_tokens(len(call.body), None, 0)  # no completion: the prompt part alone
         subjects = self.subjects(key)
         if not subjects:
-            return Ticket(key, 0, [], started)
+            return Ticket(key, 0, [], started, prompt)
         reserved = estimate_tokens(len(call.body), _max_tokens(call), self.settings.auth.default_completion_tokens)
         admitted: list[tuple[Subject, Decision]] = []
         try:
@@ -195,14 +212,20 @@ class Accountant:
             for subject, decision in admitted:
                 await self.limiter.release(subject, decision, reserved)
             raise
-        return Ticket(key, reserved, admitted, started)
+        return Ticket(key, reserved, admitted, started, prompt)
 
     async def finish(self, ticket: Ticket, call: Call, outcome: Outcome, status: int) -> None:
+        """Settle the limits and queue the usage row. For a request that succeeded, a prompt count the worker
+        did not report is the ticket's estimate (a completion count, 0); a failed one is refunded and recorded
+        with the counts reported, else zero."""
         failed = outcome.failed or status >= 400
+        prompt, completion = outcome.prompt_tokens, outcome.completion_tokens
+        prompt_used = (prompt or 0) if failed or prompt is not None else ticket.prompt_estimate
+        completion_used = completion or 0
         if ticket.admitted:
-            actual = 0 if failed else outcome.prompt_tokens + outcome.completion_tokens
-            if not failed and actual == 0:
-                actual = ticket.reserved  # the worker reported no usage: keep the reservation, never undercount
+            actual = 0 if failed else prompt_used + completion_used
+            if not failed and (actual == 0 or (prompt is None and completion is None)):
+                actual = ticket.reserved  # the worker reported no usage at all: keep the reservation
             for subject, decision in ticket.admitted:
                 await self.limiter.settle(subject, decision, ticket.reserved, actual)
         self.usage.add(
@@ -214,8 +237,8 @@ class Accountant:
                 worker=outcome.worker,
                 status=status,
                 error=failed,
-                prompt_tokens=outcome.prompt_tokens,
-                completion_tokens=outcome.completion_tokens,
+                prompt_tokens=prompt_used,
+                completion_tokens=completion_used,
                 latency_ms=(time.perf_counter() - ticket.started) * 1000,
                 fallback_from=outcome.fallback_from,
             )

@@ -161,6 +161,7 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
     secrets = SecretBox.load(settings.data_dir, settings.endpoint_env.secret_key)
     fleet = Fleet(settings, placement)
     metrics = Metrics(fleet)
+    accountant.usage.on_dropped = metrics.usage_rows_dropped.inc
     client = UpstreamClient(
         connect_timeout_s=settings.limits.connect_timeout_s,
         total_timeout_s=settings.limits.upstream_timeout_s,

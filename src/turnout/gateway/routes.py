@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -28,8 +29,17 @@ def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
         accountant = app[ACCOUNTANT]
         key = await accountant.authenticate(request)
         call = await read_call(request, dialect, endpoint, app[SETTINGS].limits.max_body_bytes)
-        accountant.check_scope(key, call.model)
-        ticket = await accountant.admit(key, call) if endpoint is not Endpoint.SHOW else Ticket(key, 0, [], 0.0)
+        if endpoint is Endpoint.SHOW:
+            accountant.check_scope(key, call.model)
+            ticket = Ticket(key, 0, [], 0.0)
+        else:
+            asked = time.perf_counter()
+            try:
+                accountant.check_scope(key, call.model)
+                ticket = await accountant.admit(key, call)
+            except TurnoutError as exc:  # 403 scope, 429 limit, 503 limits unavailable: an error of this key
+                await accountant.finish(Ticket(key, 0, [], asked), call, Outcome(), exc.status)
+                raise
         outcome = Outcome()
         status = 500
         try:

@@ -62,7 +62,7 @@ usage = Table(
     "usage_rollup",
     metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
-    Column("minute", Integer, nullable=False),  # epoch seconds // 60 * 60
+    Column("minute", BigInteger, nullable=False),  # epoch seconds // 60 * 60 (BigInteger since 0004: past 2038)
     Column("key_id", Integer, nullable=True),
     Column("endpoint", String(64), nullable=False),
     Column("model", String(256), nullable=False),
@@ -74,8 +74,11 @@ usage = Table(
     Column("prompt_tokens", BigInteger, nullable=False),
     Column("completion_tokens", BigInteger, nullable=False),
     Column("latency_ms_sum", Float, nullable=False),
+    Column("latency_ms_min", Float, nullable=True),  # since 0004; NULL in older rows
     Column("latency_ms_max", Float, nullable=False),
-    Column("latency_buckets", JSON, nullable=False),  # counts per turnout.core.latency.BOUNDS_MS bucket
+    # {"<bucket index>": count} over turnout.core.latency.BOUNDS_MS; rows written before 0004 hold a dense
+    # list over LEGACY_BOUNDS_MS instead (and [] for rows carried over from before roll-ups)
+    Column("latency_buckets", JSON, nullable=False),
     Index("ix_usage_rollup_minute", "minute"),
     Index("ix_usage_rollup_key_minute", "key_id", "minute"),
 )

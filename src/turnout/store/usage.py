@@ -1,23 +1,38 @@
 """Usage: requests rolled up per minute and group in memory, written in batches, summarised on read.
 
+Used by the gateway's usage batcher (:mod:`turnout.gateway.accounting`), the admin usage API and
+``turnout usage``.
+
 A group is (minute, key, endpoint, model, worker, status, fallback origin). Each roll-up keeps counts,
-token sums and a latency histogram (:mod:`turnout.core.latency`), so p50/p95 can be computed for any
-bucket width later.
+token sums, latency min, max and sum, and a latency histogram (:mod:`turnout.core.latency`), so percentiles
+can be computed for any bucket width later.
+
+Writing never lets one row block the others: values are first fitted to their columns (text cut to the
+column's length, integers clamped to the column's range, latencies made finite), and a batch the database
+refuses is split in halves down to single rows; a row refused alone is tried once more with its text made
+ASCII, and one refused even so is reported back as :class:`Refused` while every other row is written.
+Only a database that cannot be reached leaves rows unwritten (:attr:`WriteResult.unwritten`), to be
+retried.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import BigInteger, Column, Float, Integer, String, insert, select
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from turnout.core import latency
 from turnout.store.db import Database
 from turnout.store.schema import keys, usage
 
-__all__ = ["Rollup", "UsageRow", "UsageStore", "rollup"]
+__all__ = ["Refused", "Rollup", "UsageRow", "UsageStore", "WriteResult", "fit", "rollup"]
+
+Group = tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +52,7 @@ class UsageRow:
     fallback_from: str | None = None
 
     @property
-    def group(self) -> tuple[Any, ...]:
+    def group(self) -> Group:
         return (
             int(self.ts // 60 * 60),
             self.key_id,
@@ -56,17 +71,20 @@ class Rollup:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_ms_sum: float = 0.0
+    latency_ms_min: float | None = None
     latency_ms_max: float = 0.0
-    buckets: list[int] = field(default_factory=latency.empty)
+    buckets: dict[int, int] = field(default_factory=dict)  # sparse counts per latency.BOUNDS_MS bucket
 
     def add(self, row: UsageRow) -> None:
+        ms = latency.clamp_ms(row.latency_ms)
         self.requests += 1
         self.errors += int(row.error)
-        self.prompt_tokens += row.prompt_tokens
-        self.completion_tokens += row.completion_tokens
-        self.latency_ms_sum += row.latency_ms
-        self.latency_ms_max = max(self.latency_ms_max, row.latency_ms)
-        self.buckets[latency.bucket_of(row.latency_ms)] += 1
+        self.prompt_tokens += max(0, row.prompt_tokens)
+        self.completion_tokens += max(0, row.completion_tokens)
+        self.latency_ms_sum += ms
+        self.latency_ms_min = ms if self.latency_ms_min is None else min(self.latency_ms_min, ms)
+        self.latency_ms_max = max(self.latency_ms_max, ms)
+        latency.add(self.buckets, ms)
 
     def absorb(self, other: Rollup) -> None:
         self.requests += other.requests
@@ -74,48 +92,166 @@ class Rollup:
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
         self.latency_ms_sum += other.latency_ms_sum
+        if other.latency_ms_min is not None:
+            mins = [m for m in (self.latency_ms_min, other.latency_ms_min) if m is not None]
+            self.latency_ms_min = min(mins)
         self.latency_ms_max = max(self.latency_ms_max, other.latency_ms_max)
         latency.merge(self.buckets, other.buckets)
 
 
-def rollup(rows: Iterable[UsageRow]) -> dict[tuple[Any, ...], Rollup]:
-    groups: dict[tuple[Any, ...], Rollup] = {}
+def rollup(rows: Iterable[UsageRow]) -> dict[Group, Rollup]:
+    groups: dict[Group, Rollup] = {}
     for row in rows:
         groups.setdefault(row.group, Rollup()).add(row)
     return groups
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A roll-up the database refused even on its own; ``reason`` is the first line of its error."""
+
+    group: Group
+    rollup: Rollup
+    reason: str
+
+    def describe(self) -> str:
+        """One log line naming the row (text repr-escaped and shortened; no values beyond the group)."""
+        minute, key_id, endpoint, model, worker, status, fallback_from = self.group
+        return (
+            f"minute={minute} key_id={key_id} endpoint={_short(endpoint)} model={_short(model)} "
+            f"worker={_short(worker)} status={status} fallback_from={_short(fallback_from)} "
+            f"requests={self.rollup.requests}: {self.reason}"
+        )
+
+
+@dataclass(slots=True)
+class WriteResult:
+    refused: list[Refused] = field(default_factory=list)  # dropped: the database will not take them
+    unwritten: dict[Group, Rollup] = field(default_factory=dict)  # the database was unavailable: retry these
+    error: str | None = None  # why ``unwritten`` is not empty
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    group: Group
+    rollup: Rollup
+    values: dict[str, Any]
+    strict: bool = False  # already fitted ASCII-only
+
+
 _GROUP_COLUMNS = ("minute", "key_id", "endpoint", "model", "worker", "status", "fallback_from")
+_INT32 = 2**31 - 1
+_INT64 = 2**63 - 1
+_FLOAT_MAX = 1e300  # finite on every backend; NaN is not storable everywhere (SQLite reads it as NULL)
+
+
+def fit(column: Column[Any], value: Any, *, ascii_only: bool = False) -> Any:
+    """``value`` made acceptable to ``column`` wherever that keeps its meaning: text without NUL characters or
+    lone surrogates, cut to the column's length, integers clamped to the column's range, floats made finite.
+    Anything else is returned as it is. ``ascii_only`` (the last resort for a row refused even so) also replaces
+    every non-ASCII character, so the text fits the column under any server encoding (PostgreSQL's
+    SQL_ASCII counts bytes, not characters)."""
+    if value is None:
+        return None
+    kind = column.type
+    if isinstance(kind, String) and isinstance(value, str):
+        text = value.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+        if ascii_only:
+            text = text.encode("ascii", "replace").decode("ascii")
+        return text[: kind.length] if kind.length else text
+    if isinstance(kind, Integer) and isinstance(value, int) and not isinstance(value, bool):
+        top = _INT64 if isinstance(kind, BigInteger) else _INT32
+        return min(max(value, -top - 1), top)
+    if isinstance(kind, Float) and isinstance(value, float | int) and not isinstance(value, bool):
+        number = float(value)
+        return 0.0 if math.isnan(number) else min(max(number, -_FLOAT_MAX), _FLOAT_MAX)
+    return value
+
+
+def _values(group: Group, r: Rollup, *, ascii_only: bool = False) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        **dict(zip(_GROUP_COLUMNS, group, strict=True)),
+        "requests": r.requests,
+        "errors": r.errors,
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.completion_tokens,
+        "latency_ms_sum": r.latency_ms_sum,
+        "latency_ms_min": r.latency_ms_min,
+        "latency_ms_max": r.latency_ms_max,
+        "latency_buckets": {str(i): c for i, c in sorted(r.buckets.items())},
+    }
+    return {name: fit(usage.c[name], value, ascii_only=ascii_only) for name, value in raw.items()}
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """The database could not be reached or is busy (retry later), as opposed to refusing the rows."""
+    return isinstance(exc, OperationalError | InterfaceError | DisconnectionError | PoolTimeout) or bool(
+        getattr(exc, "connection_invalidated", False)
+    )
+
+
+def _reason(exc: BaseException) -> str:
+    lines = str(exc).splitlines()  # SQLAlchemy puts the statement and its parameters on later lines
+    return f"{exc.__class__.__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class UsageStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def insert_rollups(self, groups: dict[tuple[Any, ...], Rollup]) -> None:
-        if not groups:
-            return
-        values = [
-            {
-                **dict(zip(_GROUP_COLUMNS, group, strict=True)),
-                "requests": r.requests,
-                "errors": r.errors,
-                "prompt_tokens": r.prompt_tokens,
-                "completion_tokens": r.completion_tokens,
-                "latency_ms_sum": r.latency_ms_sum,
-                "latency_ms_max": r.latency_ms_max,
-                "latency_buckets": r.buckets,
-            }
-            for group, r in groups.items()
-        ]
-        with self.db.begin() as conn:
-            conn.execute(insert(usage), values)
+    def insert_rollups(self, groups: Mapping[Group, Rollup]) -> WriteResult:
+        """Write every roll-up the database accepts (see the module docstring). Never raises for a bad row."""
+        result = WriteResult()
+        pending: list[_Item] = []
+        for group, r in groups.items():
+            try:
+                pending.append(_Item(group, r, _values(group, r)))
+            except Exception as exc:  # a value no column can hold: drop this row, not the batch
+                result.refused.append(Refused(group, r, _reason(exc)))
+        parts = [pending] if pending else []
+        while parts:
+            part = parts.pop()
+            error = self._write([item.values for item in part])
+            if error is None:
+                continue
+            if _unavailable(error):
+                for item in [*part, *(item for rest in parts for item in rest)]:
+                    result.unwritten[item.group] = item.rollup
+                result.error = _reason(error)
+                break
+            if len(part) > 1:
+                half = len(part) // 2
+                parts += [part[half:], part[:half]]  # the first half is tried first
+                continue
+            item = part[0]
+            strict = None if item.strict else _values(item.group, item.rollup, ascii_only=True)
+            if strict is not None and strict != item.values:
+                parts.append([_Item(item.group, item.rollup, strict, strict=True)])
+            else:
+                result.refused.append(Refused(item.group, item.rollup, _reason(error)))
+        return result
 
-    def insert_many(self, rows: Iterable[UsageRow]) -> None:
-        self.insert_rollups(rollup(rows))
+    def _write(self, values: list[dict[str, Any]]) -> Exception | None:
+        try:
+            with self.db.engine.begin() as conn:
+                conn.execute(insert(usage), values)
+        except Exception as exc:  # classified by the caller: unavailable (retry) or refused (split)
+            return exc
+        return None
+
+    def insert_many(self, rows: Iterable[UsageRow]) -> WriteResult:
+        return self.insert_rollups(rollup(rows))
 
     def summary(self, *, since: float, key_id: int | None = None, bucket: str = "hour") -> list[dict[str, Any]]:
-        """Per (bucket start, key, endpoint, worker, model, fallback origin): counts, tokens, latency p50/p95."""
+        """Per (bucket start, key, endpoint, worker, model, fallback origin): counts (also per status), tokens,
+        latency min, p50, p95 and max. Percentiles lie within [min, max] (see ``latency.percentile`` for their
+        error bound); they are None when no request of the group carries a histogram (rows carried over from
+        before roll-ups), and min is None when some roll-up does not know its minimum (written before 0004)."""
         width = 3600 if bucket == "hour" else 86_400
         query = (
             select(usage, keys.c.prefix)
@@ -127,7 +263,7 @@ class UsageStore:
             query = query.where(usage.c.key_id == key_id)
         with self.db.begin() as conn:
             rows = conn.execute(query).mappings().all()
-        groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+        groups: dict[Group, dict[str, Any]] = {}
         for r in rows:
             start = r["minute"] // width * width
             group = (start, r["prefix"], r["endpoint"], r["worker"], r["model"], r["fallback_from"])
@@ -142,27 +278,68 @@ class UsageStore:
                     "fallback_from": r["fallback_from"],
                     "requests": 0,
                     "errors": 0,
+                    "statuses": {},
                     "prompt_tokens": 0,
                     "completion_tokens": 0,
-                    "_buckets": latency.empty(),
+                    "_fine": {},
+                    "_coarse": {},
+                    "_min": math.inf,
+                    "_min_known": True,
                     "_max": 0.0,
                 },
             )
             g["requests"] += r["requests"]
             g["errors"] += r["errors"]
+            status = str(r["status"])
+            g["statuses"][status] = g["statuses"].get(status, 0) + r["requests"]
             g["prompt_tokens"] += r["prompt_tokens"]
             g["completion_tokens"] += r["completion_tokens"]
-            latency.merge(g["_buckets"], r["latency_buckets"] or [])
+            stored = r["latency_buckets"]
+            if isinstance(stored, dict):
+                latency.merge(g["_fine"], _sparse(stored, len(latency.BOUNDS_MS)))
+            elif isinstance(stored, list):  # written before 0004: dense counts per LEGACY_BOUNDS_MS bucket
+                latency.merge(g["_coarse"], _sparse(dict(enumerate(stored)), len(latency.LEGACY_BOUNDS_MS)))
+            if r["latency_ms_min"] is not None:
+                g["_min"] = min(g["_min"], r["latency_ms_min"])
+            elif r["requests"] == 1:  # one request: its max is its min
+                g["_min"] = min(g["_min"], r["latency_ms_max"])
+            else:
+                g["_min_known"] = False
             g["_max"] = max(g["_max"], r["latency_ms_max"])
-        out = []
-        for g in groups.values():
-            buckets, peak = g.pop("_buckets"), g.pop("_max")
-            out.append(
-                {
-                    **g,
-                    "latency_ms_p50": latency.percentile(buckets, 0.5, peak),
-                    "latency_ms_p95": latency.percentile(buckets, 0.95, peak),
-                    "latency_ms_max": round(peak, 3),
-                }
-            )
-        return out
+        return [_finish(g) for g in groups.values()]
+
+
+def _sparse(stored: Mapping[Any, Any], top: int) -> dict[int, int]:
+    """Stored bucket counts, keeping only well-formed entries (indices 0..top, positive integer counts)."""
+    out: dict[int, int] = {}
+    for i, c in stored.items():
+        try:
+            index = int(i)
+        except (TypeError, ValueError):
+            continue
+        if 0 <= index <= top and isinstance(c, int) and not isinstance(c, bool) and c > 0:
+            out[index] = c
+    return out
+
+
+def _finish(g: dict[str, Any]) -> dict[str, Any]:
+    fine, coarse = g.pop("_fine"), g.pop("_coarse")
+    low, known, peak = g.pop("_min"), g.pop("_min_known"), g.pop("_max")
+    min_ms = low if known and math.isfinite(low) else None
+    if coarse:  # some rows only know coarse buckets: compare everything at their resolution
+        latency.merge(coarse, latency.coarsen(fine))
+        counts, bounds = coarse, latency.LEGACY_BOUNDS_MS
+    else:
+        counts, bounds = fine, latency.BOUNDS_MS
+
+    def quantile(q: float) -> float | None:
+        value = latency.percentile(counts, q, min_ms=min_ms, max_ms=peak, bounds=bounds)
+        return None if value is None else round(value, 3)
+
+    return {
+        **g,
+        "latency_ms_min": None if min_ms is None else round(min_ms, 3),
+        "latency_ms_p50": quantile(0.5),
+        "latency_ms_p95": quantile(0.95),
+        "latency_ms_max": round(peak, 3),
+    }
