@@ -1,0 +1,237 @@
+"""Stream frames: splitting a worker's byte stream into lines and frames, and deciding how it ended.
+
+Pure and incremental: the proxy feeds body chunks as they arrive and forwards what :meth:`StreamWatch.feed`
+returns. Whether a stream ended properly is decided by parsing frames, never by looking for substrings:
+
+* SSE (OpenAI dialect): events are ``data:`` lines up to a blank line (the SSE spec's dispatch). The
+  model finished when every choice that appeared carried a non-null ``finish_reason``; ``data: [DONE]`` is
+  the terminator. A ``[DONE]`` before the finish (``llama_cpp.server`` sends one when it interrupts a
+  stream for a waiting request, see its ``server/app.py`` ``get_event_publisher``) is *not* a normal end.
+* NDJSON (Ollama dialect): one JSON object a line; the final object carries ``"done": true``.
+* Either: an object with a top-level ``error`` (and no ``done: true``) is the worker's own error frame.
+
+Only whole lines (SSE: whole events) are forwarded, so a worker that dies mid-line never leaves half a
+frame in the client's stream, and the gateway's error frame always starts on a line of its own.
+Line buffering is linear in the stream's size and bounded: a line longer than ``max_line`` bytes ends the
+stream (:class:`FrameError`).
+
+Used by :mod:`turnout.gateway.proxy` for pass-through and translated streams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+__all__ = ["MAX_LINE", "FrameError", "LineSplitter", "StreamKind", "StreamWatch", "parse_object"]
+
+MAX_LINE = 4 << 20  # bytes; one SSE/NDJSON line longer than this ends the stream with an error frame
+_DONE = b"[DONE]"
+_SSE_FIELDS = (b":", b"event:", b"id:", b"retry:")  # with data:, every line an SSE stream may carry
+
+
+class FrameError(ValueError):
+    """The stream cannot be framed (a line too long, a frame that is not a JSON object)."""
+
+
+def parse_object(data: bytes | str) -> dict[str, Any]:
+    """Decode one JSON object, or raise :class:`FrameError` saying what it was instead."""
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise FrameError("not valid JSON") from None
+    if not isinstance(value, dict):
+        raise FrameError(f"a JSON {type(value).__name__}, expected an object")
+    return value
+
+
+class LineSplitter:
+    """Incremental line splitting. Each byte is copied a bounded number of times, whatever the line sizes."""
+
+    __slots__ = ("_max", "_parts", "_size")
+
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        self._max = max_line
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines completed by ``chunk``, without their ``\\n`` or ``\\r\\n``."""
+        lines: list[bytes] = []
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                break
+            piece = chunk[start:nl]
+            if self._parts:
+                self._parts.append(piece)
+                piece = b"".join(self._parts)  # once per line: linear
+                self._parts.clear()
+                self._size = 0
+            if len(piece) > self._max:
+                raise FrameError(f"a stream line is longer than {self._max} bytes")
+            lines.append(piece[:-1] if piece.endswith(b"\r") else piece)
+            start = nl + 1
+        if start < len(chunk):
+            rest = chunk[start:] if start else chunk
+            self._parts.append(rest)
+            self._size += len(rest)
+            if self._size > self._max:
+                raise FrameError(f"a stream line is longer than {self._max} bytes")
+        return lines
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an unfinished line held back."""
+        return self._size
+
+
+class StreamKind(StrEnum):
+    SSE = "sse"
+    NDJSON = "ndjson"
+
+
+@dataclass(slots=True)
+class StreamWatch:
+    """Frames one worker stream and records how it ended. ``collect``: keep decoded frames in ``frames``
+    for a translator to drain."""
+
+    kind: StreamKind
+    collect: bool = False
+    max_line: int = MAX_LINE
+    ended: bool = False  # a terminal frame was seen: nothing after it is read or forwarded
+    finished: bool = False  # the model's own finish (finish_reason / done: true) was seen
+    error: str | None = None  # the worker's own error frame, if it sent one
+    usage: dict[str, Any] | None = None  # the last OpenAI usage object
+    final: dict[str, Any] | None = None  # Ollama's final ``done: true`` object
+    events: int = 0  # content frames (a stand-in for the token count when the worker reports none)
+    frames: list[dict[str, Any]] = field(default_factory=list)
+    _lines: LineSplitter = field(init=False)
+    _event: list[bytes] = field(default_factory=list)  # raw lines of the SSE event being read
+    _data: list[bytes] = field(default_factory=list)  # its data fields
+    _open: set[int] = field(default_factory=set)  # choice indices seen without a finish_reason yet
+    _closed: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self._lines = LineSplitter(self.max_line)
+
+    @property
+    def truncated(self) -> bool:
+        """Ended (terminator or close) without the model's finish and without an error frame of its own."""
+        return not self.finished and self.error is None
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Bytes to forward now (whole lines/events only). Raises :class:`FrameError` on a bad frame."""
+        if self.ended:
+            return b""
+        out: list[bytes] = []
+        for line in self._lines.feed(chunk):
+            if self.kind is StreamKind.SSE:
+                self._sse_line(line, out)
+            else:
+                self._ndjson_line(line, out)
+            if self.ended:
+                break
+        return b"".join(out)
+
+    # -- NDJSON ------------------------------------------------------------------------------------
+    def _ndjson_line(self, line: bytes, out: list[bytes]) -> None:
+        if not line.strip():
+            return
+        obj = _frame(line)
+        out.append(line + b"\n")
+        if obj.get("done") is True:
+            self.final = obj
+            self.finished = self.ended = True
+        elif "error" in obj:
+            self.error = _message(obj["error"])
+            self.ended = True
+        else:
+            self.events += 1
+        if self.collect:
+            self.frames.append(obj)
+
+    # -- SSE ---------------------------------------------------------------------------------------
+    def _sse_line(self, line: bytes, out: list[bytes]) -> None:
+        if line:
+            if line.startswith(b"data:"):
+                value = line[5:]
+                self._data.append(value[1:] if value.startswith(b" ") else value)
+            elif not line.startswith(_SSE_FIELDS):
+                raise FrameError(f"the worker sent a line that is not an SSE field: {line[:40]!r}")
+            self._event.append(line)
+            return
+        raw, data = self._event, self._data  # a blank line dispatches the event
+        self._event, self._data = [], []
+        if not data:
+            if raw:  # comments and fields without data: forwarded as they came
+                out.append(b"\n".join(raw) + b"\n\n")
+            return
+        payload = data[0] if len(data) == 1 else b"\n".join(data)
+        if payload.strip() == _DONE:
+            self.ended = True
+            if self._finished_all():
+                self.finished = True
+                out.append(b"\n".join(raw) + b"\n\n")
+            return  # an early [DONE] is withheld: the caller ends the stream with an error frame instead
+        obj = _frame(payload)
+        out.append(b"\n".join(raw) + b"\n\n")
+        if "error" in obj and "choices" not in obj:
+            self.error = _message(obj["error"])
+            self.ended = True
+            return
+        self._observe_choices(obj)
+        if isinstance(obj.get("usage"), dict):
+            self.usage = obj["usage"]
+        if self.collect:
+            self.frames.append(obj)
+
+    def _observe_choices(self, obj: dict[str, Any]) -> None:
+        choices = obj.get("choices")
+        if not isinstance(choices, list):
+            return
+        content = False
+        for position, choice in enumerate(choices):
+            if not isinstance(choice, dict):
+                continue
+            index = choice.get("index", position)
+            index = index if isinstance(index, int) else position
+            if choice.get("finish_reason") not in (None, ""):
+                self._closed.add(index)
+                self._open.discard(index)
+            elif index not in self._closed:
+                self._open.add(index)
+            content = True
+        if content:
+            self.events += 1
+        if self._closed and not self._open:
+            self.finished = True
+
+    def _finished_all(self) -> bool:
+        return bool(self._closed) and not self._open
+
+    def close(self) -> None:
+        """The worker closed the body. A stream whose model finished is complete even without ``[DONE]``."""
+        if self.kind is StreamKind.SSE and not self.ended and self._finished_all():
+            self.finished = True
+        self.ended = True
+
+
+def _frame(data: bytes) -> dict[str, Any]:
+    try:
+        return parse_object(data)
+    except FrameError as exc:
+        raise FrameError(f"the worker sent a stream frame that is {exc}") from None
+
+
+def _message(error: object) -> str:
+    message = error.get("message") if isinstance(error, dict) else None
+    if isinstance(message, str):
+        return message
+    if isinstance(error, str):
+        return error
+    return "the worker reported an error"
