@@ -6,7 +6,8 @@ ending in the stats object, ``stream`` defaulting to true), ``/api/embed``, ``/a
 ``/api/show``, and Ollama's OpenAI-compatible ``/v1`` routes (SSE with ``data: [DONE]``).
 
 Behaviour is configurable at run time: inventory, residency, per-token latency, HTTP failures,
-dropping the connection mid-stream, and being down. Each reply's first token names the emulator so
+dropping the connection mid-stream, broken listings (``/api/tags`` slow, 500 or not JSON while
+inference still works), and being down. Each reply's first token names the emulator so
 tests can see which worker answered.
 """
 
@@ -38,13 +39,20 @@ class Behaviour:
     tags_hang_s: float = 0.0  # delay before /api/tags and /v1/models answer (a machine going to sleep)
     require_key: str | None = None  # answer 401 unless "Authorization: Bearer <key>" is sent
     stall_after_chunks: int | None = None  # stop sending (but keep the connection) after N stream chunks
+    # Listing failures that leave inference working. Ollama's ListHandler answers 500 {"error": ...} when
+    # it cannot read the manifest store; a proxy in front may answer with a page that is not JSON.
+    tags_status: int | None = None  # answer /api/tags and /v1/models with this status and Ollama's error object
+    tags_garbled: bool = False  # answer /api/tags and /v1/models 200 with a body that is not JSON
+    ps_status: int | None = None  # answer /api/ps with this status and Ollama's error object
+    version_hang_s: float = 0.0  # delay before /api/version answers (a machine too loaded to answer)
 
 
 class OllamaEmulator:
     def __init__(self, name: str, behaviour: Behaviour | None = None) -> None:
         self.name = name
         self.behaviour = behaviour or Behaviour()
-        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.calls: list[tuple[str, dict[str, Any]]] = []  # inference and /api/show calls with their bodies
+        self.listings: list[str] = []  # /api/version, /api/tags and /v1/models calls, in order
         self.active = 0
         self.peak_active = 0
         self.cancelled = 0
@@ -107,12 +115,30 @@ class OllamaEmulator:
         return web.Response(text="Ollama is running")
 
     async def version(self, _: web.Request) -> web.Response:
+        # Ollama answers this from the HTTP router alone (server/routes.go: GET and HEAD /api/version).
+        self.listings.append("/api/version")
+        if self.behaviour.version_hang_s:
+            await asyncio.sleep(self.behaviour.version_hang_s)
         return web.json_response({"version": OLLAMA_VERSION})
 
     async def tags(self, _: web.Request) -> web.Response:
+        self.listings.append("/api/tags")
+        broken = self._listing_failure()
+        if broken is not None:
+            return broken
         return web.json_response({"models": [self._entry(m) for m in self.behaviour.models]})
 
+    def _listing_failure(self) -> web.Response | None:
+        """Ollama serves /api/tags and /v1/models with one ListHandler (server/routes.go): both fail alike."""
+        if self.behaviour.tags_status is not None:
+            return web.json_response({"error": "open manifests: input/output error"}, status=self.behaviour.tags_status)
+        if self.behaviour.tags_garbled:
+            return web.Response(text="<html><body>upstream hiccup</body></html>", content_type="text/html")
+        return None
+
     async def ps(self, _: web.Request) -> web.Response:
+        if self.behaviour.ps_status is not None:
+            return web.json_response({"error": "scheduler unavailable"}, status=self.behaviour.ps_status)
         expires = (datetime.now(UTC) + timedelta(minutes=5)).isoformat()
         models = []
         for m in self.behaviour.loaded:
@@ -220,6 +246,10 @@ class OllamaEmulator:
 
     # -- OpenAI-compatible routes ----------------------------------------------------------------
     async def v1_models(self, _: web.Request) -> web.Response:
+        self.listings.append("/v1/models")
+        broken = self._listing_failure()
+        if broken is not None:
+            return broken
         return web.json_response(
             {
                 "object": "list",

@@ -6,6 +6,7 @@ an unknown worker is 404, and nothing is written when a request fails.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -175,6 +176,9 @@ async def inventory(request: web.Request) -> web.Response:
                     "last_error": s.last_error,
                     "inventory_known": s.inventory is not None,
                     "installed": sorted(s.inventory) if s.inventory is not None else None,
+                    "inventory_stale": s.inventory_stale,  # the last poll failed: "installed" is the one before
+                    "inventory_error": s.inventory_error,
+                    "inventory_age_s": None if s.inventory_at is None else round(time.monotonic() - s.inventory_at, 1),
                     "loaded": sorted(s.loaded),
                     "in_flight": s.in_flight,
                     "max_concurrent": s.config.max_concurrent,

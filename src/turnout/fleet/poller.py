@@ -1,9 +1,20 @@
 """Background polling of every worker: health, inventory, residency and GPU signals.
 
-Ollama workers: ``/api/tags`` (health + inventory) and ``/api/ps`` (residency, VRAM). OpenAI-style
-workers: ``/v1/models`` (health + inventory; every listed model counts as loaded). A worker's optional
-``metrics_url`` is scraped for GPU utilisation and memory. One poll round is run before the gateway
-starts serving, so routing starts from real health, not a guess.
+Health and inventory are separate questions, asked separately:
+
+* Ollama workers: ``/api/version`` is the liveness probe (served without touching a model runner);
+  ``/api/tags`` is inventory and ``/api/ps`` residency. Their failures (timeout, 5xx, bad JSON) make
+  the inventory stale, never the worker down. Probed every round, busy or not.
+* OpenAI-style workers: ``/v1/models`` is the only probe, and any HTTP answer proves the worker alive;
+  a 5xx or bad JSON there only makes the inventory stale (every listed model counts as loaded). These
+  are probed only when nothing is in flight there through this gateway: on llama.cpp a probe during a
+  stream ends that stream (see :mod:`turnout.core.health`). Health then comes from the proxied requests.
+
+A probe timeout while the worker's requests are progressing does not count. A failed inventory keeps
+the last known one, marked stale (``inventory_stale``, ``inventory_error``); never fetched stays None,
+which routing treats as unknown (fail open). A worker's optional ``metrics_url`` is scraped for GPU
+utilisation and memory. One poll round is run before the gateway starts serving, so routing starts from
+real health, not a guess. Decisions are :mod:`turnout.core.health`'s; this module applies them.
 """
 
 from __future__ import annotations
@@ -11,27 +22,59 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from turnout.config import WorkerType
+from turnout.core.health import ProbePolicy, ProbeResult, probe_event, should_probe
 from turnout.core.signals import gpu_from_samples, vram_pressure_from_ps
 from turnout.errors import UpstreamError
 from turnout.fleet.state import Fleet, WorkerState
-from turnout.upstream.client import UpstreamClient
+from turnout.upstream.client import ConnectFailed, UpstreamClient
 
 __all__ = ["Poller", "apply_openai_models", "apply_tags"]
 
 log = logging.getLogger("turnout.fleet")
 
 
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    """One GET as the health rules see it: did an answer come, and what was in it."""
+
+    result: ProbeResult
+    status: int | None = None
+    body: bytes | None = None
+    error: str | None = None  # why there is no usable body
+
+    def json(self, label: str, path: str) -> Any:
+        """The decoded body of a 2xx answer; UpstreamError for anything else (an inventory failure)."""
+        if self.error is not None:
+            raise UpstreamError(self.error)
+        if self.status is None or self.status >= 300:
+            raise UpstreamError(f"{label}: HTTP {self.status} from {path}")
+        try:
+            return orjson.loads(self.body or b"")
+        except orjson.JSONDecodeError:
+            raise UpstreamError(f"{label}: {path} did not return JSON") from None
+
+
 class Poller:
-    def __init__(self, fleet: Fleet, client: UpstreamClient, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        client: UpstreamClient,
+        on_change: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.fleet = fleet
         self.client = client
         self.on_change = on_change
+        self.clock = clock  # the proxy's record_* calls use the same clock
         self._task: asyncio.Task[None] | None = None
 
     async def poll_all(self) -> None:
@@ -44,42 +87,72 @@ class Poller:
 
     async def poll(self, state: WorkerState) -> None:
         cfg = state.config
-        timeout = self.fleet.settings.health.timeout_s
-        headers = state.headers
-        try:
-            if cfg.type is WorkerType.OLLAMA:
-                tags = await self.client.get_json(
-                    f"{state.base_url}/api/tags", label=cfg.name, timeout_s=timeout, headers=headers
-                )
-                apply_tags(state, tags)
-                try:
-                    ps = await self.client.get_json(
-                        f"{state.base_url}/api/ps", label=cfg.name, timeout_s=timeout, headers=headers
-                    )
-                    _apply_ps(state, ps)
-                except UpstreamError as exc:
-                    log.debug("%s: /api/ps failed: %s", cfg.name, exc)
+        health = self.fleet.settings.health
+        ollama = cfg.type is WorkerType.OLLAMA
+        policy = ProbePolicy.ALWAYS if ollama else ProbePolicy.IDLE_ONLY
+        started = self.clock()
+        probe = should_probe(
+            policy,
+            in_flight=state.in_flight,
+            healthy=state.healthy,
+            inventory_current=state.inventory is not None and not state.inventory_stale,
+            last_progress=state.last_progress,
+            now=started,
+            interval_s=health.interval_s,
+        )
+        if probe:
+            reply = await self._get(state, "/api/version" if ollama else "/v1/models")
+            event = probe_event(
+                reply.result, started=started, last_progress=state.last_progress, window_s=health.timeout_s
+            )
+            if event is None:
+                log.debug("%s: probe %s while requests progress; not counted", cfg.name, reply.result.value)
             else:
-                models = await self.client.get_json(
-                    f"{state.base_url}/v1/models", label=cfg.name, timeout_s=timeout, headers=headers
-                )
-                apply_openai_models(state, models)
-        except UpstreamError as exc:
-            state.failures += 1
-            state.checked = True
-            if state.failures >= self.fleet.settings.health.failures_to_down:
-                if state.healthy:
-                    log.warning("worker %s is down: %s", cfg.name, exc.message)
-                state.mark_down(exc.message)
-            return
-        if not state.healthy:
-            log.info("worker %s is up (%d models)", cfg.name, len(state.inventory or ()))
-        state.healthy = True
-        state.checked = True
-        state.failures = 0
-        state.last_error = None
+                state.record(event, reply.error)
+            if reply.result is ProbeResult.ANSWERED:
+                if ollama:
+                    await self._ollama_inventory(state)
+                else:
+                    self._inventory(state, reply, "/v1/models", apply_openai_models)
         if cfg.metrics_url is not None:
-            await self._scrape_gpu(state, str(cfg.metrics_url), timeout)
+            await self._scrape_gpu(state, str(cfg.metrics_url), health.timeout_s)
+
+    async def _get(self, state: WorkerState, path: str) -> _Reply:
+        url = f"{state.base_url}{path}"
+        limit_s = self.fleet.settings.health.timeout_s
+        try:
+            async with self.client.request(
+                "GET", url, label=state.name, timeout_s=limit_s, headers=state.headers
+            ) as resp:
+                try:
+                    return _Reply(ProbeResult.ANSWERED, resp.status, await resp.read())
+                except UpstreamError as exc:  # the headers came, so it is up; the body did not
+                    return _Reply(ProbeResult.ANSWERED, resp.status, error=exc.message)
+        except ConnectFailed as exc:
+            return _Reply(ProbeResult.UNREACHABLE, error=exc.message)
+        except UpstreamError as exc:
+            result = ProbeResult.TIMED_OUT if exc.code == "timeout" else ProbeResult.BROKEN
+            return _Reply(result, error=exc.message)
+
+    async def _ollama_inventory(self, state: WorkerState) -> None:
+        tags, ps = await asyncio.gather(self._get(state, "/api/tags"), self._get(state, "/api/ps"))
+        self._inventory(state, tags, "/api/tags", apply_tags)
+        try:
+            _apply_ps(state, ps.json(state.name, "/api/ps"))
+        except UpstreamError as exc:  # residency unknown this round: keep the last known
+            log.debug("%s: /api/ps failed: %s", state.name, exc.message)
+
+    def _inventory(
+        self, state: WorkerState, reply: _Reply, path: str, apply: Callable[[WorkerState, Any], None]
+    ) -> None:
+        try:
+            apply(state, reply.json(state.name, path))
+        except UpstreamError as exc:
+            if state.inventory_error is None:
+                log.warning("%s: inventory poll failed, keeping the last known: %s", state.name, exc.message)
+            state.inventory_failed(exc.message)
+            return
+        state.inventory_fetched(self.clock())
 
     async def _scrape_gpu(self, state: WorkerState, url: str, limit_s: float) -> None:
         try:

@@ -1,16 +1,21 @@
 """Per-worker live state and the fleet that owns it.
 
-Mutable, owned by one event loop: the poller writes health/inventory, the gateway writes in-flight
-counts and speed observations. ``view()`` freezes what the pure router needs for one request.
+Mutable, owned by one event loop: the poller writes probe results, inventory and residency; the gateway
+writes in-flight counts, speed observations and what its proxied requests saw (``record_progress``,
+``record_success``, ``record_failure``). Health rules live in :mod:`turnout.core.health`; health (is it
+serving?) and inventory (what does it hold?) are kept apart, so a failed listing never takes a serving
+worker out of routing. ``views()`` freezes what the pure router needs for one request.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from turnout.config import Settings, Worker, WorkerType
 from turnout.core.endpoint_health import EndpointState
+from turnout.core.health import Event, Health, after
 from turnout.core.placement import PlacementRules
 from turnout.core.routing import WorkerView
 from turnout.core.signals import smooth
@@ -18,6 +23,8 @@ from turnout.state.placement_store import PlacementStore
 from turnout.upstream.http1 import DialGuard
 
 __all__ = ["External", "Fleet", "WorkerState"]
+
+log = logging.getLogger("turnout.fleet")
 
 
 @dataclass(slots=True)
@@ -41,10 +48,16 @@ class External:
 class WorkerState:
     config: Worker
     healthy: bool = False
-    checked: bool = False  # at least one poll finished
+    checked: bool = False  # at least one poll (or proxied answer) finished
     last_error: str | None = None
-    failures: int = 0
-    inventory: frozenset[str] | None = None  # None until fetched once
+    failures: int = 0  # consecutive probe failures that counted
+    request_failures: int = 0  # consecutive failed proxied requests
+    failures_to_down: int = 1  # health.failures_to_down (set by the fleet)
+    last_progress: float | None = None  # monotonic time bytes last arrived for a proxied request
+    inventory: frozenset[str] | None = None  # None until fetched once; then the last known, maybe stale
+    inventory_stale: bool = False  # the last inventory poll failed; ``inventory`` is from an earlier one
+    inventory_error: str | None = None
+    inventory_at: float | None = None  # monotonic time of the last good inventory poll
     tags: dict[str, dict[str, Any]] = field(default_factory=dict)  # raw inventory entries by name
     loaded: frozenset[str] = frozenset()
     ps: list[dict[str, Any]] = field(default_factory=list)  # raw /api/ps entries
@@ -85,12 +98,61 @@ class WorkerState:
         self.healthy = False
         self.last_error = error
 
+    # -- what proxied requests saw (called by the gateway; ``now``: loop.time(), i.e. time.monotonic())
+    def record_progress(self, now: float) -> None:
+        """Bytes arrived from the worker for a proxied request: it is working (probe timeouts won't count)."""
+        self.last_progress = now
+
+    def record_success(self, now: float) -> None:
+        """A proxied request got a complete answer: alive, failure counts reset, healthy."""
+        self.last_progress = now
+        self.record(Event.SERVED)
+
+    def record_failure(self, error: str, now: float) -> None:
+        """A proxied request failed for real (stream broke, invalid answer); ``failures_to_down`` in a row
+        take the worker down. Connection failures are not this: they call :meth:`mark_down`."""
+        del now  # the count is what decides; the time is part of every event's signature
+        self.record(Event.REQUEST_FAILED, error)
+
+    def record(self, event: Event, error: str | None = None) -> None:
+        """Apply one health event (probe or request) through :func:`turnout.core.health.after`."""
+        was = self.healthy
+        health = after(Health(self.healthy, self.failures, self.request_failures), event, self.failures_to_down)
+        self.healthy, self.failures, self.request_failures = (
+            health.healthy,
+            health.probe_failures,
+            health.request_failures,
+        )
+        self.checked = True
+        if error is not None:
+            self.last_error = error
+        elif not (health.probe_failures or health.request_failures):
+            self.last_error = None
+        if was and not self.healthy:
+            log.warning("worker %s is down: %s", self.name, error)
+        elif self.healthy and not was:
+            log.info("worker %s is up", self.name)
+
+    # -- what inventory polls saw (called by the poller) -------------------------------------------
+    def inventory_fetched(self, now: float) -> None:
+        self.inventory_stale = False
+        self.inventory_error = None
+        self.inventory_at = now
+
+    def inventory_failed(self, error: str) -> None:
+        """The listing failed: keep the last known inventory (or None: unknown), marked stale."""
+        self.inventory_stale = self.inventory is not None
+        self.inventory_error = error
+
 
 class Fleet:
     def __init__(self, settings: Settings, placement: PlacementStore) -> None:
         self.settings = settings
         self.placement = placement
-        self.workers: dict[str, WorkerState] = {w.name: WorkerState(w) for w in settings.workers}
+        down_after = settings.health.failures_to_down
+        self.workers: dict[str, WorkerState] = {
+            w.name: WorkerState(w, failures_to_down=down_after) for w in settings.workers
+        }
         self.endpoints = 0  # how many external endpoints are in ``workers`` (kept by the endpoint manager)
         self.bindings: dict[str, WorkerState] = {}  # model name -> its claim's engine (kept by the claim bindings)
 

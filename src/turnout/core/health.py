@@ -1,0 +1,109 @@
+"""Worker health: passive evidence first, probes only where they cannot hurt, and which results count.
+
+Pure decisions (no I/O, no clock: times are parameters, seconds on one monotonic clock). The fleet
+poller asks :func:`should_probe` before each probe and :func:`probe_event` what its result means;
+the poller and the proxy feed events into :func:`after` (through ``WorkerState``).
+
+Like Envoy's outlier detection, a worker answering the gateway's own requests is alive, and that
+evidence is free. Probes are not free:
+
+* ``llama_cpp.server`` (Python) serves every route, ``/v1/models`` included, behind one lock, and by
+  default (``interrupt_requests=True``) a running stream stops with ``[DONE]`` as soon as another
+  request waits for that lock (``llama_cpp/server/app.py``: ``get_llama_proxy``'s outer/inner lock and
+  ``get_event_publisher``'s ``if interrupt_requests and llama_outer_lock.locked()``). A probe during a
+  stream cuts the user's answer short; a probe queued behind a long non-streamed answer times out.
+  So an OpenAI-style worker (:attr:`ProbePolicy.IDLE_ONLY`) is probed only when nothing is in flight
+  there through this gateway, and not when a fresh answer already shows it alive (unless its inventory
+  is stale or unknown).
+* Ollama serves ``/api/version`` straight from the HTTP router and ``/api/tags`` / ``/api/ps`` from
+  the manifest store and the scheduler's table, without calling a model runner (ollama/ollama
+  ``server/routes.go``: ``GenerateRoutes``, ``ListHandler``, ``PsHandler``), so Ollama workers
+  (:attr:`ProbePolicy.ALWAYS`) are probed every round, busy or not.
+
+Either way, a probe that timed out or broke while the worker's requests were progressing says the
+worker is loaded, not dead: it does not count. A refused connection always counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = ["Event", "Health", "ProbePolicy", "ProbeResult", "after", "probe_event", "should_probe"]
+
+
+class ProbePolicy(Enum):
+    ALWAYS = "always"  # probing cannot disturb the worker's requests (Ollama's listing routes)
+    IDLE_ONLY = "idle_only"  # a probe can disturb them (OpenAI-style engines, llama.cpp above all)
+
+
+class ProbeResult(Enum):
+    ANSWERED = "answered"  # an HTTP answer, any status: the worker's server is up
+    TIMED_OUT = "timed_out"  # connected, but no complete answer in time
+    BROKEN = "broken"  # connected, but the connection closed or broke before an answer
+    UNREACHABLE = "unreachable"  # nothing reached the worker (refused, DNS, connect timeout)
+
+
+class Event(Enum):
+    ALIVE = "alive"  # a probe was answered
+    PROBE_FAILED = "probe_failed"  # a probe failure that counts
+    SERVED = "served"  # a proxied request got a complete answer
+    REQUEST_FAILED = "request_failed"  # a proxied request failed for real (stream broke, invalid answer)
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    healthy: bool = False
+    probe_failures: int = 0  # consecutive counted probe failures
+    request_failures: int = 0  # consecutive real request failures
+
+
+def should_probe(
+    policy: ProbePolicy,
+    *,
+    in_flight: int,
+    healthy: bool,
+    inventory_current: bool,
+    last_progress: float | None,
+    now: float,
+    interval_s: float,
+) -> bool:
+    """Probe now, or let passive evidence stand? ``last_progress``: when bytes last arrived for a proxied
+    request; ``inventory_current``: the last inventory poll worked (not stale, not unknown)."""
+    if policy is ProbePolicy.ALWAYS:
+        return True
+    if in_flight > 0:
+        return False  # its own requests will tell: success, failure or a refused connection
+    # An answer within the last interval proves a healthy worker alive; unless its inventory needs
+    # fetching again, a probe would add only risk.
+    fresh = last_progress is not None and now - last_progress < interval_s
+    return not (healthy and fresh and inventory_current)
+
+
+def probe_event(result: ProbeResult, *, started: float, last_progress: float | None, window_s: float) -> Event | None:
+    """What one probe's result means; ``None``: nothing (ignore it).
+
+    A timeout or broken answer does not count when the worker's requests made progress during the probe
+    or within ``window_s`` before it started (the probe's own timeout is the natural window)."""
+    if result is ProbeResult.ANSWERED:
+        return Event.ALIVE
+    if result is ProbeResult.UNREACHABLE:
+        return Event.PROBE_FAILED
+    progressing = last_progress is not None and last_progress >= started - window_s
+    return None if progressing else Event.PROBE_FAILED
+
+
+def after(health: Health, event: Event, failures_to_down: int) -> Health:
+    """Health after one event. Probe and request failures count separately: a worker whose listing answers
+    while its real requests keep failing still goes down. A probe answer brings a worker taken down by
+    request failures back (nothing else would: it gets no traffic), but its request-failure count stays,
+    so the next failed request takes it down again."""
+    if event is Event.SERVED:
+        return Health(healthy=True)
+    if event is Event.ALIVE:
+        return Health(healthy=True, request_failures=health.request_failures)
+    if event is Event.PROBE_FAILED:
+        count = health.probe_failures + 1
+        return Health(health.healthy and count < failures_to_down, count, health.request_failures)
+    count = health.request_failures + 1
+    return Health(health.healthy and count < failures_to_down, health.probe_failures, count)

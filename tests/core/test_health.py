@@ -1,0 +1,100 @@
+"""Worker health decisions: when to probe, which probe results count, health after each event."""
+
+from __future__ import annotations
+
+import pytest
+
+from turnout.core.health import Event, Health, ProbePolicy, ProbeResult, after, probe_event, should_probe
+
+ALWAYS, IDLE = ProbePolicy.ALWAYS, ProbePolicy.IDLE_ONLY
+NOW, INTERVAL = 100.0, 10.0
+
+
+@pytest.mark.parametrize(
+    ("policy", "in_flight", "healthy", "current", "last_progress", "expected"),
+    [
+        (ALWAYS, 0, True, True, None, True),
+        (ALWAYS, 3, True, True, NOW, True),  # Ollama's listings never touch a runner: probe busy workers too
+        (ALWAYS, 1, False, False, None, True),
+        (IDLE, 0, False, False, None, True),  # never checked: first round before serving
+        (IDLE, 0, True, True, None, True),
+        (IDLE, 1, True, True, None, False),  # busy: its own requests tell
+        (IDLE, 1, True, True, NOW - 1, False),
+        (IDLE, 1, True, False, NOW - 1000, False),  # busy with a stale inventory: still not
+        (IDLE, 5, False, True, None, False),  # busy and down: requests in flight still report
+        (IDLE, 0, True, True, NOW - 1, False),  # a fresh answer proves it alive: a probe adds only risk
+        (IDLE, 0, True, True, NOW - INTERVAL + 0.01, False),
+        (IDLE, 0, True, True, NOW - INTERVAL, True),  # evidence one interval old: probe
+        (IDLE, 0, True, True, NOW - 1000, True),
+        (IDLE, 0, True, False, NOW - 1, True),  # alive, but the inventory is stale or unknown: fetch it
+        (IDLE, 0, False, True, NOW - 1, True),  # down (taken down by failures): probe to bring it back
+    ],
+)
+def test_should_probe(
+    policy: ProbePolicy, in_flight: int, healthy: bool, current: bool, last_progress: float | None, expected: bool
+) -> None:
+    decided = should_probe(
+        policy,
+        in_flight=in_flight,
+        healthy=healthy,
+        inventory_current=current,
+        last_progress=last_progress,
+        now=NOW,
+        interval_s=INTERVAL,
+    )
+    assert decided is expected
+
+
+STARTED, WINDOW = 50.0, 3.0
+
+
+@pytest.mark.parametrize(
+    ("result", "last_progress", "expected"),
+    [
+        (ProbeResult.ANSWERED, None, Event.ALIVE),  # any HTTP answer, any status
+        (ProbeResult.ANSWERED, STARTED + 1, Event.ALIVE),
+        (ProbeResult.UNREACHABLE, None, Event.PROBE_FAILED),
+        (ProbeResult.UNREACHABLE, STARTED + 1, Event.PROBE_FAILED),  # refused while streaming: still counts
+        (ProbeResult.TIMED_OUT, None, Event.PROBE_FAILED),  # idle and silent
+        (ProbeResult.TIMED_OUT, STARTED + 1, None),  # its requests progressed during the probe
+        (ProbeResult.TIMED_OUT, STARTED - WINDOW, None),  # ... or just before it
+        (ProbeResult.TIMED_OUT, STARTED - WINDOW - 0.01, Event.PROBE_FAILED),  # long silent
+        (ProbeResult.BROKEN, None, Event.PROBE_FAILED),
+        (ProbeResult.BROKEN, STARTED + 2, None),
+        (ProbeResult.BROKEN, STARTED - 100, Event.PROBE_FAILED),
+    ],
+)
+def test_probe_event(result: ProbeResult, last_progress: float | None, expected: Event | None) -> None:
+    assert probe_event(result, started=STARTED, last_progress=last_progress, window_s=WINDOW) is expected
+
+
+UP, DOWN = Health(healthy=True), Health()
+ALIVE, PROBE_FAILED = Event.ALIVE, Event.PROBE_FAILED
+SERVED, FAILED = Event.SERVED, Event.REQUEST_FAILED
+
+
+@pytest.mark.parametrize(
+    ("before", "event", "down_after", "expected"),
+    [
+        (DOWN, ALIVE, 1, UP),
+        (DOWN, SERVED, 1, UP),
+        (UP, PROBE_FAILED, 1, Health(False, 1, 0)),
+        (UP, PROBE_FAILED, 2, Health(True, 1, 0)),  # one miss tolerated
+        (Health(True, 1, 0), PROBE_FAILED, 2, Health(False, 2, 0)),
+        (Health(False, 2, 0), PROBE_FAILED, 2, Health(False, 3, 0)),
+        (DOWN, PROBE_FAILED, 3, Health(False, 1, 0)),  # never up: one failure keeps it down
+        (Health(False, 2, 0), ALIVE, 2, UP),
+        (UP, FAILED, 1, Health(False, 0, 1)),
+        (UP, FAILED, 3, Health(True, 0, 1)),
+        (Health(True, 0, 2), FAILED, 3, Health(False, 0, 3)),
+        (Health(True, 0, 2), SERVED, 3, UP),  # a complete answer resets the count
+        (Health(True, 1, 2), SERVED, 3, UP),  # ... and probe misses too
+        (Health(True, 1, 0), FAILED, 2, Health(True, 1, 1)),  # counted apart: neither reached 2
+        (Health(True, 0, 1), PROBE_FAILED, 2, Health(True, 1, 1)),
+        (Health(True, 0, 1), ALIVE, 2, Health(True, 0, 1)),  # a listing answer is no proof requests work
+        (Health(False, 0, 2), ALIVE, 2, Health(True, 0, 2)),  # back after ejection, on probation ...
+        (Health(True, 0, 2), FAILED, 2, Health(False, 0, 3)),  # ... one more failure ejects it again
+    ],
+)
+def test_after(before: Health, event: Event, down_after: int, expected: Health) -> None:
+    assert after(before, event, down_after) == expected
