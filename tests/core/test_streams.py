@@ -169,3 +169,25 @@ def test_sse_lines_must_be_sse_fields(line: bytes) -> None:
 def test_sse_comments_are_forwarded() -> None:
     watch, out = run(StreamKind.SSE, b": ping\n\n" + FINISHED)
     assert watch.finished and out == b": ping\n\n" + FINISHED
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize(
+    ("kind", "data", "expected"),
+    [
+        (
+            StreamKind.SSE,
+            sse(chunk("a"), {"error": {"message": "boom"}}, chunk("late")),
+            sse(chunk("a"), {"error": {"message": "boom"}}),
+        ),
+        (StreamKind.SSE, sse(chunk("a"), b"[DONE]", chunk("late")), sse(chunk("a"))),
+        (StreamKind.SSE, FINISHED + sse(chunk("late")), FINISHED),
+        (StreamKind.NDJSON, b'{"done":false}\n{"error":"x"}\n{"done":false}\n', b'{"done":false}\n{"error":"x"}\n'),
+    ],
+)
+def test_whole_chunks_and_line_by_line_forward_the_same(
+    kind: StreamKind, data: bytes, expected: bytes, split: bool
+) -> None:
+    """The whole-frames fast path and the line path agree, the terminal frame included."""
+    _, out = run(kind, data, list(range(1, len(data))) if split else [])
+    assert out == expected

@@ -117,3 +117,21 @@ async def test_mixed_fleet_ollama_and_llama(
     with pytest.raises(ollama.ResponseError) as info:
         await client.chat(model="nothing-here", messages=[])
     assert info.value.status_code == 404
+
+
+async def test_ollama_format_schema_reaches_llama_cpp_in_the_form_it_takes(gw_url: str, clients: Clients) -> None:
+    """llama_cpp.server answers 422 to OpenAI's json_schema response_format; the gateway retries in
+    llama-cpp-python's json_object+schema form, whose grammar makes even the tiny model write JSON."""
+    client = clients.ollama(gw_url)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    for _ in range(2):
+        reply = await client.chat(
+            model="tiny",
+            messages=[{"role": "user", "content": "answer"}],
+            format=schema,
+            options={"num_predict": 48},
+            stream=False,
+        )
+        assert reply.done
+        if reply.done_reason == "stop":
+            assert isinstance(json.loads(reply.message.content)["ok"], bool)

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from sqlalchemy import text
 
-from tests.conftest import EmulatorFactory, Gateway, GatewayFactory, worker
+from tests.conftest import Clients, EmulatorFactory, Engine, Gateway, GatewayFactory, worker
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.calls import Call, Endpoint
 from turnout.gateway.dialect import Dialect
@@ -181,3 +181,21 @@ async def test_refusals_and_names_at_column_limits_are_recorded_on_postgres(
     assert sum(r["requests"] for r in rows) == 4 and sum(r["errors"] for r in rows) == 3
     assert {*at_limit, "llama3.2", "qwen3:8b"} == {r["model"] for r in rows}
     assert next(r for r in rows if r["model"] == "llama3.2")["statuses"] == {"403": 1}
+
+
+async def test_llama_cpp_stream_without_usage_is_charged_the_prompt_estimate(
+    llama_engine: Engine, gateway: GatewayFactory, clients: Clients
+) -> None:
+    """llama_cpp.server streams carry no usage: the proxy reports no prompt count (None), accounting estimates."""
+    gw = await gateway([worker("llama", llama_engine.url, type="openai")], auth={"open": False})
+    record, key = make_key(gw, daily_tokens=100_000)
+    client = clients.openai(gw.url)
+    client.api_key = key
+    stream = await client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello " * 50}], max_tokens=6, stream=True
+    )
+    chunks = [c async for c in stream]
+    assert chunks and all(c.usage is None for c in chunks)  # the worker really reported nothing
+    [row] = await usage_rows(gw, key=record.prefix)
+    assert row["statuses"] == {"200": 1} and row["prompt_tokens"] >= 300 // 4  # ~ body bytes / 4
+    assert 1 <= row["completion_tokens"] <= 7

@@ -128,6 +128,10 @@ class StreamWatch:
         """Bytes to forward now (whole lines/events only). Raises :class:`FrameError` on a bad frame."""
         if self.ended:
             return b""
+        if not self._lines.pending and not self._event:
+            fast = self._feed_whole(chunk)
+            if fast is not None:
+                return fast
         out: list[bytes] = []
         for line in self._lines.feed(chunk):
             if self.kind is StreamKind.SSE:
@@ -138,12 +142,38 @@ class StreamWatch:
                 break
         return b"".join(out)
 
+    def _feed_whole(self, chunk: bytes) -> bytes | None:
+        """The common case, a chunk of whole frames and nothing pending: each frame is parsed exactly as
+        the line path would, but the chunk is forwarded as it came. None: take the line path instead."""
+        if b"\r" in chunk or len(chunk) > self.max_line:
+            return None
+        if self.kind is StreamKind.SSE:
+            if not chunk.endswith(b"\n\n"):
+                return None
+            events = chunk[:-2].split(b"\n\n")
+            if not all(e.startswith(b"data: ") and b"\n" not in e for e in events):
+                return None
+            for n, event in enumerate(events):
+                if not self._dispatch(event[6:]):
+                    kept = n + 1 if self.finished or self.error is not None else n  # an early [DONE] is withheld
+                    return b"".join(e + b"\n\n" for e in events[:kept])
+            return chunk
+        if not chunk.endswith(b"\n") or b"\n\n" in chunk:
+            return None
+        lines = chunk[:-1].split(b"\n")
+        for n, line in enumerate(lines):
+            self._ndjson_line(line, None)
+            if self.ended:
+                return b"".join(x + b"\n" for x in lines[: n + 1])
+        return chunk
+
     # -- NDJSON ------------------------------------------------------------------------------------
-    def _ndjson_line(self, line: bytes, out: list[bytes]) -> None:
+    def _ndjson_line(self, line: bytes, out: list[bytes] | None) -> None:
         if not line.strip():
             return
         obj = _frame(line)
-        out.append(line + b"\n")
+        if out is not None:
+            out.append(line + b"\n")
         if obj.get("done") is True:
             self.final = obj
             self.finished = self.ended = True
@@ -172,23 +202,27 @@ class StreamWatch:
                 out.append(b"\n".join(raw) + b"\n\n")
             return
         payload = data[0] if len(data) == 1 else b"\n".join(data)
+        if self._dispatch(payload) or self.finished or self.error is not None:
+            out.append(b"\n".join(raw) + b"\n\n")
+
+    def _dispatch(self, payload: bytes) -> bool:
+        """Apply one SSE event's data. False when it ended the stream (``finished`` then says whether it is
+        forwarded: an early ``[DONE]`` is withheld, the caller ends the stream with an error frame)."""
         if payload.strip() == _DONE:
             self.ended = True
-            if self._finished_all():
-                self.finished = True
-                out.append(b"\n".join(raw) + b"\n\n")
-            return  # an early [DONE] is withheld: the caller ends the stream with an error frame instead
+            self.finished = self._finished_all()
+            return False
         obj = _frame(payload)
-        out.append(b"\n".join(raw) + b"\n\n")
         if "error" in obj and "choices" not in obj:
             self.error = _message(obj["error"])
             self.ended = True
-            return
+            return False
         self._observe_choices(obj)
         if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
         if self.collect:
             self.frames.append(obj)
+        return True
 
     def _observe_choices(self, obj: dict[str, Any]) -> None:
         choices = obj.get("choices")

@@ -14,6 +14,7 @@ from typing import Any
 
 __all__ = [
     "ChatStreamTranslator",
+    "ResponseShapeError",
     "Timing",
     "TranslationError",
     "chat_from_openai",
@@ -22,6 +23,7 @@ __all__ = [
     "embed_to_openai",
     "generate_to_openai",
     "ollama_error_from_openai",
+    "schema_as_json_object",
 ]
 
 JSON = dict[str, Any]
@@ -40,6 +42,10 @@ _DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop", "cont
 
 class TranslationError(ValueError):
     """The request cannot be expressed in the other dialect; the message says which field."""
+
+
+class ResponseShapeError(ValueError):
+    """A worker's answer does not have the shape its dialect promises (the proxy answers 502)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +137,27 @@ def _apply_common(body: JSON, out: JSON, *, stream: bool) -> None:
         out["stream_options"] = {"include_usage": True}
 
 
+def schema_as_json_object(req: JSON) -> JSON | None:
+    """The same request with an Ollama ``format`` schema in llama-cpp-python's form, or None when the
+    request carries no schema.
+
+    Which form a worker takes (``response_format``):
+
+    * OpenAI's ``{"type": "json_schema", "json_schema": {"name", "schema"}}``, sent first: the OpenAI API,
+      vLLM, SGLang, Ollama's ``/v1`` and LM Studio.
+    * ``{"type": "json_object", "schema": {...}}``: llama-cpp-python's server, whose request model
+      (``llama_cpp/llama_types.py`` ``ChatCompletionRequestResponseFormat``) allows only ``text`` and
+      ``json_object`` and answers 422 to ``json_schema``. The proxy retries once in this form after a 4xx
+      and keeps using it for that worker.
+    """
+    fmt = req.get("response_format")
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return None
+    spec = fmt.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    return {**req, "response_format": {"type": "json_object", "schema": schema}}
+
+
 def _message_to_openai(message: object, index: int) -> JSON:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise TranslationError(f"messages[{index}] must be an object with a role")
@@ -181,12 +208,15 @@ def _tool_call_to_openai(call: object, index: int, n: int) -> JSON:
 
 # -- responses ------------------------------------------------------------------------------------
 def chat_from_openai(resp: JSON, model: str, timing: Timing, *, generate: bool = False) -> JSON:
-    """A non-streamed OpenAI chat/completions answer as Ollama's final object."""
-    choices = resp.get("choices") or [{}]
-    choice = choices[0] if isinstance(choices[0], dict) else {}
-    message = choice.get("message") or {}
+    """A non-streamed OpenAI chat/completions answer as Ollama's final object. A worker answer of the
+    wrong shape (no choices, wrong types) raises :class:`ResponseShapeError`, never anything else."""
+    choices = resp.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ResponseShapeError("the answer has no choices")
+    choice = choices[0]
+    message = _obj(choice.get("message"))
     text = message.get("content") if "message" in choice else choice.get("text")
-    out = _ollama_head(model, timing, text or "", generate=generate)
+    out = _ollama_head(model, timing, _text(text), generate=generate)
     calls = _tool_calls_from_openai(message.get("tool_calls"))
     if calls and not generate:
         out["message"]["tool_calls"] = calls
@@ -197,18 +227,21 @@ def chat_from_openai(resp: JSON, model: str, timing: Timing, *, generate: bool =
 def embed_from_openai(resp: JSON, model: str, timing: Timing, *, legacy: bool) -> JSON:
     data = resp.get("data")
     if not isinstance(data, list):
-        raise TranslationError("embedding response has no data list")
-    ordered = sorted((d for d in data if isinstance(d, dict)), key=lambda d: d.get("index", 0))
-    vectors = [d.get("embedding", []) for d in ordered]
+        raise ResponseShapeError("embedding response has no data list")
+    items = [d for d in data if isinstance(d, dict)]
+    ordered = sorted(items, key=lambda d: _count(d.get("index")) or 0)
+    vectors = [d.get("embedding") for d in ordered]
+    if not all(isinstance(v, list) and all(_is_number(x) for x in v) for v in vectors):
+        raise ResponseShapeError("an embedding is not a list of numbers")
     if legacy:
         return {"embedding": vectors[0] if vectors else []}
-    usage = resp.get("usage") or {}
+    usage = _obj(resp.get("usage"))
     return {
         "model": model,
         "embeddings": vectors,
         "total_duration": timing.total_ns,
         "load_duration": 0,
-        "prompt_eval_count": usage.get("prompt_tokens", 0) if isinstance(usage, dict) else 0,
+        "prompt_eval_count": _count(usage.get("prompt_tokens")) or 0,
     }
 
 
@@ -245,15 +278,18 @@ class ChatStreamTranslator:
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
         out: list[JSON] = []
-        for choice in event.get("choices") or []:
+        choices = event.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict):
                 continue
-            delta = choice.get("delta") or {}
-            text = delta.get("content") if "delta" in choice else choice.get("text")
-            for call in delta.get("tool_calls") or []:
+            delta = _obj(choice.get("delta"))
+            text = _text(delta.get("content") if "delta" in choice else choice.get("text"))
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
                 self._merge_call(call)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                self.finish_reason = reason
             if text:
                 self.content_chunks += 1
                 chunk = _ollama_head(self.model, Timing(created_at), text, generate=self.generate)
@@ -275,14 +311,17 @@ class ChatStreamTranslator:
         return out
 
     def _merge_call(self, call: object) -> None:
+        """Tool-call fragments (OpenAI streams them by ``index``); fragments of the wrong shape are ignored."""
         if not isinstance(call, dict):
             return
-        index = call.get("index", len(self._calls))
+        index = call.get("index")
+        if not isinstance(index, int) or isinstance(index, bool):
+            index = len(self._calls)
         slot = self._calls.setdefault(index, {"function": {"name": "", "arguments": ""}})
-        function = call.get("function") or {}
-        if function.get("name"):
+        function = _obj(call.get("function"))
+        if isinstance(function.get("name"), str):
             slot["function"]["name"] += function["name"]
-        if function.get("arguments"):
+        if isinstance(function.get("arguments"), str):
             slot["function"]["arguments"] += function["arguments"]
 
 
@@ -296,19 +335,35 @@ def _ollama_head(model: str, timing: Timing, text: str, *, generate: bool) -> JS
 
 
 def _final_stats(finish_reason: object, usage: object, timing: Timing, *, fallback_tokens: int) -> JSON:
-    usage = usage if isinstance(usage, dict) else {}
-    eval_count = usage.get("completion_tokens", fallback_tokens)
+    counts = _obj(usage)
+    eval_count = _count(counts.get("completion_tokens"))
     prompt_ns = min(timing.first_token_ns, timing.total_ns)
     return {
         "done": True,
-        "done_reason": _DONE_REASONS.get(str(finish_reason), "stop"),
+        "done_reason": _DONE_REASONS.get(finish_reason, "stop") if isinstance(finish_reason, str) else "stop",
         "total_duration": timing.total_ns,
         "load_duration": 0,
-        "prompt_eval_count": usage.get("prompt_tokens", 0),
+        "prompt_eval_count": _count(counts.get("prompt_tokens")) or 0,
         "prompt_eval_duration": prompt_ns,
-        "eval_count": eval_count,
+        "eval_count": fallback_tokens if eval_count is None else eval_count,
         "eval_duration": max(timing.total_ns - prompt_ns, 0),
     }
+
+
+def _obj(value: object) -> JSON:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _tool_calls_from_openai(calls: object) -> list[JSON]:
@@ -317,12 +372,14 @@ def _tool_calls_from_openai(calls: object) -> list[JSON]:
     out: list[JSON] = []
     for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not function.get("name"):
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
             continue
         arguments = function.get("arguments") or "{}"
         try:
             parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except ValueError:
+        except (ValueError, RecursionError):
+            parsed = {"_raw": arguments}
+        if not isinstance(parsed, dict):  # Ollama's arguments are an object
             parsed = {"_raw": arguments}
         out.append({"function": {"name": function["name"], "arguments": parsed}})
     return out

@@ -12,7 +12,7 @@ and the next candidate is tried (only before anything was sent to the client).
 
 from __future__ import annotations
 
-import re
+import asyncio
 import time
 from dataclasses import replace
 from typing import Any
@@ -25,6 +25,7 @@ from turnout.core import translate
 from turnout.core.endpoint_health import EndpointState
 from turnout.core.routing import NoRoute
 from turnout.core.signals import tokens_per_second
+from turnout.core.streams import FrameError, StreamKind, StreamWatch, parse_object
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
 from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
@@ -38,11 +39,8 @@ from turnout.upstream.client import ConnectFailed, UpstreamClient, UpstreamRespo
 
 __all__ = ["Proxy"]
 
-_EVAL_COUNT = re.compile(rb'"eval_count"\s*:\s*(\d+)')
-_EVAL_DURATION = re.compile(rb'"eval_duration"\s*:\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_PROMPT_TOKENS = re.compile(rb'"(?:prompt_eval_count|prompt_tokens)"\s*:\s*(\d+)')
-_TAIL = 4096
+# Exceptions a translator may raise on a worker answer of the wrong shape; they become a 502, never a 500.
+_SHAPE_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError)
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -61,6 +59,8 @@ class Proxy:
         self.client = client
         self.metrics = metrics
         self.claims: ClaimBindings | None = None  # set when GPU pools are configured
+        # workers that refused OpenAI's json_schema response_format and took llama-cpp-python's form
+        self._json_object_schema: set[str] = set()
 
     async def serve(self, request: web.Request, call: Call, outcome: Outcome, tenant: str = "") -> web.StreamResponse:
         if call.endpoint is Endpoint.SHOW:
@@ -129,6 +129,7 @@ class Proxy:
     async def _passthrough(
         self, request: web.Request, call: Call, worker: WorkerState, path: str, body: bytes, outcome: Outcome
     ) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
         started = time.perf_counter()
         async with self.client.request(
             "POST",
@@ -139,35 +140,122 @@ class Proxy:
             **_dial_options(worker),
         ) as up:
             _check_fallback(worker, up.status)
-            if not call.stream or up.status >= 300:
+            if up.status >= 300:
+                return self._upstream_error(call, worker, up.status, await up.read(), loop.time())
+            if not _streaming(call, up):
                 data = await up.read()
-                if up.status < 300:
-                    self._learn(worker, call.model, data, time.perf_counter() - started, outcome)
-                return _relay(call, up, data)
+                answer = self._answer(worker, data, loop.time())
+                self._learn(worker, call.model, answer, time.perf_counter() - started, outcome)
+                return _raw_json(data, up.status, call)
+            kind = StreamKind.NDJSON if call.dialect is Dialect.OLLAMA else StreamKind.SSE
+            watch = StreamWatch(kind)
             resp = web.StreamResponse(status=up.status, headers=_stream_headers(call))
             resp.content_type = up.content_type
             await resp.prepare(request)
-            tail = b""
-            events = 0
             first: float | None = None
+            answered = False  # the client's response is complete (eof written)
             try:
                 async for chunk in up.chunks():
-                    await resp.write(chunk)
-                    if first is None:
-                        first = time.perf_counter()
-                    tail = (tail + chunk)[-_TAIL:]
-                    events += chunk.count(b"data:")
-                if not _finished(call.dialect, tail):
-                    raise UpstreamError(f"{worker.name}: the stream ended before the model finished")
-            except UpstreamError as exc:
-                outcome.failed = True
-                self.metrics.upstream_errors.labels(worker.name, "stream").inc()
-                await resp.write(error_frame(call.dialect, exc))
-            else:
+                    if answered:
+                        continue  # the body after a terminal frame is read (for keep-alive), never forwarded
+                    worker.record_progress(loop.time())
+                    data = watch.feed(chunk)
+                    if data:
+                        if first is None:
+                            first = time.perf_counter()
+                        await resp.write(data)
+                    if watch.ended:
+                        answered = True
+                        await self._end_stream(resp, call.dialect, worker, watch, outcome, loop.time())
+                if not answered:
+                    watch.close()
+                    answered = True
+                    await self._end_stream(resp, call.dialect, worker, watch, outcome, loop.time())
+            except (UpstreamError, FrameError) as exc:
+                if not answered:
+                    watch.finished = False
+                    await self._stream_failed(resp, call.dialect, worker, exc, outcome, loop.time())
+            if watch.finished:
+                final = watch.final if watch.final is not None else {"usage": watch.usage}
                 elapsed = time.perf_counter() - (first or started)
-                self._learn(worker, call.model, tail, elapsed, outcome, stream_events=max(events - 1, 0))
-            await resp.write_eof()
+                self._learn(worker, call.model, final, elapsed, outcome, stream_events=max(watch.events - 1, 0))
             return resp
+
+    async def _end_stream(
+        self,
+        resp: web.StreamResponse,
+        dialect: Dialect,
+        worker: WorkerState,
+        watch: StreamWatch,
+        outcome: Outcome,
+        now: float,
+    ) -> None:
+        """The stream reached its end: complete, the worker's own error frame, or cut short (an error frame)."""
+        if watch.error is not None:
+            outcome.failed = True
+            self.metrics.upstream_errors.labels(worker.name, "stream").inc()
+            worker.record_failure(f"stream error frame: {watch.error}", now)
+            await resp.write_eof()
+        elif watch.truncated:
+            exc = UpstreamError(f"{worker.name}: the stream ended before the model finished")
+            await self._stream_failed(resp, dialect, worker, exc, outcome, now)
+        else:
+            worker.record_success(now)
+            await resp.write_eof()
+
+    async def _stream_failed(
+        self,
+        resp: web.StreamResponse,
+        dialect: Dialect,
+        worker: WorkerState,
+        exc: Exception,
+        outcome: Outcome,
+        now: float,
+    ) -> None:
+        outcome.failed = True
+        self.metrics.upstream_errors.labels(worker.name, "stream").inc()
+        err = exc if isinstance(exc, UpstreamError) else UpstreamError(f"{worker.name}: {exc}")
+        worker.record_failure(err.message, now)
+        await resp.write(error_frame(dialect, err))
+        await resp.write_eof()
+
+    def _answer(self, worker: WorkerState, data: bytes, now: float) -> dict[str, Any]:
+        """A 2xx non-stream answer must be the JSON object its route promises; anything else is a 502."""
+        try:
+            answer = parse_object(data)
+        except FrameError as exc:
+            self.metrics.upstream_errors.labels(worker.name, "invalid_answer").inc()
+            worker.record_failure("invalid answer", now)
+            raise UpstreamError(f"{worker.name}: the worker answered with {_what(data, exc)}") from None
+        worker.record_success(now)
+        return answer
+
+    def _upstream_error(
+        self, call: Call, worker: WorkerState, status: int, data: bytes, now: float
+    ) -> web.StreamResponse:
+        """A worker's error answer in the caller's dialect: 4xx keep their status and the worker's message;
+        5xx (and nonsense statuses) become 502, 503 stays 503."""
+        if status >= 500:
+            self.metrics.upstream_errors.labels(worker.name, f"http_{status}").inc()
+            worker.record_failure(f"HTTP {status}", now)
+        else:
+            worker.record_success(now)  # it answered: alive
+        if 400 <= status < 500:
+            try:
+                parsed: dict[str, Any] | None = parse_object(data)
+            except FrameError:
+                parsed = None
+            if parsed is not None and _in_dialect(call.dialect, parsed):
+                return _json(parsed, status, call)
+        message = translate.ollama_error_from_openai(data, status)["error"]
+        err = UpstreamError(message if message.startswith("upstream") else f"worker answered HTTP {status}: {message}")
+        err.status = status if 400 <= status < 500 or status == 503 else 502
+        if status < 400:
+            err.code = "upstream_bad_status"
+        response: web.StreamResponse = error_response(call.dialect, err)
+        if call.fallback_from is not None:
+            response.headers["X-Fallback-From"] = call.fallback_from
+        return response
 
     # -- Ollama client, OpenAI-style worker --------------------------------------------------------
     async def _translated(self, request: web.Request, call: Call, lease: Lease, outcome: Outcome) -> web.StreamResponse:
@@ -184,7 +272,11 @@ class Proxy:
         except translate.TranslationError as exc:
             raise BadRequest(str(exc)) from None
         worker = lease.worker
+        loop = asyncio.get_running_loop()
         started = time.perf_counter_ns()
+        alternate = translate.schema_as_json_object(req)
+        if alternate is not None and worker.name in self._json_object_schema:
+            req, alternate = alternate, None  # this worker takes llama-cpp-python's form
         async with self.client.request(
             "POST",
             worker.base_url + path,
@@ -194,22 +286,54 @@ class Proxy:
             **_dial_options(worker),
         ) as up:
             _check_fallback(worker, up.status)
-            if up.status >= 300:
-                data = await up.read()
-                return _json(translate.ollama_error_from_openai(data, up.status), up.status, call)
-            if not call.stream:
-                parsed = _decode(await up.read(), worker.name)
-                timing = translate.Timing(iso_time(), time.perf_counter_ns() - started)
+            rejected = await up.read() if up.status >= 300 else b""
+            # llama_cpp.server answers a response_format it does not know with 500 (a validation error its
+            # handler reports as a server error): 400, 422 and 500 all earn one retry in the other form
+            if up.status >= 300 and not (alternate is not None and up.status in (400, 422, 500)):
+                return self._upstream_error(call, worker, up.status, rejected, loop.time())
+            if up.status < 300:
+                return await self._translated_answer(request, call, worker, up, started, generate, outcome)
+        assert alternate is not None  # the worker refused OpenAI's json_schema form: try the one it may take
+        del rejected
+        async with self.client.request(
+            "POST",
+            worker.base_url + path,
+            body=orjson.dumps(alternate),
+            headers=worker.headers,
+            label=worker.name,
+            **_dial_options(worker),
+        ) as up:
+            if up.status >= 300:  # refused in both forms: the worker's own answer to the second says why
+                return self._upstream_error(call, worker, up.status, await up.read(), loop.time())
+            self._json_object_schema.add(worker.name)
+            return await self._translated_answer(request, call, worker, up, started, generate, outcome)
+
+    async def _translated_answer(
+        self,
+        request: web.Request,
+        call: Call,
+        worker: WorkerState,
+        up: UpstreamResponse,
+        started: int,
+        generate: bool,
+        outcome: Outcome,
+    ) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        if not _streaming(call, up):
+            parsed = self._answer(worker, await up.read(), loop.time())
+            timing = translate.Timing(iso_time(), time.perf_counter_ns() - started)
+            try:
                 if call.endpoint in (Endpoint.EMBED, Endpoint.EMBED_LEGACY):
                     legacy = call.endpoint is Endpoint.EMBED_LEGACY
-                    usage = parsed.get("usage")
-                    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-                        outcome.prompt_tokens = usage["prompt_tokens"]
-                    return _json(translate.embed_from_openai(parsed, call.model, timing, legacy=legacy), 200, call)
+                    outcome.prompt_tokens = _count(_obj(parsed.get("usage")), "prompt_tokens")
+                    out = translate.embed_from_openai(parsed, call.model, timing, legacy=legacy)
+                    return _json(out, 200, call)
                 out = translate.chat_from_openai(parsed, call.model, timing, generate=generate)
-                self._observe(worker, call.model, out, outcome)
-                return _json(out, 200, call)
-            return await self._translate_stream(request, call, worker, up, started, generate, outcome)
+            except _SHAPE_ERRORS as exc:
+                raise UpstreamError(f"{worker.name}: the worker's answer has an unexpected shape ({exc})") from None
+            self._observe(worker, call.model, out, outcome, reported=_obj(parsed.get("usage")))
+            return _json(out, 200, call)
+        return await self._translate_stream(request, call, worker, up, started, generate, outcome)
 
     async def _translate_stream(
         self,
@@ -221,40 +345,66 @@ class Proxy:
         generate: bool,
         outcome: Outcome,
     ) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
         resp = web.StreamResponse(status=200, headers=_stream_headers(call))
         resp.content_type = "application/x-ndjson"
         await resp.prepare(request)
         translator = translate.ChatStreamTranslator(model=call.model, generate=generate)
+        watch = StreamWatch(StreamKind.SSE, collect=True)
         first_ns = 0
+        answered = False
         try:
-            done = False
-            async for line in up.lines():
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    done = True
-                    break
-                event = _decode(data, worker.name)
-                if "error" in event:
-                    raise UpstreamError(translate.ollama_error_from_openai(data, 500)["error"])
-                for obj in translator.feed(event, iso_time()):
+            async for chunk in up.chunks():
+                if answered:
+                    continue  # read to the end for keep-alive; nothing after the terminator counts
+                worker.record_progress(loop.time())
+                watch.feed(chunk)
+                lines: list[bytes] = []
+                for event in watch.frames:
+                    for obj in _translate_event(translator, event, worker.name):
+                        lines.append(orjson.dumps(obj) + b"\n")
+                watch.frames.clear()
+                if lines:
                     if not first_ns:
                         first_ns = time.perf_counter_ns() - started
-                    await resp.write(orjson.dumps(obj) + b"\n")
-            if not done and translator.finish_reason is None:
-                raise UpstreamError(f"{worker.name}: the stream ended before the model finished")
-            timing = translate.Timing(iso_time(), time.perf_counter_ns() - started, first_ns)
-            final = translator.finish(timing)
-            for obj in final:
-                await resp.write(orjson.dumps(obj) + b"\n")
-            self._observe(worker, call.model, final[-1], outcome)
-        except UpstreamError as exc:
-            outcome.failed = True
-            self.metrics.upstream_errors.labels(worker.name, "stream").inc()
-            await resp.write(error_frame(Dialect.OLLAMA, exc))
-        await resp.write_eof()
+                    await resp.write(b"".join(lines))
+                if watch.ended:
+                    await self._finish_translated(resp, call, worker, watch, translator, started, first_ns, outcome)
+                    answered = True
+            if not answered:
+                watch.close()
+                await self._finish_translated(resp, call, worker, watch, translator, started, first_ns, outcome)
+                answered = True
+        except (UpstreamError, FrameError) as exc:
+            if not answered:
+                await self._stream_failed(resp, Dialect.OLLAMA, worker, exc, outcome, loop.time())
         return resp
+
+    async def _finish_translated(
+        self,
+        resp: web.StreamResponse,
+        call: Call,
+        worker: WorkerState,
+        watch: StreamWatch,
+        translator: translate.ChatStreamTranslator,
+        started: int,
+        first_ns: int,
+        outcome: Outcome,
+    ) -> None:
+        now = asyncio.get_running_loop().time()
+        if watch.error is not None:
+            raise UpstreamError(f"{worker.name}: {watch.error}")
+        if translator.finish_reason is None:  # [DONE] or a close before the model's own finish
+            raise UpstreamError(f"{worker.name}: the stream ended before the model finished")
+        timing = translate.Timing(iso_time(), time.perf_counter_ns() - started, first_ns)
+        try:
+            final = translator.finish(timing)
+        except _SHAPE_ERRORS as exc:
+            raise UpstreamError(f"{worker.name}: the worker's stream has an unexpected shape ({exc})") from None
+        await resp.write(b"".join(orjson.dumps(obj) + b"\n" for obj in final))
+        self._observe(worker, call.model, final[-1], outcome, reported=translator.usage or {})
+        worker.record_success(now)
+        await resp.write_eof()
 
     async def _show(self, call: Call) -> web.StreamResponse:
         decision = self.dispatcher.locate(call.model)
@@ -286,37 +436,45 @@ class Proxy:
             label=worker.name,
             **_dial_options(worker),
         ) as up:
-            return _relay(call, up, await up.read())
+            now = asyncio.get_running_loop().time()
+            if up.status >= 300:
+                return self._upstream_error(call, worker, up.status, await up.read(), now)
+            data = await up.read()
+            self._answer(worker, data, now)
+            return _raw_json(data, up.status, call)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _learn(
         self,
         worker: WorkerState,
         model: str,
-        data: bytes,
+        answer: dict[str, Any],
         seconds: float,
         outcome: Outcome,
         *,
         stream_events: int = 0,
     ) -> None:
-        """Token counts for accounting, and tokens/s from Ollama's eval stats, else OpenAI usage (or
-        stream events) over wall time."""
-        prompt = _PROMPT_TOKENS.search(data)
-        outcome.prompt_tokens = int(prompt[1]) if prompt else 0
-        count, duration = _EVAL_COUNT.search(data), _EVAL_DURATION.search(data)
-        if count and duration:
-            outcome.completion_tokens = int(count[1])
-            worker.observe_speed(model, tokens_per_second(int(count[1]), int(duration[1]) / 1e9))
+        """Token counts for accounting (None when the worker reported none: accounting estimates), and
+        tokens/s from Ollama's eval stats, else OpenAI usage (or stream events) over wall time."""
+        usage = _obj(answer.get("usage"))
+        outcome.prompt_tokens = _first(_count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"))
+        count, duration = _count(answer, "eval_count"), _count(answer, "eval_duration")
+        if count is not None and duration is not None:
+            outcome.completion_tokens = count
+            worker.observe_speed(model, tokens_per_second(count, duration / 1e9))
             return
-        tokens = _COMPLETION_TOKENS.search(data)
-        outcome.completion_tokens = int(tokens[1]) if tokens else stream_events
-        worker.observe_speed(model, tokens_per_second(outcome.completion_tokens, seconds))
+        tokens = _count(usage, "completion_tokens")
+        outcome.completion_tokens = tokens if tokens is not None else (stream_events or None)
+        worker.observe_speed(model, tokens_per_second(outcome.completion_tokens or 0, seconds))
 
-    def _observe(self, worker: WorkerState, model: str, final: dict[str, Any], outcome: Outcome) -> None:
-        outcome.prompt_tokens = int(final.get("prompt_eval_count") or 0)
-        outcome.completion_tokens = int(final.get("eval_count") or 0)
-        ns = final.get("eval_duration") or final.get("total_duration") or 0
-        worker.observe_speed(model, tokens_per_second(final.get("eval_count"), ns / 1e9))
+    def _observe(
+        self, worker: WorkerState, model: str, final: dict[str, Any], outcome: Outcome, *, reported: dict[str, Any]
+    ) -> None:
+        """Accounting for a translated answer: the worker's own counts where it reported them."""
+        outcome.prompt_tokens = _count(reported, "prompt_tokens")
+        outcome.completion_tokens = _count(final, "eval_count")
+        ns = _count(final, "eval_duration") or _count(final, "total_duration") or 0
+        worker.observe_speed(model, tokens_per_second(outcome.completion_tokens, ns / 1e9))
 
 
 class _NeedFallback(Exception):
@@ -350,35 +508,56 @@ def _stream_headers(call: Call) -> dict[str, str]:
     return {**_STREAM_HEADERS, "X-Fallback-From": call.fallback_from}
 
 
-def _relay(call: Call, up: UpstreamResponse, data: bytes) -> web.StreamResponse:
-    """A buffered worker answer as it came; a non-JSON error page becomes an error in the caller's dialect."""
-    if up.status >= 300 and up.content_type != "application/json":
-        text = data.decode("utf-8", "replace").strip()[:300]
-        err = UpstreamError(f"worker answered HTTP {up.status}" + (f": {text}" if text else ""))
-        err.status = up.status if up.status >= 400 else 502
-        response: web.StreamResponse = error_response(call.dialect, err)
-    else:
-        response = web.Response(status=up.status, body=data, content_type=up.content_type or "application/json")
+def _streaming(call: Call, up: UpstreamResponse) -> bool:
+    """A streamed answer, unless the worker ignored ``stream`` and sent one JSON document."""
+    return call.stream and up.content_type != "application/json"
+
+
+def _in_dialect(dialect: Dialect, body: dict[str, Any]) -> bool:
+    """Whether an error body already has the caller's error shape (then it is relayed as the worker sent it)."""
+    err = body.get("error")
+    if dialect is Dialect.OLLAMA:
+        return isinstance(err, str)
+    return isinstance(err, dict) and isinstance(err.get("message"), str)
+
+
+def _translate_event(
+    translator: translate.ChatStreamTranslator, event: dict[str, Any], label: str
+) -> list[dict[str, Any]]:
+    try:
+        return translator.feed(event, iso_time())
+    except _SHAPE_ERRORS as exc:
+        raise UpstreamError(f"{label}: the worker's stream has an unexpected shape ({exc})") from None
+
+
+def _what(data: bytes, exc: FrameError) -> str:
+    if not data:
+        return "an empty body, not JSON"
+    head = data[:60].decode("utf-8", "replace")
+    printable = "".join(ch if ch.isprintable() else "?" for ch in head)
+    return f"{exc} (starts {printable!r})"
+
+
+def _obj(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _count(obj: dict[str, Any], key: str) -> int | None:
+    """A non-negative integer field, or None (absent, wrong type, negative)."""
+    value = obj.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _first(*values: int | None) -> int | None:
+    return next((v for v in values if v is not None), None)
+
+
+def _raw_json(data: bytes, status: int, call: Call) -> web.Response:
+    """A worker's JSON answer relayed byte for byte (it was checked to be a JSON object)."""
+    response = web.Response(status=status, body=data, content_type="application/json")
     if call.fallback_from is not None:
         response.headers["X-Fallback-From"] = call.fallback_from
     return response
-
-
-def _finished(dialect: Dialect, tail: bytes) -> bool:
-    if dialect is Dialect.OLLAMA:
-        last = tail.rstrip().rsplit(b"\n", 1)[-1]
-        return b'"done":true' in last.replace(b" ", b"") or b'"error"' in last
-    return b"[DONE]" in tail or b'"error"' in tail
-
-
-def _decode(data: bytes, label: str) -> dict[str, Any]:
-    try:
-        value = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise UpstreamError(f"{label}: worker sent invalid JSON") from None
-    if not isinstance(value, dict):
-        raise UpstreamError(f"{label}: worker sent a JSON {type(value).__name__}, expected an object")
-    return value
 
 
 def _json(obj: Any, status: int = 200, call: Call | None = None) -> web.Response:

@@ -52,17 +52,6 @@ class UpstreamResponse:
         except UpstreamError as exc:
             raise UpstreamError(f"{self._label}: stream broke: {exc.message}") from None
 
-    async def lines(self) -> AsyncIterator[bytes]:
-        """Body split on newlines, each line without its terminator (for NDJSON and SSE translation)."""
-        buffer = b""
-        async for chunk in self.chunks():
-            buffer += chunk
-            *complete, buffer = buffer.split(b"\n")
-            for line in complete:
-                yield line.rstrip(b"\r")
-        if buffer:
-            yield buffer
-
 
 class UpstreamClient:
     def __init__(
