@@ -95,7 +95,8 @@ async def test_routes_to_the_worker_that_has_the_model(
         assert (await client.chat(model="llama3.2", messages=[])).message.content.startswith("[a]")
     with pytest.raises(ollama.ResponseError) as info:
         await client.chat(model="mistral:7b", messages=[])
-    assert info.value.status_code == 404 and 'model "mistral:7b" not found' in info.value.error
+    assert info.value.status_code == 404
+    assert 'model "mistral:7b" is not installed on any eligible worker' in info.value.error
 
 
 async def test_spreads_load_and_prefers_loaded(
@@ -245,13 +246,21 @@ async def test_per_model_limit_uses_patterns(emulator: EmulatorFactory, gateway:
         ("/v1/chat/completions", b"{not json", 400, "not valid JSON"),
         ("/v1/chat/completions", b"[1]", 400, "JSON object"),
         ("/v1/chat/completions", b'{"messages": []}', 400, 'missing "model"'),
-        ("/v1/chat/completions", b'{"model": 5}', 400, 'missing "model"'),
+        ("/v1/chat/completions", b'{"model": 5}', 400, '"model" must be a string'),
         ("/v1/chat/completions", b'{"model": "m:1", "stream": "yes"}', 400, '"stream"'),
         ("/v1/embeddings", b"", 400, "empty"),
         ("/api/chat", b"{not json", 400, "not valid JSON"),
         ("/api/generate", b'{"prompt": "x"}', 400, 'missing "model"'),
         ("/api/chat", b'{"model": "' + b"x" * 3000 + b'"}', 413, "larger than the limit"),
         ("/v1/chat/completions", b'{"model": "' + b"x" * 3000 + b'"}', 413, "larger than the limit"),
+        ("/v1/chat/completions", b'{"model": "m:1", "x": ' + b"[" * 65 + b"]" * 65 + b"}", 400, "deeper than 64"),
+        ("/api/chat", b'{"model": "m:1", "x": ' + b'{"a":' * 70 + b"1" + b"}" * 70 + b"}", 400, "deeper than 64"),
+        ("/v1/chat/completions", b'{"model": "m:1\\r\\nX-Evil: 1"}', 400, "control character U+000D"),
+        ("/api/chat", b'{"model": "m\\u0000:1"}', 400, "control character U+0000"),
+        ("/api/show", b'{"name": "m\\n"}', 400, "control character U+000A"),
+        ("/v1/embeddings", b'{"model": "' + b"m" * 257 + b'"}', 400, "at most 256"),
+        ("/v1/chat/completions", b'{"model": "m:1", "max_tokens": 9223372036854775808}', 400, "max_tokens"),
+        ("/api/generate", b'{"model": "m:1", "options": {"num_predict": -9}}', 400, "num_predict"),
     ],
 )
 async def test_bad_requests_in_dialect(

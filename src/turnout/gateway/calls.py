@@ -1,6 +1,8 @@
 """Parsing a client request into a :class:`Call`: dialect, endpoint, model, stream flag, body.
 
-Every malformed input becomes a 400/413 :class:`TurnoutError` here, before any routing happens.
+Every malformed input becomes a 400/413 :class:`TurnoutError` here, before any routing happens: bodies
+that are not a JSON object, JSON nested deeper than :data:`MAX_JSON_DEPTH`, and model names that
+:func:`turnout.core.names.model_name_problem` refuses (control characters, longer than 256 characters).
 """
 
 from __future__ import annotations
@@ -12,10 +14,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from turnout.core.names import model_name_problem
 from turnout.errors import BadRequest, PayloadTooLarge
 from turnout.gateway.dialect import Dialect
 
-__all__ = ["Call", "Endpoint", "read_call"]
+__all__ = ["MAX_JSON_DEPTH", "Call", "Endpoint", "json_depth_exceeds", "read_call"]
+
+MAX_JSON_DEPTH = 64  # objects/arrays nested deeper than this are refused (no client needs more)
+MAX_TOKENS_FIELD = 2**31 - 1  # the largest token count a client may ask for (reservations must stay finite)
 
 
 class Endpoint(StrEnum):
@@ -59,11 +65,19 @@ async def read_call(request: web.Request, dialect: Dialect, endpoint: Endpoint, 
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise BadRequest("request body must be a JSON object")
+    if json_depth_exceeds(body, payload, MAX_JSON_DEPTH):
+        raise BadRequest(f"request body is nested deeper than {MAX_JSON_DEPTH} levels", code="json_too_deep")
+    field = "model"
     model = payload.get("model")
     if endpoint is Endpoint.SHOW and model is None:
-        model = payload.get("name")  # older Ollama clients send "name"
-    if not isinstance(model, str) or not model.strip():
+        field, model = "name", payload.get("name")  # older Ollama clients send "name"
+    if model is None or (isinstance(model, str) and not model.strip()):
         raise BadRequest('missing "model": name the model to use', code="missing_model")
+    problem = model_name_problem(model, field)
+    if problem is not None:
+        raise BadRequest(problem, code="invalid_model")
+    assert isinstance(model, str)
+    _check_token_counts(payload)
     stream_default = dialect is Dialect.OLLAMA and endpoint in (Endpoint.CHAT, Endpoint.GENERATE)
     stream = payload.get("stream", stream_default)
     if stream is None:
@@ -71,6 +85,37 @@ async def read_call(request: web.Request, dialect: Dialect, endpoint: Endpoint, 
     if not isinstance(stream, bool):
         raise BadRequest('"stream" must be true or false')
     return Call(dialect, endpoint, request.path, body, payload, model, stream and endpoint.streams)
+
+
+def _check_token_counts(payload: dict[str, Any]) -> None:
+    """Token counts are reserved against limits before forwarding: they must be sane integers."""
+    options = payload.get("options")
+    fields = [(name, payload.get(name)) for name in ("max_tokens", "max_completion_tokens")]
+    if isinstance(options, dict):
+        fields.append(("options.num_predict", options.get("num_predict")))
+    for name, value in fields:
+        if isinstance(value, int) and not isinstance(value, bool) and not -2 <= value <= MAX_TOKENS_FIELD:
+            raise BadRequest(f'"{name}" must be between -2 and {MAX_TOKENS_FIELD}, got {value}', code="invalid_value")
+
+
+def json_depth_exceeds(raw: bytes, value: object, limit: int) -> bool:
+    """Whether ``value`` (decoded from ``raw``) nests objects/arrays deeper than ``limit``.
+
+    Cheap for ordinary bodies: a body with at most ``limit`` brackets cannot be that deep (counting bytes
+    is C speed and over-counts, since brackets inside strings count too). Only then is the value walked,
+    iteratively, so a hostile body cannot exhaust the stack."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, dict | list))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, dict | list))
+    return False
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
