@@ -6,6 +6,7 @@ The worker is :class:`tests.support.raw_worker.RawWorker`, which sends exactly t
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -14,8 +15,11 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.conftest import GatewayFactory, worker
+from tests.conftest import GatewayFactory, eventually, worker
 from tests.support.raw_worker import RawWorker, Reply, http, ndjson, sse
+from turnout.errors import UpstreamError
+from turnout.gateway.keys import FLEET
+from turnout.upstream.client import UpstreamClient
 
 CHAT = {"model": "m:1", "messages": [{"role": "user", "content": "hi"}]}
 ANSWER = {
@@ -57,6 +61,11 @@ async def start(gateway: GatewayFactory) -> AsyncIterator[Start]:
 async def call(gw: Any, path: str, body: dict[str, Any]) -> tuple[int, str, bytes]:
     async with aiohttp.ClientSession() as s, s.post(gw.url + path, json=body) as r:
         return r.status, r.content_type, await r.read()
+
+
+def raw_url(raw: RawWorker) -> str:
+    assert raw._server is not None
+    return f"http://127.0.0.1:{raw._server.sockets[0].getsockname()[1]}"
 
 
 def error_message(path: str, body: bytes) -> str:
@@ -280,3 +289,35 @@ async def test_a_schema_refused_in_both_forms_is_the_workers_4xx(start: Start) -
     gw, _ = await start("openai", refusal, refusal)
     status, _, reply = await call(gw, "/api/chat", {**CHAT, "stream": False, "format": {"type": "object"}})
     assert status == 400 and "schemas are not supported" in orjson.loads(reply)["error"]
+
+
+async def test_a_worker_that_keeps_sending_after_the_end_loses_the_connection(start: Start) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    body = b"%x\r\n%s\r\n" % (len(FINISHED_SSE), FINISHED_SSE)
+    trickle = [b"5\r\njunk\n\r\n"] * 100  # 10 s of bytes after [DONE], never the final chunk
+    gw, _ = await start("openai", Reply([head, body, *trickle], gap_s=0.1))
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    state = gw.app[FLEET].workers["w"]
+
+    async def released() -> bool:
+        return state.in_flight == 0
+
+    async with aiohttp.ClientSession() as keep_alive:  # a client that keeps its connection: no cancellation
+        async with keep_alive.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+            assert r.status == 200 and await r.read() == FINISHED_SSE
+        assert loop.time() - began < 3
+        await eventually(released, "the request's slot is released", limit_s=3, every_s=0.05)
+    assert loop.time() - began < 4
+
+
+async def test_an_answer_over_the_size_bound_is_an_error(start: Start) -> None:
+    gw, raw = await start("openai", Reply([http(200, b'{"a": "' + b"x" * 5000 + b'"}')]))
+    client = UpstreamClient(connect_timeout_s=2, total_timeout_s=5)
+    try:
+        async with client.request("POST", raw_url(raw) + "/v1/chat/completions", label="w", body=b"{}") as resp:
+            with pytest.raises(UpstreamError, match="larger than 1000 bytes"):
+                await resp.read(limit=1000)
+    finally:
+        await client.close()
+    del gw

@@ -41,6 +41,9 @@ __all__ = ["Proxy"]
 
 # Exceptions a translator may raise on a worker answer of the wrong shape; they become a 502, never a 500.
 _SHAPE_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError)
+# After a stream's terminal frame the rest of the body is read for keep-alive, for at most this long; a
+# worker still sending then loses the connection (and no longer holds the request's slot).
+_DRAIN_S = 1.0
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -154,6 +157,7 @@ class Proxy:
             await resp.prepare(request)
             first: float | None = None
             answered = False  # the client's response is complete (eof written)
+            drain: asyncio.TimerHandle | None = None
             try:
                 async for chunk in up.chunks():
                     if answered:
@@ -166,6 +170,7 @@ class Proxy:
                         await resp.write(data)
                     if watch.ended:
                         answered = True
+                        drain = loop.call_later(_DRAIN_S, up.abandon)
                         await self._end_stream(resp, call.dialect, worker, watch, outcome, loop.time())
                 if not answered:
                     watch.close()
@@ -175,6 +180,9 @@ class Proxy:
                 if not answered:
                     watch.finished = False
                     await self._stream_failed(resp, call.dialect, worker, exc, outcome, loop.time())
+            finally:
+                if drain is not None:
+                    drain.cancel()
             if watch.finished:
                 final = watch.final if watch.final is not None else {"usage": watch.usage}
                 elapsed = time.perf_counter() - (first or started)
@@ -353,6 +361,7 @@ class Proxy:
         watch = StreamWatch(StreamKind.SSE, collect=True)
         first_ns = 0
         answered = False
+        drain: asyncio.TimerHandle | None = None
         try:
             async for chunk in up.chunks():
                 if answered:
@@ -369,6 +378,7 @@ class Proxy:
                         first_ns = time.perf_counter_ns() - started
                     await resp.write(b"".join(lines))
                 if watch.ended:
+                    drain = loop.call_later(_DRAIN_S, up.abandon)
                     await self._finish_translated(resp, call, worker, watch, translator, started, first_ns, outcome)
                     answered = True
             if not answered:
@@ -378,6 +388,9 @@ class Proxy:
         except (UpstreamError, FrameError) as exc:
             if not answered:
                 await self._stream_failed(resp, Dialect.OLLAMA, worker, exc, outcome, loop.time())
+        finally:
+            if drain is not None:
+                drain.cancel()
         return resp
 
     async def _finish_translated(

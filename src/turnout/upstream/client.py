@@ -28,7 +28,9 @@ from turnout.upstream.http1 import (
     system_resolver,
 )
 
-__all__ = ["ConnectFailed", "DialGuard", "DialRefused", "UpstreamClient", "UpstreamResponse"]
+__all__ = ["MAX_ANSWER_BYTES", "ConnectFailed", "DialGuard", "DialRefused", "UpstreamClient", "UpstreamResponse"]
+
+MAX_ANSWER_BYTES = 256 << 20  # a non-streamed answer is buffered whole: bounded (large embedding batches fit)
 
 
 class UpstreamResponse:
@@ -40,9 +42,21 @@ class UpstreamResponse:
         self.status = conn.status
         self.content_type = conn.content_type
 
-    async def read(self) -> bytes:
-        parts = [chunk async for chunk in self.chunks()]
+    async def read(self, limit: int = MAX_ANSWER_BYTES) -> bytes:
+        """The whole body; an answer larger than ``limit`` bytes is an UpstreamError (and is not reused)."""
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in self.chunks():
+            size += len(chunk)
+            if size > limit:
+                self.abandon()
+                raise UpstreamError(f"{self._label}: the answer is larger than {limit} bytes", code="answer_too_large")
+            parts.append(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def abandon(self) -> None:
+        """Stop reading: the connection is closed, never pooled (a body not read to its end is not clean)."""
+        self._conn.close()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive (for streams)."""
