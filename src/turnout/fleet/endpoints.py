@@ -18,6 +18,7 @@ import orjson
 
 from turnout.config import Settings, Worker, WorkerType
 from turnout.core.endpoint_health import CheckResult, EndpointState, Failure, hint, next_state
+from turnout.core.health import ProbePolicy, ProbeResult, probe_event, should_probe
 from turnout.errors import UpstreamError
 from turnout.fleet.poller import apply_openai_models, apply_tags
 from turnout.fleet.state import External, Fleet, WorkerState
@@ -178,12 +179,41 @@ class EndpointManager:
         )
 
     # -- health ------------------------------------------------------------------------------------
-    async def check(self, name: str) -> Probe | None:
+    def _due(self, name: str, now: float) -> bool:
+        """Whether the background check may probe this endpoint now (``turnout.core.health``): an
+        OpenAI-style server (LM Studio, mlx_lm.server, llama.cpp) may serve one request at a time, so it is
+        not probed while this gateway has requests in flight there or a fresh answer shows it alive."""
+        state = self.fleet.workers.get(name)
+        if state is None:
+            return False
+        policy = ProbePolicy.ALWAYS if state.config.type is WorkerType.OLLAMA else ProbePolicy.IDLE_ONLY
+        return should_probe(
+            policy,
+            in_flight=state.in_flight,
+            healthy=state.healthy,
+            inventory_current=state.inventory is not None,
+            last_progress=state.last_progress,
+            now=now,
+            interval_s=self.settings.endpoint_env.health_interval_s,
+        )
+
+    async def check(self, name: str, *, background: bool = False) -> Probe | None:
+        """Probe one endpoint and apply the result. ``background``: a periodic check, whose timeout while
+        the endpoint's requests are progressing says it is busy, not asleep (then nothing changes)."""
         state = self.fleet.workers.get(name)
         record = self._records.get(name)
         if state is None or state.external is None or record is None:
             return None
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         result = await probe(self.client, record.url, record.api, state.config.api_key, self.guard, self.timeout_s)
+        if background and result.failure is Failure.TIMEOUT:
+            window = self.timeout_s
+            if (
+                probe_event(ProbeResult.TIMED_OUT, started=started, last_progress=state.last_progress, window_s=window)
+                is None
+            ):
+                return result
         ext = state.external
         before = ext.state
         ext.state = next_state(before, result.result())
@@ -232,7 +262,9 @@ class EndpointManager:
                 await self.sync()
                 if interval > 0 and time.monotonic() - last_check >= interval:
                     last_check = time.monotonic()
-                    await asyncio.gather(*(self.check(n) for n in list(self._records)))
+                    now = asyncio.get_running_loop().time()
+                    due = [n for n in list(self._records) if self._due(n, now)]
+                    await asyncio.gather(*(self.check(n, background=True) for n in due))
             except Exception:  # one bad round must not end endpoint checking
                 log.exception("endpoint check round failed")
 
