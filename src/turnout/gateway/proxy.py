@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -134,14 +135,7 @@ class Proxy:
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        async with self.client.request(
-            "POST",
-            worker.base_url + path,
-            body=body,
-            headers=worker.headers,
-            label=worker.name,
-            **_dial_options(worker),
-        ) as up:
+        async with self._post(worker, path, body) as up:
             _check_fallback(worker, up.status)
             if up.status >= 300:
                 return self._upstream_error(call, worker, up.status, await up.read(), loop.time())
@@ -285,14 +279,7 @@ class Proxy:
         alternate = translate.schema_as_json_object(req)
         if alternate is not None and worker.name in self._json_object_schema:
             req, alternate = alternate, None  # this worker takes llama-cpp-python's form
-        async with self.client.request(
-            "POST",
-            worker.base_url + path,
-            body=orjson.dumps(req),
-            headers=worker.headers,
-            label=worker.name,
-            **_dial_options(worker),
-        ) as up:
+        async with self._post(worker, path, orjson.dumps(req)) as up:
             _check_fallback(worker, up.status)
             rejected = await up.read() if up.status >= 300 else b""
             # llama_cpp.server answers a response_format it does not know with 500 (a validation error its
@@ -303,14 +290,7 @@ class Proxy:
                 return await self._translated_answer(request, call, worker, up, started, generate, outcome)
         assert alternate is not None  # the worker refused OpenAI's json_schema form: try the one it may take
         del rejected
-        async with self.client.request(
-            "POST",
-            worker.base_url + path,
-            body=orjson.dumps(alternate),
-            headers=worker.headers,
-            label=worker.name,
-            **_dial_options(worker),
-        ) as up:
+        async with self._post(worker, path, orjson.dumps(alternate)) as up:
             if up.status >= 300:  # refused in both forms: the worker's own answer to the second says why
                 return self._upstream_error(call, worker, up.status, await up.read(), loop.time())
             self._json_object_schema.add(worker.name)
@@ -441,14 +421,7 @@ class Proxy:
 
     async def _passthrough_show(self, call: Call, worker: WorkerState, upstream: str) -> web.StreamResponse:
         body = call.body if upstream == call.model else orjson.dumps({**call.payload, "model": upstream})
-        async with self.client.request(
-            "POST",
-            worker.base_url + "/api/show",
-            body=body,
-            headers=worker.headers,
-            label=worker.name,
-            **_dial_options(worker),
-        ) as up:
+        async with self._post(worker, "/api/show", body) as up:
             now = asyncio.get_running_loop().time()
             if up.status >= 300:
                 return self._upstream_error(call, worker, up.status, await up.read(), now)
@@ -457,6 +430,17 @@ class Proxy:
             return _raw_json(data, up.status, call)
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _post(self, worker: WorkerState, path: str, body: bytes) -> AbstractAsyncContextManager[UpstreamResponse]:
+        """One proxied call: the worker's own headers (never the client's key), its SSRF guard and budget."""
+        return self.client.request(
+            "POST",
+            worker.base_url + path,
+            body=body,
+            headers=worker.headers,
+            label=worker.name,
+            **_dial_options(worker),
+        )
+
     def _learn(
         self,
         worker: WorkerState,
