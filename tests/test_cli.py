@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import free_port
 
 TURNOUT = [sys.executable, "-m", "turnout"]
@@ -263,3 +265,79 @@ def test_operator_needs_a_scope(tmp_path: Path) -> None:
 def test_agent_refuses_a_bad_engine_python(tmp_path: Path) -> None:
     out = run(["agent", "--engine-python", "tgi=/usr/bin/python3", "--registry", str(tmp_path / "e.json")], tmp_path)
     assert out.returncode == 2 and "ENGINE=PATH" in out.stderr and "vllm" in out.stderr
+
+
+# -- the admin API's input bounds, on the command line (in process: typer's runner, a real store) -----------
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["key", "create", "--app", "x", "--rpm", str(2**63)], "--rpm"),
+        (["key", "create", "--app", "x", "--rpm", str(2**31)], "--rpm"),
+        (["key", "create", "--app", "x", "--daily-tokens", str(2**31)], "--daily-tokens"),
+        (["key", "create", "--app", "x", "--expires", "nan"], "--expires"),
+        (["key", "create", "--app", "x", "--expires", "inf"], "--expires"),
+        (["key", "create", "--app", "x", "--expires", "99999999d"], "--expires"),
+        (["key", "create", "--app", "x\x01y"], "--app"),
+        (["key", "create", "--app", "a" * 129], "--app"),
+        (["key", "create", "--app", "x", "--tenant", "t\nu"], "--tenant"),
+        (["key", "create", "--app", "x", "--models", "ok,m\x00"], "--models"),
+        (["key", "rotate", "1", "--grace", "nan"], "--grace"),
+        (["key", "rotate", "1", "--grace", "inf"], "--grace"),
+        (["key", "rotate", "1", "--grace", "1e300"], "--grace"),
+        (["usage", "--since", "nan"], "--since"),
+        (["usage", "--since", "-inf"], "--since"),
+        (["usage", "--bucket", "week"], "--bucket"),
+        (["audit", "--limit", str(2**63)], "--limit"),
+        (["audit", "--limit", "0"], "--limit"),
+        (["audit", "--since", "1e999"], "--since"),
+        (["endpoint", "add", "mac", "--url", "http://h", "--latency-budget-ms", str(2**40)], "--latency-budget-ms"),
+        (["endpoint", "add", "mac", "--url", "http://h", "--latency-budget-ms", "0"], "--latency-budget-ms"),
+        (["endpoint", "add", "mac", "--url", "http://h:99999"], "--url"),
+        (["endpoint", "add", "mac", "--url", "http://h", "--api", "grpc"], "--api"),
+        (["endpoint", "add", "mac", "--url", "http://h", "--fallback-model", "q*"], "--fallback-model"),
+        (["endpoint", "add", "mac", "--url", "http://h", "--credential-from-env", "BAD_CRED"], "--credential-from-env"),
+        (["endpoint", "add", "bad name", "--url", "http://h"], '"name"'),
+        (["endpoint", "set", "mac", "--latency-budget-ms", "600001"], "--latency-budget-ms"),
+        (["endpoint", "set", "mac", "--url", ""], "--url"),
+    ],
+)
+def test_cli_refuses_what_the_admin_api_refuses(tmp_path: Path, args: list[str], flag: str) -> None:
+    from typer.testing import CliRunner
+
+    from turnout.cli import app
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"storage": {"data_dir": "state"}}))
+    runner = CliRunner(env={"BAD_CRED": "k\r\nX-Injected: 1"})
+    result = runner.invoke(app, [*args, "--config", str(config)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert flag in result.stderr and "Traceback" not in result.output, result.stderr
+    listed = runner.invoke(app, ["key", "list", "--json", "--config", str(config)])
+    assert json.loads(listed.stdout) == []
+    assert json.loads(runner.invoke(app, ["endpoint", "list", "--config", str(config)]).stdout) == []
+    assert json.loads(runner.invoke(app, ["audit", "--config", str(config)]).stdout) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["serve", "--port", "70000"], "--port"),
+        (["serve", "--port", "0"], "--port"),
+        (["serve", "--host", "a b"], "--host"),
+        (["serve", "--log-level", "loud"], "--log-level"),
+        (["agent", "--port", "-1"], "--port"),
+        (["controller", "--pools", "p.json", "--interval", "nan"], "--interval"),
+        (["controller", "--pools", "p.json", "--interval", "inf"], "--interval"),
+        (["controller", "--pools", "p.json", "--metrics-port", "65536"], "--metrics-port"),
+        (["operator", "--all-namespaces", "--interval", "nan"], "--interval"),
+        (["operator", "--all-namespaces", "--liveness-port", "99999"], "--liveness-port"),
+    ],
+)
+def test_cli_refuses_out_of_range_options(tmp_path: Path, args: list[str], flag: str) -> None:
+    from typer.testing import CliRunner
+
+    from turnout.cli import app
+
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert flag in result.stderr, result.stderr

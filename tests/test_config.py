@@ -104,7 +104,78 @@ def test_endpoint_environment(tmp_path: Path, env: dict[str, str], allow: bool, 
     assert len(settings.endpoint_env.hints) == hints
 
 
-@pytest.mark.parametrize("value", ["soon", "-5"])
+@pytest.mark.parametrize("value", ["soon", "-5", "nan", "NaN", "inf", "-inf", "1e999", "86401"])
 def test_bad_health_interval(tmp_path: Path, value: str) -> None:
     with pytest.raises(ConfigError, match="APP_MODEL_ENDPOINT_HEALTH_INTERVAL"):
         load_settings(write(tmp_path, {}), env={"APP_MODEL_ENDPOINT_HEALTH_INTERVAL": value})
+
+
+W = {"name": "a", "url": "http://x"}
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        # NaN and the infinities: JSON files may spell them NaN / Infinity, strings "nan" / "inf" / "1e999".
+        ('{"routing": {"queue_timeout_s": NaN}}', "routing.queue_timeout_s"),
+        ('{"routing": {"queue_timeout_s": Infinity}}', "routing.queue_timeout_s"),
+        ('{"routing": {"queue_timeout_s": "nan"}}', "routing.queue_timeout_s"),
+        ('{"health": {"interval_s": "inf"}}', "health.interval_s"),
+        ('{"health": {"timeout_s": -Infinity}}', "health.timeout_s"),
+        ('{"limits": {"upstream_timeout_s": "1e999"}}', "limits.upstream_timeout_s"),
+        ('{"limits": {"connect_timeout_s": NaN}}', "limits.connect_timeout_s"),
+        ('{"auth": {"rotate_grace_s": Infinity}}', "auth.rotate_grace_s"),
+        ('{"auth": {"key_cache_s": "nan"}}', "auth.key_cache_s"),
+        ('{"pools": {"interval_s": NaN}}', "pools.interval_s"),
+    ],
+)
+def test_numbers_must_be_finite(tmp_path: Path, text: str, where: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, text), env={})
+    assert where in str(info.value) and "finite" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        ({"routing": {"max_concurrent": 2**63}}, "routing.max_concurrent"),
+        ({"routing": {"model_max_concurrent": {"q:*": 10**7}}}, "routing.model_max_concurrent.q:*"),
+        ({"routing": {"queue_timeout_s": 3601}}, "routing.queue_timeout_s"),
+        ({"routing": {"max_queue": 10**9}}, "routing.max_queue"),
+        ({"health": {"interval_s": 86_400}}, "health.interval_s"),
+        ({"health": {"timeout_s": 301}}, "health.timeout_s"),
+        ({"health": {"failures_to_down": 101}}, "health.failures_to_down"),
+        ({"limits": {"max_body_bytes": 2**40}}, "limits.max_body_bytes"),
+        ({"limits": {"upstream_timeout_s": 86_401}}, "limits.upstream_timeout_s"),
+        ({"limits": {"connect_timeout_s": 1e9}}, "limits.connect_timeout_s"),
+        ({"auth": {"rotate_grace_s": 1e12}}, "auth.rotate_grace_s"),
+        ({"auth": {"key_cache_s": 86_400}}, "auth.key_cache_s"),
+        ({"auth": {"default_completion_tokens": 2**31}}, "auth.default_completion_tokens"),
+        ({"auth": {"open": "yes"}}, "auth.open"),
+        ({"auth": {"open": 1}}, "auth.open"),
+        ({"tenants": {"t": {"rpm": 2**31}}}, "tenants.t.rpm"),
+        ({"tenants": {"t": {"daily_tokens": 2**63}}}, "tenants.t.daily_tokens"),
+        ({"tenants": {"t": {"max_concurrent": 10**7}}}, "tenants.t.max_concurrent"),
+        ({"workers": [{**W, "max_concurrent": 2**63}]}, "workers[0].max_concurrent"),
+        ({"workers": [{**W, "api_key": "k\r\nX-Injected: 1"}]}, "workers[0].api_key"),
+        ({"workers": [{**W, "api_key": "k" * 9000}]}, "workers[0].api_key"),
+        ({"listen": {"host": ""}}, "listen.host"),
+        ({"listen": {"host": "h" * 300}}, "listen.host"),
+        ({"pools": {"agents": [{"name": "g", "agent_url": "http://x", "gpus": 10**6}]}}, "pools.agents[0].gpus"),
+    ],
+)
+def test_bounds_name_the_field(tmp_path: Path, data: object, where: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, data), env={})
+    assert where in str(info.value)
+
+
+def test_bounds_themselves_are_accepted(tmp_path: Path) -> None:
+    data = {
+        "routing": {"queue_timeout_s": 3600, "max_concurrent": 1_000_000},
+        "limits": {"upstream_timeout_s": 86_400, "max_body_bytes": 1024**3},
+        "auth": {"default_completion_tokens": 2**31 - 1, "open": False},
+        "tenants": {"t": {"rpm": 2**31 - 1, "daily_tokens": 2**31 - 1}},
+    }
+    settings = load_settings(write(tmp_path, data), env={})
+    assert settings.limits.upstream_timeout_s == 86_400 and settings.tenants["t"].rpm == 2**31 - 1

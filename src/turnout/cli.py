@@ -24,6 +24,7 @@ from turnout.config import (
     load_settings,
     starter_config,
 )
+from turnout.gateway.redaction import configure_logging
 from turnout.state.atomic import write_atomic
 from turnout.state.placement_store import PlacementFileError
 from turnout.store.db import StoreError
@@ -40,6 +41,41 @@ ConfigOption = Annotated[
     Path | None,
     typer.Option("--config", "-c", help=f"config file (default: ./{DEFAULT_CONFIG}, created when missing)"),
 ]
+LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_INTERVAL_S = 3600.0
+
+
+def _port(value: int | None) -> int | None:
+    if value is not None and not 1 <= value <= 65535:
+        raise typer.BadParameter("must be a port from 1 to 65535")
+    return value
+
+
+def _optional_port(value: int) -> int:
+    if not 0 <= value <= 65535:
+        raise typer.BadParameter("must be a port from 1 to 65535, or 0 for off")
+    return value
+
+
+def _interval(value: float) -> float:
+    if not 0 < value <= MAX_INTERVAL_S:  # also refuses nan; inf is over the cap
+        raise typer.BadParameter(f"must be a number of seconds above 0 and at most {MAX_INTERVAL_S:g}")
+    return value
+
+
+def _log_level(value: str) -> str:
+    if value.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"must be one of {', '.join(LOG_LEVELS)}")
+    return value.lower()
+
+
+def _host(value: str | None) -> str | None:
+    if value is not None and (not value or len(value) > 253 or any(ch <= " " or ch == "\x7f" for ch in value)):
+        raise typer.BadParameter("must be a host name or address (no spaces or control characters)")
+    return value
+
+
+LogLevelOption = Annotated[str, typer.Option(callback=_log_level, help="debug, info, warning or error")]
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -59,14 +95,17 @@ def _resolve_config(path: Path | None) -> Path:
 @app.command()
 def serve(
     config: ConfigOption = None,
-    host: Annotated[str | None, typer.Option(help="bind address (overrides listen.host)")] = None,
-    port: Annotated[int | None, typer.Option(help="port (overrides listen.port)")] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    host: Annotated[str | None, typer.Option(callback=_host, help="bind address (overrides listen.host)")] = None,
+    port: Annotated[int | None, typer.Option(callback=_port, help="port (overrides listen.port)")] = None,
+    log_level: LogLevelOption = "info",
+    access_log: Annotated[
+        bool, typer.Option(help="log one line per request (method, path, status, size, time; never a header)")
+    ] = False,
 ) -> None:
     """Run the gateway."""
     from turnout.gateway.app import create_app
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level)
     try:
         settings = load_settings(_resolve_config(config))
     except ConfigError as exc:
@@ -87,7 +126,17 @@ def serve(
         return
     bind_port = port or settings.listen.port
     typer.echo(f"turnout {__version__}: serving on http://{bind_host}:{bind_port} ({len(settings.workers)} workers)")
-    web.run_app(application, host=bind_host, port=bind_port, print=None, handler_cancellation=True, access_log=None)
+    try:
+        web.run_app(
+            application,
+            host=bind_host,
+            port=bind_port,
+            print=None,
+            handler_cancellation=True,
+            access_log=logging.getLogger("aiohttp.access") if access_log else None,
+        )
+    except OSError as exc:
+        _fail(f"cannot listen on {bind_host}:{bind_port}: {exc.strerror or exc}")
 
 
 def _admin_token(settings: Settings) -> str:
@@ -116,8 +165,8 @@ def _starter_key(application: web.Application, settings: Settings) -> None:
 
 @app.command()
 def agent(
-    port: Annotated[int, typer.Option(help="agent API port")] = 8080,
-    host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(callback=_port, help="agent API port")] = 8080,
+    host: Annotated[str, typer.Option(callback=_host, help="bind address")] = "127.0.0.1",
     registry: Annotated[Path, typer.Option(help="engines.json (in pods: /var/run/aibrix/engines.json)")] = Path(
         "turnout-data/engines.json"
     ),
@@ -127,13 +176,13 @@ def agent(
         list[str] | None,
         typer.Option(help="ENGINE=PYTHON: the interpreter that has this engine installed (repeatable)"),
     ] = None,
-    log_level: Annotated[str, typer.Option()] = "info",
+    log_level: LogLevelOption = "info",
 ) -> None:
     """Run the runtime agent: one supervised engine process per model claim."""
     from turnout.core.runtime import ENGINES
     from turnout.runtime.agent import create_agent_app
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level)
     low, _, high = engine_ports.partition("-")
     if not (low.isdigit() and high.isdigit() and 0 < int(low) <= int(high) < 65536):
         _fail(f"--engine-ports {engine_ports!r}: use LOW-HIGH, e.g. 30000-30999")
@@ -224,11 +273,14 @@ def controller(
         Path, typer.Option(help='JSON list of pools: [{"name","agent_url","address","gpus","labels","policy"}]')
     ],
     data_dir: DataDirOption = Path("turnout-data"),
-    interval: Annotated[float, typer.Option(help="seconds between reconcile ticks")] = 2.0,
+    interval: Annotated[float, typer.Option(callback=_interval, help="seconds between reconcile ticks")] = 2.0,
     metrics_port: Annotated[
-        int, typer.Option(help="serve the aibrix_modelclaim_* metrics on 127.0.0.1:PORT/metrics (0: off)")
+        int,
+        typer.Option(
+            callback=_optional_port, help="serve the aibrix_modelclaim_* metrics on 127.0.0.1:PORT/metrics (0: off)"
+        ),
     ] = 0,
-    log_level: Annotated[str, typer.Option()] = "info",
+    log_level: LogLevelOption = "info",
 ) -> None:
     """Run the local ModelClaim controller against runtime agents."""
     import asyncio
@@ -236,7 +288,7 @@ def controller(
     from turnout.controller.local import ClaimFiles, LocalController, load_pools
     from turnout.upstream.client import UpstreamClient
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level)
     try:
         pool_list = load_pools(pools)
     except (OSError, ValueError, KeyError) as exc:
@@ -264,13 +316,19 @@ def operator(
         list[str] | None, typer.Option("--namespace", "-n", help="watch these namespaces (repeatable)")
     ] = None,
     all_namespaces: Annotated[bool, typer.Option("--all-namespaces", help="watch the whole cluster")] = False,
-    interval: Annotated[float, typer.Option(help="seconds between reconcile passes per claim and pool")] = 5.0,
+    interval: Annotated[
+        float, typer.Option(callback=_interval, help="seconds between reconcile passes per claim and pool")
+    ] = 5.0,
     kubeconfig: Annotated[
         Path | None, typer.Option(help="kubeconfig file (default: in-cluster service account, then ~/.kube/config)")
     ] = None,
-    metrics_port: Annotated[int, typer.Option(help="serve aibrix_modelclaim_* metrics on this port (0: off)")] = 8080,
-    liveness_port: Annotated[int, typer.Option(help="kopf liveness endpoint /healthz on this port (0: off)")] = 0,
-    log_level: Annotated[str, typer.Option()] = "info",
+    metrics_port: Annotated[
+        int, typer.Option(callback=_optional_port, help="serve aibrix_modelclaim_* metrics on this port (0: off)")
+    ] = 8080,
+    liveness_port: Annotated[
+        int, typer.Option(callback=_optional_port, help="kopf liveness endpoint /healthz on this port (0: off)")
+    ] = 0,
+    log_level: LogLevelOption = "info",
 ) -> None:
     """Run the Kubernetes ModelClaim operator (CRD modelclaims.model.aibrix.ai; manifests in deploy/)."""
     try:
@@ -284,7 +342,7 @@ def operator(
         return
     if not namespace and not all_namespaces:
         _fail("say which namespaces to watch: --namespace NS (repeatable) or --all-namespaces")
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level)
     metrics = ControllerMetrics()
     if metrics_port:
         start_http_server(metrics_port, registry=metrics.registry)

@@ -16,17 +16,27 @@ from typing import Annotated, Any
 
 import typer
 
-from turnout.admin.accounts import parse_when
+from turnout.admin.inputs import MAX_AUDIT_LIMIT, AuditQuery, KeyCreate, KeyRotate, UsageQuery, parse_input
 from turnout.config import CONFIG_FILE_NAME, ConfigError, Settings, load_settings
 from turnout.core.patterns import PatternError
-from turnout.errors import TurnoutError
+from turnout.errors import TurnoutError, Unprocessable
 from turnout.store.audit import AuditLog
 from turnout.store.db import Database, StoreError, database_url
 from turnout.store.keys import KeyStore, parse_scopes
 from turnout.store.secrets import SecretError
 from turnout.store.usage import UsageStore
 
-__all__ = ["DEFAULT_CONFIG", "ConfigOption", "cli_actor", "cli_audit", "fail", "key_app", "open_store", "register"]
+__all__ = [
+    "DEFAULT_CONFIG",
+    "ConfigOption",
+    "cli_actor",
+    "cli_audit",
+    "cli_input",
+    "fail",
+    "key_app",
+    "open_store",
+    "register",
+]
 
 key_app = typer.Typer(no_args_is_help=True, help="Create, list, revoke and rotate API keys.")
 DEFAULT_CONFIG = Path("turnout-data") / CONFIG_FILE_NAME
@@ -36,6 +46,18 @@ ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="config file"
 def fail(message: str) -> None:
     typer.echo(f"turnout: {message}", err=True)
     raise typer.Exit(2)
+
+
+@contextmanager
+def cli_input(**flags: str) -> Iterator[None]:
+    """Checks by the admin API's own input models (same bounds): a bad value exits 2 naming the option
+    (``--<field>``, or ``flags[field]`` where the option is named otherwise)."""
+    try:
+        yield
+    except Unprocessable as exc:
+        field = (exc.field or "").split(".")[0].split("[")[0]
+        flag = flags.get(field, field.replace("_", "-"))
+        fail(f"--{flag}: {exc.message}" if flag else exc.message)
 
 
 @contextmanager
@@ -79,11 +101,28 @@ def key_create(
 ) -> None:
     """Create a key; it is printed once and only its hash is stored."""
     now = time.time()
+    with cli_input():
+        spec = parse_input(
+            KeyCreate,
+            {
+                "app": app,
+                "tenant": tenant,
+                "models": models.split(",") if models else None,
+                "rpm": rpm,
+                "daily_tokens": daily_tokens,
+                "expires": expires or None,
+            },
+        )
+        expires_at = spec.expires_at(now)
     with open_store(config) as (_, db):
-        scopes = parse_scopes(models.split(",") if models else None)
-        expires_at = parse_when(expires, now, future=True) if expires else None
         record, plaintext = KeyStore(db).create(
-            app=app, tenant=tenant, scopes=scopes, rpm=rpm, daily_tokens=daily_tokens, expires_at=expires_at, now=now
+            app=spec.app,
+            tenant=spec.tenant,
+            scopes=parse_scopes(spec.models),
+            rpm=spec.rpm,
+            daily_tokens=spec.daily_tokens,
+            expires_at=expires_at,
+            now=now,
         )
         cli_audit(db, action="key.create", target=f"key:{record.prefix}", after=record.to_json(), now=now)
     typer.echo(plaintext)
@@ -138,8 +177,10 @@ def key_rotate(
 ) -> None:
     """Issue a replacement key; the old one keeps working for the grace period."""
     now = time.time()
+    with cli_input(grace_s="grace"):
+        spec = parse_input(KeyRotate, {"grace_s": grace})
     with open_store(config) as (settings, db):
-        grace_s = settings.auth.rotate_grace_s if grace is None else grace
+        grace_s = settings.auth.rotate_grace_s if spec.grace_s is None else spec.grace_s
         old, new, plaintext = KeyStore(db).rotate(ref, grace_s=grace_s, now=now)
         cli_audit(
             db,
@@ -160,25 +201,29 @@ def usage(
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Usage per key, endpoint and worker."""
-    if bucket not in ("hour", "day"):
-        fail("--bucket must be hour or day")
     now = time.time()
+    with cli_input():
+        query = parse_input(UsageQuery, {"key": key, "since": since, "bucket": bucket})
+        since_ts = query.since_ts(now)
     with open_store(config) as (_, db):
-        key_id = KeyStore(db).get(key).id if key else None
-        rows = UsageStore(db).summary(since=parse_when(since, now) or now - 86_400, key_id=key_id, bucket=bucket)
+        key_id = KeyStore(db).get(query.key).id if query.key else None
+        rows = UsageStore(db).summary(since=since_ts, key_id=key_id, bucket=query.bucket)
     typer.echo(json.dumps(rows, indent=2))
 
 
 def audit(
     since: Annotated[str | None, typer.Option(help="24h, 7d, 2026-12-01 ...")] = None,
     action: Annotated[str | None, typer.Option(help="e.g. key.create, placement.toggle")] = None,
-    limit: Annotated[int, typer.Option(min=1)] = 100,
+    limit: Annotated[int, typer.Option(help=f"at most {MAX_AUDIT_LIMIT}")] = 100,
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """The audit log, newest first."""
     now = time.time()
+    with cli_input():
+        query = parse_input(AuditQuery, {"since": since, "action": action, "limit": limit})
+        since_ts = query.since_ts(now)
     with open_store(config) as (_, db):
-        entries = AuditLog(db).entries(since=parse_when(since, now), action=action, limit=limit)
+        entries = AuditLog(db).entries(since=since_ts, action=query.action, limit=query.limit)
     typer.echo(json.dumps([e.to_json() for e in entries], indent=2))
 
 

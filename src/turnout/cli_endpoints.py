@@ -15,7 +15,8 @@ from typing import Annotated
 import typer
 
 from turnout.admin.endpoints_api import endpoint_key
-from turnout.cli_accounts import DEFAULT_CONFIG, ConfigOption, cli_audit, fail, open_store
+from turnout.admin.inputs import MAX_LATENCY_BUDGET_MS, EndpointChange, EndpointCreate, parse_input
+from turnout.cli_accounts import DEFAULT_CONFIG, ConfigOption, cli_audit, cli_input, fail, open_store
 from turnout.config import Settings
 from turnout.fleet.endpoints import Probe, probe
 from turnout.store.endpoints import EndpointStore
@@ -72,22 +73,34 @@ def add(
     credential_from_env: Annotated[str | None, typer.Option(help="environment variable holding the API key")] = None,
     fallback_model: Annotated[str | None, typer.Option(help="Turnout model to use when this endpoint fails")] = None,
     latency_budget_ms: Annotated[
-        int | None, typer.Option(min=1, help="time to response headers before fallback")
+        int | None, typer.Option(help=f"time to response headers before fallback (1 to {MAX_LATENCY_BUDGET_MS})")
     ] = None,
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Register an endpoint, test it, and print a gateway key for its models (once)."""
     credential = _credential(credential_from_env)
+    with cli_input(credential="credential-from-env", name=""):
+        spec = parse_input(
+            EndpointCreate,
+            {
+                "name": name,
+                "url": url,
+                "api": api,
+                "credential": credential,
+                "fallback_model": fallback_model or None,
+                "latency_budget_ms": latency_budget_ms,
+            },
+        )
     now = time.time()
     with open_store(config) as (settings, db):
         secrets = SecretBox.load(settings.data_dir, settings.endpoint_env.secret_key)
         record = EndpointStore(db).add(
-            name=name,
-            url=url,
-            api=api,
-            credential=None if credential is None else secrets.encrypt(credential),
-            fallback_model=fallback_model,
-            latency_budget_ms=latency_budget_ms,
+            name=spec.name,
+            url=spec.url,
+            api=spec.api,
+            credential=None if not spec.credential else secrets.encrypt(spec.credential),
+            fallback_model=spec.fallback_model,
+            latency_budget_ms=spec.latency_budget_ms,
             now=now,
         )
         key_record, key = endpoint_key(KeyStore(db), name, now)
@@ -128,22 +141,22 @@ def set_endpoint(
     api: Annotated[str | None, typer.Option()] = None,
     credential_from_env: Annotated[str | None, typer.Option()] = None,
     fallback_model: Annotated[str | None, typer.Option(help="'' removes the fallback")] = None,
-    latency_budget_ms: Annotated[int | None, typer.Option(min=1)] = None,
+    latency_budget_ms: Annotated[int | None, typer.Option(help=f"1 to {MAX_LATENCY_BUDGET_MS} ms")] = None,
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Change an endpoint's URL, API type, credential or fallback."""
+    given = {"url": url, "api": api, "latency_budget_ms": latency_budget_ms, "fallback_model": fallback_model}
+    if credential_from_env is not None:
+        given["credential"] = _credential(credential_from_env)
+    with cli_input(credential="credential-from-env"):
+        changes = parse_input(EndpointChange, {k: v for k, v in given.items() if v is not None}).changes()
+    if not changes:
+        fail("nothing to change: give --url, --api, --credential-from-env, --fallback-model or --latency-budget-ms")
     now = time.time()
     with open_store(config) as (settings, db):
-        changes: dict[str, object] = {
-            k: v for k, v in {"url": url, "api": api, "latency_budget_ms": latency_budget_ms}.items() if v is not None
-        }
-        if fallback_model is not None:
-            changes["fallback_model"] = fallback_model or None
-        if credential_from_env is not None:
+        if changes.get("credential"):
             secrets = SecretBox.load(settings.data_dir, settings.endpoint_env.secret_key)
-            changes["credential"] = secrets.encrypt(_credential(credential_from_env) or "")
-        if not changes:
-            fail("nothing to change: give --url, --api, --credential-from-env, --fallback-model or --latency-budget-ms")
+            changes["credential"] = secrets.encrypt(changes["credential"])
         before, after = EndpointStore(db).update(name, changes, now=now)
         cli_audit(
             db,

@@ -47,8 +47,17 @@ class ConfigError(Exception):
     """The configuration cannot be used; the message says where and why."""
 
 
+MAX_INT = 2**31 - 1  # counts that reach the database (rpm, daily_tokens) fit a 32-bit column
+MAX_CONCURRENT = 1_000_000  # in-flight and queue limits
+MAX_WAIT_S = 3600.0  # poll intervals, queue waits, cache lifetimes
+MAX_TIMEOUT_S = 86_400.0  # one upstream request, stream included
+MAX_CONNECT_S = 300.0  # connect and poll timeouts
+MAX_GRACE_S = 10 * 365 * 86_400.0  # a rotated key's grace period (10 years, as in the admin API)
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinities are never valid (JSON files may spell them NaN / Infinity, strings "nan" / "inf").
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _check_pattern(value: str) -> str:
@@ -60,7 +69,9 @@ PatternText = Annotated[str, Field(description="exact name, prefix with one trai
 
 
 class Listen(_Model):
-    host: str = Field("127.0.0.1", description="address to bind; the default accepts only local clients")
+    host: str = Field(
+        "127.0.0.1", min_length=1, max_length=253, description="address to bind; the default accepts only local clients"
+    )
     port: int = Field(8080, ge=1, le=65535)
 
 
@@ -78,13 +89,15 @@ class Storage(_Model):
 
 
 class Routing(_Model):
-    max_concurrent: int = Field(256, ge=1, description="requests in flight across the whole gateway")
-    model_max_concurrent: dict[str, Annotated[int, Field(ge=1)]] = Field(
+    max_concurrent: int = Field(256, ge=1, le=MAX_CONCURRENT, description="requests in flight across the whole gateway")
+    model_max_concurrent: dict[str, Annotated[int, Field(ge=1, le=MAX_CONCURRENT)]] = Field(
         default_factory=dict,
         description="in-flight limit per model; keys are patterns, the most specific match applies",
     )
-    queue_timeout_s: float = Field(30, ge=0, description="how long a request waits for a free slot")
-    max_queue: int = Field(1024, ge=0, description="requests allowed to wait at once; more get 503 at once")
+    queue_timeout_s: float = Field(30, ge=0, le=MAX_WAIT_S, description="how long a request waits for a free slot")
+    max_queue: int = Field(
+        1024, ge=0, le=MAX_CONCURRENT, description="requests allowed to wait at once; more get 503 at once"
+    )
     max_attempts: int = Field(3, ge=1, le=10, description="workers tried when one cannot be reached")
 
     @field_validator("model_max_concurrent")
@@ -99,15 +112,19 @@ class Routing(_Model):
 
 
 class Health(_Model):
-    interval_s: float = Field(10, gt=0, description="seconds between polls of each worker")
-    timeout_s: float = Field(3, gt=0, description="timeout of one health/inventory poll")
-    failures_to_down: int = Field(1, ge=1, description="consecutive failed polls before a worker is down")
+    interval_s: float = Field(10, gt=0, le=MAX_WAIT_S, description="seconds between polls of each worker")
+    timeout_s: float = Field(3, gt=0, le=MAX_CONNECT_S, description="timeout of one health/inventory poll")
+    failures_to_down: int = Field(1, ge=1, le=100, description="consecutive failed polls before a worker is down")
 
 
 class Limits(_Model):
-    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest accepted request body")
-    upstream_timeout_s: float = Field(600, gt=0, description="total time allowed for one upstream request")
-    connect_timeout_s: float = Field(5, gt=0, description="time allowed to connect to a worker")
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, le=1024**3, description="largest accepted request body (at most 1 GiB)"
+    )
+    upstream_timeout_s: float = Field(
+        600, gt=0, le=MAX_TIMEOUT_S, description="total time allowed for one upstream request"
+    )
+    connect_timeout_s: float = Field(5, gt=0, le=MAX_CONNECT_S, description="time allowed to connect to a worker")
 
 
 class EndpointEnv(_Model):
@@ -143,8 +160,10 @@ def endpoint_env(env: Mapping[str, str]) -> EndpointEnv:
             interval = float(raw)
         except ValueError:
             raise ConfigError(f"{name}={raw!r}: must be a number of seconds (0 turns endpoint checks off)") from None
-        if interval < 0:
-            raise ConfigError(f"{name}={raw!r}: must be >= 0 (0 turns endpoint checks off)")
+        if not 0 <= interval <= MAX_TIMEOUT_S:  # also refuses nan and inf, which float() reads
+            raise ConfigError(
+                f"{name}={raw!r}: must be a number of seconds from 0 to {MAX_TIMEOUT_S:g} (0 turns endpoint checks off)"
+            )
         break
     return EndpointEnv(
         allow_private=allow,
@@ -156,12 +175,19 @@ def endpoint_env(env: Mapping[str, str]) -> EndpointEnv:
 
 class Auth(_Model):
     open: bool = Field(
-        False, description="serve client APIs without keys; refused unless listen.host is a loopback address"
+        False,
+        strict=True,
+        description="serve client APIs without keys; refused unless listen.host is a loopback address",
     )
-    rotate_grace_s: float = Field(86_400, ge=0, description="how long a rotated key keeps working")
-    key_cache_s: float = Field(5, ge=0, description="how long a key lookup is cached (CLI revocations lag by this)")
+    rotate_grace_s: float = Field(86_400, ge=0, le=MAX_GRACE_S, description="how long a rotated key keeps working")
+    key_cache_s: float = Field(
+        5, ge=0, le=MAX_WAIT_S, description="how long a key lookup is cached (CLI revocations lag by this)"
+    )
     default_completion_tokens: int = Field(
-        256, ge=1, description="tokens reserved for the answer when a request sets no max_tokens / num_predict"
+        256,
+        ge=1,
+        le=MAX_INT,
+        description="tokens reserved for the answer when a request sets no max_tokens / num_predict",
     )
 
 
@@ -169,7 +195,7 @@ class PoolAgent(_Model):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     agent_url: AnyHttpUrl = Field(description="the pod's runtime agent (turnout agent)")
     address: str = Field("127.0.0.1", description="address engines on this pod are reached at")
-    gpus: int = Field(1, ge=1)
+    gpus: int = Field(1, ge=1, le=256)
     labels: dict[str, str] = Field(default_factory=dict, description="matched by ModelClaim podSelector")
     policy: dict[str, Any] | str | None = Field(
         None,
@@ -192,7 +218,9 @@ class Pools(_Model):
 
     agents: list[PoolAgent] = Field(default_factory=list)
     kubernetes: PoolsKubernetes | None = None
-    interval_s: float = Field(2.0, gt=0, description="seconds between reconcile ticks (or reads of the cluster)")
+    interval_s: float = Field(
+        2.0, gt=0, le=MAX_WAIT_S, description="seconds between reconcile ticks (or reads of the cluster)"
+    )
 
     @model_validator(mode="after")
     def _one_driver(self) -> Self:
@@ -206,10 +234,16 @@ class Pools(_Model):
 
 
 class Tenant(_Model):
-    max_concurrent: int | None = Field(None, ge=1, description="requests in flight for all of this tenant's keys")
+    max_concurrent: int | None = Field(
+        None, ge=1, le=MAX_CONCURRENT, description="requests in flight for all of this tenant's keys"
+    )
     weight: int = Field(1, ge=1, le=100, description="share of the routing queue relative to other tenants")
-    rpm: int | None = Field(None, ge=1, description="requests per minute for all of this tenant's keys together")
-    daily_tokens: int | None = Field(None, ge=1, description="tokens per UTC day for all of this tenant's keys")
+    rpm: int | None = Field(
+        None, ge=1, le=MAX_INT, description="requests per minute for all of this tenant's keys together"
+    )
+    daily_tokens: int | None = Field(
+        None, ge=1, le=MAX_INT, description="tokens per UTC day for all of this tenant's keys"
+    )
 
 
 class ModelPlacement(_Model):
@@ -237,12 +271,21 @@ class Worker(_Model):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     url: AnyHttpUrl
     type: WorkerType = WorkerType.OLLAMA
-    max_concurrent: int | None = Field(None, ge=1, description="requests in flight on this worker")
-    api_key: str | None = Field(None, description="sent upstream as a Bearer token (OpenAI-style workers)")
+    max_concurrent: int | None = Field(None, ge=1, le=MAX_CONCURRENT, description="requests in flight on this worker")
+    api_key: str | None = Field(
+        None, max_length=8192, description="sent upstream as a Bearer token (OpenAI-style workers)"
+    )
     metrics_url: AnyHttpUrl | None = Field(
         None, description="optional Prometheus endpoint exposing GPU utilisation / memory (DCGM, nvidia_smi)"
     )
     model_placement: ModelPlacement = Field(default_factory=ModelPlacement)
+
+    @field_validator("api_key")
+    @classmethod
+    def _header_safe(cls, value: str | None) -> str | None:
+        if value is not None and any(ch < " " or ch == "\x7f" for ch in value):
+            raise ValueError("must not contain control characters (it is sent as an HTTP header)")
+        return value
 
     @property
     def base_url(self) -> str:

@@ -9,6 +9,7 @@
     +-- NotFound              404 not_found / model_not_found
     +-- Conflict              409 conflict
     +-- PayloadTooLarge       413 payload_too_large
+    +-- Unprocessable         422 invalid_field (field: the path of the bad field, or None)
     +-- Unavailable           503 service_unavailable (retry_after: seconds or None)
     +-- UpstreamError         502 upstream_error (a worker failed or answered nonsense)
 
@@ -26,6 +27,7 @@ __all__ = [
     "TurnoutError",
     "Unauthorized",
     "Unavailable",
+    "Unprocessable",
     "UpstreamError",
 ]
 
@@ -78,6 +80,18 @@ class PayloadTooLarge(TurnoutError):
     status = 413
     code = "payload_too_large"
     type = "invalid_request_error"
+
+
+class Unprocessable(TurnoutError):
+    """A well-formed request with a field out of range or of the wrong kind; the message names the field."""
+
+    status = 422
+    code = "invalid_field"
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, *, field: str | None = None, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.field = field
 
 
 class Unavailable(TurnoutError):

@@ -61,11 +61,11 @@ async def test_key_lifecycle(gw: Gateway) -> None:
 @pytest.mark.parametrize(
     ("body", "status", "fragment"),
     [
-        ({}, 400, '"app" is required'),
-        ({"app": "x", "models": ["model:q*x"]}, 400, "last character"),
-        ({"app": "x", "rpm": 0}, 400, "rpm must be a positive integer"),
-        ({"app": "x", "expires": "someday"}, 400, "cannot read time"),
-        ({"app": "x", "colour": "red"}, 400, "unknown field"),
+        ({}, 422, '"app" is required'),
+        ({"app": "x", "models": ["model:q*x"]}, 422, "last character"),
+        ({"app": "x", "rpm": 0}, 422, '"rpm" must be at least 1'),
+        ({"app": "x", "expires": "someday"}, 422, "cannot read time"),
+        ({"app": "x", "colour": "red"}, 422, "unknown field"),
     ],
 )
 async def test_bad_key_requests_write_nothing(gw: Gateway, body: dict[str, Any], status: int, fragment: str) -> None:
@@ -87,7 +87,7 @@ async def test_usage_endpoint(gw: Gateway) -> None:
     assert status == 200 and usage["bucket"] == "day"
     [row] = usage["rows"]
     assert row["requests"] == 2 and row["completion_tokens"] == 10 and row["latency_ms_p95"] > 0
-    assert (await call(gw, "GET", "/admin/api/usage?bucket=week"))[0] == 400
+    assert (await call(gw, "GET", "/admin/api/usage?bucket=week"))[0] == 422
 
 
 async def test_placement_changes_are_audited(gw: Gateway) -> None:

@@ -195,7 +195,7 @@ async def test_engine_admin_routes_are_refused(gateway: GatewayFactory, method: 
     [
         ({"name": "bad name", "url": "http://x"}, "endpoint name"),
         ({"name": "x", "url": "ftp://x"}, "must start with http"),
-        ({"name": "x", "url": "http://x", "api": "grpc"}, "api must be"),
+        ({"name": "x", "url": "http://x", "api": "grpc"}, '"api" must be'),
         ({"name": "x"}, '"url" is required'),
         ({"name": "x", "url": "http://x", "color": 1}, "unknown field"),
         ({"name": "gpu", "url": "http://x"}, "configured worker"),
@@ -207,7 +207,7 @@ async def test_bad_registrations(
     w = await emulator("gpu")
     gw = await gateway([worker("gpu", w.url)])
     status, reply = await admin(gw, "POST", "/admin/api/endpoints", body)
-    assert status == 400 and fragment in reply["error"]["message"]
+    assert status == 422 and fragment in reply["error"]["message"]
     assert (await admin(gw, "GET", "/admin/api/endpoints"))[1]["endpoints"] == []
 
 

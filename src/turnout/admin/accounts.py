@@ -1,7 +1,8 @@
 """Admin JSON API for keys, usage and the audit log.
 
 ``POST /admin/api/keys`` returns the new key's plaintext once; every later read shows only its prefix.
-Every change is written to the audit log with before/after.
+Every change is written to the audit log with before/after. Bodies and queries are validated by the models
+of :mod:`turnout.admin.inputs` before anything is written (a bad field is 422 naming it).
 """
 
 from __future__ import annotations
@@ -9,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from turnout.core.patterns import PatternError
+from turnout.admin.inputs import AuditQuery, KeyCreate, KeyRotate, UsageQuery, parse_input
 from turnout.errors import BadRequest, NotFound, TurnoutError
 from turnout.gateway.dialect import json_response
 from turnout.gateway.keys import ACCOUNTANT, AUDIT, KEYS, SETTINGS, USAGE
@@ -27,46 +27,11 @@ __all__ = [
     "add_account_routes",
     "audit_change",
     "json_response",
-    "parse_when",
     "read_object",
     "store_call",
 ]
 
 ADMIN_ACTOR = "admin-api"
-
-
-def parse_when(value: str | None, now: float, *, future: bool = False) -> float | None:
-    """``2026-12-31``, an ISO timestamp, epoch seconds, or a duration (``24h``, ``7d``, ``30m``) back from now,
-    or forward from now when ``future`` (expiry dates)."""
-    if value is None or value == "":
-        return None
-    text = value.strip()
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
-    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
-        span = float(text[:-1]) * units[text[-1]]
-        return now + span if future else now - span
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise BadRequest(
-            f"cannot read time {value!r}: use 2026-12-31, an ISO timestamp, epoch seconds or 24h/7d"
-        ) from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.timestamp()
-
-
-def _int_or_none(body: dict[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise BadRequest(f"{name} must be a positive integer")
-    return value
 
 
 async def read_object(request: web.Request) -> dict[str, Any]:
@@ -94,33 +59,16 @@ async def list_keys(request: web.Request) -> web.Response:
 
 
 async def create_key(request: web.Request) -> web.Response:
-    body = await read_object(request)
-    unknown = set(body) - {"app", "tenant", "models", "rpm", "daily_tokens", "expires"}
-    if unknown:
-        raise BadRequest(f"unknown field(s) {sorted(unknown)}")
-    app = body.get("app")
-    if not isinstance(app, str) or not app:
-        raise BadRequest('"app" is required: the application this key is for')
-    tenant = body.get("tenant")
-    if tenant is not None and not isinstance(tenant, str):
-        raise BadRequest('"tenant" must be a string')
-    models = body.get("models")
-    if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
-        raise BadRequest('"models" must be a list like ["model:qwen3:*"]')
-    try:
-        scopes = parse_scopes(models)
-    except PatternError as exc:
-        raise BadRequest(f"models: {exc}") from None
+    spec = parse_input(KeyCreate, await read_object(request))
     now = time.time()
-    expires = body.get("expires")
-    expires_at = parse_when(str(expires), now, future=True) if expires is not None else None
+    expires_at = spec.expires_at(now)
     record, plaintext = await store_call(
         request.app[KEYS].create,
-        app=app,
-        tenant=tenant,
-        scopes=scopes,
-        rpm=_int_or_none(body, "rpm"),
-        daily_tokens=_int_or_none(body, "daily_tokens"),
+        app=spec.app,
+        tenant=spec.tenant,
+        scopes=parse_scopes(spec.models),
+        rpm=spec.rpm,
+        daily_tokens=spec.daily_tokens,
         expires_at=expires_at,
         now=now,
     )
@@ -136,12 +84,10 @@ async def revoke_key(request: web.Request) -> web.Response:
 
 
 async def rotate_key(request: web.Request) -> web.Response:
-    body = await read_object(request)
-    grace = body.get("grace_s", request.app[SETTINGS].auth.rotate_grace_s)
-    if not isinstance(grace, int | float) or grace < 0:
-        raise BadRequest("grace_s must be a number of seconds >= 0")
+    spec = parse_input(KeyRotate, await read_object(request))
+    grace = request.app[SETTINGS].auth.rotate_grace_s if spec.grace_s is None else spec.grace_s
     old, new, plaintext = await store_call(
-        request.app[KEYS].rotate, request.match_info["ref"], grace_s=float(grace), now=time.time()
+        request.app[KEYS].rotate, request.match_info["ref"], grace_s=grace, now=time.time()
     )
     request.app[ACCOUNTANT].forget()
     await audit_change(request, "key.rotate", f"key:{old.prefix}", before=old.to_json(), after=new.to_json())
@@ -157,29 +103,20 @@ async def rotate_key(request: web.Request) -> web.Response:
 
 
 async def usage(request: web.Request) -> web.Response:
-    now = time.time()
-    since = parse_when(request.query.get("since"), now) or now - 86_400
-    bucket = request.query.get("bucket", "hour")
-    if bucket not in ("hour", "day"):
-        raise BadRequest("bucket must be hour or day")
+    query = parse_input(UsageQuery, request.query)
+    since = query.since_ts(time.time())
     key_id = None
-    if request.query.get("key"):
-        key_id = (await store_call(request.app[KEYS].get, request.query["key"])).id
+    if query.key:
+        key_id = (await store_call(request.app[KEYS].get, query.key)).id
     await request.app[ACCOUNTANT].usage.flush()
-    rows = await store_call(request.app[USAGE].summary, since=since, key_id=key_id, bucket=bucket)
-    return json_response({"since": since, "bucket": bucket, "rows": rows})
+    rows = await store_call(request.app[USAGE].summary, since=since, key_id=key_id, bucket=query.bucket)
+    return json_response({"since": since, "bucket": query.bucket, "rows": rows})
 
 
 async def audit(request: web.Request) -> web.Response:
-    now = time.time()
-    limit = request.query.get("limit", "100")
-    if not limit.isdigit():
-        raise BadRequest("limit must be a positive integer")
+    query = parse_input(AuditQuery, request.query)
     entries = await store_call(
-        request.app[AUDIT].entries,
-        since=parse_when(request.query.get("since"), now),
-        action=request.query.get("action") or None,
-        limit=int(limit),
+        request.app[AUDIT].entries, since=query.since_ts(time.time()), action=query.action, limit=query.limit
     )
     return json_response({"entries": [e.to_json() for e in entries]})
 

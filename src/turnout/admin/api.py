@@ -13,21 +13,18 @@ import orjson
 from aiohttp import web
 
 from turnout.admin.accounts import audit_change
+from turnout.admin.inputs import PlacementToggle, check_model_names, parse_input
 from turnout.core.placement import PlacementRules, resolve_placement, toggle_rule
 from turnout.core.routing import installed_name
-from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
+from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError, Unprocessable
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.dialect import json_response
 from turnout.gateway.keys import DISPATCHER, FLEET, PROXY
 from turnout.state.placement_store import PlacementFileError, parse_rules_body
 
-__all__ = ["add_admin_routes"]
+__all__ = ["MAX_RULES", "add_admin_routes"]
 
-
-class Unprocessable(TurnoutError):
-    status = 422
-    code = "invalid_rules"
-    type = "invalid_request_error"
+MAX_RULES = 1000  # patterns per list in one worker's placement override
 
 
 def _worker(fleet: Fleet, request: web.Request) -> WorkerState:
@@ -92,10 +89,13 @@ async def put_placement(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     state = _worker(fleet, request)
     body = await _body(request)
+    if isinstance(body, dict):
+        for key in ("allowed_models", "denied_models"):
+            check_model_names(body.get(key), key, limit=MAX_RULES)
     try:
         rules = parse_rules_body(body)
     except ValueError as exc:
-        raise Unprocessable(f"invalid placement rules for {state.name}: {exc}") from None
+        raise Unprocessable(f"invalid placement rules for {state.name}: {exc}", code="invalid_rules") from None
     before = fleet.rules(state.name)
     _store(fleet, lambda: fleet.placement.put(state.name, rules))
     request.app[DISPATCHER].wake_all()
@@ -107,9 +107,9 @@ async def toggle_placement(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     state = _worker(fleet, request)
     body = await _body(request)
-    model = body.get("model") if isinstance(body, dict) else None
-    if not isinstance(model, str) or not model or "*" in model:
+    if not isinstance(body, dict):
         raise BadRequest('body must be {"model": "<exact model name>"}')
+    model = parse_input(PlacementToggle, body).model
     current, _ = fleet.rules(state.name)
     updated = toggle_rule(current, model)
     before = fleet.rules(state.name)

@@ -1,24 +1,23 @@
 """Admin JSON API for external endpoints: register, change, test, list, remove.
 
 Registering prints (returns) a gateway key scoped to the endpoint's models once. A credential is accepted
-in the request body, stored encrypted, and never returned: reads only say whether one is set.
+in the request body, stored encrypted, and never returned: reads only say whether one is set. Bodies are
+validated by :class:`~turnout.admin.inputs.EndpointCreate` / ``EndpointChange`` before anything is stored.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from aiohttp import web
 
 from turnout.admin.accounts import audit_change, json_response, read_object, store_call
-from turnout.errors import BadRequest
+from turnout.admin.inputs import EndpointChange, EndpointCreate, parse_input
+from turnout.errors import Unprocessable
 from turnout.gateway.keys import ACCOUNTANT, ENDPOINTS, KEYS
 from turnout.store.keys import KeyRecord, KeyStore
 
 __all__ = ["add_endpoint_routes", "endpoint_key"]
-
-_FIELDS = {"name", "url", "api", "credential", "fallback_model", "latency_budget_ms"}
 
 
 def endpoint_key(keys: KeyStore, name: str, now: float) -> tuple[KeyRecord, str]:
@@ -28,43 +27,27 @@ def endpoint_key(keys: KeyStore, name: str, now: float) -> tuple[KeyRecord, str]
     )
 
 
-def _validated(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
-    unknown = set(body) - _FIELDS
-    if unknown:
-        raise BadRequest(f"unknown field(s) {sorted(unknown)}; allowed: {sorted(_FIELDS)}")
-    for field in ("name", "url", "api", "credential", "fallback_model"):
-        if field in body and body[field] is not None and not isinstance(body[field], str):
-            raise BadRequest(f'"{field}" must be a string')
-    if creating:
-        for field in ("name", "url"):
-            if not body.get(field):
-                raise BadRequest(f'"{field}" is required')
-    budget = body.get("latency_budget_ms")
-    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)):
-        raise BadRequest('"latency_budget_ms" must be an integer')
-    return body
-
-
 async def list_endpoints(request: web.Request) -> web.Response:
     return json_response({"endpoints": request.app[ENDPOINTS].describe()})
 
 
 async def add_endpoint(request: web.Request) -> web.Response:
-    body = _validated(await read_object(request), creating=True)
+    spec = parse_input(EndpointCreate, await read_object(request))
     manager = request.app[ENDPOINTS]
-    name = body["name"]
+    name = spec.name
     if name in manager.fleet.workers and manager.fleet.workers[name].external is None:
-        raise BadRequest(f'"{name}" is the name of a configured worker; choose another endpoint name')
-    credential = body.get("credential")
+        raise Unprocessable(
+            f'"name": "{name}" is the name of a configured worker; choose another endpoint name', field="name"
+        )
     now = time.time()
     record = await store_call(
         manager.store.add,
         name=name,
-        url=body["url"],
-        api=body.get("api", "openai"),
-        credential=None if not credential else manager.secrets.encrypt(credential),
-        fallback_model=body.get("fallback_model"),
-        latency_budget_ms=body.get("latency_budget_ms"),
+        url=spec.url,
+        api=spec.api,
+        credential=None if not spec.credential else manager.secrets.encrypt(spec.credential),
+        fallback_model=spec.fallback_model or None,
+        latency_budget_ms=spec.latency_budget_ms,
         now=now,
     )
     key_record, key = await store_call(endpoint_key, request.app[KEYS], name, now)
@@ -84,14 +67,14 @@ async def add_endpoint(request: web.Request) -> web.Response:
 
 
 async def change_endpoint(request: web.Request) -> web.Response:
-    body = _validated(await read_object(request), creating=False)
+    body = await read_object(request)
     if "name" in body:
-        raise BadRequest("an endpoint cannot be renamed; remove it and register it again")
+        raise Unprocessable('"name": an endpoint cannot be renamed; remove it and register it again', field="name")
+    changes = parse_input(EndpointChange, body).changes()
     manager = request.app[ENDPOINTS]
     name = request.match_info["name"]
-    changes = dict(body)
-    if "credential" in changes:
-        changes["credential"] = manager.secrets.encrypt(changes["credential"]) if changes["credential"] else None
+    if changes.get("credential"):
+        changes["credential"] = manager.secrets.encrypt(changes["credential"])
     before, after = await store_call(manager.store.update, name, changes, now=time.time())
     await manager.sync()
     await audit_change(request, "endpoint.change", f"endpoint:{name}", before=before.to_json(), after=after.to_json())

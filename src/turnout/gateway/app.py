@@ -45,6 +45,7 @@ from turnout.gateway.keys import (
     USAGE,
 )
 from turnout.gateway.proxy import Proxy
+from turnout.gateway.redaction import handler_args
 from turnout.gateway.routes import add_client_routes
 from turnout.metrics import Metrics
 from turnout.state.placement_store import PlacementStore
@@ -177,7 +178,11 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
     endpoints = EndpointManager(settings, fleet, client, EndpointStore(database), secrets)
     endpoints.on_change = dispatcher.wake_all
 
-    app = web.Application(middlewares=[_middleware], client_max_size=settings.limits.max_body_bytes)
+    app = web.Application(
+        middlewares=[_middleware],
+        client_max_size=settings.limits.max_body_bytes,
+        handler_args=handler_args(),  # server and access logs that never print a secret
+    )
     app[SETTINGS] = settings
     app[FLEET] = fleet
     app[METRICS] = metrics

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import insert, select
 
-from turnout.store.db import Database
+from turnout.store.db import Database, StoreError
 from turnout.store.schema import audit
 
-__all__ = ["AuditLog", "AuditRecord"]
+__all__ = ["MAX_ENTRIES", "AuditLog", "AuditRecord"]
+
+MAX_ENTRIES = 10_000  # the most entries one query returns
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,15 +61,24 @@ class AuditLog:
         after: Any = None,
         detail: str | None = None,
     ) -> None:
+        # The change is already made when it is audited: clip texts to their columns rather than lose the entry.
         with self.db.begin() as conn:
             conn.execute(
                 insert(audit).values(
-                    ts=now, actor=actor, action=action, target=target, before=before, after=after, detail=detail
+                    ts=now,
+                    actor=_fit(actor, 128),
+                    action=_fit(action, 64),
+                    target=_fit(target, 256),
+                    before=before,
+                    after=after,
+                    detail=detail,
                 )
             )
 
     def entries(self, *, since: float | None = None, action: str | None = None, limit: int = 100) -> list[AuditRecord]:
-        query = select(audit).order_by(audit.c.id.desc()).limit(max(1, min(limit, 10_000)))
+        query = select(audit).order_by(audit.c.id.desc()).limit(max(1, min(limit, MAX_ENTRIES)))
+        if since is not None and not math.isfinite(since):
+            raise StoreError("since must be a finite time")
         if since is not None:
             query = query.where(audit.c.ts >= since)
         if action is not None:

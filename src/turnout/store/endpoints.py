@@ -9,13 +9,16 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from turnout.core.names import model_name_problem
 from turnout.store.db import Database, StoreError
 from turnout.store.schema import endpoints
 
-__all__ = ["API_TYPES", "EndpointRecord", "EndpointStore", "validate_endpoint"]
+__all__ = ["API_TYPES", "MAX_LATENCY_BUDGET_MS", "EndpointRecord", "EndpointStore", "validate_endpoint"]
 
 API_TYPES = ("openai", "ollama")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MAX_URL = 2048  # the column's width
+MAX_LATENCY_BUDGET_MS = 600_000  # 10 minutes; the admin inputs document the same cap
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,15 +47,26 @@ class EndpointRecord:
         }
 
 
-def validate_endpoint(name: str, url: str, api: str, latency_budget_ms: int | None) -> None:
-    if not _NAME.match(name):
+def validate_endpoint(
+    name: str, url: str, api: str, latency_budget_ms: int | None, fallback_model: str | None = None
+) -> None:
+    """The store's own guard (callers validate with turnout.admin.inputs first): what the columns can hold."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise StoreError(f"endpoint name {name!r}: use letters, digits, '.', '_', '-' (at most 64)")
-    if not re.match(r"^https?://[^/\s]+", url):
-        raise StoreError(f"endpoint url {url!r}: must start with http:// or https:// and name a host")
+    if not isinstance(url, str) or len(url) > MAX_URL or not re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):
+        raise StoreError("endpoint url: must start with http:// or https://, name a host, and have no spaces")
     if api not in API_TYPES:
         raise StoreError(f"api must be 'openai' or 'ollama', got {api!r}")
-    if latency_budget_ms is not None and latency_budget_ms < 1:
-        raise StoreError("latency_budget_ms must be at least 1")
+    if latency_budget_ms is not None and (
+        isinstance(latency_budget_ms, bool)
+        or not isinstance(latency_budget_ms, int)
+        or not 1 <= latency_budget_ms <= MAX_LATENCY_BUDGET_MS
+    ):
+        raise StoreError(f"latency_budget_ms must be an integer from 1 to {MAX_LATENCY_BUDGET_MS}")
+    if fallback_model is not None:
+        problem = model_name_problem(fallback_model, "fallback_model")
+        if problem is not None:
+            raise StoreError(problem)
 
 
 class EndpointStore:
@@ -70,7 +84,7 @@ class EndpointStore:
         latency_budget_ms: int | None,
         now: float,
     ) -> EndpointRecord:
-        validate_endpoint(name, url, api, latency_budget_ms)
+        validate_endpoint(name, url, api, latency_budget_ms, fallback_model)
         try:
             with self.db.engine.begin() as conn:
                 conn.execute(
@@ -91,8 +105,11 @@ class EndpointStore:
 
     def update(self, name: str, changes: dict[str, Any], *, now: float) -> tuple[EndpointRecord, EndpointRecord]:
         before = self.get(name)
+        for required in ("url", "api"):
+            if required in changes and changes[required] is None:
+                raise StoreError(f"the {required} of an endpoint cannot be removed")
         merged = {**before.to_json(), **changes}
-        validate_endpoint(name, merged["url"], merged["api"], merged["latency_budget_ms"])
+        validate_endpoint(name, merged["url"], merged["api"], merged["latency_budget_ms"], merged["fallback_model"])
         values = {
             k: v for k, v in changes.items() if k in ("url", "api", "credential", "fallback_model", "latency_budget_ms")
         }

@@ -7,6 +7,7 @@ display prefix (the first 10 characters) in the CLI and admin API.
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -17,10 +18,12 @@ from turnout.core.patterns import Pattern, parse_pattern
 from turnout.store.db import Database, StoreError
 from turnout.store.schema import apps, keys, tenants
 
-__all__ = ["KEY_PREFIX", "KeyRecord", "KeyStore", "hash_key", "parse_scopes"]
+__all__ = ["KEY_PREFIX", "MAX_INT", "MAX_NAME", "KeyRecord", "KeyStore", "hash_key", "parse_scopes"]
 
 KEY_PREFIX = "tk_"
 DEFAULT_TENANT = "default"
+MAX_INT = 2**31 - 1  # the largest value of the Integer columns (ids, rpm); daily_tokens is capped the same
+MAX_NAME = 128  # app and tenant names (column width)
 
 
 def hash_key(key: str) -> str:
@@ -101,6 +104,10 @@ class KeyStore:
         for name, value in (("rpm", rpm), ("daily_tokens", daily_tokens)):
             if value is not None and value < 1:
                 raise StoreError(f"{name} must be at least 1, got {value}")
+            if value is not None and value > MAX_INT:
+                raise StoreError(f"{name} must be at most {MAX_INT}, got {value}")
+        if expires_at is not None and not math.isfinite(expires_at):
+            raise StoreError("expires_at must be a finite time")
         with self.db.begin() as conn:
             app_id = self._app_id(conn, app, tenant, now)
             plaintext, key_id = self._insert(conn, app_id, scopes, rpm, daily_tokens, expires_at, None, now)
@@ -109,6 +116,8 @@ class KeyStore:
 
     def rotate(self, ref: str, *, grace_s: float, now: float) -> tuple[KeyRecord, KeyRecord, str]:
         """(old, new, plaintext): the new key copies scopes and limits; the old one works for ``grace_s``."""
+        if not (math.isfinite(grace_s) and grace_s >= 0):
+            raise StoreError("grace_s must be a finite number of seconds >= 0")
         with self.db.begin() as conn:
             old = self._resolve(conn, ref)
             if old.usable(now) is not None:
@@ -167,14 +176,16 @@ class KeyStore:
 
     # -- internals -------------------------------------------------------------------------------
     def _tenant_id(self, conn: Connection, name: str, now: float) -> int:
+        if not name or len(name) > MAX_NAME:
+            raise StoreError(f"tenant name must be 1 to {MAX_NAME} characters")
         found = conn.execute(select(tenants.c.id).where(tenants.c.name == name)).scalar()
         if found is not None:
             return int(found)
         return _new_id(conn.execute(insert(tenants).values(name=name, created_at=now)))
 
     def _app_id(self, conn: Connection, app: str, tenant: str | None, now: float) -> int:
-        if not app or len(app) > 128:
-            raise StoreError("app name must be 1 to 128 characters")
+        if not app or len(app) > MAX_NAME:
+            raise StoreError(f"app name must be 1 to {MAX_NAME} characters")
         row = conn.execute(
             select(apps.c.id, tenants.c.name).join(tenants, apps.c.tenant_id == tenants.c.id).where(apps.c.name == app)
         ).first()
@@ -215,18 +226,22 @@ class KeyStore:
 
     def _resolve(self, conn: Connection, ref: str) -> KeyRecord:
         ref = ref.strip()
+        plaintext = ref.startswith(KEY_PREFIX) and len(ref) > 10
+        shown = f"{ref[:10]}..." if plaintext else ref[:64]  # never echo a whole key
         query = select(keys.c.id)
-        if ref.isdigit():
+        if ref.isascii() and ref.isdigit():
+            if len(ref) > 10 or int(ref) > MAX_INT:  # no such id; also keeps the number within the column
+                raise KeyError(f'no key "{shown}" (use the id or the prefix shown by `turnout key list`)')
             query = query.where(keys.c.id == int(ref))
-        elif ref.startswith(KEY_PREFIX) and len(ref) > 10:
+        elif plaintext:
             query = query.where(keys.c.hash == hash_key(ref))
         else:
             query = query.where(keys.c.prefix == ref)
         found = conn.execute(query).scalars().all()
         if not found:
-            raise KeyError(f'no key "{ref}" (use the id or the prefix shown by `turnout key list`)')
+            raise KeyError(f'no key "{shown}" (use the id or the prefix shown by `turnout key list`)')
         if len(found) > 1:
-            raise KeyError(f'"{ref}" matches {len(found)} keys; use the id')
+            raise KeyError(f'"{shown}" matches {len(found)} keys; use the id')
         return self._load(conn, found[0])
 
     def _load(self, conn: Connection, key_id: int) -> KeyRecord:
