@@ -24,7 +24,7 @@ from turnout.config import (
     load_settings,
     starter_config,
 )
-from turnout.gateway.redaction import configure_logging
+from turnout.redaction import configure_logging
 from turnout.state.atomic import write_atomic
 from turnout.state.placement_store import PlacementFileError
 from turnout.store.db import StoreError

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import GatewayFactory, eventually, free_port
-from turnout.gateway.redaction import REDACTED, RedactingFilter, ServerLog, redact
+from turnout.redaction import REDACTED, RedactingFilter, ServerLog, redact
 
 KEY_SECRET = "Zq9SeCrEtKeYvAlUe0123456789abcdefghijklmnop"  # 43 URL-safe characters, like a real key's tail
 KEY = f"tk_{KEY_SECRET}"

@@ -45,9 +45,9 @@ from turnout.gateway.keys import (
     USAGE,
 )
 from turnout.gateway.proxy import Proxy
-from turnout.gateway.redaction import handler_args
 from turnout.gateway.routes import add_client_routes
 from turnout.metrics import Metrics
+from turnout.redaction import handler_args
 from turnout.state.placement_store import PlacementStore
 from turnout.store.audit import AuditLog
 from turnout.store.db import Database, database_url

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from turnout.core.runtime import ActivateRequest, EnginePhase, InvalidRequest
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
 from turnout.gateway.dialect import Dialect, error_response, json_response
+from turnout.redaction import handler_args
 from turnout.runtime.kvcached import apply_limit, read_usage
 from turnout.runtime.launch import cached_artifact_keys, cached_markers
 from turnout.runtime.nvml import Nvml, group_pids
@@ -236,7 +237,7 @@ def create_agent_app(
                 kv_total.labels(record.model_name).set(usage.total)
         return web.Response(body=generate_latest(registry), headers={"Content-Type": "text/plain; version=0.0.4"})
 
-    app = web.Application()
+    app = web.Application(handler_args=handler_args())  # server and access logs that never print a secret
     app[SUPERVISOR] = supervisor
     r = app.router
     r.add_post("/v1/runtime/models/activate", operation("activate", activate))

@@ -8,7 +8,8 @@ an access log that writes method, path (secret query values redacted), status, s
 header. :class:`RedactingFilter` is put on the CLI's log handlers so that every record, whoever logs it,
 has API keys (``tk_...``), bearer tokens and credential-like header or query values masked.
 
-Used by :func:`turnout.gateway.app.create_app` and the ``turnout serve|agent|controller`` commands.
+Used by :func:`turnout.gateway.app.create_app`, the runtime agent's app and the ``turnout serve|agent|controller``
+commands.
 """
 
 from __future__ import annotations
