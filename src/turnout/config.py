@@ -115,6 +115,13 @@ class Health(_Model):
     interval_s: float = Field(10, gt=0, le=MAX_WAIT_S, description="seconds between polls of each worker")
     timeout_s: float = Field(3, gt=0, le=MAX_CONNECT_S, description="timeout of one health/inventory poll")
     failures_to_down: int = Field(1, ge=1, le=100, description="consecutive failed polls before a worker is down")
+    request_failures_to_down: int = Field(
+        5,
+        ge=1,
+        le=100,
+        description="consecutive failed proxied requests (5xx, broken streams, invalid answers) before a worker "
+        "is taken out of routing; the next successful poll brings it back",
+    )
 
 
 class Limits(_Model):

@@ -97,4 +97,17 @@ SERVED, FAILED = Event.SERVED, Event.REQUEST_FAILED
     ],
 )
 def test_after(before: Health, event: Event, down_after: int, expected: Health) -> None:
-    assert after(before, event, down_after) == expected
+    assert after(before, event, down_after, down_after) == expected
+
+
+@pytest.mark.parametrize(
+    ("before", "event", "expected"),
+    [
+        (UP, PROBE_FAILED, Health(False, 1, 0)),  # polls: the first threshold (1)
+        (UP, FAILED, Health(True, 0, 1)),  # requests: their own threshold (5)
+        (Health(True, 0, 3), FAILED, Health(True, 0, 4)),
+        (Health(True, 0, 4), FAILED, Health(False, 0, 5)),
+    ],
+)
+def test_request_failures_have_their_own_threshold(before: Health, event: Event, expected: Health) -> None:
+    assert after(before, event, 1, 5) == expected

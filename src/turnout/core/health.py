@@ -93,7 +93,7 @@ def probe_event(result: ProbeResult, *, started: float, last_progress: float | N
     return None if progressing else Event.PROBE_FAILED
 
 
-def after(health: Health, event: Event, failures_to_down: int) -> Health:
+def after(health: Health, event: Event, failures_to_down: int, request_failures_to_down: int = 5) -> Health:
     """Health after one event. Probe and request failures count separately: a worker whose listing answers
     while its real requests keep failing still goes down. A probe answer brings a worker taken down by
     request failures back (nothing else would: it gets no traffic), but its request-failure count stays,
@@ -105,5 +105,7 @@ def after(health: Health, event: Event, failures_to_down: int) -> Health:
     if event is Event.PROBE_FAILED:
         count = health.probe_failures + 1
         return Health(health.healthy and count < failures_to_down, count, health.request_failures)
+    # one failed request says little (a bad prompt can make an engine answer 500): take the worker out
+    # only after ``request_failures_to_down`` in a row, as Envoy's consecutive-5xx outlier detection does
     count = health.request_failures + 1
-    return Health(health.healthy and count < failures_to_down, health.probe_failures, count)
+    return Health(health.healthy and count < request_failures_to_down, health.probe_failures, count)

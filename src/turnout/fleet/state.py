@@ -53,6 +53,7 @@ class WorkerState:
     failures: int = 0  # consecutive probe failures that counted
     request_failures: int = 0  # consecutive failed proxied requests
     failures_to_down: int = 1  # health.failures_to_down (set by the fleet)
+    request_failures_to_down: int = 5  # health.request_failures_to_down (set by the fleet)
     last_progress: float | None = None  # monotonic time bytes last arrived for a proxied request
     inventory: frozenset[str] | None = None  # None until fetched once; then the last known, maybe stale
     inventory_stale: bool = False  # the last inventory poll failed; ``inventory`` is from an earlier one
@@ -109,15 +110,20 @@ class WorkerState:
         self.record(Event.SERVED)
 
     def record_failure(self, error: str, now: float) -> None:
-        """A proxied request failed for real (stream broke, invalid answer); ``failures_to_down`` in a row
-        take the worker down. Connection failures are not this: they call :meth:`mark_down`."""
+        """A proxied request failed for real (5xx, stream broke, invalid answer); ``request_failures_to_down``
+        in a row take the worker down. Connection failures are not this: they call :meth:`mark_down`."""
         del now  # the count is what decides; the time is part of every event's signature
         self.record(Event.REQUEST_FAILED, error)
 
     def record(self, event: Event, error: str | None = None) -> None:
         """Apply one health event (probe or request) through :func:`turnout.core.health.after`."""
         was = self.healthy
-        health = after(Health(self.healthy, self.failures, self.request_failures), event, self.failures_to_down)
+        health = after(
+            Health(self.healthy, self.failures, self.request_failures),
+            event,
+            self.failures_to_down,
+            self.request_failures_to_down,
+        )
         self.healthy, self.failures, self.request_failures = (
             health.healthy,
             health.probe_failures,
@@ -149,9 +155,14 @@ class Fleet:
     def __init__(self, settings: Settings, placement: PlacementStore) -> None:
         self.settings = settings
         self.placement = placement
-        down_after = settings.health.failures_to_down
+        health = settings.health
         self.workers: dict[str, WorkerState] = {
-            w.name: WorkerState(w, failures_to_down=down_after) for w in settings.workers
+            w.name: WorkerState(
+                w,
+                failures_to_down=health.failures_to_down,
+                request_failures_to_down=health.request_failures_to_down,
+            )
+            for w in settings.workers
         }
         self.endpoints = 0  # how many external endpoints are in ``workers`` (kept by the endpoint manager)
         self.bindings: dict[str, WorkerState] = {}  # model name -> its claim's engine (kept by the claim bindings)
