@@ -14,6 +14,7 @@ from aiohttp import web
 
 from turnout.admin.accounts import audit_change
 from turnout.admin.inputs import PlacementToggle, check_model_names, parse_input
+from turnout.core.names import lookup
 from turnout.core.placement import PlacementRules, resolve_placement, toggle_rule
 from turnout.core.routing import installed_name
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError, Unprocessable
@@ -49,7 +50,8 @@ def placement_matrix(fleet: Fleet) -> dict[str, Any]:
     models: set[str] = set()
     for state in fleet.workers.values():
         models |= state.inventory or set()
-        models |= fleet.rules(state.name)[0].exact_names()
+    for state in fleet.workers.values():  # a rule's model gets a row unless a row spells it another way
+        models |= {n for n in fleet.rules(state.name)[0].exact_names() if lookup(n, models) is None}
     workers = []
     for state in fleet.workers.values():
         rules, source = fleet.rules(state.name)
