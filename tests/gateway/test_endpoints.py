@@ -216,3 +216,23 @@ async def test_unknown_endpoint_404(gateway: GatewayFactory) -> None:
     for method, path in (("POST", "/admin/api/endpoints/nope/test"), ("DELETE", "/admin/api/endpoints/nope")):
         status, body = await admin(gw, method, path)
         assert status == 404 and 'no endpoint "nope"' in body["error"]["message"]
+
+
+async def test_background_checks_leave_a_busy_single_request_endpoint_alone(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    """mlx_lm.server and LM Studio may answer one request at a time: a check queued behind a long answer
+    times out. While requests to the endpoint are in flight (or just answered) it is not probed, and a
+    timeout while it makes progress does not put it to sleep."""
+    mac = await emulator("mac", ["m:1"], tokens=25, token_delay_s=0.1)
+    env = {**PRIVATE_OK, "APP_MODEL_ENDPOINT_HEALTH_INTERVAL": "0.2"}
+    gw = await gateway([], env=env, auth={"open": True}, health={"interval_s": 3600, "timeout_s": 0.5})
+    status, reg = await admin(gw, "POST", "/admin/api/endpoints", {"name": "mac", "url": mac.url, "api": "openai"})
+    assert status == 201 and reg["endpoint"]["state"] == "online", reg
+    mac.behaviour.tags_hang_s = 2.0  # from now on its model list waits behind "the running generation"
+    listed = len(mac.listings)
+    status, body, _ = await chat(gw, None, "mac/m:1", stream=True, path="/v1/chat/completions")
+    assert status == 200 and body.rstrip().endswith(b"data: [DONE]")
+    state = gw.app[ENDPOINTS].fleet.workers["mac"]
+    assert state.external is not None and state.external.state is EndpointState.ONLINE
+    assert len(mac.listings) == listed  # not probed while it was busy, nor right after its answer
