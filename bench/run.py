@@ -3,7 +3,7 @@
 One run on this machine, every target pointed at the same fast mock upstream (bench/mock_upstream.py),
 load from wrk (one thread) on loopback, each cell bounded by --duration seconds. Prints one markdown table.
 
-    python bench/run.py [--duration 5] [--concurrency 1,16,64] [--skip-litellm]
+    python bench/run.py [--duration 5] [--concurrency 1,16,64] [--skip-litellm] [--baseline OLD/src]
 
 Installs what it needs: wrk (Debian package, needs root) and LiteLLM's proxy into bench/.venv-litellm.
 """
@@ -152,12 +152,69 @@ def run_wrk(
     return parse_wrk(out.stdout)
 
 
+def start_turnout(
+    name: str, home: Path, mock_url: str, procs: list[subprocess.Popen[bytes]], src: str | None
+) -> Target:
+    """A Turnout gateway with its own store and a scoped app key; ``src``: run that source tree instead
+    (a checkout's ``src``, e.g. a git worktree of the previous commit) for a side-by-side baseline."""
+    home.mkdir(parents=True)
+    config = {
+        "storage": {"data_dir": str(home / "data")},
+        "routing": {"max_concurrent": 4096},
+        "workers": [{"name": "mock", "url": mock_url, "type": "openai"}],
+    }
+    (home / "config.json").write_text(json.dumps(config))
+    env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "bench"}
+    if src is not None:
+        env["PYTHONPATH"] = str(Path(src).resolve())
+    # the key first: the store is created and migrated once, before the gateway opens it
+    key = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "turnout",
+            "key",
+            "create",
+            "--app",
+            "bench",
+            "--models",
+            "model:mock",
+            "--config",
+            str(home / "config.json"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout.strip()
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "turnout",
+        "serve",
+        "--config",
+        str(home / "config.json"),
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    procs.append(start(cmd, env=env))
+    return Target(name, f"http://127.0.0.1:{port}", procs[-1], key)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per cell and round (default 3)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, targets interleaved; medians reported")
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--skip-litellm", action="store_true")
+    parser.add_argument(
+        "--baseline",
+        metavar="SRC",
+        help="also run Turnout from this source tree (e.g. the src/ of a worktree of the previous commit)",
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     wrk = ensure_wrk()
@@ -177,51 +234,9 @@ def main() -> None:
         procs.append(start([sys.executable, str(BENCH / "passthrough.py"), str(port), mock_url]))
         targets.append(Target("bare aiohttp pass-through", f"http://127.0.0.1:{port}", procs[-1]))
 
-        config = {
-            "storage": {"data_dir": str(tmp / "data")},
-            "routing": {"max_concurrent": 4096},
-            "workers": [{"name": "mock", "url": mock_url, "type": "openai"}],
-        }
-        (tmp / "config.json").write_text(json.dumps(config))
-        # the key first: the store is created and migrated once, before the gateway opens it
-        key = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "turnout",
-                "key",
-                "create",
-                "--app",
-                "bench",
-                "--models",
-                "model:mock",
-                "--config",
-                str(tmp / "config.json"),
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        port = free_port()
-        env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "bench"}
-        procs.append(
-            start(
-                [
-                    sys.executable,
-                    "-m",
-                    "turnout",
-                    "serve",
-                    "--config",
-                    str(tmp / "config.json"),
-                    "--port",
-                    str(port),
-                    "--log-level",
-                    "warning",
-                ],
-                env=env,
-            )
-        )
-        targets.append(Target("turnout", f"http://127.0.0.1:{port}", procs[-1], key))
+        targets.append(start_turnout("turnout", tmp / "current", mock_url, procs, None))
+        if args.baseline:
+            targets.append(start_turnout("turnout (baseline)", tmp / "baseline", mock_url, procs, args.baseline))
 
         if litellm is not None:
             (tmp / "litellm.yaml").write_text(
