@@ -59,6 +59,7 @@ async def test_matrix(fleet: Gateway) -> None:
         "rule": "gemma4:latest",
         "source": "config",
         "exact": True,
+        "origin": "config",
     }
     assert a["gemma4:2b"] == {
         "installed": True,
@@ -67,6 +68,7 @@ async def test_matrix(fleet: Gateway) -> None:
         "rule": "gemma4:*",
         "source": "config",
         "exact": False,
+        "origin": "config",
     }
     assert b["qwen3:8b"] == {
         "installed": False,
@@ -75,6 +77,7 @@ async def test_matrix(fleet: Gateway) -> None:
         "rule": "mode",
         "source": "config",
         "exact": False,
+        "origin": "config",
     }
     assert body["override_file"]["error"] is None
 

@@ -1,6 +1,16 @@
 import pytest
 
-from turnout.core.placement import PlacementRules, resolve_placement, toggle_rule
+from turnout.core.patterns import parse_pattern
+from turnout.core.placement import (
+    ConfigRuleError,
+    PlacementRules,
+    RuleOrigin,
+    exact_rules,
+    mode_origin,
+    resolve_placement,
+    rule_origin,
+    toggle_rule,
+)
 
 SEED = PlacementRules.parse("allow_all", ["gemma4:latest"], ["gemma4:*"])
 
@@ -84,6 +94,112 @@ def test_toggle(
 
 def test_toggle_twice_restores() -> None:
     assert toggle_rule(toggle_rule(SEED, "gemma4:2b"), "gemma4:2b") == SEED
+
+
+# toggle with the config baseline known: (baseline, override or None, model, allowed after, denied after, verdict)
+@pytest.mark.parametrize(
+    ("baseline", "override", "model", "after_allowed", "after_denied", "verdict"),
+    [
+        # a cell decided by an exact config allow: a UI deny is added, the config rule stays
+        (SEED, None, "gemma4:latest", ["gemma4:latest"], ["gemma4:*", "gemma4:latest"], False),
+        # ... and the second click removes only that UI deny
+        (
+            SEED,
+            rules("allow_all", ["gemma4:latest"], ["gemma4:*", "gemma4:latest"]),
+            "gemma4:latest",
+            ["gemma4:latest"],
+            ["gemma4:*"],
+            True,
+        ),
+        # the same rule in another spelling is the same UI exception
+        (
+            SEED,
+            rules("allow_all", ["gemma4:latest"], ["gemma4:*", "gemma4"]),
+            "gemma4:latest",
+            ["gemma4:latest"],
+            ["gemma4:*"],
+            True,
+        ),
+        # a UI exception beside a config rule in the other list: only the exception goes
+        (rules("allow_all", ["x"]), rules("allow_all", ["x"], ["x"]), "x", ["x"], [], True),
+        # a prefix-decided cell: an exception is added, and removed again
+        (SEED, None, "gemma4:2b", ["gemma4:latest", "gemma4:2b"], ["gemma4:*"], True),
+        (
+            SEED,
+            rules("allow_all", ["gemma4:latest", "gemma4:2b"], ["gemma4:*"]),
+            "gemma4:2b",
+            ["gemma4:latest"],
+            ["gemma4:*"],
+            False,
+        ),
+        # mode-decided cells on a whitelist / allow_all baseline
+        (rules("whitelist"), None, "x", ["x"], [], True),
+        (rules("whitelist"), rules("whitelist", ["x"]), "x", [], [], False),
+        (rules("allow_all"), rules("allow_all", [], ["x"]), "x", [], [], True),
+        # an override whose mode differs from the baseline: exceptions still follow the override's rules
+        (rules("allow_all"), rules("whitelist"), "x", ["x"], [], True),
+        # a config prefix rule the override also has is never touched
+        (rules("whitelist", ["q:*"]), rules("whitelist", ["q:*"], ["q:1"]), "q:1", ["q:*"], [], True),
+    ],
+)
+def test_toggle_knows_the_baseline(
+    baseline: PlacementRules,
+    override: PlacementRules | None,
+    model: str,
+    after_allowed: list[str],
+    after_denied: list[str],
+    verdict: bool,
+) -> None:
+    after = toggle_rule(override or baseline, model, baseline=baseline)
+    assert [p.text for p in after.allowed] == after_allowed
+    assert [p.text for p in after.denied] == after_denied
+    assert resolve_placement(after, model).allowed is verdict
+    source = override or baseline  # a config rule present before the click is still there after it
+    assert all(p in after.allowed for p in baseline.allowed if p in source.allowed)
+    assert all(p in after.denied for p in baseline.denied if p in source.denied)
+
+
+@pytest.mark.parametrize("model", ["x", "x:latest"])
+def test_toggle_never_removes_an_exact_config_deny(model: str) -> None:
+    baseline = rules("allow_all", [], ["x"])
+    with pytest.raises(ConfigRuleError, match='exact config rule "x"'):
+        toggle_rule(baseline, model, baseline=baseline)
+    # without a baseline (old callers, or rules that are all UI) the exact deny is an exception
+    assert toggle_rule(baseline, model).denied == ()
+
+
+def test_toggle_twice_with_baseline_restores() -> None:
+    for model in ("gemma4:latest", "gemma4:2b", "qwen3:8b", "gemma4"):
+        once = toggle_rule(SEED, model, baseline=SEED)
+        assert toggle_rule(once, model, baseline=SEED) == SEED, model
+
+
+@pytest.mark.parametrize(
+    ("baseline", "pattern", "denied", "origin"),
+    [
+        (None, "x", False, RuleOrigin.CONFIG),
+        (SEED, "gemma4:latest", False, RuleOrigin.CONFIG),
+        (SEED, "gemma4", False, RuleOrigin.CONFIG),  # another spelling of the config rule
+        (SEED, "gemma4:latest", True, RuleOrigin.UI),  # same pattern, other list
+        (SEED, "gemma4:*", True, RuleOrigin.CONFIG),
+        (SEED, "gemma4:*", False, RuleOrigin.UI),
+        (SEED, "gemma4*", True, RuleOrigin.UI),  # a different prefix
+        (SEED, "qwen3:8b", False, RuleOrigin.UI),
+    ],
+)
+def test_rule_origin(baseline: PlacementRules | None, pattern: str, denied: bool, origin: RuleOrigin) -> None:
+    assert rule_origin(baseline, parse_pattern(pattern), denied=denied) is origin
+
+
+def test_exact_rules_and_mode_origin() -> None:
+    override = rules("whitelist", ["gemma4:latest", "qwen3:8b"], ["gemma4:*", "x"])
+    assert exact_rules(override, SEED) == [
+        {"model": "gemma4:latest", "list": "allowed", "origin": "config"},
+        {"model": "qwen3:8b", "list": "allowed", "origin": "ui"},
+        {"model": "x", "list": "denied", "origin": "ui"},
+    ]
+    assert mode_origin(override, SEED) is RuleOrigin.UI and mode_origin(SEED, SEED) is RuleOrigin.CONFIG
+    assert mode_origin(override, None) is RuleOrigin.CONFIG
 
 
 def test_toggle_rejects_pattern() -> None:

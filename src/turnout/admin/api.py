@@ -2,6 +2,12 @@
 
 All routes live under ``/admin/api`` and need the admin bearer token. Validation errors are 400/422,
 an unknown worker is 404, and nothing is written when a request fails.
+
+Placement state has one ETag per worker (:func:`placement_etag`: its override, or none, and its config
+baseline); every placement write takes ``If-Match`` with that tag and is refused with 412 when another
+client changed the worker in between (:mod:`turnout.admin.concurrency`). The matrix's own ``ETag`` header
+covers every worker (for caching); writes compare against the worker's tag only, so two tabs editing
+different workers never conflict.
 """
 
 from __future__ import annotations
@@ -13,9 +19,18 @@ import orjson
 from aiohttp import web
 
 from turnout.admin.accounts import audit_change
-from turnout.admin.inputs import PlacementToggle, check_model_names, parse_input
-from turnout.core.names import lookup
-from turnout.core.placement import PlacementRules, resolve_placement, toggle_rule
+from turnout.admin.concurrency import check_if_match, etag_of
+from turnout.admin.inputs import OnlyInstalled, PlacementToggle, check_model_names, parse_input
+from turnout.core.names import lookup, model_name_problem
+from turnout.core.placement import (
+    ConfigRuleError,
+    PlacementRules,
+    exact_rules,
+    mode_origin,
+    resolve_placement,
+    rule_origin,
+    toggle_rule,
+)
 from turnout.core.routing import installed_name
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError, Unprocessable
 from turnout.fleet.state import Fleet, WorkerState
@@ -23,7 +38,7 @@ from turnout.gateway.dialect import json_response
 from turnout.gateway.keys import DISPATCHER, FLEET, PROXY
 from turnout.state.placement_store import PlacementFileError, parse_rules_body
 
-__all__ = ["MAX_RULES", "add_admin_routes"]
+__all__ = ["MAX_RULES", "add_admin_routes", "placement_etag", "placement_matrix", "worker_placement"]
 
 MAX_RULES = 1000  # patterns per list in one worker's placement override
 
@@ -45,6 +60,47 @@ async def _body(request: web.Request) -> Any:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
 
 
+def placement_etag(fleet: Fleet, name: str) -> str:
+    """The ETag of one worker's placement state: its override (or none) and its config baseline."""
+    override = fleet.placement.get(name)
+    return etag_of(
+        {
+            "override": None if override is None else override.to_json(),
+            "baseline": fleet.workers[name].baseline.to_json(),
+        }
+    )
+
+
+def _origins(rules: PlacementRules, baseline: PlacementRules | None) -> dict[tuple[bool, str], str]:
+    """(denied?, rule text) -> origin, for every rule of a worker (the matrix looks each cell's rule up)."""
+    table: dict[tuple[bool, str], str] = {}
+    for denied, patterns in ((False, rules.allowed), (True, rules.denied)):
+        for p in patterns:
+            table.setdefault((denied, p.text), rule_origin(baseline, p, denied=denied).value)
+    return table
+
+
+def worker_placement(fleet: Fleet, state: WorkerState) -> dict[str, Any]:
+    """One worker's placement: effective rules and their source, baseline, override, exact rules with
+    their origin, inventory status and the ETag writes must match."""
+    rules, source = fleet.rules(state.name)
+    override = fleet.placement.get(state.name)
+    baseline = state.baseline if override is not None else None
+    return {
+        "name": state.name,
+        "healthy": state.healthy,
+        "source": source,
+        "rules": rules.to_json(),
+        "baseline": state.baseline.to_json(),
+        "override": None if override is None else override.to_json(),
+        "mode_origin": mode_origin(rules, baseline).value,
+        "exact_rules": exact_rules(rules, baseline),
+        "inventory_known": state.inventory is not None,
+        "inventory_stale": state.inventory_stale,
+        "etag": placement_etag(fleet, state.name),
+    }
+
+
 def placement_matrix(fleet: Fleet) -> dict[str, Any]:
     fleet.placement.refresh()
     models: set[str] = set()
@@ -54,7 +110,11 @@ def placement_matrix(fleet: Fleet) -> dict[str, Any]:
         models |= {n for n in fleet.rules(state.name)[0].exact_names() if lookup(n, models) is None}
     workers = []
     for state in fleet.workers.values():
+        row = worker_placement(fleet, state)
         rules, source = fleet.rules(state.name)
+        baseline = state.baseline if source == "override" else None
+        origins = _origins(rules, baseline)
+        by_mode = row["mode_origin"]
         cells = {}
         for model in sorted(models):
             held = installed_name(model, state.inventory)
@@ -66,16 +126,10 @@ def placement_matrix(fleet: Fleet) -> dict[str, Any]:
                 "rule": verdict.rule,
                 "source": source,
                 "exact": verdict.exact,
+                "origin": by_mode if verdict.rule == "mode" else origins[(not verdict.allowed, verdict.rule)],
             }
-        workers.append(
-            {
-                "name": state.name,
-                "healthy": state.healthy,
-                "source": source,
-                "rules": rules.to_json(),
-                "cells": cells,
-            }
-        )
+        row["cells"] = cells
+        workers.append(row)
     return {
         "models": sorted(models),
         "workers": workers,
@@ -83,8 +137,45 @@ def placement_matrix(fleet: Fleet) -> dict[str, Any]:
     }
 
 
+def _with_etag(body: dict[str, Any], etag: str, status: int = 200) -> web.Response:
+    response = json_response(body, status)
+    response.headers["ETag"] = etag
+    return response
+
+
 async def get_placement(request: web.Request) -> web.Response:
-    return json_response(placement_matrix(request.app[FLEET]))
+    matrix = placement_matrix(request.app[FLEET])
+    return _with_etag(matrix, etag_of([w["etag"] for w in matrix["workers"]]))
+
+
+async def get_worker_placement(request: web.Request) -> web.Response:
+    fleet = request.app[FLEET]
+    fleet.placement.refresh()
+    state = _worker(fleet, request)
+    row = worker_placement(fleet, state)
+    row["installed"] = None if state.inventory is None else sorted(state.inventory)
+    row["inventory_error"] = state.inventory_error
+    return _with_etag(row, row["etag"])
+
+
+def _precondition(request: web.Request, fleet: Fleet, state: WorkerState) -> None:
+    """Refuse (412) a write whose If-Match is not this worker's current placement ETag. Called with no
+    await between it and the write, after picking up a hand edit of the override file."""
+    fleet.placement.refresh()
+    check_if_match(request.headers, placement_etag(fleet, state.name), f'the placement of worker "{state.name}"')
+
+
+async def _write(
+    request: web.Request, state: WorkerState, action: str, rules: PlacementRules, detail: str | None = None
+) -> tuple[PlacementRules, str]:
+    """Check If-Match, store ``rules`` as the worker's override, wake waiting requests, audit."""
+    fleet = request.app[FLEET]
+    _precondition(request, fleet, state)
+    before = fleet.rules(state.name)
+    _store(fleet, lambda: fleet.placement.put(state.name, rules))
+    request.app[DISPATCHER].wake_all()
+    await _audit_rules(request, action, state.name, before, detail=detail)
+    return rules, placement_etag(fleet, state.name)
 
 
 async def put_placement(request: web.Request) -> web.Response:
@@ -98,11 +189,8 @@ async def put_placement(request: web.Request) -> web.Response:
         rules = parse_rules_body(body)
     except ValueError as exc:
         raise Unprocessable(f"invalid placement rules for {state.name}: {exc}", code="invalid_rules") from None
-    before = fleet.rules(state.name)
-    _store(fleet, lambda: fleet.placement.put(state.name, rules))
-    request.app[DISPATCHER].wake_all()
-    await _audit_rules(request, "placement.put", state.name, before)
-    return json_response({"worker": state.name, "source": "override", "rules": rules.to_json()})
+    _, etag = await _write(request, state, "placement.put", rules)
+    return _with_etag({"worker": state.name, "source": "override", "rules": rules.to_json(), "etag": etag}, etag)
 
 
 async def toggle_placement(request: web.Request) -> web.Response:
@@ -112,35 +200,91 @@ async def toggle_placement(request: web.Request) -> web.Response:
     if not isinstance(body, dict):
         raise BadRequest('body must be {"model": "<exact model name>"}')
     model = parse_input(PlacementToggle, body).model
-    current, _ = fleet.rules(state.name)
-    updated = toggle_rule(current, model)
-    before = fleet.rules(state.name)
-    _store(fleet, lambda: fleet.placement.put(state.name, updated))
-    request.app[DISPATCHER].wake_all()
-    await _audit_rules(request, "placement.toggle", state.name, before, detail=model)
+    _precondition(request, fleet, state)
+    current, source = fleet.rules(state.name)
+    try:
+        updated = toggle_rule(current, model, baseline=state.baseline if source == "override" else current)
+    except ConfigRuleError as exc:
+        raise Conflict(f'worker "{state.name}": {exc}', code="config_rule") from None
+    _, etag = await _write(request, state, "placement.toggle", updated, detail=model)
     verdict = resolve_placement(updated, model)
-    return json_response(
+    origin = (
+        mode_origin(updated, state.baseline)
+        if verdict.rule == "mode"
+        else _origins(updated, state.baseline)[(not verdict.allowed, verdict.rule)]
+    )
+    return _with_etag(
         {
             "worker": state.name,
             "model": model,
             "allowed": verdict.allowed,
             "rule": verdict.rule,
             "exact": verdict.exact,
+            "origin": origin,
             "rules": updated.to_json(),
-        }
+            "exact_rules": exact_rules(updated, state.baseline),
+            "etag": etag,
+        },
+        etag,
+    )
+
+
+async def only_installed(request: web.Request) -> web.Response:
+    """ "Only installed": the worker's override becomes a whitelist of exactly its current inventory."""
+    fleet = request.app[FLEET]
+    state = _worker(fleet, request)
+    raw = await request.read()
+    body = await _body(request) if raw.strip() else {}
+    if not isinstance(body, dict):
+        raise BadRequest('body must be a JSON object (or empty), e.g. {"accept_stale": true}')
+    spec = parse_input(OnlyInstalled, body)
+    if state.inventory is None:
+        why = f" (last error: {state.inventory_error})" if state.inventory_error else ""
+        raise Conflict(
+            f'the inventory of worker "{state.name}" is not known yet{why}: "only installed" needs its /api/tags; '
+            "wait for the next successful poll (GET /admin/api/inventory) or write a whitelist with PUT",
+            code="inventory_unknown",
+        )
+    if state.inventory_stale and not spec.accept_stale:
+        raise Conflict(
+            f'the inventory of worker "{state.name}" is stale: its last listing failed ({state.inventory_error}); '
+            'send {"accept_stale": true} to whitelist the models it listed before, or wait for the next poll',
+            code="inventory_stale",
+        )
+    names = sorted(n for n in state.inventory if "*" not in n and model_name_problem(n, "model") is None)
+    skipped = sorted(set(state.inventory) - set(names))
+    if len(names) > MAX_RULES:
+        raise Conflict(f'worker "{state.name}" lists {len(names)} models, more than {MAX_RULES} rules', code="too_many")
+    rules = PlacementRules.parse("whitelist", names, [])
+    _, etag = await _write(request, state, "placement.only_installed", rules)
+    return _with_etag(
+        {
+            "worker": state.name,
+            "source": "override",
+            "rules": rules.to_json(),
+            "inventory_stale": state.inventory_stale,
+            "skipped": skipped,
+            "etag": etag,
+        },
+        etag,
     )
 
 
 async def delete_placement(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     state = _worker(fleet, request)
+    _precondition(request, fleet, state)
     before = fleet.rules(state.name)
     removed = _store(fleet, lambda: fleet.placement.delete(state.name))
     request.app[DISPATCHER].wake_all()
     if removed:
         await _audit_rules(request, "placement.delete", state.name, before)
     rules, source = fleet.rules(state.name)
-    return json_response({"worker": state.name, "removed": bool(removed), "source": source, "rules": rules.to_json()})
+    etag = placement_etag(fleet, state.name)
+    return _with_etag(
+        {"worker": state.name, "removed": bool(removed), "source": source, "rules": rules.to_json(), "etag": etag},
+        etag,
+    )
 
 
 async def _audit_rules(
@@ -218,6 +362,8 @@ async def claims(request: web.Request) -> web.Response:
 def add_admin_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/admin/api/placement", get_placement)
+    r.add_get("/admin/api/placement/workers/{name}", get_worker_placement)
+    r.add_post("/admin/api/placement/workers/{name}/only-installed", only_installed)
     r.add_put("/admin/api/placement/workers/{name}", put_placement)
     r.add_post("/admin/api/placement/workers/{name}/toggle", toggle_placement)
     r.add_delete("/admin/api/placement/workers/{name}", delete_placement)

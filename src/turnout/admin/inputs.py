@@ -60,6 +60,7 @@ __all__ = [
     "EndpointCreate",
     "KeyCreate",
     "KeyRotate",
+    "OnlyInstalled",
     "PlacementToggle",
     "UsageQuery",
     "check_model_names",
@@ -317,6 +318,13 @@ class PlacementToggle(_Input):
     def _exact(self) -> PlacementToggle:
         _model_name(self.model, "model", exact=True)
         return self
+
+
+class OnlyInstalled(_Input):
+    """``POST /admin/api/placement/workers/{name}/only-installed``: ``accept_stale`` allows a whitelist of
+    the models a worker listed before its last (failed) inventory poll."""
+
+    accept_stale: bool = False
 
 
 # -- parsing ----------------------------------------------------------------------------------------

@@ -9,6 +9,11 @@ Hard rules that adaptive scoring never overrides. Resolution for one worker and 
 At equal specificity a deny rule wins over an allow rule. Names compare canonically (a tagless name is
 ``:latest``, :mod:`turnout.core.names`), so every spelling of one model gets one verdict: the placement
 matrix, the router, discovery lists and the toggle all call :func:`resolve_placement`.
+
+Origins: a worker's effective rules are its UI override (when one exists) or its config baseline. A rule of
+the override that the baseline also has (same list, same pattern in any spelling) comes from the config;
+any other rule is a UI exception (:func:`rule_origin`). The toggle (:func:`toggle_rule`) removes only UI
+exceptions, never a config rule, so a second click undoes the first and nothing else.
 """
 
 from __future__ import annotations
@@ -19,7 +24,18 @@ from enum import StrEnum
 
 from turnout.core.patterns import Pattern, best_match, parse_pattern
 
-__all__ = ["PlacementMode", "PlacementRules", "Verdict", "resolve_placement", "toggle_rule"]
+__all__ = [
+    "ConfigRuleError",
+    "PlacementMode",
+    "PlacementRules",
+    "RuleOrigin",
+    "Verdict",
+    "exact_rules",
+    "mode_origin",
+    "resolve_placement",
+    "rule_origin",
+    "toggle_rule",
+]
 
 
 class PlacementMode(StrEnum):
@@ -63,6 +79,43 @@ class PlacementRules:
         return None
 
 
+class RuleOrigin(StrEnum):
+    CONFIG = "config"  # the worker's baseline in config.json has this rule
+    UI = "ui"  # an exception added by the admin API / UI (only in the override)
+
+
+class ConfigRuleError(ValueError):
+    """The toggle cannot flip a verdict decided by an exact config deny (deny wins at equal specificity)."""
+
+
+def _key(pattern: Pattern) -> tuple[bool, str]:
+    return pattern.exact, pattern.prefix
+
+
+def rule_origin(baseline: PlacementRules | None, pattern: Pattern, *, denied: bool) -> RuleOrigin:
+    """Where one rule of a worker's effective rules comes from. ``baseline`` None: the rules are the
+    baseline itself (no override), so every rule is a config rule."""
+    if baseline is None:
+        return RuleOrigin.CONFIG
+    same_list = baseline.denied if denied else baseline.allowed
+    return RuleOrigin.CONFIG if any(_key(p) == _key(pattern) for p in same_list) else RuleOrigin.UI
+
+
+def mode_origin(rules: PlacementRules, baseline: PlacementRules | None) -> RuleOrigin:
+    return RuleOrigin.CONFIG if baseline is None or baseline.mode is rules.mode else RuleOrigin.UI
+
+
+def exact_rules(rules: PlacementRules, baseline: PlacementRules | None) -> list[dict[str, str]]:
+    """Every exact rule with its list and origin: ``{"model", "list": "allowed"|"denied", "origin"}``."""
+    out = []
+    for denied, patterns in ((False, rules.allowed), (True, rules.denied)):
+        for p in patterns:
+            if p.exact:
+                origin = rule_origin(baseline, p, denied=denied)
+                out.append({"model": p.text, "list": "denied" if denied else "allowed", "origin": origin.value})
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """The outcome for one model: allowed or not, which rule decided (a pattern or ``mode``)."""
@@ -82,18 +135,37 @@ def resolve_placement(rules: PlacementRules, model: str) -> Verdict:
     return Verdict(allowed=rules.mode is PlacementMode.ALLOW_ALL, rule="mode", exact=False)
 
 
-def toggle_rule(rules: PlacementRules, model: str) -> PlacementRules:
-    """The UI toggle: drop an exact rule for ``model`` if one exists, else add one that flips the verdict."""
+def toggle_rule(rules: PlacementRules, model: str, *, baseline: PlacementRules | None = None) -> PlacementRules:
+    """The UI toggle: drop the UI exceptions (exact rules) for ``model`` if there are any, else add an exact
+    rule that flips the verdict.
+
+    ``rules`` are the worker's effective rules; ``baseline`` is its config baseline when ``rules`` are an
+    override (None: ``rules`` are the baseline, or no baseline is known and every exact rule counts as an
+    exception). A rule the baseline has (:func:`rule_origin` says ``config``) is never removed: a click on
+    a cell decided by an exact config rule adds an exception instead. An exact config deny cannot be
+    outvoted (deny wins at equal specificity): :class:`ConfigRuleError` says to edit the ruleset instead."""
     target = parse_pattern(model)
     if not target.exact:
         raise ValueError(f"toggle needs an exact model name, got pattern {model!r}")
-    # an exact rule for the same model in another spelling ("gemma4" for "gemma4:latest") is the same rule
-    allowed = tuple(p for p in rules.allowed if not (p.exact and p.prefix == target.prefix))
-    denied = tuple(p for p in rules.denied if not (p.exact and p.prefix == target.prefix))
+
+    def removable(p: Pattern, denied: bool) -> bool:
+        # an exact rule for the same model in another spelling ("gemma4" for "gemma4:latest") is the same rule
+        if not (p.exact and p.prefix == target.prefix):
+            return False
+        return baseline is None or rule_origin(baseline, p, denied=denied) is RuleOrigin.UI
+
+    allowed = tuple(p for p in rules.allowed if not removable(p, False))
+    denied = tuple(p for p in rules.denied if not removable(p, True))
     if len(allowed) != len(rules.allowed) or len(denied) != len(rules.denied):
         return PlacementRules(mode=rules.mode, allowed=allowed, denied=denied)
-    if resolve_placement(rules, model).allowed:
+    verdict = resolve_placement(rules, model)
+    if verdict.allowed:
         return PlacementRules(mode=rules.mode, allowed=allowed, denied=(*denied, target))
+    if verdict.exact:
+        raise ConfigRuleError(
+            f'"{model}" is denied by the exact config rule "{verdict.rule}"; a UI exception cannot allow it '
+            "(a deny wins at equal specificity): change the worker's ruleset instead"
+        )
     return PlacementRules(mode=rules.mode, allowed=(*allowed, target), denied=denied)
 
 
