@@ -16,6 +16,7 @@ from turnout.admin.accounts import AdminSignIns, add_account_routes
 from turnout.admin.api import add_admin_routes
 from turnout.admin.auth import AdminAuth
 from turnout.admin.endpoints_api import add_endpoint_routes
+from turnout.admin.ui import add_ui_routes, check_admin
 from turnout.config import ConfigError, Settings
 from turnout.controller.local import ClaimFiles, LocalController, Pool, policy_text
 from turnout.controller.metrics import ControllerMetrics
@@ -83,12 +84,7 @@ async def _middleware(
     metrics.in_flight.inc()
     try:
         if dialect is Dialect.ADMIN:
-            try:
-                app[ADMIN_AUTH].check(request.headers.get("Authorization"))
-            except TurnoutError:
-                await app[SIGNINS].note(request, ok=False)
-                raise
-            await app[SIGNINS].note(request, ok=True)
+            await check_admin(request)  # Bearer token, or a browser session + CSRF; UI pages check their own
         response = await handler(request)
     except TurnoutError as exc:
         response = error_response(dialect, exc)
@@ -205,6 +201,7 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
     add_admin_routes(app)
     add_account_routes(app)
     add_endpoint_routes(app)
+    add_ui_routes(app)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
 

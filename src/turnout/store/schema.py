@@ -16,7 +16,7 @@ from sqlalchemy import (
     Text,
 )
 
-__all__ = ["apps", "audit", "endpoints", "keys", "metadata", "tenants", "usage"]
+__all__ = ["admin_sessions", "apps", "audit", "endpoints", "keys", "metadata", "tenants", "usage"]
 
 metadata = MetaData()
 
@@ -109,4 +109,16 @@ audit = Table(
     Column("after", JSON, nullable=True),
     Column("detail", Text, nullable=True),
     Index("ix_audit_ts", "ts"),
+)
+
+admin_sessions = Table(
+    # Browser sessions of the admin UI (turnout.admin.ui.sessions): the cookie's SHA-256, never the cookie.
+    "admin_sessions",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("csrf", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("last_seen", Float, nullable=False),
+    Column("remote", String(64), nullable=True),
+    Index("ix_admin_sessions_last_seen", "last_seen"),
 )

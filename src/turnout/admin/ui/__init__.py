@@ -1,0 +1,35 @@
+"""The admin web UI: server-rendered pages (Jinja2) at ``/admin``, a client of the admin JSON API.
+
+Pages render from the same functions the JSON API answers with, and every change goes through the JSON API
+itself (``/admin/api/...``, called by the page's script with the session cookie and the CSRF header), so no
+rule is decided twice. See ``docs/ui.md`` for how a page is added.
+
+- :mod:`.security`: cookies, CSRF, security headers, the admin API's gate (Bearer or session)
+- :mod:`.sessions`: browser sessions in the SQL store
+- :mod:`.i18n`: message catalogs (English, German)
+- :mod:`.render`: the Jinja2 environment, ``@page`` and ``render()``
+- :mod:`.signin`, :mod:`.overview`, :mod:`.placement`: the pages
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from turnout.admin.ui.overview import add_overview_routes
+from turnout.admin.ui.render import STATIC, UI, Ui
+from turnout.admin.ui.security import SESSION_STORE, add_security_headers, check_admin
+from turnout.admin.ui.sessions import SessionStore
+from turnout.admin.ui.signin import add_signin_routes
+from turnout.gateway.keys import DATABASE
+
+__all__ = ["add_ui_routes", "check_admin"]
+
+
+def add_ui_routes(app: web.Application) -> None:
+    """Mount the UI (after ``app[DATABASE]`` is set)."""
+    app[UI] = Ui()
+    app[SESSION_STORE] = SessionStore(app[DATABASE])
+    app.on_response_prepare.append(add_security_headers)
+    app.router.add_static("/admin/static/", STATIC, name="ui.static", append_version=True)
+    add_signin_routes(app)
+    add_overview_routes(app)

@@ -1,0 +1,92 @@
+"""The Overview page: workers and endpoints with health (and why when down), models, load, requests per
+minute, and ModelClaims by phase. The body is a fragment (``/admin/overview/fragment``) that the page polls
+with htmx, so it refreshes itself without a reload.
+
+Requests per minute come from the usage store (all replicas' traffic, flushed first): the requests of the
+previous and the current minute, scaled to one minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+from aiohttp import web
+
+from turnout.admin.ui.render import page, render
+from turnout.gateway.keys import ACCOUNTANT, FLEET, PROXY, USAGE
+
+__all__ = ["POLL_S", "add_overview_routes", "overview_state"]
+
+POLL_S = 5  # the page refreshes its body this often
+
+
+async def _requests_per_min(request: web.Request, now: float) -> tuple[dict[str, float], float]:
+    start = (now // 60 - 1) * 60
+    await request.app[ACCOUNTANT].usage.flush()
+    rows = await asyncio.to_thread(request.app[USAGE].summary, since=start, bucket="hour")
+    span_min = max(1.0, (now - start) / 60)
+    per: Counter[str] = Counter()
+    for row in rows:
+        per[row["worker"] or row["endpoint"]] += row["requests"]
+    total = sum(per.values())
+    return {k: round(v / span_min, 1) for k, v in per.items()}, round(total / span_min, 1)
+
+
+async def overview_state(request: web.Request) -> dict[str, Any]:
+    fleet = request.app[FLEET]
+    rpm, rpm_total = await _requests_per_min(request, time.time())
+    workers, endpoints = [], []
+    for state in fleet.workers.values():
+        row = {
+            "name": state.name,
+            "type": state.config.type.value,
+            "url": state.config.base_url,
+            "healthy": state.healthy,
+            "checked": state.checked,
+            "why": state.last_error,
+            "installed": None if state.inventory is None else len(state.inventory),
+            "inventory_error": state.inventory_error if state.inventory_stale else None,
+            "loaded": sorted(state.loaded),
+            "in_flight": state.in_flight,
+            "max_concurrent": state.config.max_concurrent,
+            "rpm": rpm.get(state.name, 0.0),
+        }
+        if state.external is not None:
+            ext = state.external
+            row |= {"state": ext.state.value, "hint": ext.hint, "latency_ms": ext.latency_ms}
+            endpoints.append(row)
+        elif state.claim is None:
+            workers.append(row)
+    bindings = request.app[PROXY].claims
+    phases: Counter[str] = Counter()
+    if bindings is not None:
+        phases.update(view.phase.value for view in bindings.source.views())
+    return {
+        "workers": workers,
+        "endpoints": endpoints,
+        "claims_configured": bindings is not None,
+        "phases": sorted(phases.items()),
+        "in_flight": sum(s.in_flight for s in fleet.workers.values()),
+        "rpm_total": rpm_total,
+        "workers_up": sum(1 for w in workers if w["healthy"]),
+        "endpoints_up": sum(1 for e in endpoints if e["healthy"]),
+        "poll_s": POLL_S,
+    }
+
+
+@page
+async def overview(request: web.Request) -> web.StreamResponse:
+    return render(request, "overview.html", active="ui.overview", **await overview_state(request))
+
+
+@page
+async def overview_fragment(request: web.Request) -> web.StreamResponse:
+    return render(request, "_overview_body.html", **await overview_state(request))
+
+
+def add_overview_routes(app: web.Application) -> None:
+    app.router.add_get("/admin/overview", overview, name="ui.overview")
+    app.router.add_get("/admin/overview/fragment", overview_fragment, name="ui.overview.fragment")

@@ -1,0 +1,60 @@
+// Turnout admin UI: the shared script of every page (no inline script: the CSP forbids it).
+// - sends the session's CSRF token with every htmx request (X-CSRF-Token)
+// - turnout.api(method, path, body, {etag}): a JSON call to /admin/api with the session cookie and the token;
+//   resolves {status, etag, body}; rejects with an Error carrying .status, .code, .field and .body
+// - turnout.toast(text, isError): one polite live-region message
+// - <select data-autosubmit> submits its form on change (the submit button is for no-script browsers)
+(function () {
+  "use strict";
+  function csrf() {
+    var meta = document.querySelector('meta[name="csrf-token"]');
+    return meta ? meta.getAttribute("content") : "";
+  }
+
+  async function api(method, path, body, opts) {
+    var headers = { "X-CSRF-Token": csrf(), "Accept": "application/json" };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    if (opts && opts.etag) headers["If-Match"] = opts.etag;
+    var response = await fetch(path, {
+      method: method,
+      headers: headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      credentials: "same-origin",
+    });
+    var data = null;
+    try { data = await response.json(); } catch (e) { data = null; }
+    if (!response.ok) {
+      var err = (data && data.error) || {};
+      var failure = new Error(err.message || response.statusText || String(response.status));
+      failure.status = response.status;
+      failure.code = err.code;
+      failure.field = err.field;
+      failure.body = data;
+      throw failure;
+    }
+    return { status: response.status, etag: response.headers.get("ETag"), body: data };
+  }
+
+  var toastTimer = null;
+  function toast(text, isError) {
+    var box = document.getElementById("toast");
+    if (!box) return;
+    box.textContent = text;
+    box.className = isError ? "show error" : "show";
+    clearTimeout(toastTimer);
+    toastTimer = setTimeout(function () { box.className = ""; }, isError ? 8000 : 3000);
+  }
+
+  document.addEventListener("htmx:configRequest", function (event) {
+    event.detail.headers["X-CSRF-Token"] = csrf();
+  });
+
+  document.addEventListener("DOMContentLoaded", function () {
+    document.documentElement.classList.add("js");
+    document.querySelectorAll("select[data-autosubmit]").forEach(function (select) {
+      select.addEventListener("change", function () { select.form.requestSubmit(); });
+    });
+  });
+
+  window.turnout = { api: api, toast: toast, csrf: csrf };
+})();

@@ -1,0 +1,88 @@
+"""Sign-in, sessions, CSRF and the browser security headers, in a real browser (and with plain HTTP where the
+point is what a browser would never send)."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from tests.conftest import ADMIN_TOKEN, worker
+from tests.ui.conftest import sign_in
+from turnout.gateway.keys import AUDIT, FLEET
+
+
+async def test_sign_in_out_and_security_headers(page, gateway, emulator) -> None:
+    emu = await emulator("w1", models=["llama3.2:latest"])
+    gw = await gateway([worker("w1", emu.url)])
+    response = await page.goto(f"{gw.url}/admin/overview")
+    assert page.url.startswith(f"{gw.url}/admin?next=")  # not signed in: the sign-in form, then back here
+    headers = response.headers
+    assert "script-src 'self'" in headers["content-security-policy"]
+    assert "unsafe-inline" not in headers["content-security-policy"]
+    assert headers["x-frame-options"] == "DENY"
+    assert headers["cache-control"] == "no-store"
+
+    await page.fill("#token", "wrong")
+    await page.press("#token", "Enter")
+    await page.wait_for_selector("#signin-error")
+    assert await page.get_attribute("#token", "aria-invalid") == "true"
+
+    await sign_in(page, gw)
+    cookies = {c["name"]: c for c in await page.context.cookies()}
+    session = cookies["turnout_session"]
+    assert session["httpOnly"] and session["sameSite"] == "Strict" and not session["secure"]  # plain HTTP here
+    assert await page.inner_text("#workers tr[data-worker=w1]")
+
+    actions = [e.action for e in gw.app[AUDIT].entries(limit=50)]
+    assert "admin.signin" in actions and "admin.signin_failed" in actions
+
+    await page.click("text=Sign out")
+    await page.wait_for_url(f"{gw.url}/admin")
+    await page.goto(f"{gw.url}/admin/overview")
+    assert page.url.startswith(f"{gw.url}/admin?next=")  # the session is gone on the server, not only the cookie
+    assert "admin.signout" in [e.action for e in gw.app[AUDIT].entries(limit=50)]
+
+
+async def test_post_without_csrf_is_refused_and_changes_nothing(page, gateway, emulator) -> None:
+    emu = await emulator("w1", models=["llama3.2:latest"])
+    gw = await gateway([worker("w1", emu.url)])
+    await sign_in(page, gw)
+    before = gw.app[FLEET].rules("w1")
+    cookie = {c["name"]: c["value"] for c in await page.context.cookies()}["turnout_session"]
+    async with aiohttp.ClientSession(cookies={"turnout_session": cookie}) as http:
+        api = f"{gw.url}/admin/api/placement/workers/w1/toggle"
+        async with http.post(api, json={"model": "llama3.2:latest"}) as r:
+            assert r.status == 403
+            assert (await r.json())["error"]["code"] == "csrf_failed"
+        async with http.post(api, json={"model": "llama3.2:latest"}, headers={"X-CSRF-Token": "forged"}) as r:
+            assert r.status == 403
+        async with http.post(f"{gw.url}/admin/signout", data={"csrf_token": "forged"}) as r:
+            assert r.status == 403
+        async with http.get(f"{gw.url}/admin/api/inventory") as r:  # reads need no token
+            assert r.status == 200
+    assert gw.app[FLEET].rules("w1") == before
+    assert not gw.settings.placement_file.exists()
+    # from the page itself (it has the token) the same call works; the session survived the forged ones
+    status = await page.evaluate(
+        "async () => (await turnout.api('POST', '/admin/api/placement/workers/w1/toggle',"
+        " {model: 'llama3.2:latest'})).status"
+    )
+    assert status == 200
+    assert gw.app[FLEET].rules("w1")[0].to_json() != before[0].to_json()
+
+
+async def test_bearer_api_is_unchanged(gateway, emulator) -> None:
+    emu = await emulator("w1")
+    gw = await gateway([worker("w1", emu.url)])
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{gw.url}/admin/api/inventory") as r:
+            assert r.status == 401
+        async with http.get(f"{gw.url}/admin/api/inventory", headers={"Authorization": "Bearer nope"}) as r:
+            assert r.status == 401
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        async with http.post(
+            f"{gw.url}/admin/api/placement/workers/w1/toggle", json={"model": "llama3.2:latest"}, headers=headers
+        ) as r:
+            assert r.status == 200  # scripts need no CSRF token: no browser, no ambient cookie
+        async with http.get(f"{gw.url}/admin/api/inventory", cookies={"turnout_session": "made-up"}) as r:
+            assert r.status == 401
+            assert (await r.json())["error"]["code"] == "session_expired"
