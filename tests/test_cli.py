@@ -205,13 +205,29 @@ def test_endpoint_commands(tmp_path: Path) -> None:
     missing = run(["endpoint", "add", "x", "--url", "http://h", "--credential-from-env", "NOPE_UNSET", *c], tmp_path)
     assert missing.returncode == 2 and "NOPE_UNSET" in missing.stderr
     assert run(["endpoint", "set", "mac", "--fallback-model", "llama3.2", *c], tmp_path).returncode == 0
-    assert run(["endpoint", "remove", "mac", *c], tmp_path).returncode == 0
+    shown = json.loads(run(["endpoint", "show", "mac", *c], tmp_path).stdout)
+    assert shown["fallback_model"] == "llama3.2" and shown["fallbacks"] == {"total": 0, "since": 0}
+    # a dry run of an unsaved URL: nothing is stored
+    dry = run(["endpoint", "test", "--url", f"http://127.0.0.1:{port}", "--api", "ollama", *c], tmp_path, **env)
+    assert dry.returncode == 1 and "connection refused" in dry.stderr
+    assert run(["endpoint", "test", *c], tmp_path).returncode == 2  # neither a name nor --url
+    removed = run(["endpoint", "remove", "mac", *c], tmp_path)
+    assert removed.returncode == 0 and "revoked keys tk_" in removed.stdout
     assert json.loads(run(["endpoint", "list", *c], tmp_path).stdout) == []
-    assert [e["action"] for e in json.loads(run(["audit", *c], tmp_path).stdout)][:3] == [
+    [key] = json.loads(run(["key", "list", "--json", *c], tmp_path).stdout)
+    assert key["app"] == "endpoint-mac" and key["state"] == "revoked"  # the key registration printed
+    assert [e["action"] for e in json.loads(run(["audit", *c], tmp_path).stdout)][:4] == [
         "endpoint.remove",
+        "key.revoke",
         "endpoint.change",
         "endpoint.register",
     ]
+    again = run(["endpoint", "add", "mac", "--url", f"http://127.0.0.1:{port}", *c], tmp_path, **env)
+    assert again.returncode == 0
+    kept = run(["endpoint", "remove", "mac", "--keep-keys", *c], tmp_path)
+    assert kept.returncode == 0 and "revoked" not in kept.stdout
+    states = [k["state"] for k in json.loads(run(["key", "list", "--json", *c], tmp_path).stdout)]
+    assert states == ["revoked", "active"]
 
 
 def test_claim_commands(tmp_path: Path) -> None:

@@ -15,13 +15,14 @@ from typing import Annotated
 import typer
 
 from turnout.admin.endpoints_api import endpoint_key
-from turnout.admin.inputs import MAX_LATENCY_BUDGET_MS, EndpointChange, EndpointCreate, parse_input
+from turnout.admin.inputs import MAX_LATENCY_BUDGET_MS, EndpointChange, EndpointCreate, EndpointTest, parse_input
 from turnout.cli_accounts import DEFAULT_CONFIG, ConfigOption, cli_audit, cli_input, fail, open_store
 from turnout.config import Settings
 from turnout.fleet.endpoints import Probe, probe
 from turnout.store.endpoints import EndpointStore
 from turnout.store.keys import KeyStore
 from turnout.store.secrets import SecretBox
+from turnout.store.usage import UsageStore
 from turnout.upstream.client import UpstreamClient
 from turnout.upstream.http1 import DialGuard
 
@@ -114,16 +115,47 @@ def add(
 
 
 @endpoint_app.command("test")
-def test(name: str, config: ConfigOption = DEFAULT_CONFIG) -> None:
-    """Call the endpoint's list-models route and say what to change when it fails (exit 1)."""
-    with open_store(config) as (settings, db):
-        record = EndpointStore(db).get(name)
-        secrets = SecretBox.load(settings.data_dir, settings.endpoint_env.secret_key)
-        credential = None if record.credential is None else secrets.decrypt(record.credential)
-        result = _probe(settings, record.url, record.api, credential)
-    _report(name, result)
+def test(
+    name: Annotated[str | None, typer.Argument(help="a registered endpoint (omit with --url)")] = None,
+    url: Annotated[
+        str | None, typer.Option(help="test an unsaved endpoint at this URL instead (nothing stored)")
+    ] = None,
+    api: Annotated[str, typer.Option(help="with --url: ollama or openai")] = "openai",
+    credential_from_env: Annotated[
+        str | None, typer.Option(help="with --url: environment variable holding the API key")
+    ] = None,
+    config: ConfigOption = DEFAULT_CONFIG,
+) -> None:
+    """Call the endpoint's list-models route and say what to change when it fails (exit 1). With --url, a
+    dry run of an endpoint that is not registered (POST /admin/api/endpoints/test)."""
+    if (name is None) == (url is None):
+        fail("give a registered endpoint's NAME, or --url (with --api) for a dry run")
+    if url is not None:
+        credential = _credential(credential_from_env)
+        with cli_input(credential="credential-from-env"):
+            spec = parse_input(EndpointTest, {"url": url, "api": api, "credential": credential})
+        with open_store(config) as (settings, _):
+            result = _probe(settings, spec.url, spec.api, spec.credential or None)
+        _report(spec.url, result)
+    else:
+        assert name is not None
+        with open_store(config) as (settings, db):
+            record = EndpointStore(db).get(name)
+            secrets = SecretBox.load(settings.data_dir, settings.endpoint_env.secret_key)
+            credential = None if record.credential is None else secrets.decrypt(record.credential)
+            result = _probe(settings, record.url, record.api, credential)
+        _report(name, result)
     if not result.ok:
         raise typer.Exit(1)
+
+
+@endpoint_app.command("show")
+def show(name: str, config: ConfigOption = DEFAULT_CONFIG) -> None:
+    """One registered endpoint (never its credential) and how many requests fell back from it."""
+    with open_store(config) as (_, db):
+        record = EndpointStore(db).get(name)
+        counts = UsageStore(db).fallback_counts(since=time.time() - 86_400).get(name, {"total": 0, "since": 0})
+    typer.echo(json.dumps({**record.to_json(), "fallbacks": counts}, indent=2))
 
 
 @endpoint_app.command("list")
@@ -170,10 +202,37 @@ def set_endpoint(
 
 
 @endpoint_app.command("remove")
-def remove(name: str, config: ConfigOption = DEFAULT_CONFIG) -> None:
-    """Forget an endpoint (its keys stay; revoke them with `turnout key revoke`)."""
+def remove(
+    name: str,
+    keep_keys: Annotated[
+        bool, typer.Option("--keep-keys", help="keep the keys its registration printed (default: revoke them)")
+    ] = False,
+    config: ConfigOption = DEFAULT_CONFIG,
+) -> None:
+    """Forget an endpoint and revoke the keys its registration printed (unless --keep-keys)."""
     now = time.time()
     with open_store(config) as (_, db):
-        record = EndpointStore(db).remove(name)
-        cli_audit(db, action="endpoint.remove", target=f"endpoint:{name}", before=record.to_json(), now=now)
-    typer.echo(f"removed {name}")
+        keys = KeyStore(db)
+        record, revoked = EndpointStore(db).remove_and(
+            name, then=lambda conn: [] if keep_keys else keys.revoke_endpoint_keys(name, now=now, conn=conn)
+        )
+        revoked = revoked or []
+        prefixes = [after.prefix for _, after in revoked]
+        for before, after in revoked:
+            cli_audit(
+                db,
+                action="key.revoke",
+                target=f"key:{after.prefix}",
+                before=before.to_json(now),
+                after=after.to_json(now),
+                now=now,
+            )
+        cli_audit(
+            db,
+            action="endpoint.remove",
+            target=f"endpoint:{name}",
+            before=record.to_json(),
+            after={"revoked_keys": prefixes},
+            now=now,
+        )
+    typer.echo(f"removed {name}" + (f"; revoked keys {', '.join(prefixes)}" if prefixes else ""))

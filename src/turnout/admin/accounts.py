@@ -15,12 +15,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from turnout.admin.concurrency import PreconditionFailed
 from turnout.admin.inputs import AuditQuery, KeyCreate, KeyRotate, UsageQuery, parse_input
-from turnout.errors import BadRequest, NotFound, TurnoutError
+from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
 from turnout.gateway.dialect import json_response
 from turnout.gateway.keys import ACCOUNTANT, AUDIT, KEYS, SETTINGS, USAGE
 from turnout.store.db import StoreError
-from turnout.store.keys import parse_scopes
+from turnout.store.endpoints import EndpointExists
+from turnout.store.keys import StaleRecord, parse_scopes
 
 __all__ = [
     "AdminSignIns",
@@ -45,10 +47,16 @@ async def read_object(request: web.Request) -> dict[str, Any]:
 
 
 async def store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a store call in a thread; unknown -> 404, a duplicate endpoint name -> 409, a row changed by
+    another writer between check and write -> 412, any other store refusal -> 400."""
     try:
         return await asyncio.to_thread(fn, *args, **kwargs)
     except KeyError as exc:
         raise NotFound(str(exc.args[0]), code="unknown_key") from None
+    except EndpointExists as exc:
+        raise Conflict(str(exc), code="endpoint_exists") from None
+    except StaleRecord as exc:
+        raise PreconditionFailed(str(exc)) from None
     except StoreError as exc:
         raise BadRequest(str(exc)) from None
 

@@ -1,23 +1,33 @@
 """Admin JSON API for external endpoints: register, change, test, list, remove.
 
-Registering prints (returns) a gateway key scoped to the endpoint's models once. A credential is accepted
-in the request body, stored encrypted, and never returned: reads only say whether one is set. Bodies are
-validated by :class:`~turnout.admin.inputs.EndpointCreate` / ``EndpointChange`` before anything is stored.
+Registering prints (returns) a gateway key scoped to the endpoint's models once; removing the endpoint
+revokes that key (and its rotations) unless ``?keep_keys=true``. A credential is accepted in the request
+body, stored encrypted, and never returned: reads only say whether one is set. Bodies are validated by
+:class:`~turnout.admin.inputs.EndpointCreate` / ``EndpointChange`` / ``EndpointTest`` before anything is
+stored. Each endpoint has an ETag (of its stored record); ``PATCH`` and ``DELETE`` take ``If-Match``
+(412 when it changed meanwhile), checked inside the store's transaction.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from aiohttp import web
+from sqlalchemy import Connection
 
 from turnout.admin.accounts import audit_change, json_response, read_object, store_call
-from turnout.admin.inputs import EndpointChange, EndpointCreate, parse_input
-from turnout.errors import Unprocessable
-from turnout.gateway.keys import ACCOUNTANT, ENDPOINTS, KEYS
+from turnout.admin.concurrency import check_if_match, etag_of
+from turnout.admin.inputs import EndpointChange, EndpointCreate, EndpointTest, parse_input
+from turnout.errors import Conflict, NotFound, Unprocessable
+from turnout.fleet.endpoints import EndpointManager, url_private
+from turnout.gateway.keys import ACCOUNTANT, ENDPOINTS, KEYS, USAGE
+from turnout.store.endpoints import EndpointRecord
 from turnout.store.keys import KeyRecord, KeyStore
 
-__all__ = ["add_endpoint_routes", "endpoint_key"]
+FALLBACK_WINDOW_S = 86_400  # fallbacks.since counts the last 24 hours
+
+__all__ = ["add_endpoint_routes", "endpoint_etag", "endpoint_key"]
 
 
 def endpoint_key(keys: KeyStore, name: str, now: float) -> tuple[KeyRecord, str]:
@@ -27,8 +37,66 @@ def endpoint_key(keys: KeyStore, name: str, now: float) -> tuple[KeyRecord, str]
     )
 
 
+def endpoint_etag(record: EndpointRecord | dict[str, Any]) -> str:
+    return etag_of(record.to_json() if isinstance(record, EndpointRecord) else _stored(record))
+
+
+def _stored(view: dict[str, Any]) -> dict[str, Any]:
+    """The stored part of a described endpoint (what its ETag covers)."""
+    keys = ("name", "url", "api", "credential", "fallback_model", "latency_budget_ms", "created_at", "updated_at")
+    return {k: view[k] for k in keys}
+
+
+def _precondition(request: web.Request, name: str) -> Any:
+    """A check for the store to call with the current record inside its transaction (If-Match)."""
+    headers = request.headers.copy()  # case-insensitive, safe to read from the store thread
+
+    def check(record: EndpointRecord) -> None:
+        check_if_match(headers, endpoint_etag(record), f'endpoint "{name}"')
+
+    return check
+
+
+async def _views(request: web.Request, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Described endpoints with their ETag and fallback counts (from the usage store, all replicas)."""
+    await request.app[ACCOUNTANT].usage.flush()
+    counts = await store_call(request.app[USAGE].fallback_counts, since=time.time() - FALLBACK_WINDOW_S)
+    return [
+        {**v, "etag": endpoint_etag(v), "fallbacks": counts.get(v["name"], {"total": 0, "since": 0})} for v in views
+    ]
+
+
+async def _view(request: web.Request, manager: EndpointManager, name: str) -> dict[str, Any]:
+    view = manager.describe_one(name)
+    if view is None:  # registered elsewhere (the CLI, another replica) and not synced yet, or unknown
+        await store_call(manager.store.get, name)  # 404 when unknown
+        await manager.sync()
+        view = manager.describe_one(name)
+        if view is None:
+            raise NotFound(f'endpoint "{name}" is registered but cannot be used; see the gateway log')
+    return (await _views(request, [view]))[0]
+
+
+def _with_etag(body: dict[str, Any], etag: str, status: int = 200) -> web.Response:
+    response = json_response(body, status)
+    response.headers["ETag"] = etag
+    return response
+
+
 async def list_endpoints(request: web.Request) -> web.Response:
-    return json_response({"endpoints": request.app[ENDPOINTS].describe()})
+    manager = request.app[ENDPOINTS]
+    return json_response(
+        {
+            "endpoints": await _views(request, manager.describe()),
+            "private_networks_allowed": manager.private_networks_allowed,
+        }
+    )
+
+
+async def get_endpoint(request: web.Request) -> web.Response:
+    manager = request.app[ENDPOINTS]
+    view = await _view(request, manager, request.match_info["name"])
+    return _with_etag({**view, "private_networks_allowed": manager.private_networks_allowed}, view["etag"])
 
 
 async def add_endpoint(request: web.Request) -> web.Response:
@@ -38,6 +106,11 @@ async def add_endpoint(request: web.Request) -> web.Response:
     if name in manager.fleet.workers and manager.fleet.workers[name].external is None:
         raise Unprocessable(
             f'"name": "{name}" is the name of a configured worker; choose another endpoint name', field="name"
+        )
+    if await store_call(manager.store.exists, name):
+        raise Conflict(
+            f'an endpoint named "{name}" already exists; choose another name or change that one',
+            code="endpoint_exists",
         )
     now = time.time()
     record = await store_call(
@@ -54,15 +127,36 @@ async def add_endpoint(request: web.Request) -> web.Response:
     await manager.sync()
     probe = await manager.check(name)
     await audit_change(request, "endpoint.register", f"endpoint:{name}", after=record.to_json())
-    return json_response(
+    view = await _view(request, manager, name)
+    return _with_etag(
         {
-            "endpoint": next(e for e in manager.describe() if e["name"] == name),
+            "endpoint": view,
             "test": None if probe is None else probe.to_json(),
             "key": key,
             "key_prefix": key_record.prefix,
             "note": "the key is shown only once",
         },
+        view["etag"],
         201,
+    )
+
+
+async def test_unsaved(request: web.Request) -> web.Response:
+    """Dry run: probe a URL / API type / credential that is not registered. Nothing is stored or audited."""
+    spec = parse_input(EndpointTest, await read_object(request))
+    manager = request.app[ENDPOINTS]
+    name_taken = None
+    if spec.name is not None:
+        configured = spec.name in manager.fleet.workers and manager.fleet.workers[spec.name].external is None
+        name_taken = configured or bool(await store_call(manager.store.exists, spec.name))
+    result = await manager.test_unsaved(spec.url, spec.api, spec.credential or None)
+    return json_response(
+        {
+            "test": result.to_json(),
+            "url_private": url_private(spec.url),
+            "private_networks_allowed": manager.private_networks_allowed,
+            "name_taken": name_taken,
+        }
     )
 
 
@@ -75,20 +169,38 @@ async def change_endpoint(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if changes.get("credential"):
         changes["credential"] = manager.secrets.encrypt(changes["credential"])
-    before, after = await store_call(manager.store.update, name, changes, now=time.time())
+    before, after = await store_call(
+        manager.store.update, name, changes, now=time.time(), check=_precondition(request, name)
+    )
     await manager.sync()
     await audit_change(request, "endpoint.change", f"endpoint:{name}", before=before.to_json(), after=after.to_json())
-    return json_response({"endpoint": next(e for e in manager.describe() if e["name"] == name)})
+    view = await _view(request, manager, name)
+    return _with_etag({"endpoint": view}, view["etag"])
 
 
 async def remove_endpoint(request: web.Request) -> web.Response:
     manager = request.app[ENDPOINTS]
     name = request.match_info["name"]
-    record = await store_call(manager.store.remove, name)
+    keep = request.query.get("keep_keys", "false").strip().lower()
+    if keep not in ("true", "false", "1", "0", "yes", "no"):
+        raise Unprocessable('"keep_keys" must be true or false', field="keep_keys")
+    keep_keys = keep in ("true", "1", "yes")
+    now = time.time()
+    keys = request.app[KEYS]
+
+    def revoke(conn: Connection) -> list[tuple[KeyRecord, KeyRecord]]:
+        return [] if keep_keys else keys.revoke_endpoint_keys(name, now=now, conn=conn)
+
+    record, revoked = await store_call(manager.store.remove_and, name, check=_precondition(request, name), then=revoke)
     await manager.sync()
     request.app[ACCOUNTANT].forget()
-    await audit_change(request, "endpoint.remove", f"endpoint:{name}", before=record.to_json())
-    return json_response({"removed": name})
+    prefixes = [after.prefix for _, after in revoked]
+    for before, after in revoked:
+        await audit_change(request, "key.revoke", f"key:{after.prefix}", before=before.to_json(), after=after.to_json())
+    await audit_change(
+        request, "endpoint.remove", f"endpoint:{name}", before=record.to_json(), after={"revoked_keys": prefixes}
+    )
+    return json_response({"removed": name, "revoked_keys": prefixes, "kept_keys": keep_keys})
 
 
 async def test_endpoint(request: web.Request) -> web.Response:
@@ -99,7 +211,7 @@ async def test_endpoint(request: web.Request) -> web.Response:
     probe = await manager.check(name)
     return json_response(
         {
-            "endpoint": next(e for e in manager.describe() if e["name"] == name),
+            "endpoint": await _view(request, manager, name),
             "test": None if probe is None else probe.to_json(),
         }
     )
@@ -109,6 +221,8 @@ def add_endpoint_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/admin/api/endpoints", list_endpoints)
     r.add_post("/admin/api/endpoints", add_endpoint)
+    r.add_post("/admin/api/endpoints/test", test_unsaved)
+    r.add_get("/admin/api/endpoints/{name}", get_endpoint)
     r.add_patch("/admin/api/endpoints/{name}", change_endpoint)
     r.add_delete("/admin/api/endpoints/{name}", remove_endpoint)
     r.add_post("/admin/api/endpoints/{name}/test", test_endpoint)

@@ -58,6 +58,7 @@ __all__ = [
     "AuditQuery",
     "EndpointChange",
     "EndpointCreate",
+    "EndpointTest",
     "KeyCreate",
     "KeyRotate",
     "OnlyInstalled",
@@ -279,6 +280,23 @@ class EndpointCreate(_Input):
     @model_validator(mode="after")
     def _fallback(self) -> EndpointCreate:
         _model_name(self.fallback_model, "fallback_model", exact=True)
+        return self
+
+
+class EndpointTest(_Input):
+    """``POST /admin/api/endpoints/test``: a dry run of an unsaved endpoint ("Test connection" before
+    saving). The form's other fields may come along; they are validated, never stored."""
+
+    url: Url
+    api: ApiType = "openai"
+    credential: Credential | None = None
+    name: EndpointName | None = None
+    fallback_model: StrictStr | None = None
+    latency_budget_ms: LatencyBudget | None = None
+
+    @model_validator(mode="after")
+    def _fallback(self) -> EndpointTest:
+        _model_name(self.fallback_model or None, "fallback_model", exact=True)
         return self
 
 

@@ -3,22 +3,30 @@ workers under namespaced model names (``<endpoint>/<model>``), always dialed thr
 
 Turnout only lists models and forwards inference to an endpoint; it never starts, stops, wakes or loads
 anything on it.
+
+The manager also keeps, in memory per gateway replica (not in the store; a restart forgets them), when
+each endpoint entered its current state (``state_since``), when a check last saw it online or degraded
+(``last_online``), and the failure of its last check. :meth:`EndpointManager.test_unsaved` probes a URL
+that is not registered (the "Test connection" button) through the same client, SSRF guard and hints.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
 from turnout.config import Settings, Worker, WorkerType
 from turnout.core.endpoint_health import CheckResult, EndpointState, Failure, hint, next_state
 from turnout.core.health import ProbePolicy, ProbeResult, probe_event, should_probe
+from turnout.core.ssrf import check_address, check_hostname
 from turnout.errors import UpstreamError
 from turnout.fleet.poller import apply_openai_models, apply_tags
 from turnout.fleet.state import External, Fleet, WorkerState
@@ -28,12 +36,45 @@ from turnout.store.secrets import SecretBox, SecretError
 from turnout.upstream.client import UpstreamClient
 from turnout.upstream.http1 import DialGuard
 
-__all__ = ["EndpointManager", "Probe", "probe"]
+__all__ = ["EndpointManager", "Probe", "hint_field", "probe", "url_private"]
 
 log = logging.getLogger("turnout.endpoints")
 
 _SYNC_S = 5.0  # how often registrations made elsewhere (the CLI) are picked up
 _FAILURES = {f.value: f for f in Failure}
+# the form field a failed check's hint is about (the UI shows the hint next to it)
+_FIELDS = {
+    Failure.REFUSED: "url",
+    Failure.DNS: "url",
+    Failure.TLS: "url",
+    Failure.TIMEOUT: "url",
+    Failure.PRIVATE: "url",
+    Failure.FORBIDDEN_ADDRESS: "url",
+    Failure.HTTP: "url",
+    Failure.AUTH: "credential",
+    Failure.WRONG_API: "api",
+    Failure.BAD_ANSWER: "api",
+}
+
+
+def hint_field(failure: Failure | None) -> str | None:
+    """Which field of an endpoint (``url``, ``api``, ``credential``) a failure's hint is about."""
+    return None if failure is None else _FIELDS.get(failure, "url")
+
+
+def url_private(url: str) -> bool | None:
+    """Whether the URL's host is an address the SSRF guard refuses without the private-network opt-in:
+    True for a private or loopback IP literal (or ``localhost``), False for a public literal, None for a
+    host name (only known once resolved: the check then fails with ``dial_refused_private``)."""
+    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+    verdict = check_address(host, allow_private=False)
+    return not verdict.allowed and not verdict.always and check_hostname(host).allowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +102,7 @@ class Probe:
             "status": self.status,
             "error": self.error,
             "hint": self.hint,
+            "field": hint_field(self.failure),
         }
 
 
@@ -121,12 +163,24 @@ class EndpointManager:
         self.secrets = secrets
         self.guard = DialGuard(allow_private=settings.endpoint_env.allow_private)
         self._records: dict[str, EndpointRecord] = {}
+        self._since: dict[str, float] = {}  # epoch time each endpoint entered its current state
+        self._last_online: dict[str, float] = {}  # epoch time of the last check that found it routable
+        self._failure: dict[str, Failure | None] = {}  # the failure of the last check
         self._task: asyncio.Task[None] | None = None
         self.on_change: Any = None
 
     @property
     def timeout_s(self) -> float:
         return self.settings.health.timeout_s
+
+    @property
+    def private_networks_allowed(self) -> bool:
+        """The gateway's opt-in (APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS) for private destinations."""
+        return self.settings.endpoint_env.allow_private
+
+    async def test_unsaved(self, url: str, api: str, credential: str | None) -> Probe:
+        """Probe an endpoint that is not registered: nothing is stored and the fleet does not change."""
+        return await probe(self.client, url, api, credential, self.guard, self.timeout_s)
 
     def credential(self, record: EndpointRecord) -> str | None:
         return None if record.credential is None else self.secrets.decrypt(record.credential)
@@ -143,6 +197,8 @@ class EndpointManager:
             if name not in records:
                 self.fleet.workers.pop(name, None)
                 del self._records[name]
+                for memo in (self._since, self._last_online, self._failure):
+                    memo.pop(name, None)
         changed = []
         for name, record in records.items():
             if self._records.get(name) == record:
@@ -158,6 +214,9 @@ class EndpointManager:
             previous = self.fleet.workers.get(name)
             if previous is not None and previous.external is not None and self._records[name].url == record.url:
                 state.external.state = previous.external.state  # type: ignore[union-attr]
+            else:
+                self._since[name] = time.time()  # new, or a new URL: its state starts over (unknown)
+                self._failure.pop(name, None)
             self.fleet.workers[name] = state
             self._records[name] = record
             changed.append(name)
@@ -218,6 +277,11 @@ class EndpointManager:
         before = ext.state
         ext.state = next_state(before, result.result())
         ext.last_check, ext.latency_ms, ext.hint = time.time(), result.latency_ms, result.hint
+        self._failure[name] = result.failure
+        if ext.state.routable:
+            self._last_online[name] = ext.last_check
+        if ext.state is not before or name not in self._since:
+            self._since[name] = ext.last_check
         state.healthy = ext.state.routable
         state.checked = True
         state.last_error = result.error
@@ -240,6 +304,7 @@ class EndpointManager:
         state.mark_down(error)
         if state.external is not None and state.external.state.routable:
             state.external.state = EndpointState.UNREACHABLE
+            self._since[state.name] = time.time()
 
     async def start(self) -> None:
         for hint_text in self.settings.endpoint_env.hints:
@@ -269,22 +334,30 @@ class EndpointManager:
                 log.exception("endpoint check round failed")
 
     def describe(self) -> list[dict[str, Any]]:
-        out = []
-        for name, record in sorted(self._records.items()):
-            state = self.fleet.workers.get(name)
-            ext = state.external if state is not None else None
-            out.append(
-                {
-                    **record.to_json(),
-                    "state": ext.state.value if ext else EndpointState.UNKNOWN.value,
-                    "last_check": ext.last_check if ext else None,
-                    "latency_ms": None if ext is None or ext.latency_ms is None else round(ext.latency_ms, 1),
-                    "last_error": state.last_error if state else None,
-                    "hint": ext.hint if ext else None,
-                    "models": sorted(state.inventory) if state is not None and state.inventory is not None else [],
-                }
-            )
-        return out
+        return [self._describe(name, record) for name, record in sorted(self._records.items())]
+
+    def describe_one(self, name: str) -> dict[str, Any] | None:
+        record = self._records.get(name)
+        return None if record is None else self._describe(name, record)
+
+    def _describe(self, name: str, record: EndpointRecord) -> dict[str, Any]:
+        state = self.fleet.workers.get(name)
+        ext = state.external if state is not None else None
+        failure = self._failure.get(name)
+        return {
+            **record.to_json(),
+            "state": ext.state.value if ext else EndpointState.UNKNOWN.value,
+            "state_since": self._since.get(name),
+            "last_online": self._last_online.get(name),
+            "last_check": ext.last_check if ext else None,
+            "latency_ms": None if ext is None or ext.latency_ms is None else round(ext.latency_ms, 1),
+            "last_error": state.last_error if state else None,
+            "last_failure": None if failure is None else failure.value,
+            "hint": ext.hint if ext else None,
+            "hint_field": hint_field(failure),
+            "url_private": url_private(record.url),
+            "models": sorted(state.inventory) if state is not None and state.inventory is not None else [],
+        }
 
 
 def _namespaced_inventory(state: WorkerState, api: str, body: Any) -> None:

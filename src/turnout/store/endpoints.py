@@ -1,19 +1,41 @@
-"""External endpoints: servers Turnout routes to but never manages (a Mac's Ollama, LM Studio, a cloud API)."""
+"""External endpoints: servers Turnout routes to but never manages (a Mac's Ollama, LM Studio, a cloud API).
+
+``update`` and ``remove`` take a ``check`` called with the current record inside the transaction (the
+admin API's If-Match), and write only if the row is still the one checked (its ``updated_at``): a change
+made meanwhile by another replica or the CLI raises :class:`~turnout.store.keys.StaleRecord`.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from turnout.core.names import model_name_problem
 from turnout.store.db import Database, StoreError
+from turnout.store.keys import StaleRecord
 from turnout.store.schema import endpoints
 
-__all__ = ["API_TYPES", "MAX_LATENCY_BUDGET_MS", "EndpointRecord", "EndpointStore", "validate_endpoint"]
+__all__ = [
+    "API_TYPES",
+    "MAX_LATENCY_BUDGET_MS",
+    "EndpointExists",
+    "EndpointRecord",
+    "EndpointStore",
+    "validate_endpoint",
+]
+
+Check = Callable[["EndpointRecord"], None]
+T = TypeVar("T")
+
+
+class EndpointExists(StoreError):
+    """An endpoint of that name is registered already (the admin API answers 409)."""
+
 
 API_TYPES = ("openai", "ollama")
 MAX_URL = 2048  # the column's width
@@ -85,6 +107,7 @@ class EndpointStore:
         now: float,
     ) -> EndpointRecord:
         validate_endpoint(name, url, api, latency_budget_ms, fallback_model)
+        taken = f'an endpoint named "{name}" already exists; choose another name or change that one'
         try:
             with self.db.engine.begin() as conn:
                 conn.execute(
@@ -100,34 +123,68 @@ class EndpointStore:
                     )
                 )
         except IntegrityError:
-            raise StoreError(f'an endpoint named "{name}" already exists') from None
+            raise EndpointExists(taken) from None
+        except StoreError:
+            if self.exists(name):
+                raise EndpointExists(taken) from None
+            raise
         return self.get(name)
 
-    def update(self, name: str, changes: dict[str, Any], *, now: float) -> tuple[EndpointRecord, EndpointRecord]:
-        before = self.get(name)
+    def exists(self, name: str) -> bool:
+        with self.db.begin() as conn:
+            return conn.execute(select(endpoints.c.id).where(endpoints.c.name == name)).first() is not None
+
+    def update(
+        self, name: str, changes: dict[str, Any], *, now: float, check: Check | None = None
+    ) -> tuple[EndpointRecord, EndpointRecord]:
         for required in ("url", "api"):
             if required in changes and changes[required] is None:
                 raise StoreError(f"the {required} of an endpoint cannot be removed")
-        merged = {**before.to_json(), **changes}
-        validate_endpoint(name, merged["url"], merged["api"], merged["latency_budget_ms"], merged["fallback_model"])
         values = {
             k: v for k, v in changes.items() if k in ("url", "api", "credential", "fallback_model", "latency_budget_ms")
         }
         if "url" in values:
             values["url"] = values["url"].rstrip("/")
         with self.db.begin() as conn:
-            conn.execute(update(endpoints).where(endpoints.c.name == name).values(**values, updated_at=now))
-        return before, self.get(name)
+            before = self._get(conn, name)
+            if check is not None:
+                check(before)
+            merged = {**before.to_json(), **changes}
+            validate_endpoint(name, merged["url"], merged["api"], merged["latency_budget_ms"], merged["fallback_model"])
+            done = conn.execute(
+                update(endpoints)
+                .where(endpoints.c.name == name, endpoints.c.updated_at == before.updated_at)
+                .values(**values, updated_at=now)
+            )
+            if done.rowcount != 1:
+                raise StaleRecord(f'endpoint "{name}" was changed by someone else meanwhile; reload it and retry')
+            return before, self._get(conn, name)
 
-    def remove(self, name: str) -> EndpointRecord:
-        record = self.get(name)
+    def remove(self, name: str, *, check: Check | None = None) -> EndpointRecord:
+        return self.remove_and(name, check=check)[0]
+
+    def remove_and(
+        self, name: str, *, check: Check | None = None, then: Callable[[Connection], T] | None = None
+    ) -> tuple[EndpointRecord, T | None]:
+        """Remove the endpoint and run ``then`` (e.g. revoking its keys) in the same transaction: both
+        happen or neither does. (record, what ``then`` returned)."""
         with self.db.begin() as conn:
-            conn.execute(delete(endpoints).where(endpoints.c.name == name))
-        return record
+            record = self._get(conn, name)
+            if check is not None:
+                check(record)
+            done = conn.execute(
+                delete(endpoints).where(endpoints.c.name == name, endpoints.c.updated_at == record.updated_at)
+            )
+            if done.rowcount != 1:
+                raise StaleRecord(f'endpoint "{name}" was changed by someone else meanwhile; reload it and retry')
+            return record, None if then is None else then(conn)
 
     def get(self, name: str) -> EndpointRecord:
         with self.db.begin() as conn:
-            row = conn.execute(select(endpoints).where(endpoints.c.name == name)).mappings().first()
+            return self._get(conn, name)
+
+    def _get(self, conn: Connection, name: str) -> EndpointRecord:
+        row = conn.execute(select(endpoints).where(endpoints.c.name == name)).mappings().first()
         if row is None:
             raise KeyError(f'no endpoint "{name}" (see: turnout endpoint list)')
         return EndpointRecord(**dict(row))

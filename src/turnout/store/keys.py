@@ -2,6 +2,11 @@
 
 Key format: ``tk_`` + 43 URL-safe characters (256 random bits). A key is referred to by its id or its
 display prefix (the first 10 characters) in the CLI and admin API.
+
+Every key has a computed state (:meth:`KeyRecord.state`): ``active``, ``revoked``, ``expired``, or
+``in_grace`` (rotated, still working until its ``expires_at``). Changes that may race another writer
+(``update``, ``revoke``, ``rotate``) lock the row (``SELECT ... FOR UPDATE`` where the database has it)
+and call the caller's ``check`` with the current record first (the admin API's If-Match).
 """
 
 from __future__ import annotations
@@ -9,16 +14,36 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, CursorResult, func, insert, select, update
+from sqlalchemy import Connection, CursorResult, RowMapping, Select, func, insert, select, update
 
 from turnout.core.patterns import Pattern, parse_pattern
 from turnout.store.db import Database, StoreError
 from turnout.store.schema import apps, keys, tenants
 
-__all__ = ["KEY_PREFIX", "MAX_INT", "MAX_NAME", "KeyRecord", "KeyStore", "hash_key", "parse_scopes"]
+__all__ = [
+    "KEY_PREFIX",
+    "KEY_STATES",
+    "MAX_INT",
+    "MAX_NAME",
+    "KeyRecord",
+    "KeyStore",
+    "StaleRecord",
+    "hash_key",
+    "parse_scopes",
+]
+
+KEY_STATES = ("active", "revoked", "expired", "in_grace")
+UNSET: Any = object()  # "not given" for update(); None means "remove the limit"
+
+
+class StaleRecord(StoreError):
+    """A guarded write found the row changed by another writer since it was checked (the API answers 412)."""
+
 
 KEY_PREFIX = "tk_"
 DEFAULT_TENANT = "default"
@@ -58,6 +83,25 @@ class KeyRecord:
     revoked_at: float | None
     lineage: int
     created_at: float
+    rotated_to: int | None = None
+
+    def state(self, now: float) -> str:
+        """``revoked``, ``expired``, ``in_grace`` (rotated; works until ``expires_at``) or ``active``."""
+        if self.revoked_at is not None and self.revoked_at <= now:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= now:
+            return "expired"
+        if self.rotated_to is not None:
+            return "in_grace"
+        return "active"
+
+    def reaches_endpoint(self, name: str) -> bool:
+        """Whether some scope can match a model of endpoint ``name`` (``<name>/<model>``; ``*`` reaches all)."""
+        space = f"{name}/"
+        return any(
+            p.prefix.startswith(space) if p.exact else (p.prefix.startswith(space) or space.startswith(p.prefix))
+            for p in self.scopes
+        )
 
     def usable(self, now: float) -> str | None:
         """None when the key may be used at ``now``, else why not."""
@@ -70,7 +114,8 @@ class KeyRecord:
     def allows(self, model: str) -> bool:
         return any(p.matches(model) for p in self.scopes)
 
-    def to_json(self) -> dict[str, Any]:
+    def stored_json(self) -> dict[str, Any]:
+        """The stored fields only (what the ETag covers: the same for every reader at any time)."""
         return {
             "id": self.id,
             "prefix": self.prefix,
@@ -81,8 +126,18 @@ class KeyRecord:
             "daily_tokens": self.daily_tokens,
             "expires_at": self.expires_at,
             "revoked_at": self.revoked_at,
+            "rotated_to": self.rotated_to,
             "created_at": self.created_at,
         }
+
+    def to_json(self, now: float | None = None) -> dict[str, Any]:
+        """Stored fields plus the computed ``state`` at ``now`` (default: the current time) and
+        ``grace_until`` (the time a rotated key stops working; None unless in grace)."""
+        state = self.state(time.time() if now is None else now)
+        return {**self.stored_json(), "state": state, "grace_until": self.expires_at if state == "in_grace" else None}
+
+
+Check = Callable[[KeyRecord], None]
 
 
 class KeyStore:
@@ -114,12 +169,16 @@ class KeyStore:
             record = self._load(conn, key_id)
         return record, plaintext
 
-    def rotate(self, ref: str, *, grace_s: float, now: float) -> tuple[KeyRecord, KeyRecord, str]:
+    def rotate(
+        self, ref: str, *, grace_s: float, now: float, check: Check | None = None
+    ) -> tuple[KeyRecord, KeyRecord, str]:
         """(old, new, plaintext): the new key copies scopes and limits; the old one works for ``grace_s``."""
         if not (math.isfinite(grace_s) and grace_s >= 0):
             raise StoreError("grace_s must be a finite number of seconds >= 0")
         with self.db.begin() as conn:
-            old = self._resolve(conn, ref)
+            old = self._resolve(conn, ref, lock=True)
+            if check is not None:
+                check(old)
             if old.usable(now) is not None:
                 raise StoreError(f"key {old.prefix} cannot be rotated: {old.usable(now)}")
             row = conn.execute(select(keys).where(keys.c.id == old.id)).mappings().one()
@@ -139,13 +198,67 @@ class KeyStore:
             conn.execute(update(keys).where(keys.c.id == old.id).values(expires_at=until, rotated_to=new_id))
             return self._load(conn, old.id), self._load(conn, new_id), plaintext
 
-    def revoke(self, ref: str, *, now: float) -> tuple[KeyRecord, KeyRecord]:
+    def revoke(self, ref: str, *, now: float, check: Check | None = None) -> tuple[KeyRecord, KeyRecord]:
         """(before, after)."""
         with self.db.begin() as conn:
-            before = self._resolve(conn, ref)
+            before = self._resolve(conn, ref, lock=True)
+            if check is not None:
+                check(before)
             if before.revoked_at is None:
                 conn.execute(update(keys).where(keys.c.id == before.id).values(revoked_at=now))
             return before, self._load(conn, before.id)
+
+    def update(
+        self,
+        ref: str,
+        *,
+        now: float,
+        scopes: list[str] = UNSET,
+        rpm: int | None = UNSET,
+        daily_tokens: int | None = UNSET,
+        expires_at: float | None = UNSET,
+        check: Check | None = None,
+    ) -> tuple[KeyRecord, KeyRecord]:
+        """Change a key's scopes and limits (only the arguments given; None removes a limit or the expiry).
+        (before, after). A revoked key cannot be changed."""
+        values: dict[str, Any] = {}
+        if scopes is not UNSET:
+            values["models"] = parse_scopes(scopes)
+        for name, value in (("rpm", rpm), ("daily_tokens", daily_tokens)):
+            if value is UNSET:
+                continue
+            if value is not None and not 1 <= value <= MAX_INT:
+                raise StoreError(f"{name} must be from 1 to {MAX_INT}, got {value}")
+            values[name] = value
+        if expires_at is not UNSET:
+            if expires_at is not None and not math.isfinite(expires_at):
+                raise StoreError("expires_at must be a finite time")
+            values["expires_at"] = expires_at
+        with self.db.begin() as conn:
+            before = self._resolve(conn, ref, lock=True)
+            if check is not None:
+                check(before)
+            if before.state(now) == "revoked":
+                raise StoreError(f"key {before.prefix} is revoked and cannot be changed; create a new key")
+            if values:
+                conn.execute(update(keys).where(keys.c.id == before.id).values(**values))
+            return before, self._load(conn, before.id)
+
+    def revoke_endpoint_keys(
+        self, endpoint: str, *, now: float, conn: Connection | None = None
+    ) -> list[tuple[KeyRecord, KeyRecord]]:
+        """Revoke the keys registration printed for ``endpoint`` (app ``endpoint-<name>``, scope ``<name>/*``,
+        and their rotations); (before, after) for each key that was not revoked yet. ``conn``: run inside
+        that transaction (removing the endpoint in the same one)."""
+        if conn is None:
+            with self.db.begin() as own:
+                return self.revoke_endpoint_keys(endpoint, now=now, conn=own)
+        out = []
+        for record in self._records(conn, select(keys.c.id).where(apps.c.name == f"endpoint-{endpoint}")):
+            if record.revoked_at is None and [p.text for p in record.scopes] == [f"{endpoint}/*"]:
+                conn.execute(update(keys).where(keys.c.id == record.id).values(revoked_at=now))
+                out.append((record, self._load(conn, record.id)))
+        return out
 
     def get(self, ref: str) -> KeyRecord:
         with self.db.begin() as conn:
@@ -153,8 +266,49 @@ class KeyStore:
 
     def all(self) -> list[KeyRecord]:
         with self.db.begin() as conn:
-            ids = conn.execute(select(keys.c.id).order_by(keys.c.id)).scalars().all()
-            return [self._load(conn, i) for i in ids]
+            return self._records(conn, select(keys.c.id))
+
+    def tenants(self) -> list[dict[str, Any]]:
+        """Every tenant with its fair-share settings and how many apps and keys it has."""
+        with self.db.begin() as conn:
+            rows = conn.execute(select(tenants).order_by(tenants.c.name)).mappings().all()
+            app_counts: dict[int, int] = dict(
+                conn.execute(select(apps.c.tenant_id, func.count()).group_by(apps.c.tenant_id)).all()
+            )
+            key_counts: dict[int, int] = dict(
+                conn.execute(
+                    select(apps.c.tenant_id, func.count())
+                    .select_from(keys.join(apps, keys.c.app_id == apps.c.id))
+                    .group_by(apps.c.tenant_id)
+                ).all()
+            )
+        return [
+            {
+                "name": r["name"],
+                "max_concurrent": r["max_concurrent"],
+                "weight": r["weight"] or 1,
+                "created_at": r["created_at"],
+                "apps": int(app_counts.get(r["id"], 0)),
+                "keys": int(key_counts.get(r["id"], 0)),
+            }
+            for r in rows
+        ]
+
+    def apps(self) -> list[dict[str, Any]]:
+        """Every app with its tenant and how many keys it has."""
+        with self.db.begin() as conn:
+            rows = conn.execute(
+                select(apps.c.id, apps.c.name, apps.c.created_at, tenants.c.name.label("tenant"))
+                .join(tenants, apps.c.tenant_id == tenants.c.id)
+                .order_by(apps.c.name)
+            ).all()
+            counts: dict[int, int] = dict(
+                conn.execute(select(keys.c.app_id, func.count()).group_by(keys.c.app_id)).all()
+            )
+        return [
+            {"name": r.name, "tenant": r.tenant, "created_at": r.created_at, "keys": int(counts.get(r.id, 0))}
+            for r in rows
+        ]
 
     def find(self, plaintext: str) -> KeyRecord | None:
         """The record of a presented key, or None. Constant work whatever the key looks like."""
@@ -224,7 +378,7 @@ class KeyStore:
         )
         return plaintext, _new_id(result)
 
-    def _resolve(self, conn: Connection, ref: str) -> KeyRecord:
+    def _resolve(self, conn: Connection, ref: str, *, lock: bool = False) -> KeyRecord:
         ref = ref.strip()
         plaintext = ref.startswith(KEY_PREFIX) and len(ref) > 10
         shown = f"{ref[:10]}..." if plaintext else ref[:64]  # never echo a whole key
@@ -237,7 +391,7 @@ class KeyStore:
             query = query.where(keys.c.hash == hash_key(ref))
         else:
             query = query.where(keys.c.prefix == ref)
-        found = conn.execute(query).scalars().all()
+        found = conn.execute(query.with_for_update() if lock else query).scalars().all()
         if not found:
             raise KeyError(f'no key "{shown}" (use the id or the prefix shown by `turnout key list`)')
         if len(found) > 1:
@@ -245,39 +399,48 @@ class KeyStore:
         return self._load(conn, found[0])
 
     def _load(self, conn: Connection, key_id: int) -> KeyRecord:
-        row = (
-            conn.execute(
-                select(
-                    keys,
-                    apps.c.name.label("app"),
-                    tenants.c.name.label("tenant"),
-                    tenants.c.id.label("tenant_id"),
-                    tenants.c.max_concurrent.label("tmax"),
-                    tenants.c.weight.label("tweight"),
-                )
-                .join(apps, keys.c.app_id == apps.c.id)
-                .join(tenants, apps.c.tenant_id == tenants.c.id)
-                .where(keys.c.id == key_id)
+        found = self._records(conn, select(keys.c.id).where(keys.c.id == key_id))
+        if not found:
+            raise KeyError(f"no key with id {key_id}")
+        return found[0]
+
+    def _records(self, conn: Connection, ids: Select[Any]) -> list[KeyRecord]:
+        """Records of the keys whose ids ``ids`` selects (it may filter on keys, apps and tenants), by id."""
+        query = (
+            select(
+                keys,
+                apps.c.name.label("app"),
+                tenants.c.name.label("tenant"),
+                tenants.c.id.label("tenant_id"),
+                tenants.c.max_concurrent.label("tmax"),
+                tenants.c.weight.label("tweight"),
             )
-            .mappings()
-            .one()
+            .join(apps, keys.c.app_id == apps.c.id)
+            .join(tenants, apps.c.tenant_id == tenants.c.id)
+            .where(keys.c.id.in_(ids.join_from(keys, apps, keys.c.app_id == apps.c.id).scalar_subquery()))
+            .order_by(keys.c.id)
         )
-        return KeyRecord(
-            id=row["id"],
-            prefix=row["prefix"],
-            app=row["app"],
-            tenant=row["tenant"],
-            tenant_id=row["tenant_id"],
-            tenant_max_concurrent=row["tmax"],
-            tenant_weight=row["tweight"] or 1,
-            scopes=tuple(parse_pattern(p) for p in row["models"]),
-            rpm=row["rpm"],
-            daily_tokens=row["daily_tokens"],
-            expires_at=row["expires_at"],
-            revoked_at=row["revoked_at"],
-            lineage=row["lineage"] or row["id"],
-            created_at=row["created_at"],
-        )
+        return [_record(row) for row in conn.execute(query).mappings().all()]
+
+
+def _record(row: RowMapping) -> KeyRecord:
+    return KeyRecord(
+        id=row["id"],
+        prefix=row["prefix"],
+        app=row["app"],
+        tenant=row["tenant"],
+        tenant_id=row["tenant_id"],
+        tenant_max_concurrent=row["tmax"],
+        tenant_weight=row["tweight"] or 1,
+        scopes=tuple(parse_pattern(p) for p in row["models"]),
+        rpm=row["rpm"],
+        daily_tokens=row["daily_tokens"],
+        expires_at=row["expires_at"],
+        revoked_at=row["revoked_at"],
+        lineage=row["lineage"] or row["id"],
+        created_at=row["created_at"],
+        rotated_to=row["rotated_to"],
+    )
 
 
 def _new_id(result: CursorResult[Any]) -> int:

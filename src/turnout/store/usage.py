@@ -13,6 +13,11 @@ refuses is split in halves down to single rows; a row refused alone is tried onc
 ASCII, and one refused even so is reported back as :class:`Refused` while every other row is written.
 Only a database that cannot be reached leaves rows unwritten (:attr:`WriteResult.unwritten`), to be
 retried.
+
+Reading: :meth:`UsageStore.summary` (per bucket and group), :meth:`UsageStore.series` (one point per
+bucket, empty buckets included, for charts), both filtered by :class:`UsageFilter`; ``last_used`` (the
+latest minute with a request, per key: derived here so the request path never writes a key row) and
+``fallback_counts`` (requests sent to a fallback, per endpoint they fell back from).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Float, Integer, String, insert, select
+from sqlalchemy import BigInteger, Column, Float, Integer, Select, String, case, func, insert, or_, select
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
@@ -30,9 +35,49 @@ from turnout.core import latency
 from turnout.store.db import Database
 from turnout.store.schema import keys, usage
 
-__all__ = ["Refused", "Rollup", "UsageRow", "UsageStore", "WriteResult", "fit", "rollup"]
+__all__ = [
+    "BUCKETS",
+    "MAX_POINTS",
+    "Refused",
+    "Rollup",
+    "UsageFilter",
+    "UsageRow",
+    "UsageStore",
+    "WriteResult",
+    "fit",
+    "rollup",
+]
 
 Group = tuple[Any, ...]
+BUCKETS = {"minute": 60, "hour": 3600, "day": 86_400}
+MAX_POINTS = 5000  # buckets in one series
+
+
+@dataclass(frozen=True, slots=True)
+class UsageFilter:
+    """Which usage rows to read. ``endpoint``: rows of an external endpoint, served by it (worker column)
+    or sent to a fallback from it (``fallback_from`` = ``<endpoint>/<model>``); ``route``: the client API
+    route column (``openai:chat``); the others match their column exactly."""
+
+    key_id: int | None = None
+    endpoint: str | None = None
+    worker: str | None = None
+    model: str | None = None
+    route: str | None = None
+
+    def apply(self, query: Select[Any]) -> Select[Any]:
+        if self.key_id is not None:
+            query = query.where(usage.c.key_id == self.key_id)
+        if self.endpoint is not None:
+            like = self.endpoint.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "/%"
+            query = query.where(or_(usage.c.worker == self.endpoint, usage.c.fallback_from.like(like, escape="\\")))
+        if self.worker is not None:
+            query = query.where(usage.c.worker == self.worker)
+        if self.model is not None:
+            query = query.where(usage.c.model == self.model)
+        if self.route is not None:
+            query = query.where(usage.c.endpoint == self.route)
+        return query
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,66 +292,131 @@ class UsageStore:
     def insert_many(self, rows: Iterable[UsageRow]) -> WriteResult:
         return self.insert_rollups(rollup(rows))
 
-    def summary(self, *, since: float, key_id: int | None = None, bucket: str = "hour") -> list[dict[str, Any]]:
-        """Per (bucket start, key, endpoint, worker, model, fallback origin): counts (also per status), tokens,
-        latency min, p50, p95 and max. Percentiles lie within [min, max] (see ``latency.percentile`` for their
-        error bound); they are None when no request of the group carries a histogram (rows carried over from
-        before roll-ups), and min is None when some roll-up does not know its minimum (written before 0004)."""
-        width = 3600 if bucket == "hour" else 86_400
+    def _rows(self, since: float, until: float | None, where: UsageFilter) -> list[Any]:
         query = (
             select(usage, keys.c.prefix)
             .select_from(usage.outerjoin(keys, usage.c.key_id == keys.c.id))
             .where(usage.c.minute >= int(since // 60 * 60))
             .order_by(usage.c.minute)
         )
-        if key_id is not None:
-            query = query.where(usage.c.key_id == key_id)
+        if until is not None:
+            query = query.where(usage.c.minute < until)
         with self.db.begin() as conn:
-            rows = conn.execute(query).mappings().all()
+            return list(conn.execute(where.apply(query)).mappings().all())
+
+    def summary(
+        self,
+        *,
+        since: float,
+        key_id: int | None = None,
+        bucket: str = "hour",
+        where: UsageFilter | None = None,
+        until: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """Per (bucket start, key, endpoint, worker, model, fallback origin): counts (also per status), tokens,
+        latency min, p50, p95 and max. Percentiles lie within [min, max] (see ``latency.percentile`` for their
+        error bound); they are None when no request of the group carries a histogram (rows carried over from
+        before roll-ups), and min is None when some roll-up does not know its minimum (written before 0004)."""
+        width = BUCKETS[bucket]
+        where = where or UsageFilter(key_id=key_id)
         groups: dict[Group, dict[str, Any]] = {}
-        for r in rows:
+        for r in self._rows(since, until, where):
             start = r["minute"] // width * width
             group = (start, r["prefix"], r["endpoint"], r["worker"], r["model"], r["fallback_from"])
-            g = groups.setdefault(
-                group,
-                {
+            g = groups.get(group)
+            if g is None:
+                g = groups[group] = {
                     "bucket_start": start,
                     "key": r["prefix"],
                     "endpoint": r["endpoint"],
                     "worker": r["worker"],
                     "model": r["model"],
                     "fallback_from": r["fallback_from"],
-                    "requests": 0,
-                    "errors": 0,
-                    "statuses": {},
-                    "prompt_tokens": 0,
-                    "completion_tokens": 0,
-                    "_fine": {},
-                    "_coarse": {},
-                    "_min": math.inf,
-                    "_min_known": True,
-                    "_max": 0.0,
-                },
-            )
-            g["requests"] += r["requests"]
-            g["errors"] += r["errors"]
-            status = str(r["status"])
-            g["statuses"][status] = g["statuses"].get(status, 0) + r["requests"]
-            g["prompt_tokens"] += r["prompt_tokens"]
-            g["completion_tokens"] += r["completion_tokens"]
-            stored = r["latency_buckets"]
-            if isinstance(stored, dict):
-                latency.merge(g["_fine"], _sparse(stored, len(latency.BOUNDS_MS)))
-            elif isinstance(stored, list):  # written before 0004: dense counts per LEGACY_BOUNDS_MS bucket
-                latency.merge(g["_coarse"], _sparse(dict(enumerate(stored)), len(latency.LEGACY_BOUNDS_MS)))
-            if r["latency_ms_min"] is not None:
-                g["_min"] = min(g["_min"], r["latency_ms_min"])
-            elif r["requests"] == 1:  # one request: its max is its min
-                g["_min"] = min(g["_min"], r["latency_ms_max"])
-            else:
-                g["_min_known"] = False
-            g["_max"] = max(g["_max"], r["latency_ms_max"])
+                    **_empty(),
+                }
+            _add(g, r)
         return [_finish(g) for g in groups.values()]
+
+    def series(
+        self, *, since: float, until: float, bucket: str = "hour", where: UsageFilter | None = None
+    ) -> list[dict[str, Any]]:
+        """One point per bucket from ``since`` to ``until`` (empty buckets as zeros, so a chart has no gaps):
+        requests, errors, tokens, latency min, p50, p95 and max over every row ``where`` selects."""
+        width = BUCKETS[bucket]
+        first, last = int(since // width * width), int(until // width * width)
+        if (last - first) // width + 1 > MAX_POINTS:
+            raise ValueError(f"more than {MAX_POINTS} {bucket} buckets; choose a wider bucket or a later since")
+        points = {start: {"bucket_start": start, **_empty()} for start in range(first, last + 1, width)}
+        for r in self._rows(since, until, where or UsageFilter()):
+            point = points.get(r["minute"] // width * width)
+            if point is not None:
+                _add(point, r)
+        out = []
+        for point in points.values():
+            done = _finish(point)
+            done.pop("statuses")
+            out.append(done)
+        return out
+
+    def last_used(self) -> dict[int, float]:
+        """Per key id, the start of the latest minute it made a request in (what has been flushed)."""
+        query = select(usage.c.key_id, func.max(usage.c.minute)).where(usage.c.key_id.is_not(None))
+        with self.db.begin() as conn:
+            rows = conn.execute(query.group_by(usage.c.key_id)).all()
+        return {int(k): float(m) for k, m in rows}
+
+    def fallback_counts(self, *, since: float) -> dict[str, dict[str, int]]:
+        """Per endpoint requests fell back from: ``{"total": n, "since": m}`` (``since``: a recent window)."""
+        recent = func.sum(case((usage.c.minute >= int(since // 60 * 60), usage.c.requests), else_=0))
+        query = (
+            select(usage.c.fallback_from, func.sum(usage.c.requests), recent)
+            .where(usage.c.fallback_from.is_not(None))
+            .group_by(usage.c.fallback_from)
+        )
+        with self.db.begin() as conn:
+            rows = conn.execute(query).all()
+        out: dict[str, dict[str, int]] = {}
+        for origin, total, window in rows:
+            entry = out.setdefault(str(origin).split("/", 1)[0], {"total": 0, "since": 0})
+            entry["total"] += int(total or 0)
+            entry["since"] += int(window or 0)
+        return out
+
+
+def _empty() -> dict[str, Any]:
+    return {
+        "requests": 0,
+        "errors": 0,
+        "statuses": {},
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "_fine": {},
+        "_coarse": {},
+        "_min": math.inf,
+        "_min_known": True,
+        "_max": 0.0,
+    }
+
+
+def _add(g: dict[str, Any], r: Mapping[str, Any]) -> None:
+    g["requests"] += r["requests"]
+    g["errors"] += r["errors"]
+    status = str(r["status"])
+    g["statuses"][status] = g["statuses"].get(status, 0) + r["requests"]
+    g["prompt_tokens"] += r["prompt_tokens"]
+    g["completion_tokens"] += r["completion_tokens"]
+    stored = r["latency_buckets"]
+    if isinstance(stored, dict):
+        latency.merge(g["_fine"], _sparse(stored, len(latency.BOUNDS_MS)))
+    elif isinstance(stored, list):  # written before 0004: dense counts per LEGACY_BOUNDS_MS bucket
+        latency.merge(g["_coarse"], _sparse(dict(enumerate(stored)), len(latency.LEGACY_BOUNDS_MS)))
+    if r["latency_ms_min"] is not None:
+        g["_min"] = min(g["_min"], r["latency_ms_min"])
+    elif r["requests"] == 1:  # one request: its max is its min
+        g["_min"] = min(g["_min"], r["latency_ms_max"])
+    else:
+        g["_min_known"] = False
+    g["_max"] = max(g["_max"], r["latency_ms_max"])
 
 
 def _sparse(stored: Mapping[Any, Any], top: int) -> dict[int, int]:
