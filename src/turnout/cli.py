@@ -15,6 +15,7 @@ from aiohttp import web
 from turnout import __version__
 from turnout.admin.auth import TOKEN_FILE, ensure_admin_token
 from turnout.cli_accounts import register as register_accounts
+from turnout.cli_backup import register as register_backup
 from turnout.config import (
     CONFIG_FILE_NAME,
     ConfigError,
@@ -35,6 +36,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="Turnout: an 
 config_app = typer.Typer(no_args_is_help=True, help="Inspect and check configuration.")
 app.add_typer(config_app, name="config")
 register_accounts(app)
+register_backup(app)
 
 DEFAULT_CONFIG = Path("turnout-data") / CONFIG_FILE_NAME
 ConfigOption = Annotated[

@@ -15,6 +15,7 @@ from aiohttp import web
 from turnout.admin.accounts import AdminSignIns, add_account_routes
 from turnout.admin.api import add_admin_routes
 from turnout.admin.auth import AdminAuth
+from turnout.admin.backup_api import add_backup_routes
 from turnout.admin.endpoints_api import add_endpoint_routes
 from turnout.admin.ui import add_ui_routes, check_admin
 from turnout.config import ConfigError, Settings
@@ -50,6 +51,7 @@ from turnout.gateway.routes import add_client_routes
 from turnout.metrics import Metrics
 from turnout.redaction import handler_args
 from turnout.state.placement_store import PlacementStore
+from turnout.state.running import GatewayMark
 from turnout.store.audit import AuditLog
 from turnout.store.db import Database, database_url
 from turnout.store.endpoints import EndpointStore
@@ -201,11 +203,13 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
     add_admin_routes(app)
     add_account_routes(app)
     add_endpoint_routes(app)
+    add_backup_routes(app)
     add_ui_routes(app)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        mark = GatewayMark(settings.data_dir)  # `turnout backup restore` refuses while a gateway runs here
         await client.start()
         await accountant.start()
         await poller.poll_all()
@@ -221,6 +225,7 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
         await accountant.close()
         await client.close()
         database.close()
+        mark.release()
 
     app.cleanup_ctx.append(lifecycle)
     return app
