@@ -29,6 +29,7 @@ from turnout.state.backup import (
 )
 from turnout.state.running import GatewayMark
 from turnout.state.store_export import StoreExportError
+from turnout.store.audit import AuditLog
 from turnout.store.db import Database, database_url
 from turnout.store.keys import KeyStore
 
@@ -501,10 +502,13 @@ async def test_postgres_restore_loads_every_table_and_keeps_sequences(postgres_d
     dump = db_dump(postgres_database)
     db = Database(database_url(postgres_database, settings.data_dir))
     KeyStore(db).create(app="late", tenant=None, scopes=["*"], rpm=None, daily_tokens=None, expires_at=None, now=NOW)
+    AuditLog(db).record(actor="t", action="key.create", target="key:late", now=NOW + 5)
     db.close()
     result = restore_backup(out, config, env={})
     assert result.rows is not None and result.rows["keys"] == 1
-    assert db_dump(postgres_database) == dump
+    after = db_dump(postgres_database)
+    assert {k: v for k, v in after.items() if k != "audit"} == {k: v for k, v in dump.items() if k != "audit"}
+    assert len(after["audit"]) == len(dump["audit"]) + 1 and "key:late" in after["audit"][-1]  # append-only
     db = Database(database_url(postgres_database, settings.data_dir))
     try:  # the id sequences continue after the restored rows
         record, _ = KeyStore(db).create(

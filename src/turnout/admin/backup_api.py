@@ -81,6 +81,10 @@ async def download_backup(request: web.Request) -> web.StreamResponse:
             )
         except BackupError as exc:
             raise TurnoutError(f"the backup could not be made: {exc}", code="backup_failed") from None
+        handle = await asyncio.to_thread(created.path.open, "rb")
+    finally:  # the open handle keeps the file readable; nothing is left in the data dir, however the send ends
+        await asyncio.to_thread(shutil.rmtree, workdir, True)
+    with handle:
         await audit_change(
             request,
             "backup.create",
@@ -102,13 +106,10 @@ async def download_backup(request: web.Request) -> web.StreamResponse:
             }
         )
         await response.prepare(request)
-        with created.path.open("rb") as handle:
-            while chunk := await asyncio.to_thread(handle.read, _CHUNK):
-                await response.write(chunk)
+        while chunk := await asyncio.to_thread(handle.read, _CHUNK):
+            await response.write(chunk)
         await response.write_eof()
         return response
-    finally:
-        await asyncio.to_thread(shutil.rmtree, workdir, True)
 
 
 async def _receive(request: web.Request, out: IO[bytes]) -> int:

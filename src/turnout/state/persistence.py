@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from turnout.state.backup import StatePaths
@@ -28,8 +28,10 @@ def public_url(url: str) -> str:
         parsed = make_url(url)
     except Exception:  # a URL SQLAlchemy cannot parse: say nothing more than its scheme
         return url.split(":", 1)[0] + "://..."
-    driver = parsed.drivername.split("+", 1)[0]
-    return parsed.set(drivername=driver, password=None).render_as_string(hide_password=False)
+    shown = URL.create(
+        parsed.drivername.split("+", 1)[0], parsed.username, None, parsed.host, parsed.port, parsed.database
+    )  # no password, no query (it may carry one too)
+    return shown.render_as_string(hide_password=False)
 
 
 def _stat(path: Path) -> tuple[bool, int | None, float | None]:

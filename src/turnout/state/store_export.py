@@ -11,7 +11,8 @@ revision, loads the rows, resets the id sequences and migrates on to head. A fai
 back.
 
 Browser sessions (``admin_sessions``) are not exported: a restore keeps the sessions of the target, so an
-operator restoring from the admin UI stays signed in.
+operator restoring from the admin UI stays signed in. The audit log is append-only, and a restore keeps it
+so: the target's entries newer than the backup's newest are appended to the restored log.
 """
 
 from __future__ import annotations
@@ -139,7 +140,9 @@ def sqlite_revision(path: Path) -> str:
 
 
 def sqlite_prepare(staged: Path, live: Path) -> None:
-    """Bring the staged copy to head and carry the live database's kept tables (sessions) into it."""
+    """Bring the staged copy to head and carry over from the live database what a restore keeps: its browser
+    sessions, and its audit entries newer than the backup's (the audit log is append-only: a restore never
+    erases the record of what happened after the backup, the restore included)."""
     url = f"sqlite:///{staged}"
     engine = create_engine(url)
     try:
@@ -161,12 +164,22 @@ def sqlite_prepare(staged: Path, live: Path) -> None:
                 if mine and mine == theirs:
                     db.execute(f'DELETE FROM main."{table}"')
                     db.execute(f'INSERT INTO main."{table}" SELECT * FROM live."{table}"')
+            ours = [r[1] for r in db.execute('PRAGMA main.table_info("audit")')]
+            live_columns = {r[1] for r in db.execute('PRAGMA live.table_info("audit")')}
+            common = ", ".join(f'"{c}"' for c in ours if c in live_columns and c != "id")
+            if ours and "ts" in live_columns:
+                db.execute(
+                    f"INSERT INTO main.audit ({common}) SELECT {common} FROM live.audit "
+                    "WHERE ts > (SELECT COALESCE(MAX(ts), -1) FROM main.audit) ORDER BY id"
+                )
             db.commit()
             db.execute("DETACH DATABASE live")
         finally:
             db.close()
-    except sqlite3.Error:
-        return  # sessions are a convenience; the restore goes on without them
+    except sqlite3.Error as exc:
+        raise StoreExportError(
+            f"cannot carry sessions and later audit entries into the restored store: {exc}"
+        ) from None
 
 
 def sqlite_restore(staged: Path, live: Path) -> None:
@@ -264,11 +277,13 @@ def postgres_restore(
 ) -> dict[str, int]:
     """Replace the store's content with the exported ``tables`` (read through ``member``) in one transaction;
     return rows loaded per table."""
+    newest = _newest_audit(member) if "audit" in tables else None
     engine = create_engine(url)
     loaded: dict[str, int] = {}
     try:
         with engine.begin() as conn:
             kept = _read_kept(conn)
+            later = _later_audit(conn, newest)
             metadata.drop_all(conn, checkfirst=True)
             conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
             _upgrade(conn, revision)
@@ -293,6 +308,7 @@ def postgres_restore(
                 _reset_sequence(conn, table)
             _upgrade(conn, "head")
             _write_kept(conn, kept)
+            _append_audit(conn, later)
     except SQLAlchemyError as exc:
         raise StoreExportError(
             f"cannot load the backup into the PostgreSQL store (nothing was changed): {exc.__class__.__name__}: "
@@ -337,3 +353,31 @@ def _write_kept(conn: Connection, kept: dict[str, list[dict[str, Any]]]) -> None
         if set(rows[0]) == set(table.columns.keys()):
             conn.execute(table.delete())
             conn.execute(table.insert(), rows)
+
+
+def _newest_audit(member: Callable[[str], contextlib.AbstractContextManager[IO[bytes]]]) -> float:
+    newest = -1.0
+    with member("store/audit.jsonl") as handle:
+        for line in handle:
+            if line.strip():
+                with contextlib.suppress(orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
+                    newest = max(newest, float(orjson.loads(line).get("ts")))
+    return newest
+
+
+def _later_audit(conn: Connection, newest: float | None) -> list[dict[str, Any]]:
+    if "audit" not in set(inspect(conn).get_table_names()):
+        return []
+    table = Table("audit", MetaData(), autoload_with=conn)
+    query = select(table).order_by(table.c.id)
+    if newest is not None:
+        query = query.where(table.c.ts > newest)
+    return [{str(k): v for k, v in r.items() if k != "id"} for r in conn.execute(query).mappings()]
+
+
+def _append_audit(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    table = Table("audit", MetaData(), autoload_with=conn)
+    columns = set(table.columns.keys())
+    conn.execute(table.insert(), [{k: v for k, v in r.items() if k in columns} for r in rows])
