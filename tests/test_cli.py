@@ -357,3 +357,48 @@ def test_cli_refuses_out_of_range_options(tmp_path: Path, args: list[str], flag:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, (result.output, result.exception)
     assert flag in result.stderr, result.stderr
+
+
+def test_backup_create_and_restore(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"storage": {"data_dir": "state"}}))
+    c = ["--config", str(config)]
+    key = run(["key", "create", "--app", "web", *c], tmp_path).stdout.strip()
+    assert key.startswith("tk_")
+    created = run(["backup", "create", "-o", str(tmp_path / "b.zip"), *c], tmp_path)
+    assert created.returncode == 0, created.stderr
+    assert "b.zip" in created.stdout and "secret key is not in it" in created.stdout
+    assert stat.S_IMODE((tmp_path / "b.zip").stat().st_mode) == 0o600
+    default = run(["backup", "create", "--include-secret-key", *c], tmp_path)
+    assert default.returncode == 0 and "no secret key yet" in default.stdout
+    (tmp_path / "state" / "secret.key").write_text("cw_0x689RpI-jtRR7oE8h9Tg3bmVD8MhlC3OLBOgBHU=\n")
+    with_key = run(["backup", "create", "--include-secret-key", "-o", str(tmp_path / "k.zip"), *c], tmp_path)
+    assert with_key.returncode == 0 and "holds the secret key" in with_key.stdout
+    assert len(list(tmp_path.glob("turnout-backup-*.zip"))) == 1
+
+    assert run(["key", "revoke", key[:10], *c], tmp_path).returncode == 0
+    restored = run(["backup", "restore", str(tmp_path / "b.zip"), *c], tmp_path)
+    assert restored.returncode == 0, restored.stderr
+    assert "restored  store" in restored.stdout and "unchanged config.json" in restored.stdout
+    listing = run(["key", "list", *c], tmp_path).stdout
+    assert key[:10] in listing and "revoked" not in listing
+    audit = [e["action"] for e in json.loads(run(["audit", *c], tmp_path).stdout)]
+    assert audit[:3] == ["backup.restore", "key.revoke", "backup.create"]  # later entries kept
+
+    (tmp_path / "bad.zip").write_bytes((tmp_path / "b.zip").read_bytes()[:200])
+    bad = run(["backup", "restore", str(tmp_path / "bad.zip"), *c], tmp_path)
+    assert bad.returncode == 2 and "nothing was changed" in bad.stderr and "truncated" in bad.stderr
+    missing = run(["backup", "restore", str(tmp_path / "nope.zip"), *c], tmp_path)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_backup_restore_refuses_while_the_gateway_runs(tmp_path: Path) -> None:
+    with serving(tmp_path):
+        created = run(["backup", "create", "-o", "b.zip", "--config", "turnout-data/config.json"], tmp_path)
+        assert created.returncode == 0, created.stderr  # safe while it runs
+        before = (tmp_path / "turnout-data" / "config.json").read_bytes()
+        refused = run(["backup", "restore", "b.zip", "--config", "turnout-data/config.json"], tmp_path)
+        assert refused.returncode == 2 and "a gateway is running" in refused.stderr
+        assert (tmp_path / "turnout-data" / "config.json").read_bytes() == before
+    restored = run(["backup", "restore", "b.zip", "--config", "turnout-data/config.json"], tmp_path)
+    assert restored.returncode == 0, restored.stderr

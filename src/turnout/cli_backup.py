@@ -84,6 +84,8 @@ def backup_create(
     )
     if manifest.secret_key_included:
         typer.echo("it holds the secret key: whoever has the ZIP can decrypt the endpoint credentials in it")
+    elif include_secret_key:
+        typer.echo("there is no secret key yet (no credential was ever stored), so none is in it")
     else:
         typer.echo(
             "the secret key is not in it: endpoint credentials stay encrypted and decrypt only with this "
