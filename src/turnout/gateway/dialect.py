@@ -21,7 +21,11 @@ class Dialect(StrEnum):
 def error_body(dialect: Dialect, err: TurnoutError) -> bytes:
     if dialect is Dialect.OLLAMA:
         return orjson.dumps({"error": err.message})
-    return orjson.dumps({"error": {"message": err.message, "type": err.type, "code": err.code}})
+    body: dict[str, object] = {"message": err.message, "type": err.type, "code": err.code}
+    field = getattr(err, "field", None)
+    if dialect is Dialect.ADMIN and field:  # a 422's field, for the admin UI to show the message next to it
+        body["field"] = field
+    return orjson.dumps({"error": body})
 
 
 def json_response(obj: object, status: int = 200) -> web.Response:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from turnout.admin.ui.operator_pages import add_operator_pages
 from turnout.admin.ui.overview import add_overview_routes
 from turnout.admin.ui.render import STATIC, UI, Ui
 from turnout.admin.ui.security import SESSION_STORE, add_security_headers, check_admin
@@ -33,3 +34,4 @@ def add_ui_routes(app: web.Application) -> None:
     app.router.add_static("/admin/static/", STATIC, name="ui.static", append_version=True)
     add_signin_routes(app)
     add_overview_routes(app)
+    add_operator_pages(app)

@@ -1,0 +1,13 @@
+"""Mounts the operator pages: Endpoints, Keys, Usage, Audit, Runtime pools, Persistence (one module each)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from turnout.admin.ui.endpoints_page import add_endpoints_routes
+
+__all__ = ["add_operator_pages"]
+
+
+def add_operator_pages(app: web.Application) -> None:
+    add_endpoints_routes(app)
