@@ -82,6 +82,15 @@ async def test_persistence_with_pools_and_postgres(
     assert entries["claims"]["backup"] == "included" and entries["claim_status"]["backup"] == "excluded"
     registry = entries["engine_registry:gpu-0"]
     assert registry["path"] == "http://127.0.0.1:9" and registry["backup"] == "excluded"
+    # a PostgreSQL round trip through the running gateway
+    _, created = await call(gw, "POST", "/admin/api/keys", {"app": "web", "models": ["*"]})
+    _, _, data = await download(gw)
+    assert (await call(gw, "POST", f"/admin/api/keys/{created['key'][:10]}/revoke"))[0] == 200
+    status, body = await upload(gw, data)
+    assert status == 200, body
+    assert body["rows"]["keys"] == 1 and "store (PostgreSQL)" in body["restored"]
+    _, keys = await call(gw, "GET", "/admin/api/keys")
+    assert [k["revoked_at"] for k in keys["keys"]] == [None]
 
 
 async def test_download_then_restore_through_the_api(gw: Gateway) -> None:

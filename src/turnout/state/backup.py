@@ -22,6 +22,7 @@ import io
 import json
 import os
 import secrets
+import shutil
 import tempfile
 import time
 import zipfile
@@ -385,7 +386,10 @@ class _Step:
     def commit(self) -> None:
         self._had_old = self.target.exists()
         if self._had_old:
-            os.link(self.target, self._old)  # the old version stays reachable until cleanup
+            try:
+                os.link(self.target, self._old)  # the old version stays reachable until cleanup
+            except OSError:  # a file system without hard links: a copy does the same
+                shutil.copy2(self.target, self._old)
         if self.data is None:
             self.target.unlink()
         else:
