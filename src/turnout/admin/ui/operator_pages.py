@@ -5,9 +5,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from turnout.admin.ui.endpoints_page import add_endpoints_routes
+from turnout.admin.ui.persistence_page import add_persistence_routes
 
 __all__ = ["add_operator_pages"]
 
 
 def add_operator_pages(app: web.Application) -> None:
     add_endpoints_routes(app)
+    add_persistence_routes(app)
