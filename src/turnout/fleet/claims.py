@@ -127,22 +127,44 @@ class ClaimBindings:
 
     def gate(self, model: str) -> None:
         """Raise the 503 for a claimed model that is not routable (after starting a wake when it sleeps)."""
-        known = self.phases.get(model)
-        if known is None or model in self.fleet.bindings:
+        if model in self.fleet.bindings:
             return
+        refusal = self.refusal(model, unreachable=True)  # claimed, yet no route: a transition
+        if refusal is not None:
+            raise refusal
+
+    def claimed(self, model: str) -> bool:
+        return model in self.phases
+
+    def refusal(self, model: str, *, unreachable: bool = False) -> Unavailable | None:
+        """The claim's own 503 for a claimed model that cannot be served now, or None for a model no claim
+        holds. ``unreachable``: its engine just refused a connection or its binding is down, which happens
+        in the moment between a de-route and the status saying so (a sleep, a restart, a spec change): that
+        is answered as a wake in progress, never with the generic no-route 503."""
+        known = self.phases.get(model)
+        if known is None:
+            return None
         claim, phase = known
+        if phase is ClaimPhase.ACTIVE and unreachable:
+            return Unavailable(
+                f'model "{model}" is changing state (claim {claim}); retry shortly',
+                code="model_waking",
+                retry_after=SLEEPING_RETRY_S,
+            )
         if phase is ClaimPhase.SLEEPING:
             self._wake_once(claim, model)
-            raise Unavailable(
+            return Unavailable(
                 f'model "{model}" is asleep; it is being woken, retry shortly',
                 code="model_waking",
                 retry_after=SLEEPING_RETRY_S,
             )
         if phase is ClaimPhase.FAILED:
-            raise Unavailable(
+            return Unavailable(
                 f'model "{model}" failed to start (claim {claim}); see its status and events', code="model_failed"
             )
-        raise Unavailable(
+        if phase is ClaimPhase.ACTIVE:  # bound and reachable as far as this gateway knows: nothing to refuse
+            return None
+        return Unavailable(
             f'model "{model}" is {phase.value.lower()}; retry shortly',
             code="model_activating",
             retry_after=ACTIVATING_RETRY_S,

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from turnout.errors import TurnoutError
 
-__all__ = ["Dialect", "error_frame", "error_response", "json_response"]
+__all__ = ["MAX_UNAVAILABLE_RETRY_S", "Dialect", "error_frame", "error_response", "json_response"]
 
 
 class Dialect(StrEnum):
@@ -33,10 +33,17 @@ def json_response(obj: object, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
 
 
+# A 503's Retry-After is a hint to come back soon, never a configured interval (a health interval of an
+# hour must not make clients wait an hour for a model that wakes in seconds). 429s keep theirs: a token
+# budget really does reset at a known time.
+MAX_UNAVAILABLE_RETRY_S = 30
+
+
 def error_response(dialect: Dialect, err: TurnoutError) -> web.Response:
     headers = dict(err.headers)
     if err.retry_after is not None:
-        headers["Retry-After"] = str(err.retry_after)
+        retry = max(1, err.retry_after)
+        headers["Retry-After"] = str(min(retry, MAX_UNAVAILABLE_RETRY_S) if err.status == 503 else retry)
     return web.Response(
         status=err.status, body=error_body(dialect, err), content_type="application/json", headers=headers
     )

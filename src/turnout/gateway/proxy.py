@@ -42,6 +42,8 @@ __all__ = ["Proxy"]
 
 # Exceptions a translator may raise on a worker answer of the wrong shape; they become a 502, never a 500.
 _SHAPE_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError)
+# No-route answers that, for a claimed model, mean "in a transition" rather than what they say.
+_UNROUTABLE = frozenset({"no_healthy_worker", "no_workers", "model_not_found", "model_not_installed"})
 # After a stream's terminal frame the rest of the body is read for keep-alive, for at most this long; a
 # worker still sending then loses the connection (and no longer holds the request's slot).
 _DRAIN_S = 1.0
@@ -69,8 +71,8 @@ class Proxy:
     async def serve(self, request: web.Request, call: Call, outcome: Outcome, tenant: str = "") -> web.StreamResponse:
         if call.endpoint is Endpoint.SHOW:
             return await self._show(call)
-        if self.claims is not None:
-            self.claims.gate(call.model)  # 503 for a claimed model that is asleep, activating or failed
+        if self.claims is not None and self.claims.claimed(call.model):
+            return await self._serve_claimed(request, call, outcome, tenant, self.claims)
         endpoint = self.fleet.endpoint_for(call.model)
         fallback = None if endpoint is None or endpoint.external is None else endpoint.external.fallback_model
         if fallback is None or call.fallback_from is not None:
@@ -92,6 +94,23 @@ class Proxy:
         outcome.fallback_from = origin
         redirected = replace(call, model=fallback, payload=payload, body=orjson.dumps(payload), fallback_from=origin)
         return await self._serve_once(request, redirected, outcome, tenant)
+
+    async def _serve_claimed(
+        self, request: web.Request, call: Call, outcome: Outcome, tenant: str, claims: ClaimBindings
+    ) -> web.StreamResponse:
+        """A claimed model is answered by its claim's state at every instant: 503 for one asleep, activating
+        or failed; and when its engine cannot be reached (the moment between a de-route and the status
+        saying so), the claim's "changing state" 503, never the generic no-route answer."""
+        claims.gate(call.model)
+        try:
+            return await self._serve_once(request, call, outcome, tenant)
+        except TurnoutError as exc:
+            if not isinstance(exc, ConnectFailed) and exc.code not in _UNROUTABLE:
+                raise  # saturation of a live engine, a bad request: real answers
+            refusal = claims.refusal(call.model, unreachable=True)
+            if refusal is None:
+                raise
+            raise refusal from None
 
     async def _serve_once(self, request: web.Request, call: Call, outcome: Outcome, tenant: str) -> web.StreamResponse:
         exclude: set[str] = set()
