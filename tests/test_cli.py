@@ -230,6 +230,56 @@ def test_endpoint_commands(tmp_path: Path) -> None:
     assert states == ["revoked", "active"]
 
 
+def test_key_edit_list_filters_and_usage_in_process(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from turnout.cli import app
+    from turnout.config import load_settings
+    from turnout.store.db import Database, database_url
+    from turnout.store.usage import UsageRow, UsageStore
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"storage": {"data_dir": "state"}}))
+    c = ["--config", str(config)]
+    runner = CliRunner()
+
+    def cli(*args: str) -> str:
+        result = runner.invoke(app, [*args, *c])
+        assert result.exit_code == 0, (result.output, result.exception)
+        return result.stdout
+
+    cli("key", "create", "--app", "web", "--tenant", "team-a", "--models", "qwen3:*", "--rpm", "5")
+    cli("key", "create", "--app", "batch", "--tenant", "team-b", "--models", "mac/*")
+    edited = json.loads(cli("key", "edit", "1", "--models", "llama3.2", "--rpm", "none", "--daily-tokens", "900"))
+    assert edited["models"] == ["model:llama3.2"] and edited["rpm"] is None and edited["daily_tokens"] == 900
+    assert json.loads(cli("key", "edit", "1", "--expires", "never"))["expires_at"] is None
+    audit = json.loads(cli("audit", "--action", "key.change"))
+    assert audit[-1]["before"]["rpm"] == 5 and audit[-1]["after"]["rpm"] is None
+    assert [k["app"] for k in json.loads(cli("key", "list", "--json", "--tenant", "team-b"))] == ["batch"]
+    assert [k["app"] for k in json.loads(cli("key", "list", "--json", "--endpoint", "mac"))] == ["batch"]
+    assert json.loads(cli("key", "list", "--json", "--state", "revoked")) == []
+    settings = load_settings(config)
+    db = Database(database_url(settings.storage.database_url, settings.data_dir))
+    now = time.time()
+    UsageStore(db).insert_many(
+        [
+            UsageRow(now, 1, "openai:chat", "llama3.2", "a", 200, False, 3, 4, 12.0),
+            UsageRow(now, 2, "openai:chat", "mac/x", "mac", 200, False, 1, 1, 30.0),
+        ]
+    )
+    db.close()
+    [listed] = json.loads(cli("key", "list", "--json", "--app", "web"))
+    assert listed["last_used"] == now // 60 * 60 and listed["state"] == "active"
+    assert "LAST USED" in cli("key", "list")
+    rows = json.loads(cli("usage", "--worker", "a"))
+    assert [(r["model"], r["requests"]) for r in rows] == [("llama3.2", 1)]
+    assert [r["worker"] for r in json.loads(cli("usage", "--endpoint", "mac"))] == ["mac"]
+    points = json.loads(cli("usage", "--series", "--since", "5m", "--bucket", "minute"))
+    assert sum(p["requests"] for p in points) == 2 and len(points) >= 5
+    table = cli("usage", "--format", "csv", "--model", "mac/x").splitlines()
+    assert table[0].startswith("bucket_start,bucket_start_utc,key") and len(table) == 2 and ",mac/x," in table[1]
+
+
 def test_claim_commands(tmp_path: Path) -> None:
     claim = tmp_path / "claim.yaml"
     claim.write_text(
@@ -315,6 +365,15 @@ def test_agent_refuses_a_bad_engine_python(tmp_path: Path) -> None:
         (["endpoint", "add", "bad name", "--url", "http://h"], '"name"'),
         (["endpoint", "set", "mac", "--latency-budget-ms", "600001"], "--latency-budget-ms"),
         (["endpoint", "set", "mac", "--url", ""], "--url"),
+        (["key", "edit", "1", "--rpm", "0"], "--rpm"),
+        (["key", "edit", "1", "--rpm", "lots"], "--rpm"),
+        (["key", "edit", "1", "--daily-tokens", str(2**31)], "--daily-tokens"),
+        (["key", "edit", "1", "--models", "q*x"], "--models"),
+        (["key", "edit", "1", "--expires", "someday"], "--expires"),
+        (["key", "edit", "1"], "nothing to change"),
+        (["key", "list", "--state", "sleeping"], "--state"),
+        (["usage", "--format", "xml"], "--format"),
+        (["usage", "--series", "--since", "30d", "--bucket", "minute"], "--bucket"),
     ],
 )
 def test_cli_refuses_what_the_admin_api_refuses(tmp_path: Path, args: list[str], flag: str) -> None:

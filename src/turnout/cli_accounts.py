@@ -16,7 +16,16 @@ from typing import Annotated, Any
 
 import typer
 
-from turnout.admin.inputs import MAX_AUDIT_LIMIT, AuditQuery, KeyCreate, KeyRotate, UsageQuery, parse_input
+from turnout.admin.inputs import (
+    MAX_AUDIT_LIMIT,
+    AuditQuery,
+    KeyChange,
+    KeyCreate,
+    KeyListQuery,
+    KeyRotate,
+    UsageQuery,
+    parse_input,
+)
 from turnout.config import CONFIG_FILE_NAME, ConfigError, Settings, load_settings
 from turnout.core.patterns import PatternError
 from turnout.errors import TurnoutError, Unprocessable
@@ -24,7 +33,7 @@ from turnout.store.audit import AuditLog
 from turnout.store.db import Database, StoreError, database_url
 from turnout.store.keys import KeyStore, parse_scopes
 from turnout.store.secrets import SecretError
-from turnout.store.usage import UsageStore
+from turnout.store.usage import SERIES_COLUMNS, SUMMARY_COLUMNS, UsageFilter, UsageStore, to_csv
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -38,7 +47,7 @@ __all__ = [
     "register",
 ]
 
-key_app = typer.Typer(no_args_is_help=True, help="Create, list, revoke and rotate API keys.")
+key_app = typer.Typer(no_args_is_help=True, help="Create, list, edit, revoke and rotate API keys.")
 DEFAULT_CONFIG = Path("turnout-data") / CONFIG_FILE_NAME
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="config file")]
 
@@ -130,22 +139,83 @@ def key_create(
 
 
 @key_app.command("list")
-def key_list(config: ConfigOption = DEFAULT_CONFIG, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List keys (prefix, app, scopes, limits, state)."""
+def key_list(
+    config: ConfigOption = DEFAULT_CONFIG,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    tenant: Annotated[str | None, typer.Option(help="only this tenant's keys")] = None,
+    app: Annotated[str | None, typer.Option(help="only this app's keys")] = None,
+    endpoint: Annotated[str | None, typer.Option(help="only keys whose scopes reach this endpoint's models")] = None,
+    state: Annotated[str | None, typer.Option(help="active, revoked, expired or in_grace")] = None,
+) -> None:
+    """List keys (prefix, app, scopes, limits, state, last use)."""
+    with cli_input():
+        query = parse_input(KeyListQuery, {"tenant": tenant, "app": app, "endpoint": endpoint, "state": state})
     with open_store(config) as (_, db):
         records = KeyStore(db).all()
-    if as_json:
-        typer.echo(json.dumps([r.to_json() for r in records], indent=2))
-        return
+        used = UsageStore(db).last_used()
     now = time.time()
-    typer.echo(f"{'ID':>4}  {'PREFIX':10}  {'APP':16}  {'TENANT':12}  {'RPM':>6}  {'TOKENS/DAY':>10}  STATE  MODELS")
+    records = [
+        r
+        for r in records
+        if (query.tenant is None or r.tenant == query.tenant)
+        and (query.app is None or r.app == query.app)
+        and (query.endpoint is None or r.reaches_endpoint(query.endpoint))
+        and (query.state is None or r.state(now) == query.state)
+    ]
+    if as_json:
+        typer.echo(json.dumps([{**r.to_json(now), "last_used": used.get(r.id)} for r in records], indent=2))
+        return
+    typer.echo(
+        f"{'ID':>4}  {'PREFIX':10}  {'APP':16}  {'TENANT':12}  {'RPM':>6}  {'TOKENS/DAY':>10}  {'STATE':8}  "
+        f"{'LAST USED':16}  MODELS"
+    )
     for r in records:
-        state = r.usable(now) or "active"
-        state = {"this API key was revoked": "revoked", "this API key has expired": "expired"}.get(state, state)
+        last = used.get(r.id)
+        shown = "-" if last is None else time.strftime("%Y-%m-%d %H:%M", time.gmtime(last))
         typer.echo(
             f"{r.id:>4}  {r.prefix:10}  {r.app[:16]:16}  {r.tenant[:12]:12}  {r.rpm or '-':>6}  "
-            f"{r.daily_tokens or '-':>10}  {state:6} {','.join(p.text for p in r.scopes)}"
+            f"{r.daily_tokens or '-':>10}  {r.state(now):8}  {shown:16}  {','.join(p.text for p in r.scopes)}"
         )
+
+
+@key_app.command("edit")
+def key_edit(
+    ref: Annotated[str, typer.Argument(help="key id or prefix")],
+    models: Annotated[str | None, typer.Option(help="new comma-separated scopes (replace the old ones)")] = None,
+    rpm: Annotated[str | None, typer.Option(help="requests per minute; 'none' removes the limit")] = None,
+    daily_tokens: Annotated[str | None, typer.Option(help="tokens per UTC day; 'none' removes the limit")] = None,
+    expires: Annotated[str | None, typer.Option(help="2026-12-31, an ISO time, 30d ...; 'never' removes it")] = None,
+    config: ConfigOption = DEFAULT_CONFIG,
+) -> None:
+    """Change a key's scopes and limits (PATCH /admin/api/keys/{ref}); only the options given change."""
+    body: dict[str, object] = {}
+    if models is not None:
+        body["models"] = [m for m in models.split(",") if m]
+    for name, value in (("rpm", rpm), ("daily_tokens", daily_tokens)):
+        if value is not None:
+            body[name] = None if value.lower() == "none" else _count(value, name)
+    if expires is not None:
+        body["expires"] = None if expires.lower() == "never" else expires
+    now = time.time()
+    with cli_input():
+        changes = parse_input(KeyChange, body).changes(now)
+    with open_store(config) as (_, db):
+        before, after = KeyStore(db).update(ref, now=now, **changes)
+        cli_audit(
+            db,
+            action="key.change",
+            target=f"key:{after.prefix}",
+            before=before.to_json(now),
+            after=after.to_json(now),
+            now=now,
+        )
+    typer.echo(json.dumps(after.to_json(now), indent=2))
+
+
+def _count(value: str, name: str) -> int | str:
+    """An integer option given as text (so 'none' can remove it); left as text when it is not digits, so
+    the shared input model says what is wrong."""
+    return int(value) if value.isascii() and value.isdigit() else value
 
 
 @key_app.command("revoke")
@@ -197,17 +267,54 @@ def key_rotate(
 def usage(
     key: Annotated[str | None, typer.Option(help="key id or prefix")] = None,
     since: Annotated[str, typer.Option(help="24h, 7d, 2026-12-01 ...")] = "24h",
-    bucket: Annotated[str, typer.Option(help="hour or day")] = "hour",
+    until: Annotated[str | None, typer.Option(help="end of the range (default now)")] = None,
+    bucket: Annotated[str, typer.Option(help="minute, hour or day")] = "hour",
+    endpoint: Annotated[
+        str | None, typer.Option(help="an external endpoint (served by it or fell back from it)")
+    ] = None,
+    worker: Annotated[str | None, typer.Option(help="the worker that served the requests")] = None,
+    model: Annotated[str | None, typer.Option(help="the model asked for")] = None,
+    route: Annotated[str | None, typer.Option(help="the client API route, e.g. openai:chat")] = None,
+    series: Annotated[bool, typer.Option("--series", help="one point per bucket (totals, as charted)")] = False,
+    output_format: Annotated[str, typer.Option("--format", help="json or csv")] = "json",
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
-    """Usage per key, endpoint and worker."""
+    """Usage per key, endpoint and worker (or, with --series, one total per bucket)."""
     now = time.time()
     with cli_input():
-        query = parse_input(UsageQuery, {"key": key, "since": since, "bucket": bucket})
+        query = parse_input(
+            UsageQuery,
+            {
+                "key": key,
+                "since": since,
+                "until": until,
+                "bucket": bucket,
+                "endpoint": endpoint,
+                "worker": worker,
+                "model": model,
+                "route": route,
+                "format": output_format,
+            },
+        )
         since_ts = query.since_ts(now)
+        until_ts = query.until_ts(now) if series or until is not None else None
     with open_store(config) as (_, db):
         key_id = KeyStore(db).get(query.key).id if query.key else None
-        rows = UsageStore(db).summary(since=since_ts, key_id=key_id, bucket=query.bucket)
+        where = UsageFilter(
+            key_id=key_id, endpoint=query.endpoint, worker=query.worker, model=query.model, route=query.route
+        )
+        store = UsageStore(db)
+        try:
+            if series:
+                assert until_ts is not None
+                rows = store.series(since=since_ts, until=until_ts, bucket=query.bucket, where=where)
+            else:
+                rows = store.summary(since=since_ts, bucket=query.bucket, where=where, until=until_ts)
+        except ValueError as exc:
+            fail(f"--bucket: {exc}")
+    if query.format == "csv":
+        typer.echo(to_csv(rows, SERIES_COLUMNS if series else SUMMARY_COLUMNS), nl=False)
+        return
     typer.echo(json.dumps(rows, indent=2))
 
 

@@ -1,8 +1,13 @@
-"""Admin JSON API for keys, usage and the audit log.
+"""Admin JSON API for keys, tenants, apps, usage and the audit log.
 
 ``POST /admin/api/keys`` returns the new key's plaintext once; every later read shows only its prefix.
 Every change is written to the audit log with before/after. Bodies and queries are validated by the models
 of :mod:`turnout.admin.inputs` before anything is written (a bad field is 422 naming it).
+
+Every key read carries its computed ``state`` (active, revoked, expired, in_grace with ``grace_until``),
+``last_used`` (derived from the usage store: the request path never writes a key row) and its ``etag``;
+``PATCH``, revoke and rotate take ``If-Match`` (412 when the key changed meanwhile, checked with the row
+locked). Usage reads filter by key, endpoint, worker, model and route and answer JSON or CSV.
 """
 
 from __future__ import annotations
@@ -15,20 +20,30 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from turnout.admin.concurrency import PreconditionFailed
-from turnout.admin.inputs import AuditQuery, KeyCreate, KeyRotate, UsageQuery, parse_input
-from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
+from turnout.admin.concurrency import PreconditionFailed, check_if_match, etag_of
+from turnout.admin.inputs import (
+    AuditQuery,
+    KeyChange,
+    KeyCreate,
+    KeyListQuery,
+    KeyRotate,
+    UsageQuery,
+    parse_input,
+)
+from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError, Unprocessable
 from turnout.gateway.dialect import json_response
 from turnout.gateway.keys import ACCOUNTANT, AUDIT, KEYS, SETTINGS, USAGE
 from turnout.store.db import StoreError
 from turnout.store.endpoints import EndpointExists
-from turnout.store.keys import StaleRecord, parse_scopes
+from turnout.store.keys import KeyRecord, KeyRevoked, StaleRecord, parse_scopes
+from turnout.store.usage import BUCKETS, MAX_POINTS, SERIES_COLUMNS, SUMMARY_COLUMNS, UsageFilter, to_csv
 
 __all__ = [
     "AdminSignIns",
     "add_account_routes",
     "audit_change",
     "json_response",
+    "key_etag",
     "read_object",
     "store_call",
 ]
@@ -47,23 +62,86 @@ async def read_object(request: web.Request) -> dict[str, Any]:
 
 
 async def store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run a store call in a thread; unknown -> 404, a duplicate endpoint name -> 409, a row changed by
-    another writer between check and write -> 412, any other store refusal -> 400."""
+    """Run a store call in a thread; unknown -> 404, a duplicate endpoint name or a change to a revoked key
+    -> 409, a row changed by another writer between check and write -> 412, other store refusals -> 400."""
     try:
         return await asyncio.to_thread(fn, *args, **kwargs)
     except KeyError as exc:
         raise NotFound(str(exc.args[0]), code="unknown_key") from None
     except EndpointExists as exc:
         raise Conflict(str(exc), code="endpoint_exists") from None
+    except KeyRevoked as exc:
+        raise Conflict(str(exc), code="key_revoked") from None
     except StaleRecord as exc:
         raise PreconditionFailed(str(exc)) from None
     except StoreError as exc:
         raise BadRequest(str(exc)) from None
 
 
+def key_etag(record: KeyRecord) -> str:
+    return etag_of(record.stored_json())
+
+
+def key_view(record: KeyRecord, now: float, last_used: dict[int, float]) -> dict[str, Any]:
+    return {**record.to_json(now), "last_used": last_used.get(record.id), "etag": key_etag(record)}
+
+
+async def _last_used(request: web.Request) -> dict[int, float]:
+    await request.app[ACCOUNTANT].usage.flush()
+    used: dict[int, float] = await store_call(request.app[USAGE].last_used)
+    return used
+
+
+def _key_check(request: web.Request) -> Any:
+    """A check for the store to call with the key's row locked (If-Match)."""
+    headers = request.headers.copy()
+
+    def check(record: KeyRecord) -> None:
+        check_if_match(headers, key_etag(record), f"key {record.prefix}")
+
+    return check
+
+
+def _with_etag(body: dict[str, Any], etag: str, status: int = 200) -> web.Response:
+    response = json_response(body, status)
+    response.headers["ETag"] = etag
+    return response
+
+
 async def list_keys(request: web.Request) -> web.Response:
-    records = await store_call(request.app[KEYS].all)
-    return json_response({"keys": [r.to_json() for r in records]})
+    query = parse_input(KeyListQuery, request.query)
+    records: list[KeyRecord] = await store_call(request.app[KEYS].all)
+    now = time.time()
+    picked = [
+        r
+        for r in records
+        if (query.tenant is None or r.tenant == query.tenant)
+        and (query.app is None or r.app == query.app)
+        and (query.endpoint is None or r.reaches_endpoint(query.endpoint))
+        and (query.state is None or r.state(now) == query.state)
+    ]
+    used = await _last_used(request)
+    return json_response({"keys": [key_view(r, now, used) for r in picked]})
+
+
+async def get_key(request: web.Request) -> web.Response:
+    record = await store_call(request.app[KEYS].get, request.match_info["ref"])
+    view = key_view(record, time.time(), await _last_used(request))
+    return _with_etag(view, view["etag"])
+
+
+async def change_key(request: web.Request) -> web.Response:
+    now = time.time()
+    spec = parse_input(KeyChange, await read_object(request))
+    before, after = await store_call(
+        request.app[KEYS].update, request.match_info["ref"], now=now, check=_key_check(request), **spec.changes(now)
+    )
+    request.app[ACCOUNTANT].forget()
+    await audit_change(
+        request, "key.change", f"key:{after.prefix}", before=before.to_json(now), after=after.to_json(now)
+    )
+    view = key_view(after, now, await _last_used(request))
+    return _with_etag(view, view["etag"])
 
 
 async def create_key(request: web.Request) -> web.Response:
@@ -80,45 +158,111 @@ async def create_key(request: web.Request) -> web.Response:
         expires_at=expires_at,
         now=now,
     )
-    await audit_change(request, "key.create", f"key:{record.prefix}", after=record.to_json())
-    return json_response({"key": plaintext, "record": record.to_json(), "note": "the key is shown only once"}, 201)
+    await audit_change(request, "key.create", f"key:{record.prefix}", after=record.to_json(now))
+    view = key_view(record, now, {})
+    return _with_etag({"key": plaintext, "record": view, "note": "the key is shown only once"}, view["etag"], 201)
 
 
 async def revoke_key(request: web.Request) -> web.Response:
-    before, after = await store_call(request.app[KEYS].revoke, request.match_info["ref"], now=time.time())
+    now = time.time()
+    before, after = await store_call(
+        request.app[KEYS].revoke, request.match_info["ref"], now=now, check=_key_check(request)
+    )
     request.app[ACCOUNTANT].forget()
-    await audit_change(request, "key.revoke", f"key:{after.prefix}", before=before.to_json(), after=after.to_json())
-    return json_response(after.to_json())
+    await audit_change(
+        request, "key.revoke", f"key:{after.prefix}", before=before.to_json(now), after=after.to_json(now)
+    )
+    view = key_view(after, now, await _last_used(request))
+    return _with_etag(view, view["etag"])
 
 
 async def rotate_key(request: web.Request) -> web.Response:
     spec = parse_input(KeyRotate, await read_object(request))
     grace = request.app[SETTINGS].auth.rotate_grace_s if spec.grace_s is None else spec.grace_s
+    now = time.time()
     old, new, plaintext = await store_call(
-        request.app[KEYS].rotate, request.match_info["ref"], grace_s=grace, now=time.time()
+        request.app[KEYS].rotate, request.match_info["ref"], grace_s=grace, now=now, check=_key_check(request)
     )
     request.app[ACCOUNTANT].forget()
-    await audit_change(request, "key.rotate", f"key:{old.prefix}", before=old.to_json(), after=new.to_json())
+    await audit_change(request, "key.rotate", f"key:{old.prefix}", before=old.to_json(now), after=new.to_json(now))
+    used = await _last_used(request)
     return json_response(
         {
             "key": plaintext,
-            "record": new.to_json(),
-            "old": old.to_json(),
+            "record": key_view(new, now, used),
+            "old": key_view(old, now, used),
             "note": "the key is shown only once; the old key works until old.expires_at",
         },
         201,
     )
 
 
-async def usage(request: web.Request) -> web.Response:
-    query = parse_input(UsageQuery, request.query)
-    since = query.since_ts(time.time())
+async def list_tenants(request: web.Request) -> web.Response:
+    return json_response({"tenants": await store_call(request.app[KEYS].tenants)})
+
+
+async def list_apps(request: web.Request) -> web.Response:
+    return json_response({"apps": await store_call(request.app[KEYS].apps)})
+
+
+async def _usage_filter(request: web.Request, query: UsageQuery) -> UsageFilter:
     key_id = None
     if query.key:
         key_id = (await store_call(request.app[KEYS].get, query.key)).id
+    return UsageFilter(
+        key_id=key_id, endpoint=query.endpoint, worker=query.worker, model=query.model, route=query.route
+    )
+
+
+def _filters(query: UsageQuery) -> dict[str, Any]:
+    return {n: getattr(query, n) for n in ("key", "endpoint", "worker", "model", "route")}
+
+
+def _csv(rows: list[dict[str, Any]], columns: tuple[str, ...], name: str) -> web.Response:
+    return web.Response(
+        body=to_csv(rows, columns).encode(),
+        content_type="text/csv",
+        charset="utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+    )
+
+
+async def usage(request: web.Request) -> web.Response:
+    query = parse_input(UsageQuery, request.query)
+    now = time.time()
+    since, until = query.since_ts(now), (None if query.until is None else query.until_ts(now))
+    where = await _usage_filter(request, query)
     await request.app[ACCOUNTANT].usage.flush()
-    rows = await store_call(request.app[USAGE].summary, since=since, key_id=key_id, bucket=query.bucket)
-    return json_response({"since": since, "bucket": query.bucket, "rows": rows})
+    rows = await store_call(request.app[USAGE].summary, since=since, bucket=query.bucket, where=where, until=until)
+    if query.format == "csv":
+        return _csv(rows, SUMMARY_COLUMNS, f"turnout-usage-{int(since)}.csv")
+    return json_response(
+        {"since": since, "until": until, "bucket": query.bucket, "filters": _filters(query), "rows": rows}
+    )
+
+
+async def usage_series(request: web.Request) -> web.Response:
+    """One point per bucket (requests, tokens, errors, latency percentiles) for charts; empty buckets are zeros."""
+    query = parse_input(UsageQuery, request.query)
+    now = time.time()
+    since, until = query.since_ts(now), query.until_ts(now)
+    if until < since:
+        raise Unprocessable('"until" is before "since"', field="until")
+    width = BUCKETS[query.bucket]
+    if (int(until // width) - int(since // width)) + 1 > MAX_POINTS:
+        raise Unprocessable(
+            f'"bucket": {query.bucket} buckets from since to until are more than {MAX_POINTS} points; '
+            "choose a wider bucket or a shorter range",
+            field="bucket",
+        )
+    where = await _usage_filter(request, query)
+    await request.app[ACCOUNTANT].usage.flush()
+    points = await store_call(request.app[USAGE].series, since=since, until=until, bucket=query.bucket, where=where)
+    if query.format == "csv":
+        return _csv(points, SERIES_COLUMNS, f"turnout-usage-series-{int(since)}.csv")
+    return json_response(
+        {"since": since, "until": until, "bucket": query.bucket, "filters": _filters(query), "points": points}
+    )
 
 
 async def audit(request: web.Request) -> web.Response:
@@ -176,7 +320,12 @@ def add_account_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/admin/api/keys", list_keys)
     r.add_post("/admin/api/keys", create_key)
+    r.add_get("/admin/api/keys/{ref}", get_key)
+    r.add_patch("/admin/api/keys/{ref}", change_key)
+    r.add_get("/admin/api/tenants", list_tenants)
+    r.add_get("/admin/api/apps", list_apps)
     r.add_post("/admin/api/keys/{ref}/revoke", revoke_key)
     r.add_post("/admin/api/keys/{ref}/rotate", rotate_key)
     r.add_get("/admin/api/usage", usage)
+    r.add_get("/admin/api/usage/series", usage_series)
     r.add_get("/admin/api/audit", audit)

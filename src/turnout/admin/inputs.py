@@ -59,7 +59,9 @@ __all__ = [
     "EndpointChange",
     "EndpointCreate",
     "EndpointTest",
+    "KeyChange",
     "KeyCreate",
+    "KeyListQuery",
     "KeyRotate",
     "OnlyInstalled",
     "PlacementToggle",
@@ -209,6 +211,19 @@ def _model_name(value: str | None, field: str, *, exact: bool = False) -> None:
         raise _FieldProblem(problem, field)
 
 
+def _check_scopes(models: list[str] | None) -> None:
+    for index, raw in enumerate(models or ()):
+        field = f"models[{index}]"
+        text = raw.strip().removeprefix("model:")
+        problem = model_name_problem(text, field)
+        if problem is not None:
+            raise _FieldProblem(problem, field)
+        try:
+            parse_pattern(text)
+        except PatternError as exc:
+            raise _FieldProblem(f'"{field}": {exc}', field) from None
+
+
 # -- request models ---------------------------------------------------------------------------------
 class KeyCreate(_Input):
     """``POST /admin/api/keys`` and ``turnout key create``."""
@@ -222,20 +237,51 @@ class KeyCreate(_Input):
 
     @model_validator(mode="after")
     def _scopes(self) -> KeyCreate:
-        for index, raw in enumerate(self.models or ()):
-            field = f"models[{index}]"
-            text = raw.strip().removeprefix("model:")
-            problem = model_name_problem(text, field)
-            if problem is not None:
-                raise _FieldProblem(problem, field)
-            try:
-                parse_pattern(text)
-            except PatternError as exc:
-                raise _FieldProblem(f'"{field}": {exc}', field) from None
+        _check_scopes(self.models)
         return self
 
     def expires_at(self, now: float) -> float | None:
         return parse_when(self.expires, now, future=True, field="expires")
+
+
+class KeyChange(_Input):
+    """``PATCH /admin/api/keys/{ref}`` and ``turnout key edit``: only the fields given change; ``null``
+    removes a limit (``rpm``, ``daily_tokens``) or the expiry (``expires``)."""
+
+    models: Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_SCOPES)] | None = None
+    rpm: Count | None = None
+    daily_tokens: Count | None = None
+    expires: TimeValue | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> KeyChange:
+        if not self.model_fields_set:
+            raise _FieldProblem("nothing to change: give models, rpm, daily_tokens or expires", "")
+        if "models" in self.model_fields_set and self.models is None:
+            raise _FieldProblem('"models" cannot be removed; give ["*"] for every model', "models")
+        _check_scopes(self.models)
+        return self
+
+    def changes(self, now: float) -> dict[str, Any]:
+        """Keyword arguments for ``KeyStore.update``: only what was given."""
+        out: dict[str, Any] = {}
+        if "models" in self.model_fields_set:
+            out["scopes"] = self.models
+        for name in ("rpm", "daily_tokens"):
+            if name in self.model_fields_set:
+                out[name] = getattr(self, name)
+        if "expires" in self.model_fields_set:
+            out["expires_at"] = parse_when(self.expires, now, future=True, field="expires")
+        return out
+
+
+class KeyListQuery(_Query):
+    """``GET /admin/api/keys`` and ``turnout key list``: filters (all optional, combined with AND)."""
+
+    tenant: Name | None = None
+    app: Name | None = None
+    endpoint: Annotated[StrictStr, Field(max_length=64)] | None = None
+    state: Literal["active", "revoked", "expired", "in_grace"] | None = None
 
 
 class KeyRotate(_Input):
@@ -245,15 +291,34 @@ class KeyRotate(_Input):
 
 
 class UsageQuery(_Query):
-    """``GET /admin/api/usage`` and ``turnout usage``."""
+    """``GET /admin/api/usage``, ``GET /admin/api/usage/series`` and ``turnout usage``: the time range,
+    bucket width, filters (combined with AND) and the answer's format."""
 
     since: TimeValue | None = None
-    bucket: Literal["hour", "day"] = "hour"
+    until: TimeValue | None = None
+    bucket: Literal["minute", "hour", "day"] = "hour"
     key: Name | None = None
+    endpoint: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
+    worker: Annotated[StrictStr, Field(min_length=1, max_length=128)] | None = None
+    model: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
+    route: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
+    format: Literal["json", "csv"] = "json"
+
+    @model_validator(mode="after")
+    def _texts(self) -> UsageQuery:
+        for name in ("endpoint", "worker", "model", "route"):
+            value = getattr(self, name)
+            if value is not None and text_problem(value) is not None:
+                raise _FieldProblem(f'"{name}" {text_problem(value)}', name)
+        return self
 
     def since_ts(self, now: float) -> float:
         found = parse_when(self.since, now, field="since")
         return now - 86_400 if found is None else found
+
+    def until_ts(self, now: float) -> float:
+        found = parse_when(self.until, now, field="until")
+        return now if found is None else found
 
 
 class AuditQuery(_Query):

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_INT",
     "MAX_NAME",
     "KeyRecord",
+    "KeyRevoked",
     "KeyStore",
     "StaleRecord",
     "hash_key",
@@ -39,6 +40,10 @@ __all__ = [
 
 KEY_STATES = ("active", "revoked", "expired", "in_grace")
 UNSET: Any = object()  # "not given" for update(); None means "remove the limit"
+
+
+class KeyRevoked(StoreError):
+    """A revoked key cannot be changed (the admin API answers 409)."""
 
 
 class StaleRecord(StoreError):
@@ -239,7 +244,7 @@ class KeyStore:
             if check is not None:
                 check(before)
             if before.state(now) == "revoked":
-                raise StoreError(f"key {before.prefix} is revoked and cannot be changed; create a new key")
+                raise KeyRevoked(f"key {before.prefix} is revoked and cannot be changed; create a new key")
             if values:
                 conn.execute(update(keys).where(keys.c.id == before.id).values(**values))
             return before, self._load(conn, before.id)

@@ -22,9 +22,12 @@ latest minute with a request, per key: derived here so the request path never wr
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import BigInteger, Column, Float, Integer, Select, String, case, func, insert, or_, select
@@ -38,6 +41,8 @@ from turnout.store.schema import keys, usage
 __all__ = [
     "BUCKETS",
     "MAX_POINTS",
+    "SERIES_COLUMNS",
+    "SUMMARY_COLUMNS",
     "Refused",
     "Rollup",
     "UsageFilter",
@@ -46,6 +51,7 @@ __all__ = [
     "WriteResult",
     "fit",
     "rollup",
+    "to_csv",
 ]
 
 Group = tuple[Any, ...]
@@ -453,3 +459,55 @@ def _finish(g: dict[str, Any]) -> dict[str, Any]:
         "latency_ms_p95": quantile(0.95),
         "latency_ms_max": round(peak, 3),
     }
+
+
+SUMMARY_COLUMNS = (
+    "bucket_start",
+    "bucket_start_utc",
+    "key",
+    "endpoint",
+    "worker",
+    "model",
+    "fallback_from",
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "latency_ms_min",
+    "latency_ms_p50",
+    "latency_ms_p95",
+    "latency_ms_max",
+)
+SERIES_COLUMNS = (
+    "bucket_start",
+    "bucket_start_utc",
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "latency_ms_min",
+    "latency_ms_p50",
+    "latency_ms_p95",
+    "latency_ms_max",
+)
+
+
+def to_csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+    """Summary rows or series points as CSV (RFC 4180, a header line; ``bucket_start_utc`` is the bucket's
+    start as ISO 8601 UTC). Used by the admin API's ``?format=csv`` and ``turnout usage --format csv``."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(columns)
+    for row in rows:
+        full = {**row, "bucket_start_utc": datetime.fromtimestamp(row["bucket_start"], UTC).isoformat()}
+        writer.writerow([csv_cell(full.get(c)) for c in columns])
+    return out.getvalue()
+
+
+def csv_cell(value: Any) -> Any:
+    """A CSV cell; text a spreadsheet would run as a formula (=, +, -, @, tab, CR first) gets a leading '."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
