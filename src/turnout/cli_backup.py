@@ -24,8 +24,8 @@ from turnout.state.backup import (
     StatePaths,
     create_backup,
     default_backup_name,
-    restore_backup,
 )
+from turnout.state.restore import restore_backup
 from turnout.store.audit import AuditLog
 from turnout.store.db import Database, StoreError
 

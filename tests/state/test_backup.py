@@ -18,15 +18,15 @@ from tests.conftest import ADMIN_TOKEN, EmulatorFactory, Gateway, GatewayFactory
 from turnout.config import load_settings
 from turnout.controller.local import ClaimFiles
 from turnout.gateway.app import create_app
-from turnout.state import backup as backup_module
+from turnout.state import restore as restore_module
 from turnout.state.backup import (
     BackupError,
     BackupInvalid,
     BackupRefused,
     create_backup,
     open_backup,
-    restore_backup,
 )
+from turnout.state.restore import restore_backup
 from turnout.state.running import GatewayMark
 from turnout.state.store_export import StoreExportError
 from turnout.store.audit import AuditLog
@@ -426,9 +426,9 @@ def test_a_restore_that_fails_halfway_leaves_the_old_state(
         def broken(staged: Path, live: Path) -> None:
             raise StoreExportError("disk on fire")
 
-        monkeypatch.setattr(backup_module, "sqlite_restore", broken)
+        monkeypatch.setattr(restore_module, "sqlite_restore", broken)
     else:
-        real = backup_module._Step.commit
+        real = restore_module._Step.commit
         done: list[Path] = []
 
         def flaky(step: Any) -> None:
@@ -437,7 +437,7 @@ def test_a_restore_that_fails_halfway_leaves_the_old_state(
             real(step)
             done.append(step.target)
 
-        monkeypatch.setattr(backup_module._Step, "commit", flaky)
+        monkeypatch.setattr(restore_module._Step, "commit", flaky)
     # a key made after the backup: a restore would remove it
     db = Database(database_url(None, settings.data_dir))
     KeyStore(db).create(app="late", tenant=None, scopes=["*"], rpm=None, daily_tokens=None, expires_at=None, now=NOW)
@@ -543,3 +543,44 @@ def test_open_backup_reads_a_good_zip(state: tuple[Path, Path, Path]) -> None:
     with open_backup(good) as (_, manifest):
         assert manifest.claims == ["big", "small"] and manifest.store == "sqlite"
     assert os.path.exists(good)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_backup_from_an_older_schema_is_migrated_as_it_is_restored(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    from sqlalchemy import text
+
+    from turnout.state.store_export import _upgrade, head_revision
+
+    url = (
+        f"sqlite:///{tmp_path / 'data' / 'turnout.db'}"
+        if kind == "sqlite"
+        else request.getfixturevalue("postgres_database")
+    )
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"storage": {"data_dir": "data", "database_url": url}}))
+    (tmp_path / "data").mkdir()
+    db = Database(database_url(url, tmp_path / "data"))
+    with db.engine.begin() as conn:  # a store as Turnout's migration 0003 left it
+        _upgrade(conn, "0003")
+        conn.execute(text("INSERT INTO tenants (id, name, weight, created_at) VALUES (1, 'default', 1, 0)"))
+        conn.execute(text("INSERT INTO apps (id, tenant_id, name, created_at) VALUES (1, 1, 'web', 0)"))
+        conn.execute(
+            text(
+                "INSERT INTO keys (id, app_id, prefix, hash, models, created_at) "
+                "VALUES (1, 1, 'tk_old', :hash, '[\"*\"]', 0)"
+            ),
+            {"hash": "0" * 64},
+        )
+    db.close()
+    out = tmp_path / "old.zip"
+    assert create_backup(load_settings(config, env={}), out, now=NOW).manifest.schema_revision == "0003"
+    restore_backup(out, config, env={})
+    db = Database(database_url(url, tmp_path / "data"))
+    try:
+        with db.engine.connect() as conn:
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == head_revision()
+        assert [k.prefix for k in KeyStore(db).all()] == ["tk_old"]
+    finally:
+        db.close()

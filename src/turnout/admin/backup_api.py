@@ -38,9 +38,9 @@ from turnout.state.backup import (
     StatePaths,
     create_backup,
     default_backup_name,
-    restore_backup,
 )
 from turnout.state.persistence import persistence
+from turnout.state.restore import restore_backup
 
 __all__ = ["MAX_UPLOAD_BYTES", "add_backup_routes"]
 
