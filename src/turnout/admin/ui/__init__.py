@@ -17,6 +17,7 @@ from aiohttp import web
 
 from turnout.admin.ui.operator_pages import add_operator_pages
 from turnout.admin.ui.overview import add_overview_routes
+from turnout.admin.ui.placement import add_placement_routes
 from turnout.admin.ui.render import STATIC, UI, Ui
 from turnout.admin.ui.security import SESSION_STORE, add_security_headers, check_admin
 from turnout.admin.ui.sessions import SessionStore
@@ -34,4 +35,5 @@ def add_ui_routes(app: web.Application) -> None:
     app.router.add_static("/admin/static/", STATIC, name="ui.static", append_version=True)
     add_signin_routes(app)
     add_overview_routes(app)
+    add_placement_routes(app)
     add_operator_pages(app)

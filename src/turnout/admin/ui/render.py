@@ -36,6 +36,7 @@ __all__ = [
     "render",
     "render_fragment",
     "session_of",
+    "translator",
 ]
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -95,6 +96,16 @@ def language(request: web.Request) -> str:
     return pick_language(request.cookies.get(COOKIE), request.headers.get("Accept-Language"))
 
 
+def translator(request: web.Request) -> Callable[..., str]:
+    """``t(key, **fields)`` in the request's language (templates get the same ``t``)."""
+    catalogs, lang = request.app[UI].catalogs, language(request)
+
+    def t(key: str, **fields: object) -> str:
+        return catalogs.text(lang, key, **fields)
+
+    return t
+
+
 def htmx(request: web.Request) -> bool:
     return request.headers.get("HX-Request") == "true"
 
@@ -110,9 +121,7 @@ def _context(request: web.Request, active: str | None, extra: Mapping[str, Any])
     catalogs = ui.catalogs
     named = request.app.router.named_resources()
     session = request.get(PAGE_SESSION)
-
-    def t(key: str, **fields: object) -> str:
-        return catalogs.text(lang, key, **fields)
+    t = translator(request)
 
     nav = [
         {"url": str(named[e.route].url_for()), "label": t(e.label), "active": e.route == active}

@@ -1,0 +1,138 @@
+"""Regenerate docs/screenshots/: a real gateway with emulated Ollama workers, some traffic, and one PNG per page.
+
+Run ``scripts/screenshots`` (it uses ``.venv``); needs Chromium (``/usr/bin/chromium`` or ``TURNOUT_CHROMIUM``).
+Pages whose route is not registered yet are skipped and named. ``--out DIR`` writes elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+
+from playwright.async_api import async_playwright  # noqa: E402
+from tests.conftest import free_port, serve_app  # noqa: E402
+from tests.support.ollama_emulator import Behaviour, OllamaEmulator  # noqa: E402
+
+from turnout.config import load_settings  # noqa: E402
+from turnout.gateway.app import create_app  # noqa: E402
+
+TOKEN = "screenshot-admin-token"
+CHROMIUM = os.environ.get("TURNOUT_CHROMIUM", "/usr/bin/chromium")
+
+FLEET = {
+    "mac-studio": (
+        ["llama3.2:latest", "qwen3:8b", "gemma3:12b", "nomic-embed-text:latest", "mistral-small:24b"],
+        ["llama3.2:latest"],
+    ),
+    "gpu-a": (["qwen3:8b", "qwen3:32b", "llama3.3:70b", "deepseek-r1:14b", "gemma3:12b"], ["qwen3:32b"]),
+    "gpu-b": (["qwen3:8b", "qwen3:32b", "llama3.3:70b", "deepseek-r1:14b", "codestral:22b"], ["llama3.3:70b"]),
+}
+
+# (file name, path, route name that must exist)
+PAGES = [
+    ("signin", "/admin", "ui.signin"),
+    ("overview", "/admin/overview", "ui.overview"),
+    ("placement", "/admin/placement", "ui.placement"),
+    ("placement-worker", "/admin/placement/workers/gpu-b", "ui.placement.worker"),
+    ("endpoints", "/admin/endpoints", "ui.endpoints"),
+    ("keys", "/admin/keys", "ui.keys"),
+    ("usage", "/admin/usage", "ui.usage"),
+    ("audit", "/admin/audit", "ui.audit"),
+    ("pools", "/admin/pools", "ui.pools"),
+    ("persistence", "/admin/persistence", "ui.persistence"),
+]
+
+
+async def seed(url: str) -> None:
+    """Some state worth looking at: UI exceptions, a key, traffic for usage and the overview."""
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession() as http:
+        for worker, model in (("gpu-a", "deepseek-r1:14b"), ("mac-studio", "mistral-small:24b")):
+            async with http.post(
+                f"{url}/admin/api/placement/workers/{worker}/toggle", json={"model": model}, headers=admin
+            ) as r:
+                r.raise_for_status()
+        new_key = {"app": "chat-ui", "tenant": "research"}
+        async with http.post(f"{url}/admin/api/keys", json=new_key, headers=admin) as r:
+            key = (await r.json())["key"]
+        for i in range(24):
+            model = ("llama3.2", "qwen3:8b", "qwen3:32b", "llama3.3:70b")[i % 4]
+            body = {"model": model, "messages": [{"role": "user", "content": f"hello {i}"}], "stream": False}
+            async with http.post(
+                f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as r:
+                await r.read()
+
+
+async def main(out: Path) -> None:
+    emulators = []
+    for name, (models, loaded) in FLEET.items():
+        emu = OllamaEmulator(name, Behaviour(models=models, loaded=loaded, tokens=8))
+        await emu.start()
+        emulators.append(emu)
+    workers: list[dict[str, Any]] = [{"name": e.name, "url": e.url, "type": "ollama"} for e in emulators]
+    workers[2]["model_placement"] = {"mode": "whitelist", "allowed_models": ["qwen3:*", "llama3.3:70b"]}
+    workers.append({"name": "laptop", "url": f"http://127.0.0.1:{free_port()}", "type": "ollama"})
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "config.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "storage": {"data_dir": str(Path(tmp) / "data")},
+                    "health": {"interval_s": 3600, "timeout_s": 1},
+                    "workers": workers,
+                }
+            )
+        )
+        app = create_app(load_settings(config, env={}), admin_token=TOKEN)
+        url, runner = await serve_app(app)
+        try:
+            await seed(url)
+            named = app.router.named_resources()
+            async with async_playwright() as pw:
+                browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+                context = await browser.new_context(viewport={"width": 1400, "height": 860}, device_scale_factor=1)
+                page = await context.new_page()
+                await page.goto(f"{url}/admin")
+                await page.screenshot(path=str(out / "signin.png"))
+                await page.fill("#token", TOKEN)
+                await page.press("#token", "Enter")
+                await page.wait_for_url(f"{url}/admin/overview")
+                written, skipped = ["signin"], []
+                for name, path, route in PAGES[1:]:
+                    if route not in named:
+                        skipped.append(name)
+                        continue
+                    await page.goto(url + path)
+                    await page.wait_for_load_state("networkidle")
+                    if name == "placement":  # show a cell's explanation, as hovering does
+                        await page.hover("#matrix tbody tr:nth-child(3) td:nth-of-type(2)")
+                    await page.screenshot(path=str(out / f"{name}.png"), full_page=name != "placement")
+                    written.append(name)
+                await browser.close()
+            print("wrote", ", ".join(f"{out}/{n}.png" for n in written))
+            if skipped:
+                print("skipped (no such page yet):", ", ".join(skipped))
+        finally:
+            await runner.cleanup()
+            for emu in emulators:
+                await emu.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
+    out = parser.parse_args().out
+    out.mkdir(parents=True, exist_ok=True)
+    asyncio.run(main(out))

@@ -1,0 +1,191 @@
+"""The Model Placement page (matrix: one row per model, one column per worker) and the worker ruleset editor.
+
+Both render from the admin API's own functions (:func:`turnout.admin.api.placement_matrix`,
+:func:`~turnout.admin.api.worker_placement`), which resolve every cell with the router's
+:func:`turnout.core.placement.resolve_placement`. Every change is a call to the JSON API from
+``static/placement.js`` (toggle, PUT, only-installed, DELETE), with the worker's ETag in ``If-Match``, so a
+tab that is out of date is told (412) instead of overwriting. After a toggle the script fetches the one
+re-rendered cell from ``/admin/placement/cell`` (:func:`cell_state`, the matrix's cell for one model; a test
+checks it equals the matrix's).
+
+Cell marks: ``●`` loaded, ``✓`` installed, ``○`` allowed (not installed), ``?`` allowed but the worker's
+inventory is unknown, ``⛔`` blocked; ``↳`` in front when an exact rule decided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from turnout.admin.api import MAX_RULES, placement_matrix, worker_placement
+from turnout.admin.inputs import check_model_names
+from turnout.admin.ui.render import htmx, page, render, translator
+from turnout.core.patterns import parse_pattern
+from turnout.core.placement import mode_origin, resolve_placement, rule_origin
+from turnout.core.routing import installed_name
+from turnout.errors import NotFound, TurnoutError, Unprocessable
+from turnout.fleet.state import Fleet, WorkerState
+from turnout.gateway.dialect import json_response
+from turnout.gateway.keys import FLEET
+
+__all__ = ["add_placement_routes", "cell_state", "cell_view"]
+
+Translate = Callable[..., str]
+
+
+def cell_state(fleet: Fleet, state: WorkerState, model: str) -> dict[str, Any]:
+    """One cell of :func:`placement_matrix` (same fields, same core calls), without computing the rest."""
+    rules, source = fleet.rules(state.name)
+    baseline = state.baseline if source == "override" else None
+    verdict = resolve_placement(rules, model)
+    if verdict.rule == "mode":
+        origin = mode_origin(rules, baseline).value
+    else:
+        origin = rule_origin(baseline, parse_pattern(verdict.rule), denied=not verdict.allowed).value
+    return {
+        "installed": None if state.inventory is None else installed_name(model, state.inventory) is not None,
+        "loaded": model in state.loaded,
+        "allowed": verdict.allowed,
+        "rule": verdict.rule,
+        "source": source,
+        "exact": verdict.exact,
+        "origin": origin,
+    }
+
+
+def cell_view(t: Translate, model: str, worker: str, mode: str, cell: dict[str, Any]) -> dict[str, str]:
+    """How a cell looks: its mark, CSS classes and the explanation shown on hover and focus."""
+    installed = cell["installed"]
+    if not cell["allowed"]:
+        mark, cls, state = "⛔", "blk", "blocked"
+    elif cell["loaded"]:
+        mark, cls, state = "●", "ld", "loaded"
+    elif installed is None:
+        mark, cls, state = "?", "unk", "unknown"
+    elif installed:
+        mark, cls, state = "✓", "ins", "installed"
+    else:
+        mark, cls, state = "○", "alw", "allowed"
+    if cell["exact"]:
+        mark = "↳" + mark
+        cls += " ex"
+    if installed and not cell["allowed"]:
+        cls += " held"  # blocked, yet installed there: a small ✓ in the corner
+    origin = t(f"placement.origin.{cell['origin']}")
+    if cell["rule"] == "mode":
+        why = t("placement.why.mode", mode=t(f"placement.mode.{mode}"), origin=origin)
+    elif cell["exact"]:
+        why = t("placement.why.exact", rule=cell["rule"], origin=origin)
+    else:
+        why = t("placement.why.prefix", rule=cell["rule"], origin=origin)
+    if cell["exact"] and cell["origin"] == "ui":
+        action = t("placement.action.remove")
+    elif cell["exact"]:
+        action = t("placement.action.config")
+    else:
+        action = t("placement.action.block" if cell["allowed"] else "placement.action.allow")
+    held = ""
+    if state == "blocked":
+        held = " " + t("placement.held." + ("unknown" if installed is None else "yes" if installed else "no"))
+    title = t("placement.cell", model=model, worker=worker, state=t(f"placement.state.{state}") + held)
+    return {"mark": mark, "cls": cls, "title": f"{title} {why}. {action}"}
+
+
+def _matrix_view(t: Translate, matrix: dict[str, Any]) -> dict[str, Any]:
+    workers = matrix["workers"]
+    rows = []
+    for model in matrix["models"]:
+        rows.append(
+            {
+                "model": model,
+                "cells": [cell_view(t, model, w["name"], w["rules"]["mode"], w["cells"][model]) for w in workers],
+            }
+        )
+    return {"workers": workers, "rows": rows, "override_file": matrix["override_file"]}
+
+
+def _state(fleet: Fleet, name: str) -> WorkerState:
+    state = fleet.workers.get(name)
+    if state is None:
+        raise NotFound(f'unknown worker "{name}"', code="unknown_worker")
+    return state
+
+
+@page
+async def matrix_page(request: web.Request) -> web.StreamResponse:
+    matrix = placement_matrix(request.app[FLEET])
+    view = _matrix_view(translator(request), matrix)
+    return render(request, "placement.html", active="ui.placement", **view)
+
+
+@page
+async def cell_fragment(request: web.Request) -> web.StreamResponse:
+    """One re-rendered ``<td>`` (after a toggle): ``?worker=&model=``."""
+    fleet = request.app[FLEET]
+    fleet.placement.refresh()
+    state = _state(fleet, request.query.get("worker", ""))
+    model = request.query.get("model", "")
+    if not model:
+        raise Unprocessable("model is required", field="model")
+    rules, _ = fleet.rules(state.name)
+    cell = cell_view(translator(request), model, state.name, rules.mode.value, cell_state(fleet, state, model))
+    return render(request, "_cell.html", c=cell)
+
+
+def _editor_context(fleet: Fleet, state: WorkerState) -> dict[str, Any]:
+    fleet.placement.refresh()
+    row = worker_placement(fleet, state)
+    return {
+        "w": row,
+        "installed": None if state.inventory is None else sorted(state.inventory),
+        "inventory_error": state.inventory_error,
+        "max_rules": MAX_RULES,
+    }
+
+
+@page
+async def editor_page(request: web.Request) -> web.StreamResponse:
+    fleet = request.app[FLEET]
+    state = _state(fleet, request.match_info["name"])
+    context = _editor_context(fleet, state)
+    if htmx(request) or request.query.get("fragment") == "1":
+        return render(request, "_worker_rules.html", **context)
+    return render(request, "worker_rules.html", active="ui.placement", **context)
+
+
+@page
+async def check_patterns(request: web.Request) -> web.StreamResponse:
+    """Inline validation with the server's own rules (the PUT's checks): ``POST {"field", "patterns"}``.
+    Answers ``{"ok": true}`` or ``{"ok": false, "field": "allowed_models[2]", "message": ...}`` (200 either
+    way: a bad pattern is the answer here, not a failed request)."""
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or body.get("field") not in ("allowed_models", "denied_models"):
+        raise Unprocessable('body must be {"field": "allowed_models"|"denied_models", "patterns": [...]}')
+    field, patterns = str(body["field"]), body.get("patterns")
+    try:
+        check_model_names(patterns, field, limit=MAX_RULES)
+        if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+            raise Unprocessable(f"{field} must be a list of strings", field=field)
+        for index, text in enumerate(patterns):
+            try:
+                parse_pattern(text)
+            except ValueError as exc:
+                raise Unprocessable(str(exc), field=f"{field}[{index}]") from None
+    except Unprocessable as exc:
+        return json_response({"ok": False, "field": exc.field or field, "message": exc.message})
+    except TurnoutError as exc:
+        return json_response({"ok": False, "field": field, "message": exc.message})
+    return json_response({"ok": True})
+
+
+def add_placement_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/admin/placement", matrix_page, name="ui.placement")
+    r.add_get("/admin/placement/cell", cell_fragment, name="ui.placement.cell")
+    r.add_get("/admin/placement/workers/{name}", editor_page, name="ui.placement.worker")
+    r.add_post("/admin/placement/check", check_patterns, name="ui.placement.check")
