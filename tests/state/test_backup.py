@@ -584,3 +584,32 @@ def test_a_backup_from_an_older_schema_is_migrated_as_it_is_restored(
         assert [k.prefix for k in KeyStore(db).all()] == ["tk_old"]
     finally:
         db.close()
+
+
+def test_a_restored_file_keeps_the_mode_of_the_file_it_replaces(state: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    config, good, data_dir = state
+    placement = data_dir / "model-placement.json"
+    placement.chmod(0o600)
+    restore_backup(good, config, env={})
+    assert oct(placement.stat().st_mode & 0o777) == "0o600"
+    assert json.loads(placement.read_text())["workers"]["a"]["mode"] == "whitelist"
+    fresh = tmp_path / "elsewhere" / "config.json"  # a new machine: the config is written private
+    raw = json.loads(config.read_text())
+    fresh.parent.mkdir()
+    with pytest.raises(BackupRefused, match="a gateway is running"):
+        mark = GatewayMark((fresh.parent / raw["storage"]["data_dir"]).resolve())
+        try:
+            restore_backup(good, fresh, env={})
+        finally:
+            mark.release()
+    restore_backup(good, fresh, env={})
+    assert oct(fresh.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_claim_a_backup_could_not_restore_is_refused_when_the_backup_is_made(tmp_path: Path) -> None:
+    config = make_state(tmp_path)
+    settings = load_settings(config, env={})
+    ClaimFiles(settings.data_dir).apply({"metadata": {"name": "with space"}, "spec": {"modelName": "org/x"}})
+    with pytest.raises(BackupError, match="a claim file name a backup cannot hold"):
+        create_backup(settings, tmp_path / "b.zip", now=NOW)
+    assert not (tmp_path / "b.zip").exists() and list(tmp_path.glob(".b.zip*")) == []

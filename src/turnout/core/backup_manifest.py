@@ -36,6 +36,7 @@ __all__ = [
     "ManifestFile",
     "Member",
     "check_members",
+    "member_allowed",
     "member_problem",
     "parse_manifest",
     "store_table",
@@ -145,6 +146,11 @@ def member_problem(name: str) -> str | None:
 
 def _known_member(name: str) -> bool:
     return name in (CONFIG, PLACEMENT, SECRET_KEY, SQLITE_STORE) or bool(_CLAIM.match(name) or _TABLE.match(name))
+
+
+def member_allowed(name: str) -> bool:
+    """Whether a restore accepts a member of this name (a backup writes no other)."""
+    return member_problem(name) is None and _known_member(name)
 
 
 def _need(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:

@@ -39,6 +39,7 @@ from turnout.core.backup_manifest import (
     ManifestFile,
     Member,
     check_members,
+    member_allowed,
     parse_manifest,
 )
 from turnout.state.store_export import (
@@ -255,10 +256,13 @@ def _write_members(out: _Writer, paths: StatePaths, include_secret_key: bool, no
         raise BackupError(str(exc)) from None
     if paths.claims_dir is not None and paths.claims_dir.is_dir():
         for claim in sorted(paths.claims_dir.glob("*.json")):
-            if not claim.name.startswith("."):
-                data = read_optional(claim, "the claim file")
-                if data is not None:
-                    out.add(f"claims/{claim.name}", data)
+            if claim.name.startswith("."):
+                continue  # an atomic writer's temp file
+            if not member_allowed(f"claims/{claim.name}"):
+                raise BackupError(f"{claim}: a claim file name a backup cannot hold; rename or remove the claim")
+            data = read_optional(claim, "the claim file")
+            if data is not None:
+                out.add(f"claims/{claim.name}", data)
     manifest = Manifest(
         turnout_version=__version__,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),

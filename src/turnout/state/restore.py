@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
@@ -30,7 +31,7 @@ import orjson
 from cryptography.fernet import Fernet
 from pydantic import ValidationError
 
-from turnout.config import Settings, endpoint_env, format_validation_error
+from turnout.config import ConfigError, Settings, endpoint_env, format_validation_error
 from turnout.core.backup_manifest import CONFIG, PLACEMENT, SECRET_KEY, SQLITE_STORE, BackupInvalid, Manifest
 from turnout.state.atomic import write_atomic
 from turnout.state.backup import (
@@ -163,8 +164,12 @@ def _target_settings(
             data = (json.dumps(wanted, indent=2) + "\n").encode()
             note = f"config.json: the storage section of {config_path} was kept (it says where this state lives)"
     try:
+        from_env = endpoint_env(env)
+    except ConfigError as exc:
+        raise BackupRefused(str(exc)) from None
+    try:
         settings = Settings.model_validate(
-            {**wanted, "config_path": config_path.resolve(), "admin_token": None, "endpoint_env": endpoint_env(env)}
+            {**wanted, "config_path": config_path.resolve(), "admin_token": None, "endpoint_env": from_env}
         )
     except ValidationError as exc:
         raise BackupInvalid(
@@ -240,6 +245,8 @@ def _plan_files(
         if old == data:
             result.unchanged.append(label)
             return
+        if old is not None:
+            mode = stat.S_IMODE(target.stat().st_mode)  # a file kept private stays private
         if data is None:
             result.removed.append(label)
         else:
@@ -251,7 +258,7 @@ def _plan_files(
         assert entry is not None
         return member_bytes(archive, name, entry.size)
 
-    replace(paths.config, config_data, CONFIG)
+    replace(paths.config, config_data, CONFIG, mode=0o600)  # it may hold credentials
     result.config_changed = bool(steps)
     placement = member(PLACEMENT) if manifest.file(PLACEMENT) else None
     if placement is not None:
