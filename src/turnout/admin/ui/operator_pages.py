@@ -6,6 +6,7 @@ from aiohttp import web
 
 from turnout.admin.ui.endpoints_page import add_endpoints_routes
 from turnout.admin.ui.persistence_page import add_persistence_routes
+from turnout.admin.ui.pools_page import add_pools_routes
 
 __all__ = ["add_operator_pages"]
 
@@ -13,3 +14,4 @@ __all__ = ["add_operator_pages"]
 def add_operator_pages(app: web.Application) -> None:
     add_endpoints_routes(app)
     add_persistence_routes(app)
+    add_pools_routes(app)
