@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from turnout.admin.api import placement_matrix
 from turnout.config import load_settings
-from turnout.core.placement import PlacementRules, toggle_rule
+from turnout.core.placement import ConfigRuleError, PlacementRules, toggle_rule
 from turnout.core.routing import NoRoute, NoRouteReason, Route, route
 from turnout.fleet.state import Fleet
 from turnout.gateway.catalog import ollama_tags
@@ -113,12 +113,23 @@ def test_a_toggle_flips_the_cell_and_the_route(
         model = data.draw(st.sampled_from(matrix["models"] or ["gemma4"]))
         worker = data.draw(st.sampled_from(sorted(fleet.workers)))
         before = next(r for r in matrix["workers"] if r["name"] == worker)["cells"].get(model)
-        rules, _ = fleet.rules(worker)
-        fleet.placement.put(worker, toggle_rule(rules, model))
+        rules, source = fleet.rules(worker)
+        baseline = fleet.workers[worker].baseline if source == "override" else rules  # as the API does
+        try:
+            toggled = toggle_rule(rules, model, baseline=baseline)
+        except ConfigRuleError:  # only a cell decided by an exact config deny
+            assert before is not None and before["exact"] and not before["allowed"] and before["origin"] == "config"
+            return
+        fleet.placement.put(worker, toggled)
         after = next(r for r in placement_matrix(fleet)["workers"] if r["name"] == worker)["cells"].get(model)
-        if before is not None and after is not None and not before["exact"]:  # a new exception flips the verdict
-            assert after["allowed"] is not before["allowed"]
-            assert after["exact"]
+        if before is not None and after is not None and not (before["exact"] and before["origin"] == "ui"):
+            assert after["allowed"] is not before["allowed"]  # a new exception flips the verdict
+            assert after["exact"] and after["origin"] == "ui"
+            # and the second click removes exactly that exception
+            assert (
+                toggle_rule(toggled, model, baseline=fleet.workers[worker].baseline if source == "override" else rules)
+                == rules
+            )
         check_cells(fleet)
 
 
