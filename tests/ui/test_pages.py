@@ -1,0 +1,124 @@
+"""Every page: German labels, labelled controls, keyboard use, and the Overview refreshing itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.conftest import free_port, worker
+from tests.ui.conftest import sign_in
+from turnout.admin.ui.render import NAV
+from turnout.gateway.keys import FLEET, POLLER
+
+# Every form control has an accessible name; every button and link has text (or aria-label).
+UNLABELLED = """() => {
+  const name = el => (el.getAttribute('aria-label') || '').trim()
+    || (el.getAttribute('aria-labelledby') || '').split(/\\s+/).filter(Boolean)
+         .map(id => (document.getElementById(id) || {}).textContent || '').join(' ').trim()
+    || (el.labels ? [...el.labels].map(l => l.textContent).join(' ').trim() : '');
+  const bad = [];
+  for (const el of document.querySelectorAll('input, select, textarea')) {
+    if (el.type === 'hidden') continue;
+    if (!name(el)) bad.push(el.outerHTML.slice(0, 120));
+  }
+  for (const el of document.querySelectorAll('button, a[href]')) {
+    if (!(el.textContent.trim() || el.getAttribute('aria-label') || el.title)) bad.push(el.outerHTML.slice(0, 120));
+  }
+  return bad;
+}"""
+
+
+async def ui_pages(page: Any, gw: Any) -> list[str]:
+    """The nav's pages that exist in this build, plus the ruleset editor."""
+    hrefs = await page.eval_on_selector_all("header nav a", "links => links.map(a => a.getAttribute('href'))")
+    return [*hrefs, "/admin/placement/workers/w1"]
+
+
+async def test_every_page_labels_its_controls(page, gateway, emulator) -> None:
+    emu = await emulator("w1", models=["llama3.2:latest"])
+    gw = await gateway([worker("w1", emu.url)])
+    await page.goto(f"{gw.url}/admin")
+    assert await page.evaluate(UNLABELLED) == []
+    await sign_in(page, gw)
+    paths = await ui_pages(page, gw)
+    assert {"/admin/overview", "/admin/placement"} <= set(paths)
+    for path in paths:
+        await page.goto(gw.url + path)
+        assert await page.evaluate(UNLABELLED) == [], path
+        assert await page.locator("h1").count() == 1, path
+
+
+async def test_german_labels_are_remembered(page, gateway, emulator) -> None:
+    emu = await emulator("w1", models=["llama3.2:latest"])
+    gw = await gateway([worker("w1", emu.url)])
+    await sign_in(page, gw, lang="de")
+    assert await page.get_attribute("html", "lang") == "de"
+    nav = await page.inner_text("header nav")
+    assert "Übersicht" in nav and "Modellplatzierung" in nav
+    if "ui.persistence" in gw.app.router.named_resources():
+        assert "Persistenz" in nav
+    assert await page.inner_text("h1") == "Übersicht"
+    await page.goto(f"{gw.url}/admin/placement")
+    assert "gesperrt" in await page.inner_text(".legend")
+    title = await page.locator("#matrix td").first.get_attribute("title")
+    assert "Entschieden durch" in title
+    await page.goto(f"{gw.url}/admin/placement/workers/w1")
+    assert await page.inner_text("#only-installed") == "Nur installierte"
+    assert await page.inner_text("#reset") == "Auf Konfigurationsvorgabe zurücksetzen"
+    # back to English from any page; the choice is a cookie, so it survives sign-out
+    await page.select_option("#lang-select", "en")
+    await page.wait_for_function("document.documentElement.lang === 'en'")
+    assert page.url == f"{gw.url}/admin/placement/workers/w1"
+    assert await page.inner_text("#only-installed") == "Only installed"
+
+
+async def test_keyboard_only(page, gateway, emulator) -> None:
+    emu = await emulator("w1", models=["llama3.2:latest"])
+    gw = await gateway([worker("w1", emu.url)])
+    await page.goto(f"{gw.url}/admin")
+    assert await page.evaluate("document.activeElement.id") == "token"  # the form starts focused
+    await page.keyboard.type("test-admin-token")
+    await page.keyboard.press("Enter")
+    await page.wait_for_url(f"{gw.url}/admin/overview")
+    await page.keyboard.press("Tab")
+    assert await page.evaluate("document.activeElement.className") == "skip"
+    await page.keyboard.press("Enter")
+    assert await page.evaluate("document.activeElement.id") == "main"
+    # the nav is reachable by Tab, in order, and Enter follows a link
+    await page.evaluate("document.activeElement.blur()")
+    await page.keyboard.press("Tab")  # skip link
+    await page.keyboard.press("Tab")  # brand
+    for _ in range(len(NAV) + 2):
+        await page.keyboard.press("Tab")
+        if await page.evaluate("document.activeElement.textContent") == "Model Placement":
+            break
+    await page.keyboard.press("Enter")
+    await page.wait_for_url(f"{gw.url}/admin/placement")
+    # the editor works from the keyboard: Space on a radio, Tab to Save, Enter
+    await page.goto(f"{gw.url}/admin/placement/workers/w1")
+    await page.focus("input[name=mode][value=allow_all]")
+    await page.keyboard.press("ArrowDown")  # radios move with the arrow keys
+    assert await page.is_checked("input[name=mode][value=whitelist]")
+    await page.focus("#allowed_models")
+    await page.keyboard.type("llama3.2")
+    await page.focus("#save")
+    await page.keyboard.press("Enter")
+    await page.wait_for_function("() => document.getElementById('rules-source').textContent.includes('UI')")
+    assert gw.app[FLEET].rules("w1")[0].to_json()["allowed_models"] == ["llama3.2"]
+
+
+async def test_overview_refreshes_itself(page, gateway, emulator) -> None:
+    w1 = await emulator("w1", models=["llama3.2:latest"])
+    gw = await gateway([worker("w1", w1.url), worker("gone", f"http://127.0.0.1:{free_port()}")])
+    await sign_in(page, gw)
+    row = page.locator("#workers tr[data-worker=w1]")
+    assert "up" in await row.inner_text()
+    gone = await page.inner_text("#workers tr[data-worker=gone]")
+    assert "down" in gone and "cannot connect" in gone  # why it is down
+    await page.evaluate("window.__same_page = true")
+    await w1.stop()
+    await gw.app[POLLER].poll_all()
+    await page.wait_for_function(
+        "() => document.querySelector('#workers tr[data-worker=w1]').textContent.includes('down')", timeout=15_000
+    )
+    assert await page.evaluate("window.__same_page") is True  # updated in place, not reloaded
+    assert await page.inner_text('[data-stat="workers"]') == "0 / 2"
