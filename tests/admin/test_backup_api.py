@@ -201,3 +201,15 @@ async def test_the_routes_need_the_admin_token(gw: Gateway) -> None:
         assert status == 401
     status, _ = await call(gw, "POST", "/admin/api/backup/restore", key="wrong")
     assert status == 401
+
+
+async def test_a_restored_secret_key_needs_a_restart(gw: Gateway) -> None:
+    _, _, data = await download(gw, "?include_secret_key=1")
+    key_file = gw.data_dir / "secret.key"
+    original = key_file.read_bytes()
+    key_file.write_bytes(b"Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFyYmE=\n")
+    status, body = await upload(gw, data)
+    assert status == 200, body
+    assert body["secret_key_changed"] is True and body["restart_required"] is True
+    assert any("secret.key" in reason for reason in body["restart_reasons"])
+    assert key_file.read_bytes() == original and oct(key_file.stat().st_mode & 0o777) == "0o600"
