@@ -131,6 +131,8 @@ async def test_a_gateway_restarted_on_a_restored_backup_serves_the_same_state(
         zip_path = tmp_path / "backup.zip"
         created = create_backup(settings, zip_path, include_secret_key=wipe, now=NOW)  # while it runs
         assert created.manifest.store == ("sqlite" if database_url.startswith("sqlite") else "postgresql")
+        with zipfile.ZipFile(zip_path) as archive:  # the credential is in it, encrypted only
+            assert all(b"s3cret-upstream" not in archive.read(n) for n in archive.namelist())
         if not wipe:  # change everything the backup holds
             assert (await call(url, "POST", f"/admin/api/keys/{key[:10]}/revoke"))[0] == 200
             assert (await call(url, "DELETE", "/admin/api/placement/workers/a"))[0] == 200
