@@ -615,3 +615,17 @@ def test_a_claim_a_backup_could_not_restore_is_refused_when_the_backup_is_made(t
     with pytest.raises(BackupError, match="a claim file name a backup cannot hold"):
         create_backup(settings, tmp_path / "b.zip", now=NOW)
     assert not (tmp_path / "b.zip").exists() and list(tmp_path.glob(".b.zip*")) == []
+
+
+def test_the_gateway_mark_is_seen_by_another_open_and_released(tmp_path: Path) -> None:
+    from turnout.state.running import gateway_running
+
+    assert not gateway_running(tmp_path)
+    first, second = GatewayMark(tmp_path), GatewayMark(tmp_path)  # replicas share it
+    assert gateway_running(tmp_path)
+    first.release()
+    assert gateway_running(tmp_path)
+    second.release()
+    assert not gateway_running(tmp_path)
+    (tmp_path / "file").write_text("")
+    GatewayMark(tmp_path / "file" / "data").release()  # cannot be held (not a directory): logged, not raised

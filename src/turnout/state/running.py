@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 from pathlib import Path
 
 __all__ = ["LOCK_FILE", "GatewayMark", "gateway_running"]
+
+log = logging.getLogger("turnout.state")
 
 LOCK_FILE = "gateway.lock"
 
@@ -21,9 +24,19 @@ class GatewayMark:
     """Held by a running gateway; ``release`` at shutdown."""
 
     def __init__(self, data_dir: Path) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        self._fd: int | None = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_SH)
+        self._fd: int | None = None
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_SH)
+        except OSError as exc:  # a read-only data dir still serves; only the restore's check is lost
+            log.warning(
+                "cannot hold %s in %s (%s): `turnout backup restore` cannot tell this gateway runs",
+                LOCK_FILE,
+                data_dir,
+                exc.strerror or exc,
+            )
+            self.release()
 
     def release(self) -> None:
         if self._fd is not None:
