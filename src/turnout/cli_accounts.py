@@ -320,17 +320,30 @@ def usage(
 
 def audit(
     since: Annotated[str | None, typer.Option(help="24h, 7d, 2026-12-01 ...")] = None,
+    until: Annotated[str | None, typer.Option(help="end of the range (default now)")] = None,
     action: Annotated[str | None, typer.Option(help="e.g. key.create, placement.toggle")] = None,
+    actor: Annotated[str | None, typer.Option(help="e.g. admin-api, or a prefix such as 'cli:*'")] = None,
+    target: Annotated[str | None, typer.Option(help="a target prefix, e.g. key:tk_ab or worker:a")] = None,
     limit: Annotated[int, typer.Option(help=f"at most {MAX_AUDIT_LIMIT}")] = 100,
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """The audit log, newest first."""
     now = time.time()
     with cli_input():
-        query = parse_input(AuditQuery, {"since": since, "action": action, "limit": limit})
-        since_ts = query.since_ts(now)
+        query = parse_input(
+            AuditQuery,
+            {"since": since, "until": until, "action": action, "actor": actor, "target": target, "limit": limit},
+        )
+        since_ts, until_ts = query.since_ts(now), query.until_ts(now)
     with open_store(config) as (_, db):
-        entries = AuditLog(db).entries(since=since_ts, action=query.action, limit=query.limit)
+        entries = AuditLog(db).entries(
+            since=since_ts,
+            until=until_ts,
+            action=query.action,
+            actor=query.actor,
+            target=query.target,
+            limit=query.limit,
+        )
     typer.echo(json.dumps([e.to_json() for e in entries], indent=2))
 
 

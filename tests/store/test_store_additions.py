@@ -247,3 +247,26 @@ def test_series_has_every_bucket(db: Database) -> None:
         usage.series(since=0, until=NOW, bucket="minute")
     text = to_csv(points, ("bucket_start", "bucket_start_utc", "requests"))
     assert text.splitlines()[1].endswith(",4") and "T" in text.splitlines()[1]
+
+
+def test_audit_filters_and_facets(db: Database) -> None:
+    from turnout.store.audit import AuditLog
+
+    log = AuditLog(db)
+    log.record(actor="admin-api", action="key.create", target="key:tk_aaa", now=NOW)
+    log.record(actor="cli:root", action="key.revoke", target="key:tk_aaa", now=NOW + 10)
+    log.record(actor="cli:ops", action="placement.toggle", target="worker:a model:x", now=NOW + 20)
+    log.record(actor="admin-api", action="key.create", target="key:tk_a_b", now=NOW + 30)
+
+    def actions(**where: object) -> list[str]:
+        return [e.action for e in log.entries(**where)]  # type: ignore[arg-type]
+
+    assert actions(actor="cli:*") == ["placement.toggle", "key.revoke"]
+    assert actions(actor="cli:root") == ["key.revoke"] and actions(actor="cli") == []
+    assert actions(target="key:tk_aaa") == ["key.revoke", "key.create"]
+    assert actions(target="key:tk_a_") == ["key.create"]  # '_' is a character here, not a wildcard
+    assert actions(since=NOW + 10, until=NOW + 30) == ["placement.toggle", "key.revoke"]
+    assert log.facets() == {
+        "actions": ["key.create", "key.revoke", "placement.toggle"],
+        "actors": ["admin-api", "cli:ops", "cli:root"],
+    }

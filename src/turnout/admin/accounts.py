@@ -267,10 +267,22 @@ async def usage_series(request: web.Request) -> web.Response:
 
 async def audit(request: web.Request) -> web.Response:
     query = parse_input(AuditQuery, request.query)
+    now = time.time()
     entries = await store_call(
-        request.app[AUDIT].entries, since=query.since_ts(time.time()), action=query.action, limit=query.limit
+        request.app[AUDIT].entries,
+        since=query.since_ts(now),
+        until=query.until_ts(now),
+        action=query.action,
+        actor=query.actor,
+        target=query.target,
+        limit=query.limit,
     )
     return json_response({"entries": [e.to_json() for e in entries]})
+
+
+async def audit_facets(request: web.Request) -> web.Response:
+    """The actions and actors present in the log (for the audit page's filter menus)."""
+    return json_response(await store_call(request.app[AUDIT].facets))
 
 
 class AdminSignIns:
@@ -329,3 +341,4 @@ def add_account_routes(app: web.Application) -> None:
     r.add_get("/admin/api/usage", usage)
     r.add_get("/admin/api/usage/series", usage_series)
     r.add_get("/admin/api/audit", audit)
+    r.add_get("/admin/api/audit/facets", audit_facets)

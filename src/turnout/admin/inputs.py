@@ -322,14 +322,21 @@ class UsageQuery(_Query):
 
 
 class AuditQuery(_Query):
-    """``GET /admin/api/audit`` and ``turnout audit``."""
+    """``GET /admin/api/audit`` and ``turnout audit``: ``actor`` is exact, or a prefix ending in ``*``
+    (``cli:*``); ``target`` is a prefix (``key:tk_ab``, ``worker:a``)."""
 
     since: TimeValue | None = None
+    until: TimeValue | None = None
     action: Action | None = None
+    actor: Name | None = None
+    target: Annotated[StrictStr, Field(min_length=1, max_length=256), AfterValidator(_printable)] | None = None
     limit: Annotated[int, BeforeValidator(_whole_number), Field(ge=1, le=MAX_AUDIT_LIMIT)] = DEFAULT_AUDIT_LIMIT
 
     def since_ts(self, now: float) -> float | None:
         return parse_when(self.since, now, field="since")
+
+    def until_ts(self, now: float) -> float | None:
+        return parse_when(self.until, now, field="until")
 
 
 class EndpointCreate(_Input):

@@ -1,4 +1,9 @@
-"""The audit log: append-only records of who changed what, when, with before/after."""
+"""The audit log: append-only records of who changed what, when, with before/after.
+
+Read newest first, filtered by time range, action, actor (exact, or a prefix ending in ``*``: ``cli:*``) and
+target prefix (``key:tk_ab``, ``worker:a``); :meth:`AuditLog.facets` lists the actions and actors present
+(for filter menus).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import Select, insert, select
 
 from turnout.store.db import Database, StoreError
 from turnout.store.schema import audit
@@ -75,14 +80,47 @@ class AuditLog:
                 )
             )
 
-    def entries(self, *, since: float | None = None, action: str | None = None, limit: int = 100) -> list[AuditRecord]:
+    def entries(
+        self,
+        *,
+        since: float | None = None,
+        action: str | None = None,
+        limit: int = 100,
+        until: float | None = None,
+        actor: str | None = None,
+        target: str | None = None,
+    ) -> list[AuditRecord]:
         query = select(audit).order_by(audit.c.id.desc()).limit(max(1, min(limit, MAX_ENTRIES)))
-        if since is not None and not math.isfinite(since):
-            raise StoreError("since must be a finite time")
+        for name, value in (("since", since), ("until", until)):
+            if value is not None and not math.isfinite(value):
+                raise StoreError(f"{name} must be a finite time")
         if since is not None:
             query = query.where(audit.c.ts >= since)
+        if until is not None:
+            query = query.where(audit.c.ts < until)
         if action is not None:
             query = query.where(audit.c.action == action)
+        if actor is not None:
+            query = (
+                _match(query, audit.c.actor, actor[:-1], prefix=True)
+                if actor.endswith("*")
+                else (query.where(audit.c.actor == actor))
+            )
+        if target is not None:
+            query = _match(query, audit.c.target, target, prefix=True)
         with self.db.begin() as conn:
             rows = conn.execute(query).mappings().all()
         return [AuditRecord(**dict(r)) for r in rows]
+
+    def facets(self) -> dict[str, list[str]]:
+        """The distinct actions and actors in the log, sorted."""
+        with self.db.begin() as conn:
+            actions = conn.execute(select(audit.c.action).distinct()).scalars().all()
+            actors = conn.execute(select(audit.c.actor).distinct()).scalars().all()
+        return {"actions": sorted(actions), "actors": sorted(actors)}
+
+
+def _match(query: Select[Any], column: Any, text: str, *, prefix: bool) -> Select[Any]:
+    """``column`` starts with ``text`` (LIKE with its wildcards escaped)."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return query.where(column.like(escaped + ("%" if prefix else ""), escape="\\"))
