@@ -55,7 +55,31 @@ def cell_state(fleet: Fleet, state: WorkerState, model: str) -> dict[str, Any]:
     }
 
 
-def cell_view(t: Translate, model: str, worker: str, mode: str, cell: dict[str, Any]) -> dict[str, str]:
+def _explain(t: Translate, mode: str, cell: dict[str, Any], state: str) -> tuple[str, str]:
+    """The rule part of a cell's explanation (shared by many cells: ``_matrix_view`` memoises it)."""
+    origin = t(f"placement.origin.{cell['origin']}")
+    if cell["rule"] == "mode":
+        why = t("placement.why.mode", mode=t(f"placement.mode.{mode}"), origin=origin)
+    elif cell["exact"]:
+        why = t("placement.why.exact", rule=cell["rule"], origin=origin)
+    else:
+        why = t("placement.why.prefix", rule=cell["rule"], origin=origin)
+    if cell["exact"] and cell["origin"] == "ui":
+        action = t("placement.action.remove")
+    elif cell["exact"]:
+        action = t("placement.action.config")
+    else:
+        action = t("placement.action.block" if cell["allowed"] else "placement.action.allow")
+    held = ""
+    if state == "blocked":
+        installed = cell["installed"]
+        held = " " + t("placement.held." + ("unknown" if installed is None else "yes" if installed else "no"))
+    return t(f"placement.state.{state}") + held, f"{why}. {action}"
+
+
+def cell_view(
+    t: Translate, model: str, worker: str, mode: str, cell: dict[str, Any], memo: dict[Any, Any] | None = None
+) -> dict[str, str]:
     """How a cell looks: its mark, CSS classes and the explanation shown on hover and focus."""
     installed = cell["installed"]
     if not cell["allowed"]:
@@ -73,36 +97,23 @@ def cell_view(t: Translate, model: str, worker: str, mode: str, cell: dict[str, 
         cls += " ex"
     if installed and not cell["allowed"]:
         cls += " held"  # blocked, yet installed there: a small ✓ in the corner
-    origin = t(f"placement.origin.{cell['origin']}")
-    if cell["rule"] == "mode":
-        why = t("placement.why.mode", mode=t(f"placement.mode.{mode}"), origin=origin)
-    elif cell["exact"]:
-        why = t("placement.why.exact", rule=cell["rule"], origin=origin)
-    else:
-        why = t("placement.why.prefix", rule=cell["rule"], origin=origin)
-    if cell["exact"] and cell["origin"] == "ui":
-        action = t("placement.action.remove")
-    elif cell["exact"]:
-        action = t("placement.action.config")
-    else:
-        action = t("placement.action.block" if cell["allowed"] else "placement.action.allow")
-    held = ""
-    if state == "blocked":
-        held = " " + t("placement.held." + ("unknown" if installed is None else "yes" if installed else "no"))
-    title = t("placement.cell", model=model, worker=worker, state=t(f"placement.state.{state}") + held)
-    return {"mark": mark, "cls": cls, "title": f"{title} {why}. {action}"}
+    key = (mode, state, installed, cell["rule"], cell["exact"], cell["origin"], cell["allowed"])
+    parts = memo.get(key) if memo is not None else None
+    if parts is None:
+        parts = _explain(t, mode, cell, state)
+        if memo is not None:
+            memo[key] = parts
+    shown, why = parts
+    return {"mark": mark, "cls": cls, "title": t("placement.cell", model=model, worker=worker, state=shown) + " " + why}
 
 
 def _matrix_view(t: Translate, matrix: dict[str, Any]) -> dict[str, Any]:
     workers = matrix["workers"]
+    memo: dict[Any, Any] = {}
     rows = []
     for model in matrix["models"]:
-        rows.append(
-            {
-                "model": model,
-                "cells": [cell_view(t, model, w["name"], w["rules"]["mode"], w["cells"][model]) for w in workers],
-            }
-        )
+        cells = [cell_view(t, model, w["name"], w["rules"]["mode"], w["cells"][model], memo) for w in workers]
+        rows.append({"model": model, "cells": cells})
     return {"workers": workers, "rows": rows, "override_file": matrix["override_file"]}
 
 
