@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-__all__ = ["answer"]
+__all__ = ["answer", "without_blanks"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -26,3 +26,12 @@ async def answer(handler: Handler, request: web.Request) -> Any:
     if not isinstance(response, web.Response) or not isinstance(response.body, bytes):
         raise TypeError(f"{getattr(handler, '__name__', handler)} did not answer a JSON body")
     return orjson.loads(response.body)
+
+
+def without_blanks(request: web.Request) -> web.Request:
+    """The request with its empty query parameters left out: a filter form's "any" choice sends ``tenant=``,
+    which means no filter, not an empty name."""
+    kept = [(k, v) for k, v in request.query.items() if v.strip()]
+    if len(kept) == len(request.query):
+        return request
+    return request.clone(rel_url=request.rel_url.with_query(kept))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from turnout.admin.ui.endpoints_page import add_endpoints_routes
+from turnout.admin.ui.keys_page import add_keys_routes
 from turnout.admin.ui.persistence_page import add_persistence_routes
 from turnout.admin.ui.pools_page import add_pools_routes
 
@@ -13,5 +14,6 @@ __all__ = ["add_operator_pages"]
 
 def add_operator_pages(app: web.Application) -> None:
     add_endpoints_routes(app)
+    add_keys_routes(app)
     add_persistence_routes(app)
     add_pools_routes(app)
