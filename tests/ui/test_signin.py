@@ -83,6 +83,8 @@ async def test_bearer_api_is_unchanged(gateway, emulator) -> None:
             f"{gw.url}/admin/api/placement/workers/w1/toggle", json={"model": "llama3.2:latest"}, headers=headers
         ) as r:
             assert r.status == 200  # scripts need no CSRF token: no browser, no ambient cookie
+        async with http.get(f"{gw.url}/admin/", allow_redirects=False) as r:
+            assert (r.status, r.headers["Location"]) == (303, "/admin")
         async with http.get(f"{gw.url}/admin/api/inventory", cookies={"turnout_session": "made-up"}) as r:
             assert r.status == 401
             assert (await r.json())["error"]["code"] == "session_expired"

@@ -110,9 +110,14 @@ async def set_language(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def _to_signin(request: web.Request) -> web.StreamResponse:
+    return redirect("/admin")
+
+
 def add_signin_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/admin", signin_form, name="ui.signin")
+    r.add_get("/admin/", _to_signin, name="ui.signin.slash")
     r.add_post("/admin/signin", signin)
     r.add_post("/admin/signout", signout, name="ui.signout")
     r.add_post("/admin/lang", set_language, name="ui.lang")
