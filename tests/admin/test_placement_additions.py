@@ -158,3 +158,16 @@ async def test_only_installed_refuses_unknown_and_stale_inventory(fleet: Gateway
     assert row(matrix, "b")["inventory_known"] is False
     status, body, _ = await call(fleet, "POST", "/admin/api/placement/workers/b/only-installed", {"colour": 1})
     assert status == 422 and "unknown field" in body["error"]["message"]
+
+
+async def test_matrix_etag_validates_the_whole_answer(fleet: Gateway) -> None:
+    _, _, headers = await call(fleet, "GET", "/admin/api/placement")
+    etag = headers["ETag"]
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{fleet.url}/admin/api/placement", headers={**fleet.admin_headers, "If-None-Match": etag}) as r,
+    ):
+        assert r.status == 304 and r.headers["ETag"] == etag
+    fleet.app[FLEET].workers["b"].loaded = frozenset({"gemma4:2b"})  # residency changed, rules did not
+    _, matrix, headers = await call(fleet, "GET", "/admin/api/placement", headers={"If-None-Match": etag})
+    assert headers["ETag"] != etag and row(matrix, "b")["cells"]["gemma4:2b"]["loaded"] is True

@@ -6,12 +6,13 @@ an unknown worker is 404, and nothing is written when a request fails.
 Placement state has one ETag per worker (:func:`placement_etag`: its override, or none, and its config
 baseline); every placement write takes ``If-Match`` with that tag and is refused with 412 when another
 client changed the worker in between (:mod:`turnout.admin.concurrency`). The matrix's own ``ETag`` header
-covers every worker (for caching); writes compare against the worker's tag only, so two tabs editing
-different workers never conflict.
+validates the whole answer (``If-None-Match`` -> 304); writes compare against the worker's tag only, so two
+tabs editing different workers never conflict.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -19,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from turnout.admin.accounts import audit_change
-from turnout.admin.concurrency import check_if_match, etag_of
+from turnout.admin.concurrency import check_if_match, etag_of, if_match
 from turnout.admin.inputs import OnlyInstalled, PlacementToggle, check_model_names, parse_input
 from turnout.core.names import lookup, model_name_problem
 from turnout.core.placement import (
@@ -144,8 +145,13 @@ def _with_etag(body: dict[str, Any], etag: str, status: int = 200) -> web.Respon
 
 
 async def get_placement(request: web.Request) -> web.Response:
-    matrix = placement_matrix(request.app[FLEET])
-    return _with_etag(matrix, etag_of([w["etag"] for w in matrix["workers"]]))
+    """The matrix. Its ``ETag`` header validates the whole answer (cells included: inventory and residency
+    change it too), so ``If-None-Match`` gets a 304 while nothing changed; writes use each worker's ``etag``."""
+    body = orjson.dumps(placement_matrix(request.app[FLEET]))
+    etag = etag_of(hashlib.sha256(body).hexdigest())
+    if etag in (if_match({"If-Match": request.headers.get("If-None-Match", "")}) or []):
+        return web.Response(status=304, headers={"ETag": etag})
+    return web.Response(body=body, content_type="application/json", headers={"ETag": etag})
 
 
 async def get_worker_placement(request: web.Request) -> web.Response:
