@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from turnout.admin.ui.audit_page import add_audit_routes
 from turnout.admin.ui.endpoints_page import add_endpoints_routes
 from turnout.admin.ui.keys_page import add_keys_routes
 from turnout.admin.ui.persistence_page import add_persistence_routes
@@ -16,4 +17,5 @@ def add_operator_pages(app: web.Application) -> None:
     add_endpoints_routes(app)
     add_keys_routes(app)
     add_persistence_routes(app)
+    add_audit_routes(app)
     add_pools_routes(app)
