@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, CursorResult, RowMapping, Select, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, CursorResult, RowMapping, func, insert, select, update
 
 from turnout.core.patterns import Pattern, parse_pattern
 from turnout.store.db import Database, StoreError
@@ -259,7 +259,7 @@ class KeyStore:
             with self.db.begin() as own:
                 return self.revoke_endpoint_keys(endpoint, now=now, conn=own)
         out = []
-        for record in self._records(conn, select(keys.c.id).where(apps.c.name == f"endpoint-{endpoint}")):
+        for record in self._records(conn, apps.c.name == f"endpoint-{endpoint}"):
             if record.revoked_at is None and [p.text for p in record.scopes] == [f"{endpoint}/*"]:
                 conn.execute(update(keys).where(keys.c.id == record.id).values(revoked_at=now))
                 out.append((record, self._load(conn, record.id)))
@@ -271,7 +271,7 @@ class KeyStore:
 
     def all(self) -> list[KeyRecord]:
         with self.db.begin() as conn:
-            return self._records(conn, select(keys.c.id))
+            return self._records(conn, None)
 
     def tenants(self) -> list[dict[str, Any]]:
         """Every tenant with its fair-share settings and how many apps and keys it has."""
@@ -404,13 +404,13 @@ class KeyStore:
         return self._load(conn, found[0])
 
     def _load(self, conn: Connection, key_id: int) -> KeyRecord:
-        found = self._records(conn, select(keys.c.id).where(keys.c.id == key_id))
+        found = self._records(conn, keys.c.id == key_id)
         if not found:
             raise KeyError(f"no key with id {key_id}")
         return found[0]
 
-    def _records(self, conn: Connection, ids: Select[Any]) -> list[KeyRecord]:
-        """Records of the keys whose ids ``ids`` selects (it may filter on keys, apps and tenants), by id."""
+    def _records(self, conn: Connection, where: ColumnElement[bool] | None) -> list[KeyRecord]:
+        """Records of the keys ``where`` selects (it may filter on keys, apps and tenants), by id."""
         query = (
             select(
                 keys,
@@ -422,9 +422,10 @@ class KeyStore:
             )
             .join(apps, keys.c.app_id == apps.c.id)
             .join(tenants, apps.c.tenant_id == tenants.c.id)
-            .where(keys.c.id.in_(ids.join_from(keys, apps, keys.c.app_id == apps.c.id).scalar_subquery()))
             .order_by(keys.c.id)
         )
+        if where is not None:
+            query = query.where(where)
         return [_record(row) for row in conn.execute(query).mappings().all()]
 
 
