@@ -59,8 +59,8 @@ async def test_german_labels_are_remembered(page, gateway, emulator) -> None:
     assert await page.inner_text("h1") == "Übersicht"
     await page.goto(f"{gw.url}/admin/placement")
     assert "gesperrt" in await page.inner_text(".legend")
-    title = await page.locator("#matrix td").first.get_attribute("title")
-    assert "Entschieden durch" in title
+    await page.locator("#matrix td").first.hover()
+    assert "auf w1: erlaubt, installiert. Entschieden durch" in await page.inner_text("#cell-info")
     await page.goto(f"{gw.url}/admin/placement/workers/w1")
     assert await page.inner_text("#only-installed") == "Nur installierte"
     assert await page.inner_text("#reset") == "Auf Konfigurationsvorgabe zurücksetzen"

@@ -24,6 +24,12 @@ async def cell_at(page: Any, model: str, worker_name: str) -> Any:
     return page.locator(f'#matrix tbody tr:has(th[data-model="{model}"]) td').nth(index)
 
 
+async def explanation(target: Any) -> str:
+    """What hovering the cell shows (its tooltip, and the line above the matrix)."""
+    await target.hover()
+    return str(await target.get_attribute("title"))
+
+
 async def toggled(page: Any, target: Any) -> Any:
     """Click a cell and wait for the page's own "toggled" event (the cell is re-rendered by then)."""
     await page.evaluate(
@@ -44,7 +50,10 @@ async def test_toggle_a_cell_twice_and_it_survives_reload(page, gateway, emulato
     assert await target.inner_text() == "✓"
     assert await (await cell_at(page, "llama3.2:latest", "w1")).inner_text() == "●"
     assert await (await cell_at(page, "qwen3:8b", "w2")).inner_text() == "○"
-    assert "mode" in (await target.get_attribute("title")).lower()
+    assert "Decided by the worker's mode “Allow all” (from the config file)" in await explanation(target)
+    assert await page.inner_text("#cell-info") == "qwen3:8b on w1: allowed, installed. " + (
+        "Decided by the worker's mode “Allow all” (from the config file). Click to block it here."
+    )
 
     detail = await toggled(page, target)
     assert detail == {"worker": "w1", "model": "qwen3:8b"}
@@ -75,7 +84,7 @@ async def test_a_config_rule_is_never_removed_by_a_click(page, gateway, emulator
     await page.goto(f"{gw.url}/admin/placement")
     target = await cell_at(page, "qwen3:8b", "w1")
     assert await target.inner_text() == "↳⛔"
-    assert "config file" in await target.get_attribute("title")
+    assert "exact rule “qwen3:8b” (from the config file)" in await explanation(target)
     detail = await toggled(page, target)
     assert "error" in detail
     await page.wait_for_selector("#toast.show.error")

@@ -77,10 +77,11 @@ def _explain(t: Translate, mode: str, cell: dict[str, Any], state: str) -> tuple
     return t(f"placement.state.{state}") + held, f"{why}. {action}"
 
 
-def cell_view(
-    t: Translate, model: str, worker: str, mode: str, cell: dict[str, Any], memo: dict[Any, Any] | None = None
-) -> dict[str, str]:
-    """How a cell looks: its mark, CSS classes and the explanation shown on hover and focus."""
+def cell_view(t: Translate, mode: str, cell: dict[str, Any], memo: dict[Any, Any] | None = None) -> dict[str, str]:
+    """How a cell looks: its mark, CSS classes, and its explanation (``state``: what the cell means, ``why``:
+    the deciding rule, its origin and what a click does). The page script shows "<model> on <worker>:
+    <state>. <why>" on hover and focus (``placement.cell``), so the explanation, shared by many cells, is
+    sent once per page rather than once per cell."""
     installed = cell["installed"]
     if not cell["allowed"]:
         mark, cls, state = "⛔", "blk", "blocked"
@@ -103,18 +104,28 @@ def cell_view(
         parts = _explain(t, mode, cell, state)
         if memo is not None:
             memo[key] = parts
-    shown, why = parts
-    return {"mark": mark, "cls": cls, "title": t("placement.cell", model=model, worker=worker, state=shown) + " " + why}
+    return {"mark": mark, "cls": cls, "state": parts[0], "why": parts[1]}
 
 
 def _matrix_view(t: Translate, matrix: dict[str, Any]) -> dict[str, Any]:
+    """Rows of cells, each naming its explanation by index into ``explanations`` (one per distinct one)."""
     workers = matrix["workers"]
     memo: dict[Any, Any] = {}
+    index: dict[tuple[str, str], int] = {}
     rows = []
     for model in matrix["models"]:
-        cells = [cell_view(t, model, w["name"], w["rules"]["mode"], w["cells"][model], memo) for w in workers]
+        cells = []
+        for w in workers:
+            view = cell_view(t, w["rules"]["mode"], w["cells"][model], memo)
+            view["e"] = str(index.setdefault((view["state"], view["why"]), len(index)))
+            cells.append(view)
         rows.append({"model": model, "cells": cells})
-    return {"workers": workers, "rows": rows, "override_file": matrix["override_file"]}
+    return {
+        "workers": workers,
+        "rows": rows,
+        "explanations": list(index),
+        "override_file": matrix["override_file"],
+    }
 
 
 def _state(fleet: Fleet, name: str) -> WorkerState:
@@ -141,7 +152,7 @@ async def cell_fragment(request: web.Request) -> web.StreamResponse:
     if not model:
         raise Unprocessable("model is required", field="model")
     rules, _ = fleet.rules(state.name)
-    cell = cell_view(translator(request), model, state.name, rules.mode.value, cell_state(fleet, state, model))
+    cell = cell_view(translator(request), rules.mode.value, cell_state(fleet, state, model))
     return render(request, "_cell.html", c=cell)
 
 

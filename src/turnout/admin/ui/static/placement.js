@@ -27,7 +27,21 @@
     if (first) first.tabIndex = 0;
     var current = first;
 
-    function explain(td) { if (td && td.title) info.textContent = td.title; }
+    var explanations = document.querySelectorAll("#explanations li");
+    // "<model> on <worker>: <state>. <why>": the cell names its explanation by index (data-e), or carries it
+    // itself (data-state, data-why) once re-rendered after a toggle
+    function describe(td) {
+      var state, why;
+      if (td.dataset.why !== undefined) { state = td.dataset.state; why = td.dataset.why; }
+      else { var li = explanations[+td.dataset.e]; state = li.dataset.state; why = li.textContent; }
+      var values = { model: td.parentNode.cells[0].dataset.model, worker: heads[td.cellIndex].dataset.worker, state: state };
+      return table.dataset.cell.replace(/\{(model|worker|state)\}/g, function (_, k) { return values[k]; }) + " " + why;
+    }
+    function explain(td) {
+      if (!td || td.tagName !== "TD") return;
+      td.title = describe(td);  // the native tooltip, set when first needed
+      info.textContent = td.title;
+    }
     function focusCell(td) {
       if (!td) return;
       if (current) current.tabIndex = -1;
@@ -58,7 +72,9 @@
         tpl.innerHTML = html.trim();
         var fresh = tpl.content.querySelector("td");
         td.className = fresh.className;
-        td.title = fresh.title;
+        td.dataset.state = fresh.dataset.state;
+        td.dataset.why = fresh.dataset.why;
+        delete td.dataset.e;
         td.textContent = fresh.textContent;
         explain(td);
         table.dispatchEvent(new CustomEvent("turnout:toggled", { detail: { worker: worker, model: model } }));
