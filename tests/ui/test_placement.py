@@ -10,7 +10,7 @@ from tests.ui.conftest import sign_in
 from turnout.admin.api import placement_matrix
 from turnout.admin.ui.placement import cell_state
 from turnout.core.placement import resolve_placement
-from turnout.gateway.keys import AUDIT, FLEET
+from turnout.gateway.keys import AUDIT, FLEET, POLLER
 
 
 async def cell_at(page: Any, model: str, worker_name: str) -> Any:
@@ -239,3 +239,20 @@ async def test_two_tabs_editing_one_worker(page, gateway, emulator) -> None:
     await other.locator("#stale").wait_for()
     assert gw.app[FLEET].placement.get("w1") is None
     await other.close()
+
+
+async def test_only_installed_with_a_stale_inventory_asks_first(page, gateway, emulator) -> None:
+    w1 = await emulator("w1", models=["llama3.2:latest", "qwen3:8b"])
+    gw = await gateway([worker("w1", w1.url)])
+    w1.behaviour.tags_status = 500  # the listing breaks; inference would still work
+    await gw.app[POLLER].poll_all()
+    assert gw.app[FLEET].workers["w1"].inventory_stale
+    await sign_in(page, gw)
+    await page.goto(f"{gw.url}/admin/placement/workers/w1")
+    await page.click("#only-installed")
+    await page.locator("#only-installed-error").wait_for()
+    assert "stale" in await page.inner_text("#only-installed-error")
+    assert gw.app[FLEET].placement.get("w1") is None
+    await page.click("#only-installed-stale")
+    await page.wait_for_function("() => document.getElementById('rules-source').textContent.includes('UI')")
+    assert gw.app[FLEET].rules("w1")[0].to_json()["allowed_models"] == ["llama3.2:latest", "qwen3:8b"]

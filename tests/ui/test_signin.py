@@ -61,7 +61,14 @@ async def test_post_without_csrf_is_refused_and_changes_nothing(page, gateway, e
             assert r.status == 200
     assert gw.app[FLEET].rules("w1") == before
     assert not gw.settings.placement_file.exists()
-    # from the page itself (it has the token) the same call works; the session survived the forged ones
+    # the browser itself, same origin, with its cookie but without the token: refused too
+    status = await page.evaluate(
+        "async () => (await fetch('/admin/api/placement/workers/w1/toggle', {method: 'POST',"
+        " headers: {'Content-Type': 'application/json'}, body: JSON.stringify({model: 'llama3.2:latest'})})).status"
+    )
+    assert status == 403
+    assert gw.app[FLEET].rules("w1") == before
+    # from the page's own script (it sends the token) the same call works; the session survived the forged ones
     status = await page.evaluate(
         "async () => (await turnout.api('POST', '/admin/api/placement/workers/w1/toggle',"
         " {model: 'llama3.2:latest'})).status"

@@ -153,6 +153,7 @@
       await refresh(root.dataset.msgSaved);
     } catch (err) {
       if (err.status === 412) { showStale(root, err.message); return; }
+      if (err.code === "inventory_stale") document.getElementById("only-installed-stale").hidden = false;
       var field = (err.field || "").split("[")[0];
       if (field === "allowed_models" || field === "denied_models") fieldError(field, err.message);
       else if (errorField) fieldError(errorField, err.message);
@@ -196,6 +197,9 @@
     var button = event.target.closest("#editor button");
     if (!button) return;
     if (button.id === "only-installed") write("POST", "/only-installed", {}, "only-installed");
+    else if (button.id === "only-installed-stale") {
+      write("POST", "/only-installed", { accept_stale: true }, "only-installed");  // the API's opt-in, said aloud
+    }
     else if (button.id === "block-all") write("PUT", "", { mode: "whitelist", allowed_models: [], denied_models: [] });
     else if (button.id === "reset") document.getElementById("reset-dialog").showModal();
     else if (button.id === "reset-cancel") document.getElementById("reset-dialog").close();
