@@ -1,0 +1,74 @@
+"""The Usage page: requests, tokens, errors and p50/p95 latency over time as charts (uPlot, drawn by
+``static/usage.js`` from ``GET /admin/api/usage/series``), per key, endpoint, worker or model (the filters),
+with the table of ``GET /admin/api/usage`` below and both as CSV downloads.
+
+The page asks the API's own handlers with its query (:func:`turnout.admin.accounts.usage`: the same range,
+bucket and filter checks); a filter the API refuses is shown next to its field. The series and CSV links
+carry the same query, so the charts, the table and the downloads always agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from aiohttp import web
+
+from turnout.admin.accounts import list_keys, usage
+from turnout.admin.ui.answers import answer, without_blanks
+from turnout.admin.ui.display import iso, when
+from turnout.admin.ui.render import page, render
+from turnout.errors import Unprocessable
+from turnout.gateway.keys import ENDPOINTS, FLEET
+
+__all__ = ["FILTERS", "RANGES", "TABLE_ROWS", "add_usage_routes"]
+
+FILTERS = ("since", "until", "bucket", "key", "endpoint", "worker", "model")
+RANGES = ("1h", "6h", "24h", "7d", "30d")  # the range menu; any time the API reads works in the URL
+TABLE_ROWS = 500  # rows shown below the charts (the CSV has them all)
+
+
+@page
+async def usage_page(request: web.Request) -> web.StreamResponse:
+    clean = without_blanks(request)
+    filters = {name: request.query.get(name, "") for name in FILTERS}
+    query = {k: v for k, v in filters.items() if v}
+    error: dict[str, Any] | None = None
+    rows: list[dict[str, Any]] = []
+    try:
+        body = await answer(usage, clean)
+        rows = sorted(body["rows"], key=lambda r: (-r["bucket_start"], -r["requests"]))
+    except Unprocessable as exc:
+        error = {"field": (exc.field or "").split(".")[0].split("[")[0], "message": exc.message}
+    keys = (await answer(list_keys, request.clone(rel_url=request.rel_url.with_query({}))))["keys"]
+    fleet = request.app[FLEET]
+    encoded = urlencode(query)
+    return render(
+        request,
+        "usage.html",
+        active="ui.usage",
+        filters=filters,
+        filtered=any(v for k, v in filters.items() if k not in ("since", "bucket")),
+        ranges=RANGES,
+        keys=keys,
+        endpoint_names=sorted(e["name"] for e in request.app[ENDPOINTS].describe()),
+        worker_names=sorted(n for n, s in fleet.workers.items() if s.external is None),
+        models=sorted({r["model"] for r in rows if r["model"]}),
+        rows=rows[:TABLE_ROWS],
+        more_rows=max(0, len(rows) - TABLE_ROWS),
+        totals={
+            "requests": sum(r["requests"] for r in rows),
+            "errors": sum(r["errors"] for r in rows),
+            "tokens": sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows),
+        },
+        error=error,
+        series_url="/admin/api/usage/series" + (f"?{encoded}" if encoded else ""),
+        csv_url="/admin/api/usage?" + urlencode({**query, "format": "csv"}),
+        series_csv_url="/admin/api/usage/series?" + urlencode({**query, "format": "csv"}),
+        when=when,
+        iso=iso,
+    )
+
+
+def add_usage_routes(app: web.Application) -> None:
+    app.router.add_get("/admin/usage", usage_page, name="ui.usage")
