@@ -65,7 +65,9 @@ async def test_charts_table_filters_and_csv(page, gateway, emulator, tmp_path: P
     assert [(r["model"], r["requests"]) for r in rows] == [("llama3.2", "2")]
     async with page.expect_download() as info:
         await page.click("#csv-series")
-    series = list(csv.DictReader(io.StringIO(Path(await (await info.value).path()).read_text())))
+    saved_series = tmp_path / "series.csv"
+    await (await info.value).save_as(saved_series)
+    series = list(csv.DictReader(io.StringIO(saved_series.read_text())))
     assert sum(int(r["requests"]) for r in series) == 2
 
     # a filter the API refuses is shown next to its field
