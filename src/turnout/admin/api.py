@@ -179,9 +179,10 @@ async def _write(
     _precondition(request, fleet, state)
     before = fleet.rules(state.name)
     _store(fleet, lambda: fleet.placement.put(state.name, rules))
+    etag = placement_etag(fleet, state.name)  # before any await: the tag of this write, not of a later one
     request.app[DISPATCHER].wake_all()
-    await _audit_rules(request, action, state.name, before, detail=detail)
-    return rules, placement_etag(fleet, state.name)
+    await _audit_rules(request, action, state.name, before, detail=detail, after=(rules, "override"))
+    return rules, etag
 
 
 async def put_placement(request: web.Request) -> web.Response:
@@ -282,11 +283,11 @@ async def delete_placement(request: web.Request) -> web.Response:
     _precondition(request, fleet, state)
     before = fleet.rules(state.name)
     removed = _store(fleet, lambda: fleet.placement.delete(state.name))
+    rules, source = fleet.rules(state.name)
+    etag = placement_etag(fleet, state.name)  # before any await: the tag of this write
     request.app[DISPATCHER].wake_all()
     if removed:
-        await _audit_rules(request, "placement.delete", state.name, before)
-    rules, source = fleet.rules(state.name)
-    etag = placement_etag(fleet, state.name)
+        await _audit_rules(request, "placement.delete", state.name, before, after=(rules, source))
     return _with_etag(
         {"worker": state.name, "removed": bool(removed), "source": source, "rules": rules.to_json(), "etag": etag},
         etag,
@@ -294,15 +295,20 @@ async def delete_placement(request: web.Request) -> web.Response:
 
 
 async def _audit_rules(
-    request: web.Request, action: str, worker: str, before: tuple[PlacementRules, str], detail: str | None = None
+    request: web.Request,
+    action: str,
+    worker: str,
+    before: tuple[PlacementRules, str],
+    detail: str | None = None,
+    *,
+    after: tuple[PlacementRules, str],
 ) -> None:
-    rules, source = request.app[FLEET].rules(worker)
     await audit_change(
         request,
         action,
         f"worker:{worker}" + (f" model:{detail}" if detail else ""),
         before={"source": before[1], "rules": before[0].to_json()},
-        after={"source": source, "rules": rules.to_json()},
+        after={"source": after[1], "rules": after[0].to_json()},
     )
 
 

@@ -127,7 +127,7 @@ async def add_endpoint(request: web.Request) -> web.Response:
     await manager.sync()
     probe = await manager.check(name)
     await audit_change(request, "endpoint.register", f"endpoint:{name}", after=record.to_json())
-    view = await _view(request, manager, name)
+    view = {**await _view(request, manager, name), "etag": endpoint_etag(record)}  # the tag of this write
     return _with_etag(
         {
             "endpoint": view,
@@ -174,7 +174,7 @@ async def change_endpoint(request: web.Request) -> web.Response:
     )
     await manager.sync()
     await audit_change(request, "endpoint.change", f"endpoint:{name}", before=before.to_json(), after=after.to_json())
-    view = await _view(request, manager, name)
+    view = {**await _view(request, manager, name), "etag": endpoint_etag(after)}  # the tag of this write
     return _with_etag({"endpoint": view}, view["etag"])
 
 
