@@ -8,7 +8,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.conftest import Gateway, GatewayFactory
+from tests.conftest import Gateway, GatewayFactory, eventually
 from tests.runtime.conftest import AgentStarter
 from turnout.controller.local import ClaimFiles, load_claim_documents
 from turnout.runtime.agent import SUPERVISOR
@@ -116,9 +116,19 @@ async def test_claims_route_sleep_wake_and_fail(
     assert "model_waking" in {c for _, c in seen}
     results = await asyncio.gather(*(chat(gw, "alpha") for _ in range(10)))
     assert all(s == 200 for s, _ in results)
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as r:
-        text = await r.text()
-    assert 'aibrix:modelclaim_lifecycle_operations_total{operation="wake",result="ok"} 1.0' in text
+    # the engine is routable as soon as it is ready, a moment before the agent's wake handler counts its
+    # answer: wait for the count, then check that it is exactly one
+    wakes = 'aibrix:modelclaim_lifecycle_operations_total{operation="wake",result="ok"} '
+
+    async def wake_count() -> str | None:
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as r:
+            text = await r.text()
+        found = [line[len(wakes) :] for line in text.splitlines() if line.startswith(wakes)]
+        return found[0] if found else None
+
+    assert await eventually(wake_count, "the agent counted the wake", limit_s=10, every_s=0.05) == "1.0"
+    await asyncio.sleep(0.5)  # no second wake arrives late
+    assert await wake_count() == "1.0"
 
     # a claim whose engine keeps crashing ends Failed: 503 without Retry-After
     headers = await until_status(gw, "broken", 503)
