@@ -26,7 +26,7 @@ import orjson
 from turnout.config import Settings, Worker, WorkerType
 from turnout.core.endpoint_health import CheckResult, EndpointState, Failure, hint, next_state
 from turnout.core.health import ProbePolicy, ProbeResult, probe_event, should_probe
-from turnout.core.ssrf import check_address, check_hostname
+from turnout.core.ssrf import check_address
 from turnout.errors import UpstreamError
 from turnout.fleet.poller import apply_openai_models, apply_tags
 from turnout.fleet.state import External, Fleet, WorkerState
@@ -74,7 +74,7 @@ def url_private(url: str) -> bool | None:
     except ValueError:
         return None
     verdict = check_address(host, allow_private=False)
-    return not verdict.allowed and not verdict.always and check_hostname(host).allowed
+    return not verdict.allowed and not verdict.always
 
 
 @dataclass(frozen=True, slots=True)
