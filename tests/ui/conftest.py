@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import playwright.async_api as playwright_api  # a dev dependency: fail loudly when it is missing
 import pytest
 import pytest_asyncio
 from aiohttp import web
@@ -30,8 +31,6 @@ from tests.conftest import ADMIN_TOKEN, Gateway, serve_app
 from tests.support.ollama_emulator import Behaviour, OllamaEmulator
 from turnout.config import load_settings
 from turnout.gateway.app import create_app
-
-playwright_api = pytest.importorskip("playwright.async_api")
 
 CHROMIUM = os.environ.get("TURNOUT_CHROMIUM", "/usr/bin/chromium")
 _HERE = Path(__file__).parent

@@ -3,11 +3,16 @@ point is what a browser would never send)."""
 
 from __future__ import annotations
 
+import time
+
 import aiohttp
+from sqlalchemy import select, update
 
 from tests.conftest import ADMIN_TOKEN, worker
 from tests.ui.conftest import sign_in
-from turnout.gateway.keys import AUDIT, FLEET
+from turnout.admin.ui.sessions import IDLE_S
+from turnout.gateway.keys import AUDIT, DATABASE, FLEET
+from turnout.store.schema import admin_sessions
 
 
 async def test_sign_in_out_and_security_headers(page, gateway, emulator) -> None:
@@ -95,3 +100,16 @@ async def test_bearer_api_is_unchanged(gateway, emulator) -> None:
         async with http.get(f"{gw.url}/admin/api/inventory", cookies={"turnout_session": "made-up"}) as r:
             assert r.status == 401
             assert (await r.json())["error"]["code"] == "session_expired"
+
+
+async def test_an_idle_session_ends(page, gateway, emulator) -> None:
+    emu = await emulator("w1")
+    gw = await gateway([worker("w1", emu.url)])
+    await sign_in(page, gw)
+    with gw.app[DATABASE].begin() as conn:  # as if the browser had been idle for longer than IDLE_S
+        conn.execute(update(admin_sessions).values(last_seen=time.time() - IDLE_S - 1))
+    await page.reload()
+    assert page.url == f"{gw.url}/admin?next=%2Fadmin%2Foverview"
+    assert await page.is_visible("#token")
+    with gw.app[DATABASE].begin() as conn:
+        assert conn.execute(select(admin_sessions)).first() is None  # the expired row is gone, not only ignored
