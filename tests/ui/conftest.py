@@ -124,7 +124,7 @@ async def sign_in(page: Any, gw: Gateway, lang: str | None = None) -> None:
     """Sign in through the form (optionally switching the language first); ends on the Overview."""
     await page.goto(f"{gw.url}/admin")
     if lang is not None:
-        await page.select_option("#lang-select", lang)
+        await page.click(f"header form.lang button[value={lang}]")
         await page.wait_for_url(f"{gw.url}/admin")
         await page.wait_for_function(f"document.documentElement.lang === {lang!r}")
     await page.fill("#token", ADMIN_TOKEN)

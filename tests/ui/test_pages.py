@@ -65,7 +65,7 @@ async def test_german_labels_are_remembered(page, gateway, emulator) -> None:
     assert await page.inner_text("#only-installed") == "Nur installierte"
     assert await page.inner_text("#reset") == "Auf Konfigurationsvorgabe zurücksetzen"
     # back to English from any page; the choice is a cookie, so it survives sign-out
-    await page.select_option("#lang-select", "en")
+    await page.click("header form.lang button[value=en]")
     await page.wait_for_function("document.documentElement.lang === 'en'")
     assert page.url == f"{gw.url}/admin/placement/workers/w1"
     assert await page.inner_text("#only-installed") == "Only installed"

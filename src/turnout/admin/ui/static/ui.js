@@ -3,7 +3,6 @@
 // - turnout.api(method, path, body, {etag}): a JSON call to /admin/api with the session cookie and the token;
 //   resolves {status, etag, body}; rejects with an Error carrying .status, .code, .field and .body
 // - turnout.toast(text, isError): one polite live-region message
-// - <select data-autosubmit> submits its form on change (the submit button is for no-script browsers)
 (function () {
   "use strict";
   function csrf() {
@@ -51,9 +50,6 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     document.documentElement.classList.add("js");
-    document.querySelectorAll("select[data-autosubmit]").forEach(function (select) {
-      select.addEventListener("change", function () { select.form.requestSubmit(); });
-    });
   });
 
   window.turnout = { api: api, toast: toast, csrf: csrf };
