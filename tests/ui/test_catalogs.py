@@ -55,3 +55,19 @@ def test_templates_hold_no_literal_labels(path: Path) -> None:
 )
 def test_pick_language(cookie: str | None, accept: str | None, expected: str) -> None:
     assert pick_language(cookie, accept) == expected
+
+
+def test_package_data_ships_every_ui_file() -> None:
+    """A wheel (``pip install turnout``) must carry every template, catalog and static file."""
+    import fnmatch
+    import tomllib
+
+    root = TEMPLATES.parent
+    pyproject = tomllib.loads((root.parents[3] / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["turnout"]
+    package = root.parents[1]  # src/turnout
+    files = [p for d in ("templates", "i18n", "static") for p in (root / d).rglob("*") if p.is_file()]
+    assert files
+    for path in files:
+        relative = path.relative_to(package).as_posix()
+        assert any(fnmatch.fnmatch(relative, g) and relative.count("/") == g.count("/") for g in globs), relative
