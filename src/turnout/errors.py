@@ -8,6 +8,7 @@
     +-- Forbidden             403 model_blocked
     +-- NotFound              404 not_found / model_not_found
     +-- Conflict              409 conflict
+    +-- PreconditionFailed    412 stale_write (an If-Match naming a state that has changed)
     +-- PayloadTooLarge       413 payload_too_large
     +-- Unprocessable         422 invalid_field (field: the path of the bad field, or None)
     +-- Unavailable           503 service_unavailable (retry_after: seconds or None)
@@ -24,6 +25,7 @@ __all__ = [
     "Forbidden",
     "NotFound",
     "PayloadTooLarge",
+    "PreconditionFailed",
     "TurnoutError",
     "Unauthorized",
     "Unavailable",
@@ -73,6 +75,14 @@ class NotFound(TurnoutError):
 class Conflict(TurnoutError):
     status = 409
     code = "conflict"
+    type = "invalid_request_error"
+
+
+class PreconditionFailed(TurnoutError):
+    """412: the client's ``If-Match`` names a state that has changed since it read it."""
+
+    status = 412
+    code = "stale_write"
     type = "invalid_request_error"
 
 

@@ -17,17 +17,9 @@ from typing import Any
 
 import orjson
 
-from turnout.errors import TurnoutError
+from turnout.errors import PreconditionFailed
 
 __all__ = ["PreconditionFailed", "check_if_match", "etag_of", "if_match"]
-
-
-class PreconditionFailed(TurnoutError):
-    """412: the client's ``If-Match`` names a state that has changed since it read it."""
-
-    status = 412
-    code = "stale_write"
-    type = "invalid_request_error"
 
 
 def etag_of(state: Any) -> str:
