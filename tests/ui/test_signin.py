@@ -37,8 +37,8 @@ async def test_sign_in_out_and_security_headers(page, gateway, emulator) -> None
     assert session["httpOnly"] and session["sameSite"] == "Strict" and not session["secure"]  # plain HTTP here
     assert await page.inner_text("#workers tr[data-worker=w1]")
 
-    actions = [e.action for e in gw.app[AUDIT].entries(limit=50)]
-    assert "admin.signin" in actions and "admin.signin_failed" in actions
+    actions = {(e.action, e.actor) for e in gw.app[AUDIT].entries(limit=50)}
+    assert {("admin.signin", "admin-ui"), ("admin.signin_failed", "admin-ui")} <= actions
 
     await page.click("text=Sign out")
     await page.wait_for_url(f"{gw.url}/admin")

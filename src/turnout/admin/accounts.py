@@ -32,7 +32,7 @@ from turnout.admin.inputs import (
 )
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError, Unprocessable
 from turnout.gateway.dialect import json_response
-from turnout.gateway.keys import ACCOUNTANT, AUDIT, KEYS, SETTINGS, USAGE
+from turnout.gateway.keys import ACCOUNTANT, AUDIT, AUDIT_ACTOR, KEYS, SETTINGS, USAGE
 from turnout.store.db import StoreError
 from turnout.store.endpoints import EndpointExists
 from turnout.store.keys import KeyRecord, KeyRevoked, StaleRecord, parse_scopes
@@ -316,7 +316,7 @@ async def audit_change(
     try:
         await asyncio.to_thread(
             request.app[AUDIT].record,
-            actor=ADMIN_ACTOR,
+            actor=request.get(AUDIT_ACTOR, ADMIN_ACTOR),
             action=action,
             target=target,
             before=before,

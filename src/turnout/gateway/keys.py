@@ -26,6 +26,7 @@ __all__ = [
     "ACCOUNTANT",
     "ADMIN_AUTH",
     "AUDIT",
+    "AUDIT_ACTOR",
     "DATABASE",
     "DISPATCHER",
     "ENDPOINTS",
@@ -53,3 +54,5 @@ AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
 USAGE: web.AppKey[UsageStore] = web.AppKey("usage")
 SIGNINS: web.AppKey[AdminSignIns] = web.AppKey("signins")
 ENDPOINTS: web.AppKey[EndpointManager] = web.AppKey("endpoints")
+# Who an admin request's audit entries name: "admin-api" (Bearer token) unless set, "admin-ui" for a browser session.
+AUDIT_ACTOR: web.RequestKey[str] = web.RequestKey("audit_actor")

@@ -20,9 +20,10 @@ import jinja2
 from aiohttp import web
 
 from turnout.admin.ui.i18n import COOKIE, LANGUAGES, Catalogs, pick_language
-from turnout.admin.ui.security import check_csrf, current_session
+from turnout.admin.ui.security import UI_ACTOR, check_csrf, current_session
 from turnout.admin.ui.sessions import Session
 from turnout.errors import TurnoutError
+from turnout.gateway.keys import AUDIT_ACTOR
 
 __all__ = [
     "NAV",
@@ -172,6 +173,7 @@ def page(handler: Handler) -> Handler:
                 return redirect(target)
             return render(request, "error.html", status=401, message_key="error.signed_out", message="")
         request[PAGE_SESSION] = session
+        request[AUDIT_ACTOR] = UI_ACTOR
         try:
             await check_csrf(request, session)
             return await handler(request)

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from turnout.admin.ui.sessions import IDLE_S, Session, SessionStore
 from turnout.errors import Forbidden, TurnoutError, Unauthorized
-from turnout.gateway.keys import ADMIN_AUTH, SIGNINS
+from turnout.gateway.keys import ADMIN_AUTH, AUDIT_ACTOR, SIGNINS
 
 __all__ = [
     "CSRF_FIELD",
@@ -31,6 +31,7 @@ __all__ = [
     "SAFE_METHODS",
     "SESSION_COOKIE",
     "SESSION_STORE",
+    "UI_ACTOR",
     "add_security_headers",
     "check_admin",
     "check_csrf",
@@ -47,6 +48,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 COOKIE_PATH = "/admin"
 
 SESSION_STORE: web.AppKey[SessionStore] = web.AppKey("ui_sessions")
+UI_ACTOR = "admin-ui"  # the audit log's actor for changes made from a signed-in browser
 _SESSION: web.RequestKey[Session | None] = web.RequestKey("turnout_ui_session")  # one look-up per request
 
 CSP = (
@@ -128,6 +130,7 @@ async def check_admin(request: web.Request) -> None:
                 code="session_expired",
             )
         await check_csrf(request, session)
+        request[AUDIT_ACTOR] = UI_ACTOR
         return
     app = request.app
     try:

@@ -23,13 +23,14 @@ from turnout.admin.ui.security import (
     CSRF_FIELD,
     SESSION_COOKIE,
     SESSION_STORE,
+    UI_ACTOR,
     clear_cookie,
     current_session,
     set_cookie,
 )
 from turnout.admin.ui.sessions import MAX_AGE_S
 from turnout.errors import TurnoutError
-from turnout.gateway.keys import ADMIN_AUTH, SIGNINS
+from turnout.gateway.keys import ADMIN_AUTH, AUDIT_ACTOR, SIGNINS
 
 __all__ = ["add_signin_routes", "safe_next"]
 
@@ -69,6 +70,7 @@ async def signin(request: web.Request) -> web.StreamResponse:
         return _form(request, status=403, error="signin.error.csrf", nxt=nxt)
     token = form.get("token")
     token = token.strip() if isinstance(token, str) else ""
+    request[AUDIT_ACTOR] = UI_ACTOR
     try:
         request.app[ADMIN_AUTH].check(f"Bearer {token}")
     except TurnoutError:
