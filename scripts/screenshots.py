@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from playwright.async_api import async_playwright  # noqa: E402
+from scripts.screenshot_state import seed_operator_pages, start_pool  # noqa: E402
 from tests.conftest import free_port, serve_app  # noqa: E402
 from tests.support.ollama_emulator import Behaviour, OllamaEmulator  # noqa: E402
 
@@ -85,6 +86,7 @@ async def main(out: Path) -> None:
     workers[2]["model_placement"] = {"mode": "whitelist", "allowed_models": ["qwen3:*", "llama3.3:70b"]}
     workers.append({"name": "laptop", "url": f"http://127.0.0.1:{free_port()}", "type": "ollama"})
     with tempfile.TemporaryDirectory() as tmp:
+        pools, stop_pool = await start_pool(Path(tmp))
         config = Path(tmp) / "config.json"
         config.write_text(
             json.dumps(
@@ -92,13 +94,16 @@ async def main(out: Path) -> None:
                     "storage": {"data_dir": str(Path(tmp) / "data")},
                     "health": {"interval_s": 3600, "timeout_s": 1},
                     "workers": workers,
+                    "pools": pools,
                 }
             )
         )
-        app = create_app(load_settings(config, env={}), admin_token=TOKEN)
+        private_ok = {"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "true"}  # the endpoints are on loopback
+        app = create_app(load_settings(config, env=private_ok), admin_token=TOKEN)
         url, runner = await serve_app(app)
         try:
             await seed(url)
+            emulators += await seed_operator_pages(url, TOKEN, Path(tmp) / "data", Path(tmp))
             named = app.router.named_resources()
             async with async_playwright() as pw:
                 browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
@@ -126,6 +131,7 @@ async def main(out: Path) -> None:
                 print("skipped (no such page yet):", ", ".join(skipped))
         finally:
             await runner.cleanup()
+            await stop_pool()
             for emu in emulators:
                 await emu.stop()
 

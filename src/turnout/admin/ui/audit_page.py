@@ -14,7 +14,7 @@ from aiohttp import web
 
 from turnout.admin.accounts import audit, audit_facets
 from turnout.admin.ui.answers import answer, without_blanks
-from turnout.admin.ui.display import changed_keys, iso, pretty, when
+from turnout.admin.ui.display import changes, iso, pretty, when
 from turnout.admin.ui.render import page, render
 from turnout.errors import Unprocessable
 
@@ -29,7 +29,8 @@ def _entry(entry: dict[str, Any]) -> dict[str, Any]:
         **entry,
         "before_text": None if before is None else pretty(before),
         "after_text": None if after is None else pretty(after),
-        "changed": sorted(changed_keys(before, after)) if before is not None and after is not None else [],
+        "changes": changes(before, after),
+        "size": max((len(x) if isinstance(x, dict) else 1 for x in (before, after) if x is not None), default=0),
     }
 
 

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from turnout.admin.endpoints_api import list_endpoints
 from turnout.admin.ui.answers import answer
-from turnout.admin.ui.display import iso, when
+from turnout.admin.ui.display import iso, ms, when
 from turnout.admin.ui.render import page, render
 
 __all__ = ["POLL_S", "add_endpoints_routes"]
@@ -33,6 +33,7 @@ async def _state(request: web.Request) -> dict[str, Any]:
         "poll_s": POLL_S,
         "when": when,
         "iso": iso,
+        "ms": ms,
     }
 
 

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from turnout.admin.accounts import list_apps, list_keys, list_tenants
 from turnout.admin.ui.answers import answer, without_blanks
-from turnout.admin.ui.display import iso, when
+from turnout.admin.ui.display import iso, number, when
 from turnout.admin.ui.render import page, render
 from turnout.gateway.keys import ENDPOINTS, SETTINGS
 from turnout.store.keys import KEY_STATES
@@ -45,6 +45,7 @@ async def _state(request: web.Request) -> dict[str, Any]:
         "poll_s": POLL_S,
         "when": when,
         "iso": iso,
+        "number": number,
     }
 
 

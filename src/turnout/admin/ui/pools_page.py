@@ -18,7 +18,7 @@ from aiohttp import web
 
 from turnout.admin.api import claims
 from turnout.admin.ui.answers import answer
-from turnout.admin.ui.display import iso, size, when
+from turnout.admin.ui.display import iso, size, when, when_iso
 from turnout.admin.ui.render import page, render
 from turnout.fleet.claim_sources import LocalSource
 from turnout.gateway.keys import PROXY
@@ -94,6 +94,7 @@ async def pools_state(request: web.Request) -> dict[str, Any]:
         "wakes_sent": listed.get("wakes_sent", 0),
         "poll_s": POLL_S,
         "when": when,
+        "when_iso": when_iso,
         "iso": iso,
         "size": size,
     }

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from turnout.admin.accounts import list_keys, usage
 from turnout.admin.ui.answers import answer, without_blanks
-from turnout.admin.ui.display import iso, when
+from turnout.admin.ui.display import iso, ms, number, when
 from turnout.admin.ui.render import page, render
 from turnout.errors import Unprocessable
 from turnout.gateway.keys import ENDPOINTS, FLEET
@@ -67,6 +67,8 @@ async def usage_page(request: web.Request) -> web.StreamResponse:
         series_csv_url="/admin/api/usage/series?" + urlencode({**query, "format": "csv"}),
         when=when,
         iso=iso,
+        ms=ms,
+        number=number,
     )
 
 

@@ -10,14 +10,28 @@
     return Math.max(280, target.clientWidth);
   }
 
-  function draw(target, series, data) {
+  // Ticks as 24-hour UTC times, the date under the first tick and at midnight (the tables speak UTC too).
+  function ticks(u, splits) {
+    return splits.map(function (ts, i) {
+      var text = new Date(ts * 1e3).toISOString();
+      var date = text.slice(0, 10), time = text.slice(11, 16);
+      if (time === "00:00") return date;
+      return i === 0 ? time + "\n" + date : time;
+    });
+  }
+
+  function stamp(u, ts) {
+    return ts == null ? "–" : new Date(ts * 1e3).toISOString().slice(0, 16).replace("T", " ") + " UTC";
+  }
+
+  function draw(target, series, data, unit) {
     var opts = {
       width: width(target),
       height: HEIGHT,
-      tzDate: function (ts) { return uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"); },
+      tzDate: function (ts) { return uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"); },  // ticks on UTC hours
       scales: { x: { time: true } },
-      series: [{}].concat(series),
-      axes: [{}, { size: 60 }],
+      series: [{ value: stamp }].concat(series),
+      axes: [{ values: ticks, space: 60 }, unit ? { size: 60, label: unit } : { size: 60 }],
     };
     var chart = new uPlot(opts, data, target);
     charts.push({ chart: chart, target: target });
@@ -47,7 +61,7 @@
       draw(document.getElementById("chart-latency"), [
         { label: d.labelP50, stroke: "#1f5fbf", width: 2, value: function (u, v) { return v == null ? "–" : Math.round(v) + " ms"; } },
         { label: d.labelP95, stroke: "#6b3fa0", width: 2, value: function (u, v) { return v == null ? "–" : Math.round(v) + " ms"; } },
-      ], [xs, column(points, "latency_ms_p50"), column(points, "latency_ms_p95")]);
+      ], [xs, column(points, "latency_ms_p50"), column(points, "latency_ms_p95")], "ms");
       box.dataset.points = String(points.length);
       box.dataset.requests = String(column(points, "requests").reduce(function (a, b) { return a + b; }, 0));
       box.dataset.ready = "yes";
