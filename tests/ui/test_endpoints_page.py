@@ -32,7 +32,7 @@ async def test_add_test_edit_and_remove(page, gateway, emulator) -> None:
     await page.click("#ep-test")
     summary = page.locator("#ep-result-summary.ok")
     await summary.wait_for()
-    assert "2 models" in await summary.inner_text()
+    assert "models found: 2" in await summary.inner_text()
     assert await page.locator("#ep-result-models li").all_inner_texts() == ["llama3.2:latest", "qwen3:8b"]
     assert await page.locator("#endpoints-table").count() == 0  # a test saves nothing
 
