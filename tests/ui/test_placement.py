@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
+
 from tests.conftest import free_port, worker
 from tests.ui.conftest import sign_in
 from turnout.admin.api import placement_matrix
@@ -257,3 +259,28 @@ async def test_only_installed_with_a_stale_inventory_asks_first(page, gateway, e
     await page.click("#only-installed-stale")
     await page.wait_for_function("() => document.getElementById('rules-source').textContent.includes('UI')")
     assert gw.app[FLEET].rules("w1")[0].to_json()["allowed_models"] == ["llama3.2:latest", "qwen3:8b"]
+
+
+async def test_cells_the_router_never_asks_are_marked_and_inert(page, gateway, emulator) -> None:
+    gpu = await emulator("gpu", models=["qwen3:8b"])
+    mac = await emulator("mac", models=["llama3.2:latest"])
+    gw = await gateway([worker("gpu", gpu.url)], env={"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "true"})
+    async with aiohttp.ClientSession(headers=gw.admin_headers) as http:
+        endpoint = {"name": "mac", "url": mac.url, "api": "ollama"}
+        async with http.post(f"{gw.url}/admin/api/endpoints", json=endpoint) as r:
+            assert r.status == 201, await r.text()
+    await sign_in(page, gw)
+    await page.goto(f"{gw.url}/admin/placement")
+    assert "never routed to this column" in await page.inner_text(".legend")
+    own = await cell_at(page, "mac/llama3.2:latest", "mac")
+    assert await own.inner_text() in ("✓", "●")  # its own model: an ordinary cell
+    elsewhere = await cell_at(page, "mac/llama3.2:latest", "gpu")
+    assert await elsewhere.inner_text() == "·"
+    assert "go to mac only" in await explanation(elsewhere)
+    fleet_model = await cell_at(page, "qwen3:8b", "mac")
+    assert await fleet_model.inner_text() == "·"
+    assert "mac serves only its own models" in await explanation(fleet_model)
+    await fleet_model.click()
+    await page.keyboard.press("Enter")
+    assert gw.app[FLEET].placement.get("mac") is None and gw.app[FLEET].placement.get("gpu") is None
+    assert await (await cell_at(page, "qwen3:8b", "gpu")).inner_text() == "✓"  # the fleet's own cells are as before

@@ -9,7 +9,8 @@ re-rendered cell from ``/admin/placement/cell`` (:func:`cell_state`, the matrix'
 checks it equals the matrix's).
 
 Cell marks: ``●`` loaded, ``✓`` installed, ``○`` allowed (not installed), ``?`` allowed but the worker's
-inventory is unknown, ``⛔`` blocked; ``↳`` in front when an exact rule decided.
+inventory is unknown, ``⛔`` blocked; ``↳`` in front when an exact rule decided; ``·`` where the router never
+asks that column for that model (an external endpoint's or a claim's own models, :func:`routed_to`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.dialect import json_response
 from turnout.gateway.keys import FLEET
 
-__all__ = ["add_placement_routes", "cell_state", "cell_view"]
+__all__ = ["add_placement_routes", "cell_state", "cell_view", "routed_to", "unrouted_view"]
 
 Translate = Callable[..., str]
 
@@ -107,16 +108,41 @@ def cell_view(t: Translate, mode: str, cell: dict[str, Any], memo: dict[Any, Any
     return {"mark": mark, "cls": cls, "state": parts[0], "why": parts[1]}
 
 
-def _matrix_view(t: Translate, matrix: dict[str, Any]) -> dict[str, Any]:
+def routed_to(fleet: Fleet, model: str) -> set[str] | None:
+    """The columns the router considers for ``model`` (``Fleet.views``, its own candidate list), or None when
+    that is every column (a fleet without external endpoints or claim bindings)."""
+    if not fleet.endpoints and not fleet.bindings:
+        return None
+    return {view.name for view in fleet.views(model)}
+
+
+def unrouted_view(t: Translate, fleet: Fleet, model: str, worker: str) -> dict[str, str]:
+    """A cell the router never asks, whatever its rule: an endpoint's or a claim's model on another column,
+    or a fleet model on an endpoint's or a claim's column. Not clickable."""
+    target = fleet.endpoint_for(model) or fleet.bindings.get(model)
+    if target is not None:
+        why = t("placement.why.elsewhere", target=target.name)
+    else:
+        why = t("placement.why.own_models", worker=worker)
+    return {"mark": "·", "cls": "na", "state": t("placement.state.na"), "why": why}
+
+
+def _matrix_view(t: Translate, fleet: Fleet, matrix: dict[str, Any]) -> dict[str, Any]:
     """Rows of cells, each naming its explanation by index into ``explanations`` (one per distinct one)."""
     workers = matrix["workers"]
     memo: dict[Any, Any] = {}
     index: dict[tuple[str, str], int] = {}
     rows = []
+    unrouted = False
     for model in matrix["models"]:
+        routed = routed_to(fleet, model)
         cells = []
         for w in workers:
-            view = cell_view(t, w["rules"]["mode"], w["cells"][model], memo)
+            if routed is not None and w["name"] not in routed:
+                view = unrouted_view(t, fleet, model, w["name"])
+                unrouted = True
+            else:
+                view = cell_view(t, w["rules"]["mode"], w["cells"][model], memo)
             view["e"] = str(index.setdefault((view["state"], view["why"]), len(index)))
             cells.append(view)
         rows.append({"model": model, "cells": cells})
@@ -124,6 +150,7 @@ def _matrix_view(t: Translate, matrix: dict[str, Any]) -> dict[str, Any]:
         "workers": workers,
         "rows": rows,
         "explanations": list(index),
+        "unrouted": unrouted,
         "override_file": matrix["override_file"],
     }
 
@@ -137,8 +164,8 @@ def _state(fleet: Fleet, name: str) -> WorkerState:
 
 @page
 async def matrix_page(request: web.Request) -> web.StreamResponse:
-    matrix = placement_matrix(request.app[FLEET])
-    view = _matrix_view(translator(request), matrix)
+    fleet = request.app[FLEET]
+    view = _matrix_view(translator(request), fleet, placement_matrix(fleet))
     return render(request, "placement.html", active="ui.placement", **view)
 
 
@@ -152,8 +179,11 @@ async def cell_fragment(request: web.Request) -> web.StreamResponse:
     if not model:
         raise Unprocessable("model is required", field="model")
     rules, _ = fleet.rules(state.name)
-    cell = cell_view(translator(request), rules.mode.value, cell_state(fleet, state, model))
-    return render(request, "_cell.html", c=cell)
+    t = translator(request)
+    routed = routed_to(fleet, model)
+    if routed is not None and state.name not in routed:
+        return render(request, "_cell.html", c=unrouted_view(t, fleet, model, state.name))
+    return render(request, "_cell.html", c=cell_view(t, rules.mode.value, cell_state(fleet, state, model)))
 
 
 def _editor_context(fleet: Fleet, state: WorkerState) -> dict[str, Any]:

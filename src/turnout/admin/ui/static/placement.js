@@ -51,7 +51,7 @@
     }
 
     async function toggle(td) {
-      if (td.dataset.busy) return;
+      if (td.dataset.busy || td.classList.contains("na")) return;  // never routed here: nothing to decide
       var head = heads[td.cellIndex];
       var worker = head.dataset.worker;
       var model = td.parentNode.cells[0].dataset.model;
