@@ -8,9 +8,11 @@ import io
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.conftest import ADMIN_TOKEN, worker
 from tests.ui.conftest import sign_in
+from turnout.admin.ui.usage_page import MAX_LINES, split_values
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -48,6 +50,17 @@ async def test_charts_table_filters_and_csv(page, gateway, emulator, tmp_path: P
         "qwen3:8b",
     ]
 
+    # one line per key, each the API's series for that key
+    await page.select_option("#u-split", "key")
+    await page.click("#usage-filters button[type=submit]")
+    await page.wait_for_url("**split=key**")
+    await page.wait_for_selector("#charts[data-ready=yes]")
+    assert await page.get_attribute("#charts", "data-line-count") == "2"
+    legend = await page.locator("#chart-requests .u-legend").inner_text()
+    assert keys["alpha"][:10] in legend and keys["beta"][:10] in legend
+    assert await page.get_attribute("#charts", "data-requests") == "5"
+    await page.select_option("#u-split", "")
+
     # per key: the charts and the table follow the filter
     await page.select_option("#u-key", keys["beta"][:10])
     await page.select_option("#u-bucket", "minute")
@@ -82,3 +95,33 @@ async def test_no_traffic_yet(page, gateway) -> None:
     await page.wait_for_selector("#charts[data-ready=yes]")
     assert await page.get_attribute("#charts", "data-requests") == "0"
     assert await page.locator("#no-usage").is_visible()
+
+
+def _row(key: str | None, model: str, worker: str | None, requests: int, fallback_from: str | None = None) -> dict:
+    return {"key": key, "model": model, "worker": worker, "requests": requests, "fallback_from": fallback_from}
+
+
+ROWS = [
+    _row("tk_a", "qwen3:8b", "gpu-a", 5),
+    _row("tk_b", "mac/llama3.2", "mac", 3),
+    _row("tk_b", "qwen3:8b", "gpu-a", 1, fallback_from="mac/llama3.2"),
+    _row(None, "qwen3:8b", "gpu-b", 2),
+]
+
+
+@pytest.mark.parametrize(
+    ("split", "expected"),
+    [
+        ("key", ["tk_a", "tk_b"]),  # busiest first; rows without a key get no line
+        ("model", ["qwen3:8b", "mac/llama3.2"]),
+        ("worker", ["gpu-a", "gpu-b"]),  # an endpoint is not a worker
+        ("endpoint", ["mac"]),  # served by it or fallen back from it: 4 requests
+    ],
+)
+def test_split_values(split: str, expected: list[str]) -> None:
+    assert split_values(ROWS, split, {"mac"}) == expected
+
+
+def test_split_values_keeps_the_busiest() -> None:
+    rows = [_row(f"tk_{i}", "m", "w", i) for i in range(1, 10)]
+    assert split_values(rows, "key", set()) == [f"tk_{i}" for i in range(9, 9 - MAX_LINES, -1)]

@@ -21,11 +21,31 @@ from turnout.admin.ui.render import page, render
 from turnout.errors import Unprocessable
 from turnout.gateway.keys import ENDPOINTS, FLEET
 
-__all__ = ["FILTERS", "RANGES", "TABLE_ROWS", "add_usage_routes"]
+__all__ = ["FILTERS", "MAX_LINES", "RANGES", "SPLITS", "TABLE_ROWS", "add_usage_routes", "split_values"]
 
 FILTERS = ("since", "until", "bucket", "key", "endpoint", "worker", "model")
 RANGES = ("1h", "6h", "24h", "7d", "30d")  # the range menu; any time the API reads works in the URL
 TABLE_ROWS = 500  # rows shown below the charts (the CSV has them all)
+SPLITS = ("key", "model", "worker", "endpoint")  # "one line per ...": each line is the series with that filter
+MAX_LINES = 6  # the busiest values get a line
+
+
+def split_values(rows: list[dict[str, Any]], split: str, endpoints: set[str]) -> list[str]:
+    """The values of ``split`` in the usage rows, busiest first (at most MAX_LINES): each becomes a chart line,
+    drawn from the series the API answers with that value as its filter (an endpoint's line counts the
+    requests it served and those that fell back from it, as the API's endpoint filter does)."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        if split == "endpoint":
+            origin = (r["fallback_from"] or "").split("/", 1)[0]
+            names = {n for n in (r["worker"], origin) if n in endpoints}
+        elif split == "worker":
+            names = {r["worker"]} if r["worker"] and r["worker"] not in endpoints else set()
+        else:
+            names = {r[split]} if r[split] else set()
+        for name in names:
+            counts[name] = counts.get(name, 0) + r["requests"]
+    return sorted(counts, key=lambda n: (-counts[n], n))[:MAX_LINES]
 
 
 @page
@@ -42,6 +62,9 @@ async def usage_page(request: web.Request) -> web.StreamResponse:
         error = {"field": (exc.field or "").split(".")[0].split("[")[0], "message": exc.message}
     keys = (await answer(list_keys, request.clone(rel_url=request.rel_url.with_query({}))))["keys"]
     fleet = request.app[FLEET]
+    endpoint_names = sorted(e["name"] for e in request.app[ENDPOINTS].describe())
+    split = request.query.get("split", "")
+    split = split if split in SPLITS else ""
     encoded = urlencode(query)
     return render(
         request,
@@ -51,7 +74,10 @@ async def usage_page(request: web.Request) -> web.StreamResponse:
         filtered=any(v for k, v in filters.items() if k not in ("since", "bucket")),
         ranges=RANGES,
         keys=keys,
-        endpoint_names=sorted(e["name"] for e in request.app[ENDPOINTS].describe()),
+        endpoint_names=endpoint_names,
+        splits=SPLITS,
+        split=split,
+        lines=split_values(rows, split, set(endpoint_names)) if split else [],
         worker_names=sorted(n for n, s in fleet.workers.items() if s.external is None),
         models=sorted({r["model"] for r in rows if r["model"]}),
         rows=rows[:TABLE_ROWS],

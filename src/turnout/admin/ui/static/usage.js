@@ -42,11 +42,54 @@
     return points.map(function (p) { return p[name]; });
   }
 
+  var COLOURS = ["#1f5fbf", "#b3261e", "#146c2e", "#8a5300", "#6b3fa0", "#00758f"];
+
+  function sum(values) { return values.reduce(function (a, b) { return a + (b || 0); }, 0); }
+
+  function withFilter(url, name, value) {
+    return url + (url.indexOf("?") < 0 ? "?" : "&") + encodeURIComponent(name) + "=" + encodeURIComponent(value);
+  }
+
+  // One line per key / model / worker / endpoint: the series the API answers with that value as its filter.
+  async function loadSplit(box, d, lines) {
+    var answers = await Promise.all(lines.map(function (value) {
+      return turnout.api("GET", withFilter(d.series, d.split, value));
+    }));
+    var series = answers.map(function (r) { return r.body.points; });
+    var xs = column(series[0], "bucket_start");
+    function lineSet(valueOf) {
+      return [xs].concat(series.map(function (points) { return points.map(valueOf); }));
+    }
+    function labels(extra) {
+      return lines.map(function (value, i) {
+        var label = d.split === "key" ? value + "…" : value;
+        return Object.assign({ label: label, stroke: COLOURS[i % COLOURS.length], width: 2 }, extra || {});
+      });
+    }
+    var ms = { value: function (u, v) { return v == null ? "–" : Math.round(v) + " ms"; } };
+    draw(document.getElementById("chart-requests"), labels(), lineSet(function (p) { return p.requests; }));
+    draw(document.getElementById("chart-tokens"), labels(),
+      lineSet(function (p) { return p.prompt_tokens + p.completion_tokens; }));
+    draw(document.getElementById("chart-latency"), labels(ms), lineSet(function (p) { return p.latency_ms_p95; }), "ms");
+    document.getElementById("chart-requests-title").textContent = d.titleRequests;
+    document.getElementById("chart-tokens-title").textContent = d.titleTokens;
+    document.getElementById("chart-latency-title").textContent = d.titleLatency;
+    box.dataset.points = String(xs.length);
+    box.dataset.requests = String(sum(series.map(function (points) { return sum(column(points, "requests")); })));
+  }
+
   async function load() {
     var box = document.getElementById("charts");
     if (!box || !window.uPlot) return;
     var d = box.dataset;
+    var lines = JSON.parse(d.lines || "[]");
     try {
+      if (d.split && lines.length) {
+        await loadSplit(box, d, lines);
+        box.dataset.lineCount = String(lines.length);
+        box.dataset.ready = "yes";
+        return;
+      }
       var r = await turnout.api("GET", d.series);
       var points = r.body.points;
       var xs = column(points, "bucket_start");
