@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import jinja2
 from aiohttp import web
@@ -167,7 +167,9 @@ def page(handler: Handler) -> Handler:
         session = await current_session(request)
         if session is None:
             target = "/admin?next=" + quote(request.path_qs, safe="")
-            if htmx(request):
+            if htmx(request):  # back to the page that asked for the fragment, not to the fragment
+                here = urlsplit(request.headers.get("HX-Current-URL", ""))
+                target = "/admin?next=" + quote(here.path + (f"?{here.query}" if here.query else ""), safe="")
                 return web.Response(status=401, headers={"HX-Redirect": target})
             if request.method == "GET":
                 return redirect(target)
