@@ -51,6 +51,10 @@ async def test_add_test_edit_and_remove(page, gateway, emulator) -> None:
     # a fallback model that is a pattern: the API's 422 is shown next to its field
     await row.get_by_role("button", name="Edit mac").click()
     assert await page.locator("#ep-name").get_attribute("readonly") is not None
+    listed = len(mac.listings)
+    await page.click("#ep-test")  # unchanged settings: the saved endpoint is checked, with its credential
+    await page.locator("#ep-result-summary.ok").wait_for()
+    assert len(mac.listings) > listed
     await page.fill("#ep-fallback", "bad*")
     await page.click("#ep-save")
     await page.locator("#ep-fallback-error").filter(has_text="pattern").wait_for()
