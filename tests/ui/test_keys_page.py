@@ -36,6 +36,10 @@ async def test_create_see_once_edit_rotate_revoke(page, gateway, emulator) -> No
     await page.locator("#secret-reveal").wait_for()
     key = await page.input_value("#secret-value")
     assert key.startswith("tk_")
+    await page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=gw.url)
+    await page.click("#secret-copy")
+    await page.locator("#toast").filter(has_text="Copied").wait_for()
+    assert await page.evaluate("navigator.clipboard.readText()") == key
     row = page.locator(f"tr[data-key={key[:10]}]")
     await row.wait_for()
     assert await row.get_attribute("data-state") == "active"
