@@ -115,7 +115,7 @@ ROWS = [
         ("key", ["tk_a", "tk_b"]),  # busiest first; rows without a key get no line
         ("model", ["qwen3:8b", "mac/llama3.2"]),
         ("worker", ["gpu-a", "gpu-b"]),  # an endpoint is not a worker
-        ("endpoint", ["mac"]),  # served by it or fallen back from it: 4 requests
+        ("endpoint", ["mac"]),
     ],
 )
 def test_split_values(split: str, expected: list[str]) -> None:

@@ -32,19 +32,17 @@ MAX_LINES = 6  # the busiest values get a line
 
 def split_values(rows: list[dict[str, Any]], split: str, endpoints: set[str]) -> list[str]:
     """The values of ``split`` in the usage rows, busiest first (at most MAX_LINES): each becomes a chart line,
-    drawn from the series the API answers with that value as its filter (an endpoint's line counts the
-    requests it served and those that fell back from it, as the API's endpoint filter does)."""
+    drawn from the series the API answers with that value as its filter. Endpoints and workers are both in
+    the rows' worker column; ``endpoints`` tells them apart. This only picks and orders the lines: what a
+    line counts (an endpoint's includes the requests that fell back from it) is the API's filter."""
     counts: dict[str, int] = {}
     for r in rows:
-        if split == "endpoint":
-            origin = (r["fallback_from"] or "").split("/", 1)[0]
-            names = {n for n in (r["worker"], origin) if n in endpoints}
-        elif split == "worker":
-            names = {r["worker"]} if r["worker"] and r["worker"] not in endpoints else set()
-        else:
-            names = {r[split]} if r[split] else set()
-        for name in names:
-            counts[name] = counts.get(name, 0) + r["requests"]
+        name = r["worker" if split == "endpoint" else split]
+        if not name:
+            continue
+        if split == "worker" and name in endpoints or split == "endpoint" and name not in endpoints:
+            continue
+        counts[name] = counts.get(name, 0) + r["requests"]
     return sorted(counts, key=lambda n: (-counts[n], n))[:MAX_LINES]
 
 
