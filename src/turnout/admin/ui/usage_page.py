@@ -40,7 +40,7 @@ def split_values(rows: list[dict[str, Any]], split: str, endpoints: set[str]) ->
         name = r["worker" if split == "endpoint" else split]
         if not name:
             continue
-        if split == "worker" and name in endpoints or split == "endpoint" and name not in endpoints:
+        if (split == "worker" and name in endpoints) or (split == "endpoint" and name not in endpoints):
             continue
         counts[name] = counts.get(name, 0) + r["requests"]
     return sorted(counts, key=lambda n: (-counts[n], n))[:MAX_LINES]
