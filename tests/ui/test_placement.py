@@ -252,6 +252,7 @@ async def test_only_installed_with_a_stale_inventory_asks_first(page, gateway, e
     assert gw.app[FLEET].workers["w1"].inventory_stale
     await sign_in(page, gw)
     await page.goto(f"{gw.url}/admin/placement/workers/w1")
+    assert "listing failed" in await page.inner_text("#inventory-stale")
     await page.click("#only-installed")
     await page.locator("#only-installed-error").wait_for()
     assert "stale" in await page.inner_text("#only-installed-error")

@@ -193,7 +193,6 @@ def _editor_context(fleet: Fleet, state: WorkerState) -> dict[str, Any]:
         "w": row,
         "installed": None if state.inventory is None else sorted(state.inventory),
         "inventory_error": state.inventory_error,
-        "max_rules": MAX_RULES,
     }
 
 
