@@ -45,6 +45,9 @@ async def test_every_page_labels_its_controls(page, gateway, emulator) -> None:
         await page.goto(gw.url + path)
         assert await page.evaluate(UNLABELLED) == [], path
         assert await page.locator("h1").count() == 1, path
+    response = await page.goto(f"{gw.url}/admin/no-such-page")
+    assert response.status == 404 and response.headers["x-frame-options"] == "DENY"
+    assert await page.inner_text("h1") == "Something went wrong"  # a page, not a JSON error
 
 
 async def test_german_labels_are_remembered(page, gateway, emulator) -> None:

@@ -95,6 +95,10 @@ async def test_bearer_api_is_unchanged(gateway, emulator) -> None:
             f"{gw.url}/admin/api/placement/workers/w1/toggle", json={"model": "llama3.2:latest"}, headers=headers
         ) as r:
             assert r.status == 200  # scripts need no CSRF token: no browser, no ambient cookie
+        async with http.get(f"{gw.url}/admin/api/nope", headers=headers) as r:  # the API's 404 stays JSON
+            assert r.status == 404 and (await r.json())["error"]["code"] == "unknown_route"
+        async with http.get(f"{gw.url}/admin/nope", allow_redirects=False) as r:  # a page: sign in first
+            assert (r.status, r.headers["Location"]) == (303, "/admin?next=%2Fadmin%2Fnope")
         async with http.get(f"{gw.url}/admin/", allow_redirects=False) as r:
             assert (r.status, r.headers["Location"]) == (303, "/admin")
         async with http.get(f"{gw.url}/admin/api/inventory", cookies={"turnout_session": "made-up"}) as r:

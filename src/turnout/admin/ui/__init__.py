@@ -18,7 +18,7 @@ from aiohttp import web
 from turnout.admin.ui.operator_pages import add_operator_pages
 from turnout.admin.ui.overview import add_overview_routes
 from turnout.admin.ui.placement import add_placement_routes
-from turnout.admin.ui.render import STATIC, UI, Ui
+from turnout.admin.ui.render import STATIC, UI, Ui, add_not_found_route
 from turnout.admin.ui.security import SESSION_STORE, add_security_headers, check_admin
 from turnout.admin.ui.sessions import SessionStore
 from turnout.admin.ui.signin import add_signin_routes
@@ -37,3 +37,4 @@ def add_ui_routes(app: web.Application) -> None:
     add_overview_routes(app)
     add_placement_routes(app)
     add_operator_pages(app)
+    add_not_found_route(app)  # last

@@ -22,7 +22,7 @@ from aiohttp import web
 from turnout.admin.ui.i18n import COOKIE, LANGUAGES, Catalogs, pick_language
 from turnout.admin.ui.security import UI_ACTOR, check_csrf, current_session
 from turnout.admin.ui.sessions import Session
-from turnout.errors import TurnoutError
+from turnout.errors import NotFound, TurnoutError
 from turnout.gateway.keys import AUDIT_ACTOR
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "UI",
     "NavEntry",
     "Ui",
+    "add_not_found_route",
     "htmx",
     "language",
     "page",
@@ -184,3 +185,14 @@ def page(handler: Handler) -> Handler:
             return render(request, template, status=exc.status, message_key=None, message=exc.message)
 
     return wrapped
+
+
+@page
+async def not_found(request: web.Request) -> web.StreamResponse:
+    """Any other ``/admin/...`` page: a 404 page in the user's language (the JSON API keeps its JSON 404)."""
+    raise NotFound(f"no page {request.path}", code="unknown_page")
+
+
+def add_not_found_route(app: web.Application) -> None:
+    """Register last: it matches every UI path no other route took."""
+    app.router.add_get(r"/admin/{tail:(?!api/|static/).+}", not_found, name="ui.not_found")
