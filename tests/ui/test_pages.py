@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
+
 from tests.conftest import free_port, worker
 from tests.ui.conftest import sign_in
 from turnout.admin.ui.render import NAV
@@ -125,3 +127,18 @@ async def test_overview_refreshes_itself(page, gateway, emulator) -> None:
     )
     assert await page.evaluate("window.__same_page") is True  # updated in place, not reloaded
     assert await page.inner_text('[data-stat="workers"]') == "0 / 2"
+
+
+async def test_overview_lists_endpoints_with_state_and_since(page, gateway, emulator) -> None:
+    gpu = await emulator("gpu", models=["qwen3:8b"])
+    mac = await emulator("mac", models=["llama3.2:latest"])
+    gw = await gateway([worker("gpu", gpu.url)], env={"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "true"})
+    async with aiohttp.ClientSession(headers=gw.admin_headers) as http:
+        endpoint = {"name": "mac", "url": mac.url, "api": "ollama"}
+        async with http.post(f"{gw.url}/admin/api/endpoints", json=endpoint) as r:
+            assert r.status == 201, await r.text()
+    await sign_in(page, gw)
+    row = await page.inner_text("#endpoints tr[data-endpoint=mac]")
+    assert "online" in row and "since 20" in row and "UTC" in row
+    assert await page.locator("#workers tr[data-worker=mac]").count() == 0  # an endpoint is not listed as a worker
+    assert await page.inner_text('[data-stat="endpoints"]') == "1 / 1"

@@ -15,8 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
+from turnout.admin.ui.display import when
 from turnout.admin.ui.render import page, render
-from turnout.gateway.keys import ACCOUNTANT, FLEET, PROXY, USAGE
+from turnout.gateway.keys import ACCOUNTANT, ENDPOINTS, FLEET, PROXY, USAGE
 
 __all__ = ["POLL_S", "add_overview_routes", "overview_state"]
 
@@ -38,6 +39,7 @@ async def _requests_per_min(request: web.Request, now: float) -> tuple[dict[str,
 async def overview_state(request: web.Request) -> dict[str, Any]:
     fleet = request.app[FLEET]
     rpm, rpm_total = await _requests_per_min(request, time.time())
+    since = {e["name"]: e.get("state_since") for e in request.app[ENDPOINTS].describe()}
     workers, endpoints = [], []
     for state in fleet.workers.values():
         row = {
@@ -56,7 +58,12 @@ async def overview_state(request: web.Request) -> dict[str, Any]:
         }
         if state.external is not None:
             ext = state.external
-            row |= {"state": ext.state.value, "hint": ext.hint, "latency_ms": ext.latency_ms}
+            row |= {
+                "state": ext.state.value,
+                "hint": ext.hint,
+                "latency_ms": ext.latency_ms,
+                "since": when(since.get(state.name)),
+            }
             endpoints.append(row)
         elif state.claim is None:
             workers.append(row)
