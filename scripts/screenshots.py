@@ -125,6 +125,13 @@ async def main(out: Path) -> None:
                         await page.hover("#matrix tbody tr:nth-child(3) td:nth-of-type(2)")
                     await page.screenshot(path=str(out / f"{name}.png"), full_page=name != "placement")
                     written.append(name)
+                # the German catalog on the busiest page (the operators' "Persistenz" is in its nav)
+                await page.goto(f"{url}/admin/placement")
+                await page.click("header form.lang button[value=de]")
+                await page.wait_for_function("document.documentElement.lang === 'de'")
+                await page.hover("#matrix tbody tr:nth-child(2) td:nth-of-type(3)")
+                await page.screenshot(path=str(out / "placement-de.png"))
+                written.append("placement-de")
                 await browser.close()
             print("wrote", ", ".join(f"{out}/{n}.png" for n in written))
             if skipped:
