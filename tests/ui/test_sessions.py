@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -14,8 +13,9 @@ from turnout.admin.ui.signin import safe_next
 from turnout.store.db import Database
 
 
-def test_idle_expiry_and_touch(tmp_path: Path) -> None:
-    db = Database(f"sqlite:///{tmp_path / 'turnout.db'}")
+def test_idle_expiry_and_touch(database_url: str) -> None:
+    """On SQLite and PostgreSQL: any replica sharing the store serves the same sessions."""
+    db = Database(database_url)
     db.migrate()
     store = SessionStore(db)
     token, session = store.create(remote="127.0.0.1", now=1000.0)
