@@ -120,3 +120,16 @@ async def test_an_idle_session_ends(page, gateway, emulator) -> None:
     assert await page.is_visible("#token")
     with gw.app[DATABASE].begin() as conn:
         assert conn.execute(select(admin_sessions)).first() is None  # the expired row is gone, not only ignored
+
+
+async def test_any_replica_serves_a_session(page, gateway, emulator, tmp_path) -> None:
+    emu = await emulator("w1")
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    a = await gateway([worker("w1", emu.url)], storage={"data_dir": str(tmp_path / "a"), "database_url": shared})
+    b = await gateway([worker("w1", emu.url)], storage={"data_dir": str(tmp_path / "b"), "database_url": shared})
+    await sign_in(page, a)
+    await page.goto(f"{b.url}/admin/placement")  # cookies are per host, not per port: the same browser session
+    assert page.url == f"{b.url}/admin/placement"
+    await page.click("text=Sign out")  # signed out on b: a no longer knows the session either
+    await page.goto(f"{a.url}/admin/overview")
+    assert page.url.startswith(f"{a.url}/admin?next=")
