@@ -24,6 +24,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 
 from turnout.core.patterns import Pattern, parse_pattern
 from turnout.core.placement import PlacementMode, PlacementRules
@@ -141,6 +142,9 @@ class EndpointEnv(_Model):
     health_interval_s: float = 20.0
     secret_key: str | None = None
     hints: tuple[str, ...] = ()  # advice to log at start (e.g. a legacy variable in use)
+    # The gateway's environment as it started, for endpoint credentials named by variable ("credential_env"):
+    # a registration made in the UI reads the control plane's environment, not the browser's machine.
+    variables: SkipJsonSchema[dict[str, str]] = Field(default_factory=dict, repr=False)
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -177,6 +181,7 @@ def endpoint_env(env: Mapping[str, str]) -> EndpointEnv:
         health_interval_s=interval,
         secret_key=env.get("TURNOUT_SECRET_KEY") or None,
         hints=tuple(hints),
+        variables=dict(env),
     )
 
 

@@ -136,3 +136,22 @@ async def test_stale_edit_is_refused_and_a_duplicate_name_named(page, gateway, e
     await page.fill("#ep-name", "gpu")  # a configured worker's name
     await page.click("#ep-test")
     await page.locator("#ep-name-error").filter(has_text="already taken").wait_for()
+
+
+async def test_a_credential_named_by_a_variable_of_the_gateway(page, gateway, emulator) -> None:
+    mac = await emulator("mac", ["llama3.2:latest"], require_key="sk-from-env")
+    gw = await gateway([], env={**PRIVATE_OK, "MAC_KEY": "sk-from-env"})
+    await sign_in(page, gw)
+    await page.goto(f"{gw.url}/admin/endpoints")
+    await fill_form(page, "mac", mac.url)
+    await page.fill("#ep-credential-env", "NOPE_UNSET")
+    await page.click("#ep-test")
+    await page.locator("#ep-credential_env-error").filter(has_text="NOPE_UNSET is not set").wait_for()
+    await page.fill("#ep-credential-env", "MAC_KEY")
+    await page.click("#ep-test")
+    await page.locator("#ep-result-summary.ok").wait_for()  # the server accepted the gateway's variable
+    await page.click("#ep-save")
+    await page.locator("#secret-reveal").wait_for()
+    row = page.locator("tr[data-endpoint=mac]")
+    await row.wait_for()
+    assert await row.get_attribute("data-state") == "online"

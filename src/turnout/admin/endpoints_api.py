@@ -93,6 +93,21 @@ async def list_endpoints(request: web.Request) -> web.Response:
     )
 
 
+def credential_value(manager: EndpointManager, credential: str | None, variable: str | None) -> str | None:
+    """The credential given, or the value of ``variable`` in the gateway's own environment (so a form in a
+    browser names a secret that lives only on the control plane). A variable that is unset is a 422."""
+    if not variable:
+        return credential
+    value = manager.settings.endpoint_env.variables.get(variable, "")
+    if not value:
+        raise Unprocessable(
+            f'"credential_env": {variable} is not set in the gateway\'s environment; set it where the gateway runs '
+            "and restart it, or give the credential itself",
+            field="credential_env",
+        )
+    return value
+
+
 async def get_endpoint(request: web.Request) -> web.Response:
     manager = request.app[ENDPOINTS]
     view = await _view(request, manager, request.match_info["name"])
@@ -112,13 +127,14 @@ async def add_endpoint(request: web.Request) -> web.Response:
             f'an endpoint named "{name}" already exists; choose another name or change that one',
             code="endpoint_exists",
         )
+    credential = credential_value(manager, spec.credential, spec.credential_env)
     now = time.time()
     record = await store_call(
         manager.store.add,
         name=name,
         url=spec.url,
         api=spec.api,
-        credential=None if not spec.credential else manager.secrets.encrypt(spec.credential),
+        credential=None if not credential else manager.secrets.encrypt(credential),
         fallback_model=spec.fallback_model or None,
         latency_budget_ms=spec.latency_budget_ms,
         now=now,
@@ -149,7 +165,8 @@ async def test_unsaved(request: web.Request) -> web.Response:
     if spec.name is not None:
         configured = spec.name in manager.fleet.workers and manager.fleet.workers[spec.name].external is None
         name_taken = configured or bool(await store_call(manager.store.exists, spec.name))
-    result = await manager.test_unsaved(spec.url, spec.api, spec.credential or None)
+    credential = credential_value(manager, spec.credential, spec.credential_env)
+    result = await manager.test_unsaved(spec.url, spec.api, credential or None)
     return json_response(
         {
             "test": result.to_json(),
@@ -164,9 +181,12 @@ async def change_endpoint(request: web.Request) -> web.Response:
     body = await read_object(request)
     if "name" in body:
         raise Unprocessable('"name": an endpoint cannot be renamed; remove it and register it again', field="name")
-    changes = parse_input(EndpointChange, body).changes()
+    spec = parse_input(EndpointChange, body)
+    changes = spec.changes()
     manager = request.app[ENDPOINTS]
     name = request.match_info["name"]
+    if spec.credential_env:
+        changes["credential"] = credential_value(manager, None, spec.credential_env)
     if changes.get("credential"):
         changes["credential"] = manager.secrets.encrypt(changes["credential"])
     before, after = await store_call(

@@ -188,6 +188,17 @@ Url = Annotated[StrictStr, Field(min_length=1, max_length=MAX_URL), AfterValidat
 Credential = Annotated[StrictStr, Field(max_length=MAX_CREDENTIAL), AfterValidator(_no_controls)]
 LatencyBudget = Annotated[StrictInt, Field(ge=1, le=MAX_LATENCY_BUDGET_MS)]
 EndpointName = Annotated[StrictStr, AfterValidator(_endpoint_name)]
+EnvName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]  # an environment variable's name
+
+
+def _one_credential(spec: Any) -> None:
+    if getattr(spec, "credential", None) and getattr(spec, "credential_env", None):
+        raise _FieldProblem(
+            'give "credential" or "credential_env" (the name of a variable in the gateway\'s environment), not both',
+            "credential_env",
+        )
+
+
 ApiType = Literal["openai", "ollama"]
 
 
@@ -346,11 +357,13 @@ class EndpointCreate(_Input):
     url: Url
     api: ApiType = "openai"
     credential: Credential | None = None
+    credential_env: EnvName | None = None
     fallback_model: StrictStr | None = None
     latency_budget_ms: LatencyBudget | None = None
 
     @model_validator(mode="after")
     def _fallback(self) -> EndpointCreate:
+        _one_credential(self)
         _model_name(self.fallback_model, "fallback_model", exact=True)
         return self
 
@@ -362,12 +375,14 @@ class EndpointTest(_Input):
     url: Url
     api: ApiType = "openai"
     credential: Credential | None = None
+    credential_env: EnvName | None = None
     name: EndpointName | None = None
     fallback_model: StrictStr | None = None
     latency_budget_ms: LatencyBudget | None = None
 
     @model_validator(mode="after")
     def _fallback(self) -> EndpointTest:
+        _one_credential(self)
         _model_name(self.fallback_model or None, "fallback_model", exact=True)
         return self
 
@@ -379,11 +394,13 @@ class EndpointChange(_Input):
     url: Url | None = None
     api: ApiType | None = None
     credential: Credential | None = None
+    credential_env: EnvName | None = None
     fallback_model: StrictStr | None = None
     latency_budget_ms: LatencyBudget | None = None
 
     @model_validator(mode="after")
     def _check(self) -> EndpointChange:
+        _one_credential(self)
         for required in ("url", "api"):
             if required in self.model_fields_set and getattr(self, required) is None:
                 raise _FieldProblem(f'"{required}" cannot be removed; give the new value', required)
@@ -392,7 +409,7 @@ class EndpointChange(_Input):
 
     def changes(self) -> dict[str, Any]:
         """The fields given, with "" for the credential and fallback model meaning none."""
-        out = {name: getattr(self, name) for name in self.model_fields_set}
+        out = {name: getattr(self, name) for name in self.model_fields_set if name != "credential_env"}
         for optional in ("credential", "fallback_model"):
             if optional in out and not out[optional]:
                 out[optional] = None

@@ -71,9 +71,10 @@
       var url = el("ep-url").value.trim();
       var api = el("ep-api").value;
       var credential = el("ep-credential").value;
+      var variable = el("ep-credential-env").value.trim();
       var stored = form.dataset.storedUrl === url && form.dataset.storedApi === api;
       var r;
-      if (editing() && stored && credential === "" && !el("ep-clear-credential").checked) {
+      if (editing() && stored && credential === "" && variable === "" && !el("ep-clear-credential").checked) {
         // the saved endpoint as it is (with its stored credential): the API's re-check
         r = await turnout.api("POST", "/admin/api/endpoints/" + encodeURIComponent(name) + "/test");
         showTest(r.body.test || { ok: false, error: r.body.endpoint.last_error }, r.body.endpoint);
@@ -82,6 +83,7 @@
       }
       var body = { url: url, api: api };
       if (credential !== "") body.credential = credential;
+      if (variable !== "") body.credential_env = variable;
       if (!editing() && name !== "") body.name = name;
       var fallback = el("ep-fallback").value.trim();
       if (fallback !== "") body.fallback_model = fallback;
@@ -106,6 +108,7 @@
     turnout.forms.clearErrors(form);
     var name = el("ep-name").value.trim();
     var credential = el("ep-credential").value;
+    var variable = el("ep-credential-env").value.trim();
     var fallback = el("ep-fallback").value.trim();
     var budget = budgetValue();
     var button = el("ep-save");
@@ -116,6 +119,7 @@
           fallback_model: fallback === "" ? null : fallback, latency_budget_ms: budget };
         if (el("ep-clear-credential").checked) changes.credential = null;
         else if (credential !== "") changes.credential = credential;
+        if (variable !== "") changes.credential_env = variable;
         await turnout.api("PATCH", "/admin/api/endpoints/" + encodeURIComponent(name), changes,
           { etag: el("ep-etag").value });
         turnout.toast(fmt(msg.saved, { name: name }));
@@ -123,6 +127,7 @@
       } else {
         var body = { name: name, url: el("ep-url").value.trim(), api: el("ep-api").value };
         if (credential !== "") body.credential = credential;
+        if (variable !== "") body.credential_env = variable;
         if (fallback !== "") body.fallback_model = fallback;
         if (budget !== null) body.latency_budget_ms = budget;
         var r = await turnout.api("POST", "/admin/api/endpoints", body);
