@@ -154,14 +154,7 @@ def key_list(
         records = KeyStore(db).all()
         used = UsageStore(db).last_used()
     now = time.time()
-    records = [
-        r
-        for r in records
-        if (query.tenant is None or r.tenant == query.tenant)
-        and (query.app is None or r.app == query.app)
-        and (query.endpoint is None or r.reaches_endpoint(query.endpoint))
-        and (query.state is None or r.state(now) == query.state)
-    ]
+    records = [r for r in records if query.matches(r, now)]
     if as_json:
         typer.echo(json.dumps([{**r.to_json(now), "last_used": used.get(r.id)} for r in records], indent=2))
         return

@@ -112,14 +112,7 @@ async def list_keys(request: web.Request) -> web.Response:
     query = parse_input(KeyListQuery, request.query)
     records: list[KeyRecord] = await store_call(request.app[KEYS].all)
     now = time.time()
-    picked = [
-        r
-        for r in records
-        if (query.tenant is None or r.tenant == query.tenant)
-        and (query.app is None or r.app == query.app)
-        and (query.endpoint is None or r.reaches_endpoint(query.endpoint))
-        and (query.state is None or r.state(now) == query.state)
-    ]
+    picked = [r for r in records if query.matches(r, now)]
     used = await _last_used(request)
     return json_response({"keys": [key_view(r, now, used) for r in picked]})
 

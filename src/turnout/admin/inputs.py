@@ -43,7 +43,7 @@ from turnout.core.patterns import PatternError, parse_pattern
 from turnout.errors import Unprocessable
 from turnout.store.audit import MAX_ENTRIES
 from turnout.store.endpoints import MAX_LATENCY_BUDGET_MS, MAX_URL
-from turnout.store.keys import MAX_INT, MAX_NAME
+from turnout.store.keys import MAX_INT, MAX_NAME, KeyRecord
 
 __all__ = [
     "MAX_AUDIT_LIMIT",
@@ -293,6 +293,15 @@ class KeyListQuery(_Query):
     app: Name | None = None
     endpoint: Annotated[StrictStr, Field(max_length=64)] | None = None
     state: Literal["active", "revoked", "expired", "in_grace"] | None = None
+
+    def matches(self, record: KeyRecord, now: float) -> bool:
+        """The one filter rule, for the admin API and the CLI alike."""
+        return (
+            (self.tenant is None or record.tenant == self.tenant)
+            and (self.app is None or record.app == self.app)
+            and (self.endpoint is None or record.reaches_endpoint(self.endpoint))
+            and (self.state is None or record.state(now) == self.state)
+        )
 
 
 class KeyRotate(_Input):
