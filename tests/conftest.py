@@ -215,6 +215,24 @@ def worker(name: str, url: str, type: str = "ollama", **extra: Any) -> dict[str,
     return {"name": name, "url": url, "type": type, **extra}
 
 
+def create_key(gw: Gateway, **kw: Any) -> tuple[Any, str]:
+    """An app key straight in the gateway's store: (record, plaintext). Defaults: every model, no limits."""
+    from turnout.gateway.keys import KEYS
+
+    args: dict[str, Any] = {
+        "app": "app",
+        "tenant": None,
+        "scopes": ["*"],
+        "rpm": None,
+        "daily_tokens": None,
+        "expires_at": None,
+        "now": time.time(),
+        **kw,
+    }
+    record, plaintext = gw.app[KEYS].create(**args)
+    return record, plaintext
+
+
 @pytest.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
     runners: list[Gateway] = []

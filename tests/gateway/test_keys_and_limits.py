@@ -9,23 +9,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import Clients, EmulatorFactory, Gateway, GatewayFactory, worker
+from tests.conftest import Clients, EmulatorFactory, Gateway, GatewayFactory, create_key, worker
 from turnout.gateway.keys import ACCOUNTANT, KEYS, USAGE
 from turnout.store.usage import UsageStore
 
 
 def make_key(gw: Gateway, **kw: Any) -> str:
-    args: dict[str, Any] = {
-        "app": "app",
-        "tenant": None,
-        "scopes": ["*"],
-        "rpm": None,
-        "daily_tokens": None,
-        "expires_at": None,
-        "now": time.time(),
-    }
-    args.update(kw)
-    return gw.app[KEYS].create(**args)[1]
+    return create_key(gw, **kw)[1]
 
 
 async def post(gw: Gateway, path: str, body: dict[str, Any], key: str | None) -> tuple[int, Any, Any]:

@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.conftest import EmulatorFactory, Gateway, GatewayFactory, worker
-from turnout.gateway.keys import KEYS
+from tests.conftest import EmulatorFactory, Gateway, GatewayFactory, create_key, worker
 
 MODELS = ["llama3.2:latest", "llama3.2:1b", "qwen3:8b", "qwen3:latest", "org/m:latest"]
 
@@ -22,9 +20,7 @@ async def locked(emulator: EmulatorFactory, gateway: GatewayFactory) -> Gateway:
 
 
 def key(gw: Gateway, scopes: list[str]) -> str:
-    return gw.app[KEYS].create(
-        app="app", tenant=None, scopes=scopes, rpm=None, daily_tokens=None, expires_at=None, now=time.time()
-    )[1]
+    return create_key(gw, scopes=scopes)[1]
 
 
 async def request(gw: Gateway, method: str, path: str, k: str, body: Any = None) -> tuple[int, Any]:

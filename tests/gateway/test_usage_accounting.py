@@ -3,7 +3,6 @@ and a roll-up the database refuses is dropped, logged and counted while every ot
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -11,28 +10,18 @@ import aiohttp
 import pytest
 from sqlalchemy import text
 
-from tests.conftest import Clients, EmulatorFactory, Engine, Gateway, GatewayFactory, worker
+from tests.conftest import Clients, EmulatorFactory, Engine, Gateway, GatewayFactory, create_key, worker
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.calls import Call, Endpoint
 from turnout.gateway.dialect import Dialect
-from turnout.gateway.keys import ACCOUNTANT, DATABASE, KEYS, USAGE
+from turnout.gateway.keys import ACCOUNTANT, DATABASE, USAGE
 from turnout.store.keys import KeyRecord
 
 CHAT = {"model": "qwen3:8b", "messages": [], "stream": False}
 
 
 def make_key(gw: Gateway, **kw: Any) -> tuple[KeyRecord, str]:
-    args: dict[str, Any] = {
-        "app": "app",
-        "tenant": None,
-        "scopes": ["*"],
-        "rpm": None,
-        "daily_tokens": None,
-        "expires_at": None,
-        "now": time.time(),
-    }
-    args.update(kw)
-    record, plaintext = gw.app[KEYS].create(**args)
+    record, plaintext = create_key(gw, **kw)
     return record, plaintext
 
 
