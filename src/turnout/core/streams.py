@@ -129,9 +129,8 @@ class StreamWatch:
         if self.ended:
             return b""
         if not self._lines.pending and not self._event:
-            # One whole SSE event and nothing pending: the usual chunk of a token stream. Its most common
-            # form (one choice, index 0, no finish yet, no usage, nothing collected) is decided inline,
-            # parsed all the same; anything else goes through _dispatch.
+            # One whole SSE event and nothing pending: the usual chunk of a token stream, dispatched without
+            # the line splitter (the event is parsed all the same, once).
             if (
                 self.kind is StreamKind.SSE
                 and chunk[:6] == b"data: "
@@ -140,10 +139,7 @@ class StreamWatch:
                 and b"\r" not in chunk
                 and len(chunk) <= self.max_line
             ):
-                payload = chunk[6:-2]
-                if self._plain(payload):
-                    return chunk
-                if self._dispatch(payload) or self.finished or self.error is not None:
+                if self._dispatch(chunk[6:-2]) or self.finished or self.error is not None:
                     return chunk
                 return b""  # an early [DONE]: withheld
             fast = self._feed_whole(chunk)
@@ -176,10 +172,7 @@ class StreamWatch:
             ):
                 return None
             for n, event in enumerate(events):
-                payload = event[6:]
-                if self._plain(payload):
-                    continue
-                if not self._dispatch(payload):
+                if not self._dispatch(event[6:]):
                     kept = n + 1 if self.finished or self.error is not None else n  # an early [DONE] is withheld
                     return b"".join(e + b"\n\n" for e in events[:kept])
             return chunk
@@ -230,25 +223,6 @@ class StreamWatch:
         if self._dispatch(payload) or self.finished or self.error is not None:
             out.append(b"\n".join(raw) + b"\n\n")
 
-    def _plain(self, payload: bytes) -> bool:
-        """Parse and apply the most common SSE frame inline: one choice, index 0, no finish yet, no usage, no
-        error, nothing collected. False (nothing applied): not such a frame, :meth:`_dispatch` decides."""
-        if payload[:1] != b"{" or self._closed or self.collect:
-            return False
-        try:
-            obj = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            raise FrameError("the worker sent a stream frame that is not valid JSON") from None
-        choices = obj.get("choices") if type(obj) is dict else None
-        if type(choices) is not list or len(choices) != 1 or "error" in obj or "usage" in obj:
-            return False
-        first = choices[0]
-        if type(first) is not dict or first.get("index", 0) != 0 or first.get("finish_reason") is not None:
-            return False
-        self.events += 1
-        self._open.add(0)
-        return True
-
     def _dispatch(self, payload: bytes) -> bool:
         """Apply one SSE event's data. False when it ended the stream (``finished`` then says whether it is
         forwarded: an early ``[DONE]`` is withheld, the caller ends the stream with an error frame)."""
@@ -256,12 +230,7 @@ class StreamWatch:
             self.ended = True
             self.finished = self._finished_all()
             return False
-        try:
-            obj = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            raise FrameError("the worker sent a stream frame that is not valid JSON") from None
-        if type(obj) is not dict:
-            raise FrameError(f"the worker sent a stream frame that is a JSON {type(obj).__name__}, expected an object")
+        obj = _frame(payload)
         if "error" in obj and "choices" not in obj:
             self.error = _message(obj["error"])
             self.ended = True
