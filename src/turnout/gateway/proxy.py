@@ -276,10 +276,7 @@ class Proxy:
         err.status = status if 400 <= status < 500 or status == 503 else 502
         if status < 400:
             err.code = "upstream_bad_status"
-        response: web.StreamResponse = error_response(call.dialect, err)
-        if call.fallback_from is not None:
-            response.headers["X-Fallback-From"] = call.fallback_from
-        return response
+        return _tagged(error_response(call.dialect, err), call)
 
     # -- Ollama client, OpenAI-style worker --------------------------------------------------------
     async def _translated(self, request: web.Request, call: Call, lease: Lease, outcome: Outcome) -> web.StreamResponse:
@@ -571,16 +568,17 @@ def _first(*values: int | None) -> int | None:
     return next((v for v in values if v is not None), None)
 
 
-def _raw_json(data: bytes, status: int, call: Call) -> web.Response:
-    """A worker's JSON answer relayed byte for byte (it was checked to be a JSON object)."""
-    response = web.Response(status=status, body=data, content_type="application/json")
-    if call.fallback_from is not None:
-        response.headers["X-Fallback-From"] = call.fallback_from
-    return response
-
-
-def _json(obj: Any, status: int = 200, call: Call | None = None) -> web.Response:
-    response = json_response(obj, status)
+def _tagged(response: web.Response, call: Call | None) -> web.Response:
+    """Every non-stream answer of a fallback call says where it fell back from (streams: _stream_headers)."""
     if call is not None and call.fallback_from is not None:
         response.headers["X-Fallback-From"] = call.fallback_from
     return response
+
+
+def _raw_json(data: bytes, status: int, call: Call) -> web.Response:
+    """A worker's JSON answer relayed byte for byte (it was checked to be a JSON object)."""
+    return _tagged(web.Response(status=status, body=data, content_type="application/json"), call)
+
+
+def _json(obj: Any, status: int = 200, call: Call | None = None) -> web.Response:
+    return _tagged(json_response(obj, status), call)
