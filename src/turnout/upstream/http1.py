@@ -257,9 +257,7 @@ class Connection(asyncio.Protocol):
     # -- used by the client ------------------------------------------------------------------------
     def _poison(self) -> None:
         self.poisoned = True
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.abort()
-        self.lost = True
+        self.close()
         self._wake()
 
     def _fail(self, error: BaseException) -> None:
