@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from turnout.core.names import MAX_MODEL_NAME, canonical, lookup, model_name_problem, same_model
+from turnout.core.names import MAX_MODEL_NAME, canonical, lookup, model_name_problem
 
 
 @pytest.mark.parametrize(
@@ -36,10 +36,6 @@ def test_canonical(name: str, expected: str) -> None:
 )
 def test_lookup(model: str, names: set[str] | None, expected: str | None) -> None:
     assert lookup(model, None if names is None else frozenset(names)) == expected
-
-
-def test_same_model() -> None:
-    assert same_model("a", "a:latest") and not same_model("a", "a:2b")
 
 
 @pytest.mark.parametrize(

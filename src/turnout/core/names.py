@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-__all__ = ["DEFAULT_TAG", "MAX_MODEL_NAME", "canonical", "has_tag", "lookup", "model_name_problem", "same_model"]
+__all__ = ["DEFAULT_TAG", "MAX_MODEL_NAME", "canonical", "has_tag", "lookup", "model_name_problem"]
 
 DEFAULT_TAG = "latest"
 _LATEST = ":" + DEFAULT_TAG
@@ -29,10 +29,6 @@ def has_tag(name: str) -> bool:
 def canonical(name: str) -> str:
     """The comparison form of a model name: tagless names get Ollama's implicit ``:latest``."""
     return name if has_tag(name) else f"{name}:{DEFAULT_TAG}"
-
-
-def same_model(a: str, b: str) -> bool:
-    return a == b or canonical(a) == canonical(b)
 
 
 def lookup(model: str, names: Collection[str] | None) -> str | None:
