@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -173,8 +173,9 @@ def llama_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 EmulatorFactory = Callable[..., Awaitable[OllamaEmulator]]
 
 
-@pytest.fixture
-async def emulator() -> AsyncIterator[EmulatorFactory]:
+@asynccontextmanager
+async def emulators() -> AsyncIterator[EmulatorFactory]:
+    """Start Ollama emulators on demand; all stop when the block ends (the ``emulator`` fixtures' body)."""
     started: list[OllamaEmulator] = []
 
     async def make(name: str, models: list[str] | None = None, **behaviour: Any) -> OllamaEmulator:
@@ -183,9 +184,17 @@ async def emulator() -> AsyncIterator[EmulatorFactory]:
         started.append(emu)
         return emu
 
-    yield make
-    for emu in started:
-        await emu.stop()
+    try:
+        yield make
+    finally:
+        for emu in started:
+            await emu.stop()
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[EmulatorFactory]:
+    async with emulators() as make:
+        yield make
 
 
 @dataclass
@@ -233,8 +242,10 @@ def create_key(gw: Gateway, **kw: Any) -> tuple[Any, str]:
     return record, plaintext
 
 
-@pytest.fixture
-async def gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
+@asynccontextmanager
+async def gateways(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
+    """Start real gateways on demand (open auth, an hour's health interval unless ``health`` says otherwise);
+    all stop when the block ends (the ``gateway`` fixtures' body)."""
     runners: list[Gateway] = []
 
     async def make(workers: list[dict[str, Any]], env: dict[str, str] | None = None, **sections: Any) -> Gateway:
@@ -255,9 +266,17 @@ async def gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
         runners.append(gw)
         return gw
 
-    yield make
-    for gw in runners:
-        await gw.stop()
+    try:
+        yield make
+    finally:
+        for gw in runners:
+            await gw.stop()
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
+    async with gateways(tmp_path) as make:
+        yield make
 
 
 class Clients:

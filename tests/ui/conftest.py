@@ -15,22 +15,17 @@ Fixtures:
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import playwright.async_api as playwright_api  # a dev dependency: fail loudly when it is missing
 import pytest
 import pytest_asyncio
-from aiohttp import web
 
-from tests.conftest import ADMIN_TOKEN, Gateway, serve_app
-from tests.support.ollama_emulator import Behaviour, OllamaEmulator
-from turnout.config import load_settings
-from turnout.gateway.app import create_app
+from tests.conftest import ADMIN_TOKEN, EmulatorFactory, Gateway, GatewayFactory, emulators, gateways
 
 CHROMIUM = os.environ.get("TURNOUT_CHROMIUM", "/usr/bin/chromium")
 _HERE = Path(__file__).parent
@@ -74,50 +69,16 @@ async def page(browser: Any) -> AsyncIterator[Any]:
     assert not errors, f"browser console errors: {errors}"
 
 
-EmulatorFactory = Callable[..., Awaitable[OllamaEmulator]]
-GatewayFactory = Callable[..., Awaitable[Gateway]]
-
-
 @pytest_asyncio.fixture(loop_scope="session")
 async def emulator() -> AsyncIterator[EmulatorFactory]:
-    started: list[OllamaEmulator] = []
-
-    async def make(name: str, models: list[str] | None = None, **behaviour: Any) -> OllamaEmulator:
-        emu = OllamaEmulator(name, Behaviour(models=models or ["llama3.2:latest"], **behaviour))
-        await emu.start()
-        started.append(emu)
-        return emu
-
-    yield make
-    for emu in started:
-        await emu.stop()
+    async with emulators() as make:
+        yield make
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
-    runners: list[Gateway] = []
-
-    async def make(workers: list[dict[str, Any]], env: dict[str, str] | None = None, **sections: Any) -> Gateway:
-        data_dir = tmp_path / f"data{len(runners)}"
-        config = {
-            "storage": {"data_dir": str(data_dir)},
-            "health": {"interval_s": 3600, "timeout_s": 2},
-            "auth": {"open": True},
-            "workers": workers,
-            **sections,
-        }
-        path = tmp_path / f"config{len(runners)}.json"
-        path.write_text(json.dumps(config))
-        settings = load_settings(path, env=env or {})
-        app: web.Application = create_app(settings, admin_token=ADMIN_TOKEN)
-        url, runner = await serve_app(app, handler_cancellation=True)
-        gw = Gateway(url, app, settings, data_dir, runner)
-        runners.append(gw)
-        return gw
-
-    yield make
-    for gw in runners:
-        await gw.stop()
+    async with gateways(tmp_path) as make:
+        yield make
 
 
 async def sign_in(page: Any, gw: Gateway, lang: str | None = None) -> None:
