@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 from tests.conftest import free_port, serve_app
+from tests.support.claims import claim_yaml
 from tests.support.ollama_emulator import Behaviour, OllamaEmulator
 from tests.support.tiny_gguf import write_tiny_model
 
@@ -24,17 +25,6 @@ from turnout.controller.local import ClaimFiles, load_claim_documents
 from turnout.runtime.agent import SUPERVISOR, create_agent_app
 
 __all__ = ["seed_operator_pages", "start_pool"]
-
-CLAIM = """
-kind: ModelClaim
-metadata: {name: NAME}
-spec:
-  modelName: NAME
-  podSelector: {matchLabels: {pool: cpu}}
-  artifactURL: file://MODEL
-  engine: llamacpp
-  engineConfig: {args: {"--n_ctx": "256"}}
-"""
 
 
 async def start_pool(tmp: Path) -> tuple[dict[str, Any], Callable[[], Awaitable[None]]]:
@@ -64,7 +54,7 @@ async def seed_operator_pages(url: str, token: str, data_dir: Path, tmp: Path) -
     files = ClaimFiles(data_dir)
     model = write_tiny_model(tmp / "tiny.gguf")
     for name, artifact in (("tiny-chat", model), ("broken-model", tmp / "missing.gguf")):
-        for doc in load_claim_documents(CLAIM.replace("NAME", name).replace("MODEL", str(artifact))):
+        for doc in load_claim_documents(claim_yaml(name, artifact)):
             files.apply(doc)
     async with aiohttp.ClientSession(headers=admin) as http:
         for body in (

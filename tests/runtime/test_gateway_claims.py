@@ -10,19 +10,9 @@ import aiohttp
 
 from tests.conftest import Gateway, GatewayFactory, eventually
 from tests.runtime.conftest import AgentStarter
+from tests.support.claims import claim_yaml
 from turnout.controller.local import ClaimFiles, load_claim_documents
 from turnout.runtime.agent import SUPERVISOR
-
-CLAIM = """
-kind: ModelClaim
-metadata: {name: NAME}
-spec:
-  modelName: NAME
-  podSelector: {matchLabels: {pool: cpu}}
-  artifactURL: file://MODEL
-  engine: llamacpp
-  engineConfig: {args: {"--n_ctx": "256"}}
-"""
 
 
 async def chat(gw: Gateway, model: str) -> tuple[int, dict[str, str]]:
@@ -86,7 +76,7 @@ async def test_claims_route_sleep_wake_and_fail(
     )
     files = ClaimFiles(gw.settings.data_dir)
     for name, model in (("alpha", tiny_model), ("broken", tmp_path / "missing.gguf")):
-        for doc in load_claim_documents(CLAIM.replace("NAME", name).replace("MODEL", str(model))):
+        for doc in load_claim_documents(claim_yaml(name, model)):
             files.apply(doc)
     # within a tick the claim is known: 503 with Retry-After while it activates, then the engine is routable
     deadline = time.monotonic() + 5

@@ -12,20 +12,10 @@ import pytest_asyncio
 from aiohttp import web
 
 from tests.conftest import free_port, serve_app
+from tests.support.claims import claim_yaml
 from tests.ui.conftest import sign_in
 from turnout.controller.local import ClaimFiles, load_claim_documents
 from turnout.runtime.agent import SUPERVISOR, create_agent_app
-
-CLAIM = """
-kind: ModelClaim
-metadata: {name: NAME}
-spec:
-  modelName: NAME
-  podSelector: {matchLabels: {pool: cpu}}
-  artifactURL: file://MODEL
-  engine: llamacpp
-  engineConfig: {args: {"--n_ctx": "256"}}
-"""
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -56,7 +46,7 @@ async def test_pools_engines_claims_and_events(page, gateway, agent_url, tiny_mo
     gw = await gateway([], pools={"agents": [{"name": "cpu-0", "agent_url": url, "labels": labels}], "interval_s": 0.2})
     files = ClaimFiles(gw.settings.data_dir)
     for name, model in (("alpha", tiny_model), ("broken", tmp_path / "missing.gguf")):
-        for doc in load_claim_documents(CLAIM.replace("NAME", name).replace("MODEL", str(model))):
+        for doc in load_claim_documents(claim_yaml(name, model)):
             files.apply(doc)
     await sign_in(page, gw)
     await page.click("nav >> text=Runtime pools")
