@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,8 @@ from turnout.runtime.agent import SUPERVISOR, create_agent_app
 AgentStarter = Callable[..., Awaitable[tuple[str, web.AppRunner]]]
 
 
-@pytest.fixture
-async def start_agent(tmp_path: Path) -> AsyncIterator[AgentStarter]:
+@asynccontextmanager
+async def agents(tmp_path: Path) -> AsyncIterator[AgentStarter]:
     """Starts agents sharing one registry (a second call is an agent restart); stops every engine at the end."""
     runners: list[web.AppRunner] = []
     low = free_port()
@@ -33,8 +34,16 @@ async def start_agent(tmp_path: Path) -> AsyncIterator[AgentStarter]:
         runners.append(runner)
         return url, runner
 
-    yield start
-    if runners:
-        await runners[-1].app[SUPERVISOR].stop_all()
-    for runner in runners:
-        await runner.cleanup()
+    try:
+        yield start
+    finally:
+        if runners:
+            await runners[-1].app[SUPERVISOR].stop_all()
+        for runner in runners:
+            await runner.cleanup()
+
+
+@pytest.fixture
+async def start_agent(tmp_path: Path) -> AsyncIterator[AgentStarter]:
+    async with agents(tmp_path) as start:
+        yield start

@@ -5,43 +5,25 @@ claim events; it refreshes itself while the claims change."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest_asyncio
-from aiohttp import web
 
-from tests.conftest import free_port, serve_app
+from tests.runtime.conftest import AgentStarter, agents
 from tests.support.claims import claim_yaml
 from tests.ui.conftest import sign_in
 from turnout.controller.local import ClaimFiles, load_claim_documents
-from turnout.runtime.agent import SUPERVISOR, create_agent_app
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def agent_url(tmp_path: Path) -> AsyncIterator[Callable[[], Awaitable[str]]]:
-    runners: list[web.AppRunner] = []
-
-    async def start() -> str:
-        low = free_port()
-        app = create_agent_app(
-            registry_path=tmp_path / "agent" / "engines.json",
-            log_dir=tmp_path / "agent" / "logs",
-            port_range=(low, low + 20),
-            backoff_base_s=0.05,
-        )
-        url, runner = await serve_app(app)
-        runners.append(runner)
-        return url
-
-    yield start
-    for runner in runners:
-        await runner.app[SUPERVISOR].stop_all()
-        await runner.cleanup()
+async def start_agent(tmp_path: Path) -> AsyncIterator[AgentStarter]:
+    async with agents(tmp_path) as start:  # the runtime tests' agents, on the browser's session loop
+        yield start
 
 
-async def test_pools_engines_claims_and_events(page, gateway, agent_url, tiny_model: Path, tmp_path: Path) -> None:
-    url = await agent_url()
+async def test_pools_engines_claims_and_events(page, gateway, start_agent, tiny_model: Path, tmp_path: Path) -> None:
+    url, _ = await start_agent()
     labels = {"pool": "cpu", "pool.aibrix.ai/enabled": "true"}
     gw = await gateway([], pools={"agents": [{"name": "cpu-0", "agent_url": url, "labels": labels}], "interval_s": 0.2})
     files = ClaimFiles(gw.settings.data_dir)
