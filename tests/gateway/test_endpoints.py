@@ -6,10 +6,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from sqlalchemy import update
 
 from tests.conftest import ADMIN_TOKEN, EmulatorFactory, Engine, Gateway, GatewayFactory, worker
 from turnout.core.endpoint_health import EndpointState
 from turnout.gateway.keys import ACCOUNTANT, DATABASE, ENDPOINTS, USAGE
+from turnout.store.schema import endpoints
 
 PRIVATE_OK = {"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "true"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -236,3 +238,23 @@ async def test_background_checks_leave_a_busy_single_request_endpoint_alone(
     state = gw.app[ENDPOINTS].fleet.workers["mac"]
     assert state.external is not None and state.external.state is EndpointState.ONLINE
     assert len(mac.listings) == listed  # not probed while it was busy, nor right after its answer
+
+
+async def test_a_stored_fallback_name_that_breaks_the_name_rule_is_never_used(gateway: GatewayFactory) -> None:
+    """A record written before names were checked (the store refuses such a name now) goes live without it."""
+    gw = await gateway([], env=PRIVATE_OK)
+    manager = gw.app[ENDPOINTS]
+    manager.store.add(
+        name="old",
+        url="http://127.0.0.1:9",
+        api="ollama",
+        credential=None,
+        fallback_model="qwen3:8b",
+        latency_budget_ms=None,
+        now=0.0,
+    )
+    with gw.app[DATABASE].begin() as conn:  # as an older version could have stored it
+        conn.execute(update(endpoints).where(endpoints.c.name == "old").values(fallback_model="qwen3\r\nX-A: 1"))
+    await manager.sync()
+    state = manager.fleet.workers["old"]
+    assert state.external is not None and state.external.fallback_model is None

@@ -26,6 +26,7 @@ import orjson
 from turnout.config import Settings, Worker, WorkerType
 from turnout.core.endpoint_health import CheckResult, EndpointState, Failure, hint, next_state
 from turnout.core.health import ProbePolicy, ProbeResult, probe_event, should_probe
+from turnout.core.names import model_name_problem
 from turnout.core.ssrf import check_address
 from turnout.errors import UpstreamError
 from turnout.fleet.poller import apply_openai_models, apply_tags
@@ -224,6 +225,11 @@ class EndpointManager:
         await asyncio.gather(*(self.check(name) for name in changed))
 
     def _worker_state(self, record: EndpointRecord) -> WorkerState:
+        fallback = record.fallback_model
+        problem = None if fallback is None else model_name_problem(fallback, "fallback_model")
+        if problem is not None:  # stored before names were checked (the admin API refuses it now): never used
+            log.warning('endpoint "%s": its fallback model is ignored: %s', record.name, problem)
+            fallback = None
         config = Worker.model_validate(
             {"name": record.name, "url": record.url, "type": record.api, "api_key": self.credential(record)}
         )
@@ -232,7 +238,7 @@ class EndpointManager:
             external=External(
                 prefix=f"{record.name}/",
                 guard=self.guard,
-                fallback_model=record.fallback_model,
+                fallback_model=fallback,
                 latency_budget_ms=record.latency_budget_ms,
             ),
         )

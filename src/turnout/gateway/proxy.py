@@ -24,7 +24,6 @@ from aiohttp import web
 from turnout.config import Settings
 from turnout.core import translate
 from turnout.core.endpoint_health import EndpointState
-from turnout.core.names import model_name_problem
 from turnout.core.routing import NoRoute
 from turnout.core.signals import tokens_per_second
 from turnout.core.streams import FrameError, StreamKind, StreamWatch, parse_object
@@ -76,8 +75,6 @@ class Proxy:
             return await self._serve_claimed(request, call, outcome, tenant, self.claims)
         endpoint = self.fleet.endpoint_for(call.model)
         fallback = None if endpoint is None or endpoint.external is None else endpoint.external.fallback_model
-        if fallback is not None and model_name_problem(fallback) is not None:
-            fallback = None  # a name stored before names were checked: never sent anywhere (the admin API refuses it)
         if fallback is None or call.fallback_from is not None:
             return await self._serve_once(request, call, outcome, tenant)
         assert endpoint is not None
