@@ -461,14 +461,8 @@ def _finish(g: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-SUMMARY_COLUMNS = (
-    "bucket_start",
-    "bucket_start_utc",
-    "key",
-    "endpoint",
-    "worker",
-    "model",
-    "fallback_from",
+_BUCKET_COLUMNS = ("bucket_start", "bucket_start_utc")
+_MEASURE_COLUMNS = (
     "requests",
     "errors",
     "prompt_tokens",
@@ -478,18 +472,8 @@ SUMMARY_COLUMNS = (
     "latency_ms_p95",
     "latency_ms_max",
 )
-SERIES_COLUMNS = (
-    "bucket_start",
-    "bucket_start_utc",
-    "requests",
-    "errors",
-    "prompt_tokens",
-    "completion_tokens",
-    "latency_ms_min",
-    "latency_ms_p50",
-    "latency_ms_p95",
-    "latency_ms_max",
-)
+SUMMARY_COLUMNS = (*_BUCKET_COLUMNS, "key", "endpoint", "worker", "model", "fallback_from", *_MEASURE_COLUMNS)
+SERIES_COLUMNS = (*_BUCKET_COLUMNS, *_MEASURE_COLUMNS)
 
 
 def to_csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
