@@ -244,3 +244,71 @@ def test_every_error_code_is_in_its_docs_table() -> None:
 def test_the_collector_sees_codes_made_in_every_way(code: str) -> None:
     """A literal in an if-expression, a NoRoute reason, a class default and a keyword: all four are found."""
     assert code in produced_codes()["README.md"].statuses
+
+
+# -- every CLI flag documented in docs/cli.md --------------------------------------------------------------
+
+
+def _commands() -> list[tuple[str, object]]:
+    """(`turnout key create`, the click command) for the root and every leaf command, from the real typer app."""
+    import typer
+
+    from turnout.cli import app
+
+    found: list[tuple[str, object]] = []
+
+    def walk(cmd: object, path: list[str]) -> None:
+        subs = getattr(cmd, "commands", None)
+        if subs is None or len(path) == 1:
+            found.append((" ".join(path), cmd))
+        for name, sub in sorted((subs or {}).items()):
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), ["turnout"])
+    return found
+
+
+def _flags(cmd: object) -> set[str]:
+    return {
+        flag
+        for p in getattr(cmd, "params", [])
+        if getattr(p, "param_type_name", "") == "option"
+        for flag in (*p.opts, *p.secondary_opts)
+    } | {"--help"}
+
+
+def cli_sections() -> dict[str, list[tuple[int, str]]]:
+    """docs/cli.md's sections by heading (`## `turnout key create``), with their lines."""
+    lines = (ROOT / "docs" / "cli.md").read_text().splitlines()
+    out: dict[str, list[tuple[int, str]]] = {}
+    current: list[tuple[int, str]] | None = None
+    for number, line in enumerate(lines, 1):
+        if line.startswith("## "):
+            current = out.setdefault(line[3:].strip().strip("`"), [])
+        elif current is not None:
+            current.append((number, line))
+    return out
+
+
+def test_every_cli_flag_is_in_docs_cli_md() -> None:
+    sections = cli_sections()
+    problems = []
+    commands = dict(_commands())
+    for name, cmd in commands.items():
+        if name not in sections:
+            problems.append(f"docs/cli.md has no section '## `{name}`'")
+            continue
+        documented: dict[str, int] = {}
+        for number, line in sections[name]:
+            if line.startswith("|"):
+                first = line.strip("|").split("|")[0]
+                for flag in re.findall(r"`(--?[A-Za-z][\w-]*)", first):
+                    documented[flag] = number
+        for flag in sorted(_flags(cmd) - set(documented) - {"--help"}):
+            problems.append(f"docs/cli.md: `{name}` takes {flag}, which its options table does not list")
+        for flag, number in sorted(documented.items()):
+            if flag not in _flags(cmd):
+                problems.append(f"docs/cli.md:{number}: `{name}` has no option {flag}")
+    for name in sorted(set(sections) - set(commands)):
+        problems.append(f"docs/cli.md: section '{name}' is not a turnout command")
+    assert not problems, "\n".join(problems)
