@@ -303,6 +303,31 @@ def test_claim_commands(tmp_path: Path) -> None:
     assert run(["claim", "delete", "nope", *d], tmp_path).returncode == 2
 
 
+def test_claim_commands_use_the_configs_data_dir(tmp_path: Path) -> None:
+    """`turnout claim ... --config F` writes where a gateway started with F reads its claims (``-c`` too)."""
+    from turnout.config import load_settings
+    from turnout.controller.local import ClaimFiles
+
+    config = tmp_path / "etc" / "turnout.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"storage": {"data_dir": "../state"}}))
+    claim = tmp_path / "claim.yaml"
+    claim.write_text(
+        "kind: ModelClaim\nmetadata: {name: qwen}\nspec:\n  podSelector: {matchLabels: {pool: a}}\n"
+        "  artifactURL: hf://Qwen/Qwen3-8B\n"
+    )
+    applied = run(["claim", "apply", "-f", str(claim), "--config", str(config)], tmp_path)
+    assert applied.returncode == 0, applied.stderr
+    seen_by_gateway = ClaimFiles(load_settings(config).data_dir)
+    assert [d["metadata"]["name"] for d in seen_by_gateway.all()] == ["qwen"]
+    assert not (tmp_path / "turnout-data").exists(), "nothing written to the default data dir"
+    assert "qwen" in run(["claim", "list", "-c", str(config)], tmp_path).stdout
+    assert run(["claim", "delete", "qwen", "-c", str(config)], tmp_path).returncode == 0
+    assert "Deleting" in run(["claim", "list", "--config", str(config)], tmp_path).stdout
+    missing = run(["claim", "list", "--config", str(tmp_path / "nope.json")], tmp_path)
+    assert missing.returncode == 2 and "nope.json" in missing.stderr and "Traceback" not in missing.stderr
+
+
 def test_claim_events_lists_what_the_controller_recorded(tmp_path: Path) -> None:
     from turnout.controller.local import ClaimFiles
 

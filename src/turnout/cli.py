@@ -206,13 +206,30 @@ def agent(
 
 claim_app = typer.Typer(no_args_is_help=True, help="ModelClaims for the local controller.")
 app.add_typer(claim_app, name="claim")
-DataDirOption = Annotated[Path, typer.Option("--data-dir", help="where claims and their status live")]
+DataDirOption = Annotated[
+    Path | None, typer.Option("--data-dir", help="where claims and their status live (default: the config's data dir)")
+]
+
+
+def _claims_dir(config: Path | None, data_dir: Path | None) -> Path:
+    """The data dir a gateway with this config reads its claims from (``--data-dir`` overrides it). Without
+    ``--config`` and with no ./turnout-data/config.json yet, the default data dir ./turnout-data."""
+    if data_dir is not None:
+        return data_dir
+    if config is None and not DEFAULT_CONFIG.exists():
+        return DEFAULT_CONFIG.parent
+    try:
+        return load_settings(config or DEFAULT_CONFIG).data_dir
+    except ConfigError as exc:
+        _fail(str(exc))
+        raise  # unreachable: _fail exits
 
 
 @claim_app.command("apply")
 def claim_apply(
     file: Annotated[Path, typer.Option("-f", "--file", help="ModelClaim YAML or JSON (several documents allowed)")],
-    data_dir: DataDirOption = Path("turnout-data"),
+    config: ConfigOption = None,
+    data_dir: DataDirOption = None,
 ) -> None:
     """Create or update claims; refused whole (nothing written) when any document is invalid."""
     from turnout.controller.local import ClaimFiles, load_claim_documents
@@ -223,17 +240,17 @@ def claim_apply(
     except (OSError, InvalidClaim, ValueError) as exc:
         _fail(f"{file}: {exc}")
         return
-    files = ClaimFiles(data_dir)
+    files = ClaimFiles(_claims_dir(config, data_dir))
     for doc in docs:
         typer.echo(f"modelclaim/{files.apply(doc)} configured")
 
 
 @claim_app.command("list")
-def claim_list(data_dir: DataDirOption = Path("turnout-data")) -> None:
+def claim_list(config: ConfigOption = None, data_dir: DataDirOption = None) -> None:
     """Claims with their phase, pod and port."""
     from turnout.controller.local import ClaimFiles
 
-    files = ClaimFiles(data_dir)
+    files = ClaimFiles(_claims_dir(config, data_dir))
     statuses = files.statuses()
     typer.echo(f"{'NAME':24} {'MODEL':24} {'PHASE':12} {'POD':16} {'PORT':>6}  REASON")
     for doc in files.all():
@@ -248,24 +265,25 @@ def claim_list(data_dir: DataDirOption = Path("turnout-data")) -> None:
 
 
 @claim_app.command("events")
-def claim_events(data_dir: DataDirOption = Path("turnout-data")) -> None:
+def claim_events(config: ConfigOption = None, data_dir: DataDirOption = None) -> None:
     """Recent controller events: phase changes, idle sleeps, invalid pool policies (repeats counted)."""
     from turnout.controller.local import ClaimFiles
 
     typer.echo(f"{'LAST SEEN':20} {'TYPE':8} {'REASON':18} {'OBJECT':28} {'COUNT':>5}  MESSAGE")
-    for e in ClaimFiles(data_dir).events():
+    for e in ClaimFiles(_claims_dir(config, data_dir)).events():
         typer.echo(
             f"{e['lastTimestamp']:20} {e['type']:8} {e['reason']:18} {e['object']:28} {e['count']:>5}  {e['message']}"
         )
 
 
 @claim_app.command("delete")
-def claim_delete(name: str, data_dir: DataDirOption = Path("turnout-data")) -> None:
+def claim_delete(name: str, config: ConfigOption = None, data_dir: DataDirOption = None) -> None:
     """Mark a claim deleted; the controller de-routes it, stops its engine, then forgets it."""
     from turnout.controller.local import ClaimFiles
 
-    if not ClaimFiles(data_dir).mark_deleted(name):
-        _fail(f'no claim "{name}" in {data_dir}')
+    where = _claims_dir(config, data_dir)
+    if not ClaimFiles(where).mark_deleted(name):
+        _fail(f'no claim "{name}" in {where}')
     typer.echo(f"modelclaim/{name} deleting")
 
 
@@ -274,7 +292,9 @@ def controller(
     pools: Annotated[
         Path, typer.Option(help='JSON list of pools: [{"name","agent_url","address","gpus","labels","policy"}]')
     ],
-    data_dir: DataDirOption = Path("turnout-data"),
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="where claims and their status live")] = Path(
+        "turnout-data"
+    ),
     interval: Annotated[float, typer.Option(callback=_interval, help="seconds between reconcile ticks")] = 2.0,
     metrics_port: Annotated[
         int,
