@@ -1,7 +1,10 @@
-"""A real runtime agent for the runtime tests (engines are real llama.cpp or vLLM processes)."""
+"""A real runtime agent for the runtime tests (engines are real llama.cpp or vLLM processes, or the vLLM and
+SGLang stand-ins of tests/support/engine_emulator.py where the real server cannot run here)."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,6 +17,7 @@ from tests.conftest import free_port, serve_app
 from turnout.runtime.agent import SUPERVISOR, create_agent_app
 
 AgentStarter = Callable[..., Awaitable[tuple[str, web.AppRunner]]]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @asynccontextmanager
@@ -47,3 +51,17 @@ async def agents(tmp_path: Path) -> AsyncIterator[AgentStarter]:
 async def start_agent(tmp_path: Path) -> AsyncIterator[AgentStarter]:
     async with agents(tmp_path) as start:
         yield start
+
+
+@pytest.fixture
+def emulator_python(tmp_path: Path) -> str:
+    """An "interpreter" for ``--engine-python vllm=... sglang=...``: the agent runs ``PYTHON -m MODULE ARGS``
+    and this runs the stand-in server for MODULE with those arguments instead."""
+    wrapper = tmp_path / "emulator-python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"PYTHONPATH={shlex.quote(str(ROOT))} "
+        f'exec {shlex.quote(sys.executable)} -m tests.support.engine_emulator "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return str(wrapper)

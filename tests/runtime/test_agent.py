@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import signal
 import struct
@@ -16,6 +18,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.conftest import free_port
 from tests.runtime.conftest import AgentStarter
 from turnout.runtime.agent import SUPERVISOR
 
@@ -110,7 +113,7 @@ async def test_crashing_engine_fails_after_five_restarts(agent: AgentFactory, tm
     a = await agent()
     await a.call("POST", "/v1/runtime/models/activate", activate_body("broken", tmp_path / "missing.gguf"))
     failed = await a.until("broken", "failed", limit_s=90)
-    assert failed["restarts"] == 6 and "engine exited" in failed["last_error"]
+    assert failed["restarts"] == 5 and "engine exited" in failed["last_error"]  # the restarts it made
     status, body = await a.call("POST", "/v1/runtime/models/wake", {"model_name": "broken"})
     assert status == 409 and "failed" in body["error"]["message"]
 
@@ -150,3 +153,68 @@ async def test_kv_usage_and_limit_from_real_segments(agent: AgentFactory, tiny_m
     finally:
         for s in segments:
             s.unlink(missing_ok=True)
+
+
+def failed_record(name: str) -> dict[str, Any]:
+    """A registry entry as an agent writes it for an engine that crashed through all its restarts."""
+    return {
+        "model_name": name,
+        "engine": "llamacpp",
+        "artifact_url": "file:///nonexistent/model.gguf",
+        "port": free_port(),
+        "ipc_name": f"kv_{name}",
+        "args": {},
+        "claim_ref": {},
+        "phase": "failed",
+        "pid": None,
+        "pid_start": None,
+        "restarts": 5,
+        "last_error": "engine exited (code 1): ...no such file",
+        "last_transition": 1.0,
+        "ready": False,
+    }
+
+
+async def test_failed_engine_stays_failed_across_an_agent_restart(agent: AgentFactory, tmp_path: Path) -> None:
+    registry = tmp_path / "agent" / "engines.json"
+    registry.parent.mkdir()
+    registry.write_text(json.dumps({"version": 1, "engines": [failed_record("broken")]}))
+    a = await agent()
+    engine = await a.engine("broken")
+    assert engine["phase"] == "failed" and engine["pid"] is None and engine["restarts"] == 5  # not relaunched
+    assert "no such file" in engine["last_error"]
+    status, body = await a.call("POST", "/v1/runtime/models/wake", {"model_name": "broken"})
+    assert status == 409 and "failed" in body["error"]["message"]
+
+
+async def test_registry_records_that_do_not_parse_are_skipped_and_logged(
+    agent: AgentFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = tmp_path / "agent" / "engines.json"
+    registry.parent.mkdir()
+    no_port = failed_record("no-port")
+    del no_port["port"]
+    original = json.dumps(
+        {
+            "version": 2,
+            "written_by": "a newer agent",
+            "engines": [
+                {**failed_record("kept"), "restart_count": 5},  # a field this agent does not know
+                no_port,
+                {**failed_record("bad-pid"), "pid": "twelve"},
+                {**failed_record("bad-phase"), "phase": "hibernating"},
+                "not a record",
+            ],
+        }
+    )
+    registry.write_text(original)
+    with caplog.at_level(logging.ERROR, logger="turnout.agent"):
+        a = await agent()
+    status, body = await a.call("GET", "/healthz")
+    assert status == 200 and body["engines"] == 1
+    assert (await a.engine("kept"))["phase"] == "failed"
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    for problem in ("['restart_count']", "engines[1]", "engines[2]", "'hibernating'", "engines[4] is not an object"):
+        assert problem in logged, logged
+    assert (registry.parent / "engines.json.rejected").read_text() == original  # nothing lost for a person
+    assert [e["model_name"] for e in json.loads(registry.read_text())["engines"]] == ["kept"]

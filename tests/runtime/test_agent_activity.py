@@ -81,3 +81,31 @@ async def test_unobservable_activity_is_null(
     body["text"] = text
     got = await engine_activity(supervisor, record(engine, port, ready))
     assert got == {"running": None, "waiting": None, "success_total": None}
+
+
+# An exposition as a scraper that rewrites colons writes it, with a second model's series beside ours (an engine
+# serving one model never exports another's, but a shared or proxied /metrics does, and must not be summed in).
+MIXED = """# TYPE vllm_num_requests_running gauge
+vllm_num_requests_running{engine="0",model_name="m"} 1.0
+vllm_num_requests_running{engine="0",model_name="other"} 9.0
+# TYPE vllm_num_requests_waiting gauge
+vllm_num_requests_waiting{engine="0",model_name="m"} 0.0
+vllm_num_requests_waiting{engine="0",model_name="other"} 4.0
+# TYPE vllm_request_success_total counter
+vllm_request_success_total{engine="0",finished_reason="stop",model_name="m"} 5.0
+vllm_request_success_total{engine="0",finished_reason="stop",model_name="other"} 100.0
+vllm_request_success_total{engine="0",finished_reason="stop"} 50.0
+"""
+
+
+async def test_activity_counts_only_the_engines_model_in_either_spelling(
+    engine_metrics: tuple[int, dict[str, str]], supervisor: Supervisor
+) -> None:
+    port, body = engine_metrics
+    body["text"] = MIXED
+    assert await engine_activity(supervisor, record("vllm", port)) == {"running": 1, "waiting": 0, "success_total": 5}
+    body["text"] = SGLANG + 'sglang:num_running_reqs{model_name="other"} 8.0\nsglang:num_requests_total 70.0\n'
+    assert await engine_activity(supervisor, record("sglang", port)) == {"running": 1, "waiting": 0, "success_total": 7}
+    body["text"] = VLLM.replace('model_name="m"', 'model_name="other"')
+    got = await engine_activity(supervisor, record("vllm", port))
+    assert got == {"running": None, "waiting": None, "success_total": None}  # nothing of this engine's model

@@ -15,10 +15,23 @@ def test_vllm_command_and_sleep_mode() -> None:
     assert launch.argv[launch.argv.index("--model") + 1] == "Qwen/Qwen3-0.6B"
     assert launch.argv[launch.argv.index("--served-model-name") + 1] == "qwen"
     assert "--enable-sleep-mode" in launch.argv and launch.argv[-2:] == ["--max-model-len", "4096"]
-    assert launch.sleep_api and launch.health_path == "/health"
+    assert launch.sleep_api and launch.health_path == "/health" and launch.sleep_state_path == "/is_sleeping"
     # a platform without sleep mode (CPU): the claim's flag comes last and wins; the agent then stops the process
     off = launch_command("vllm", "qwen", "hf://Qwen/Qwen3-0.6B", 30001, {"--no-enable-sleep-mode": ""})
-    assert off.argv[-1] == "--no-enable-sleep-mode" and not off.sleep_api
+    assert off.argv[-1] == "--no-enable-sleep-mode" and not off.sleep_api and off.sleep_state_path is None
+
+
+def test_sglang_serves_metrics_and_gets_time_for_its_generating_health_check() -> None:
+    launch = launch_command("sglang", "m", "hf://org/m", 30003, {})
+    assert "--enable-metrics" in launch.argv  # SGLang has no /metrics without it
+    assert launch.health_timeout_s > 20  # its /health waits up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s)
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "vllm", "sglang"])
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "10.1.2.3"])
+def test_engines_listen_where_the_agent_listens(engine: str, host: str) -> None:
+    argv = launch_command(engine, "m", "file:///m.gguf", 30004, {}, host=host).argv
+    assert argv[argv.index("--host") + 1] == host
 
 
 @pytest.mark.parametrize(

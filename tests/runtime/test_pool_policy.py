@@ -130,7 +130,7 @@ async def test_engine_crashing_six_times_fails_the_claim(
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "False"
         assert seen_restarting
-        assert engines["crashy"].restarts == 6
+        assert engines["crashy"].restarts == 5  # six crashes: five restarts, then Failed
         assert engines["steady"].pid == steady_pid and ctl.phase("steady") is ClaimPhase.ACTIVE
         events = [e for e in ctl.files.events() if e["object"] == "ModelClaim/crashy"]
         assert events[-1]["type"] == "Warning" and events[-1]["reason"] == "EngineFailed"

@@ -37,6 +37,31 @@ _OPS_KEPT = 1000
 _NO_ACTIVITY: dict[str, int | None] = {"running": None, "waiting": None, "success_total": None}
 
 
+def _metric_key(name: str) -> str:
+    """``vllm:num_requests_running`` and ``vllm_num_requests_running`` are the same series: exporters and
+    scrapers that do not keep colons in names (OpenMetrics-only pipelines, some vLLM builds) write the
+    underscore spelling."""
+    return name.replace(":", "_")
+
+
+def activity_from_metrics(text: str, names: tuple[str, str, str], model: str) -> dict[str, int | None]:
+    """Running, waiting and completed requests of ``model`` in a Prometheus exposition: the samples named
+    ``names`` (either spelling) whose ``model_name`` label is ``model`` (vLLM's label: vllm/v1/metrics/loggers.py;
+    SGLang's: python/sglang/srt/metrics/collector.py), summed over the other labels. None where absent."""
+    keys = [_metric_key(n) for n in names]
+    sums: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                key = _metric_key(sample.name)
+                if key in keys and sample.labels.get("model_name") == model:
+                    sums[key] = sums.get(key, 0.0) + sample.value
+    except ValueError:
+        return dict(_NO_ACTIVITY)
+    running, waiting, done = (None if k not in sums else int(sums[k]) for k in keys)
+    return {"running": running, "waiting": waiting, "success_total": done}
+
+
 async def engine_activity(supervisor: Supervisor, record: EngineRecord) -> dict[str, int | None]:
     """Running, waiting and completed requests from the engine's own /metrics; None where not observable
     (an engine without metrics, such as llama.cpp's Python server, or one that is not ready)."""
@@ -46,16 +71,7 @@ async def engine_activity(supervisor: Supervisor, record: EngineRecord) -> dict[
     text = await supervisor.fetch_text(record, "/metrics")
     if text is None:
         return dict(_NO_ACTIVITY)
-    sums: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in names:
-                    sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-    except ValueError:
-        return dict(_NO_ACTIVITY)
-    running, waiting, done = (None if n not in sums else int(sums[n]) for n in names)
-    return {"running": running, "waiting": waiting, "success_total": done}
+    return activity_from_metrics(text, names, record.model_name)
 
 
 class _Operations:
@@ -84,15 +100,25 @@ def create_agent_app(
     backoff_base_s: float = 2.0,
     nvml: Nvml | None = None,
     engine_python: dict[str, str] | None = None,
+    engine_host: str = "127.0.0.1",
 ) -> web.Application:
+    """The agent's application. ``engine_host`` is where engines listen: the address the agent itself is bound
+    to, so that what reaches the agent (the controller, the gateway) reaches its engines too."""
     supervisor = Supervisor(
-        registry_path, log_dir, port_range=port_range, backoff_base_s=backoff_base_s, engine_python=engine_python
+        registry_path,
+        log_dir,
+        port_range=port_range,
+        backoff_base_s=backoff_base_s,
+        engine_python=engine_python,
+        host=engine_host,
     )
     gpu = nvml if nvml is not None else Nvml()
     peaks: dict[str, int] = {}  # model -> highest device memory its process group was seen holding
     ops = _Operations()
     registry = CollectorRegistry()
-    resident = Gauge("aibrix:modelclaim_models_resident", "engines with a live, ready process", registry=registry)
+    resident = Gauge(
+        "aibrix:modelclaim_models_resident", "engines holding their model: active or sleeping", registry=registry
+    )
     kv_used = Gauge("aibrix:modelclaim_kv_used_bytes", "kvcached bytes in use", ["model"], registry=registry)
     kv_total = Gauge("aibrix:modelclaim_kv_total_bytes", "kvcached capacity", ["model"], registry=registry)
     hbm_peak = Gauge("aibrix:modelclaim_hbm_peak_bytes", "best-effort peak device memory", ["model"], registry=registry)
@@ -177,6 +203,7 @@ def create_agent_app(
     async def deactivate(body: dict[str, Any]) -> Any:
         name = model_of(body)
         await supervisor.deactivate(name)
+        peaks.pop(name, None)  # a later engine of the same name starts its own peak
         return {"model_name": name, "deactivated": True}
 
     async def sleep(body: dict[str, Any]) -> Any:
@@ -225,7 +252,10 @@ def create_agent_app(
         return json_response({"status": "ok", "engines": len(supervisor.engines)})
 
     async def metrics(request: web.Request) -> web.Response:
-        resident.set(sum(1 for r in supervisor.engines.values() if r.ready))
+        held = (EnginePhase.ACTIVE.value, EnginePhase.SLEEPING.value)
+        resident.set(sum(1 for r in supervisor.engines.values() if r.phase in held))
+        for gauge in (kv_used, kv_total, hbm_peak, restarts):
+            gauge.clear()  # a deactivated engine's series go with it
         for record in supervisor.engines.values():
             usage = read_usage(record.ipc_name, shm_dir)
             restarts.labels(record.model_name).set(record.restarts)

@@ -1,4 +1,13 @@
-"""How each engine is started, probed, put to sleep and woken."""
+"""How each engine is started, probed, put to sleep and woken.
+
+Upstream sources the details follow (cited where used): vLLM ``vllm/entrypoints/serve/dev/sleep/api_router.py``
+(``/sleep``, ``/wake_up``, ``/is_sleeping``, registered only with ``VLLM_SERVER_DEV_MODE=1``),
+``vllm/entrypoints/serve/instrumentator/health.py`` (``/health`` is 503 only for a dead engine, 200 while it
+sleeps), ``vllm/v1/metrics/loggers.py`` (``model_name`` label); SGLang
+``python/sglang/srt/entrypoints/http_server.py`` (``/health`` runs a one-token generation, polled every second for
+up to ``SGLANG_HEALTH_CHECK_TIMEOUT`` = 20 s; ``/metrics`` only with ``--enable-metrics``) and
+``python/sglang/srt/metrics/collector.py`` (``model_name`` label).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,7 @@ from pathlib import Path
 
 from turnout.core.runtime import engine_args
 
-__all__ = ["Launch", "artifact_path", "cached_artifact_keys", "launch_command"]
+__all__ = ["Launch", "artifact_path", "cached_artifact_keys", "connect_host", "launch_command"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +27,8 @@ class Launch:
     sleep_api: bool  # the engine can sleep in place (vLLM, SGLang); llama.cpp is stopped and restarted
     # Prometheus sample names for (running, waiting, completed) requests; None: the engine exports none.
     activity: tuple[str, str, str] | None = None
+    health_timeout_s: float = 2.0  # how long one readiness probe may take
+    sleep_state_path: str | None = None  # GET answers {"is_sleeping": bool} (vLLM with sleep mode)
 
 
 def artifact_path(url: str) -> str:
@@ -31,14 +42,35 @@ def artifact_path(url: str) -> str:
 
 
 NO_SLEEP_MODE = "--no-enable-sleep-mode"
+# SGLang's /health waits for a one-token generation, checking every second for up to SGLANG_HEALTH_CHECK_TIMEOUT
+# (default 20 s) before it answers 503 (python/sglang/srt/entrypoints/http_server.py, health_generate): a probe
+# must wait longer than that, or a busy but healthy engine reads as not ready.
+SGLANG_HEALTH_TIMEOUT_S = 25.0
+
+
+def connect_host(bind_host: str) -> str:
+    """Where this machine reaches a server bound to ``bind_host`` (a wildcard is reached on loopback)."""
+    if bind_host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if bind_host == "::":
+        return "::1"
+    return bind_host
 
 
 def launch_command(
-    engine: str, model_name: str, artifact_url: str, port: int, args: dict[str, str], python: str | None = None
+    engine: str,
+    model_name: str,
+    artifact_url: str,
+    port: int,
+    args: dict[str, str],
+    python: str | None = None,
+    host: str = "127.0.0.1",
 ) -> Launch:
     """How to start the engine. ``python`` is the interpreter that has the engine installed (default: the
-    agent's own). A vLLM claim with ``--no-enable-sleep-mode`` (platforms without sleep mode, such as CPU)
-    sleeps the way llama.cpp does: the process stops and starts again."""
+    agent's own); ``host`` is where the engine listens (the agent's own bind address, so an agent reachable
+    from the gateway has engines reachable from it too). A vLLM claim with ``--no-enable-sleep-mode``
+    (platforms without sleep mode, such as CPU) sleeps the way llama.cpp does: the process stops and starts
+    again."""
     model = artifact_path(artifact_url)
     extra = engine_args(args)
     exe = python or sys.executable
@@ -51,7 +83,7 @@ def launch_command(
                 "--model",
                 model,
                 "--host",
-                "127.0.0.1",
+                host,
                 "--port",
                 str(port),
                 "--model_alias",
@@ -62,6 +94,7 @@ def launch_command(
             False,
         )
     if engine == "vllm":
+        sleeps = NO_SLEEP_MODE not in args
         return Launch(
             [
                 exe,
@@ -72,15 +105,16 @@ def launch_command(
                 "--served-model-name",
                 model_name,
                 "--host",
-                "0.0.0.0",
+                host,
                 "--port",
                 str(port),
                 "--enable-sleep-mode",
                 *extra,
             ],
             "/health",
-            NO_SLEEP_MODE not in args,
+            sleeps,
             ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:request_success_total"),
+            sleep_state_path="/is_sleeping" if sleeps else None,
         )
     return Launch(
         [
@@ -92,15 +126,17 @@ def launch_command(
             "--served-model-name",
             model_name,
             "--host",
-            "0.0.0.0",
+            host,
             "--port",
             str(port),
             "--enable-memory-saver",
+            "--enable-metrics",  # without it SGLang serves no /metrics and its activity is unobservable
             *extra,
         ],
         "/health",
         True,
         ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_requests_total"),
+        health_timeout_s=SGLANG_HEALTH_TIMEOUT_S,
     )
 
 

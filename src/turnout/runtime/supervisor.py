@@ -2,7 +2,9 @@
 
 The registry (``engines.json``, 0600, written atomically) records intent before each spawn, so a restarted
 agent can re-adopt engines whose PID is alive with the same ``/proc/<pid>/stat`` start time and whose health
-endpoint answers, keeping their port and IPC name; anything else is cleaned up and started again.
+endpoint answers, keeping their port and IPC name; anything else is cleaned up and started again. A sleeping
+engine is re-adopted sleeping (vLLM says so at ``GET /is_sleeping``: its ``/health`` stays 200 while it sleeps)
+and a failed one stays failed. Records that do not parse are logged and skipped, never fatal.
 """
 
 from __future__ import annotations
@@ -15,16 +17,18 @@ import os
 import signal
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from turnout.core.runtime import MAX_RESTARTS, ActivateRequest, EnginePhase, backoff_s, ipc_name, pick_port
-from turnout.runtime.launch import Launch, launch_command
+from turnout.runtime.launch import Launch, connect_host, launch_command
 from turnout.state.atomic import write_atomic
 from turnout.upstream.client import UpstreamClient
 
-__all__ = ["EngineRecord", "Supervisor", "process_start_time"]
+__all__ = ["EngineRecord", "Supervisor", "parse_registry", "process_start_time"]
 
 log = logging.getLogger("turnout.agent")
 
@@ -56,9 +60,53 @@ class EngineRecord:
     last_error: str | None = None
     last_transition: float = field(default_factory=time.time)
     ready: bool = False
+    sleep_level: int | None = None  # the level an in-place sleep used (vLLM level 2 needs its weights reloaded)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_FIELDS = {f.name: f for f in fields(EngineRecord)}
+_PHASES = {p.value for p in EnginePhase}
+_RECORD = TypeAdapter(EngineRecord)
+
+
+def parse_registry(text: str) -> tuple[list[EngineRecord], list[str]]:
+    """The records of an ``engines.json`` document and a problem per thing left out or ignored.
+
+    Tolerant by design (the file may come from an older or newer agent, or be damaged): unknown fields are
+    ignored, a record that does not parse is skipped, and only a document that is not JSON at all yields
+    nothing."""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        return [], [f"not JSON ({exc})"]
+    raw_records = document.get("engines") if isinstance(document, dict) else None
+    if not isinstance(raw_records, list):
+        return [], ['no "engines" list']
+    records: list[EngineRecord] = []
+    problems: list[str] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_records):
+        if not isinstance(raw, dict):
+            problems.append(f"engines[{i}] is not an object; skipped")
+            continue
+        unknown = sorted(set(raw) - set(_FIELDS))
+        if unknown:
+            problems.append(f"engines[{i}] has unknown field(s) {unknown}; ignored")
+        try:
+            record = _RECORD.validate_python({k: v for k, v in raw.items() if k in _FIELDS})
+        except ValidationError as exc:
+            reasons = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            problems.append(f"engines[{i}] does not parse ({reasons}); skipped")
+            continue
+        if record.phase not in _PHASES or record.model_name in seen:
+            why = "a duplicate model_name" if record.model_name in seen else f"an unknown phase {record.phase!r}"
+            problems.append(f"engines[{i}] ({record.model_name}) has {why}; skipped")
+            continue
+        seen.add(record.model_name)
+        records.append(record)
+    return records, problems
 
 
 class Supervisor:
@@ -71,8 +119,12 @@ class Supervisor:
         backoff_base_s: float = 2.0,
         poll_s: float = 0.2,
         engine_python: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.engine_python = dict(engine_python or {})  # engine -> interpreter that has it installed
+        self.host = host  # where engines listen: the agent's own bind address
+        reach = connect_host(host)  # where the agent reaches them
+        self._base = f"http://[{reach}]" if ":" in reach else f"http://{reach}"
         self.registry_path = registry_path
         self.log_dir = log_dir
         self.port_range = port_range
@@ -91,31 +143,61 @@ class Supervisor:
         write_atomic(self.registry_path, (json.dumps(document, indent=2) + "\n").encode(), mode=0o600)
 
     async def recover(self) -> None:
-        """Re-adopt live engines from the registry; restart or clean up the rest."""
+        """Re-adopt live engines from the registry; restart or clean up the rest. Failed engines stay failed."""
         try:
-            document = json.loads(self.registry_path.read_text())
+            text = self.registry_path.read_text()
         except FileNotFoundError:
             return
-        except (OSError, ValueError) as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             log.error("cannot read %s (%s); starting with no engines", self.registry_path, exc)
             return
-        for raw in document.get("engines", []):
-            record = EngineRecord(**raw)
+        records, problems = parse_registry(text)
+        for problem in problems:
+            log.error("%s: %s", self.registry_path, problem)
+        if problems:  # the rewrite below drops what did not parse: keep the original for a person to read
+            kept = self.registry_path.with_name(self.registry_path.name + ".rejected")
+            write_atomic(kept, text.encode(), mode=0o600)
+            log.error("%s: the original is kept as %s", self.registry_path, kept)
+        for record in records:
             self.engines[record.model_name] = record
+            if record.phase == EnginePhase.FAILED.value:
+                log.warning(
+                    "%s stays failed (%s); deactivate and activate it to start it again",
+                    record.model_name,
+                    record.last_error,
+                )
+                continue
             alive = record.pid is not None and process_start_time(record.pid) == record.pid_start
-            if alive and await self._healthy(record):
-                log.info("re-adopted %s (pid %s, port %s)", record.model_name, record.pid, record.port)
-                record.phase, record.ready = EnginePhase.ACTIVE.value, True
+            if alive and await self._adopt(record):
                 self._watch(record.model_name)
                 continue
             if alive and record.pid is not None:
                 _kill_group(record.pid)
             record.pid = record.pid_start = None
-            if record.phase == EnginePhase.SLEEPING.value:
+            if record.phase == EnginePhase.SLEEPING.value and not self.launch(record).sleep_api:
                 continue  # a sleeping llama.cpp engine has no process; it keeps its port and IPC name
+            record.sleep_level = None
             self._set(record, EnginePhase.BOOTING)
             await self._spawn(record)
         self.save()
+
+    async def _adopt(self, record: EngineRecord) -> bool:
+        """Take over a live engine of an earlier agent in the state it is in; False when it does not answer."""
+        asleep = await self._sleep_state(record)
+        if asleep is None and record.phase == EnginePhase.SLEEPING.value and self.launch(record).sleep_api:
+            asleep = True  # an engine that cannot say (SGLang) is as the registry last saw it; never probed awake
+        if asleep:
+            record.ready = False
+            record.sleep_level = record.sleep_level or 1
+            self._set(record, EnginePhase.SLEEPING)
+            log.info("re-adopted %s sleeping (pid %s, port %s)", record.model_name, record.pid, record.port)
+            return True
+        if not await self._healthy(record):
+            return False
+        record.ready, record.sleep_level = True, None
+        self._set(record, EnginePhase.ACTIVE)
+        log.info("re-adopted %s (pid %s, port %s)", record.model_name, record.pid, record.port)
+        return True
 
     # -- operations --------------------------------------------------------------------------------
     async def activate(self, req: ActivateRequest) -> EngineRecord:
@@ -125,7 +207,7 @@ class Supervisor:
         low, high = self.port_range
         taken = {e.port for e in self.engines.values()}
         port = pick_port(req.port, low, high, taken)
-        while not req.port and not _port_free(port):  # something else listens there: skip it
+        while not req.port and not _port_free(self.host, port):  # something else listens there: skip it
             taken.add(port)
             port = pick_port(0, low, high, taken)
         ipc = ipc_name(req.ipc_name, req.model_name, [e.ipc_name for e in self.engines.values()])
@@ -169,10 +251,14 @@ class Supervisor:
             if task is not None:
                 task.cancel()
             await self._stop_process(record)  # memory freed; port, IPC name and registry entry stay reserved
+        elif record.engine == "vllm":
+            # vllm/entrypoints/serve/dev/sleep/api_router.py: level and mode are query parameters; mode=wait lets
+            # a request already under way finish (the engine was de-routed first) instead of aborting it.
+            await self._post(record, f"/sleep?level={level}&mode=wait")
         else:
-            path = f"/sleep?level={level}" if record.engine == "vllm" else "/release_memory_occupation"
-            await self._post(record, path)
+            await self._post(record, "/release_memory_occupation")
         record.ready = False
+        record.sleep_level = level if self.launch(record).sleep_api else None
         self._set(record, EnginePhase.SLEEPING)
         self.save()
         return record
@@ -188,9 +274,20 @@ class Supervisor:
             self._set(record, EnginePhase.BOOTING)
             await self._spawn(record)
         else:
-            await self._post(record, "/wake_up" if record.engine == "vllm" else "/resume_memory_occupation")
-            record.ready = True
-            self._set(record, EnginePhase.ACTIVE)
+            if record.engine != "vllm":
+                await self._post(record, "/resume_memory_occupation")
+            elif record.sleep_level == 2:
+                # Level 2 discarded the weights: docs/features/sleep_mode.md wakes them, reloads them in place,
+                # then wakes the KV cache.
+                await self._post(record, "/wake_up?tags=weights")
+                await self._post(record, "/collective_rpc", {"method": "reload_weights"})
+                await self._post(record, "/wake_up?tags=kv_cache")
+            else:
+                await self._post(record, "/wake_up")
+            # Booting until the monitor sees it ready (healthy and, for vLLM, /is_sleeping false): wake_up may
+            # return before the engine serves again.
+            record.ready, record.sleep_level = False, None
+            self._set(record, EnginePhase.BOOTING)
         self.save()
         return record
 
@@ -209,7 +306,9 @@ class Supervisor:
     # -- processes ---------------------------------------------------------------------------------
     def launch(self, record: EngineRecord) -> Launch:
         python = self.engine_python.get(record.engine)
-        return launch_command(record.engine, record.model_name, record.artifact_url, record.port, record.args, python)
+        return launch_command(
+            record.engine, record.model_name, record.artifact_url, record.port, record.args, python, self.host
+        )
 
     async def _spawn(self, record: EngineRecord) -> None:
         launch = self.launch(record)
@@ -235,25 +334,44 @@ class Supervisor:
             if not self._alive(record):
                 await self._crashed(record)
                 return
-            if not record.ready and await self._healthy(record):
-                record.ready = True
-                self._set(record, EnginePhase.ACTIVE)
+            lock = self._locks.get(name)
+            if lock is not None and lock.locked():
+                continue  # a sleep, wake or stop is under way and sets the phase itself
+            await self._observe(record)
+
+    async def _observe(self, record: EngineRecord) -> None:
+        """One monitor tick for a live engine: follow its sleep state and readiness."""
+        if record.phase == EnginePhase.SLEEPING.value:
+            if await self._sleep_state(record) is False:  # woken by someone else: ready again once it answers
+                record.sleep_level = None
+                self._set(record, EnginePhase.BOOTING)
                 self.save()
+            return  # a sleeping engine stays sleeping: its /health says nothing about sleep
+        if record.ready:
+            if await self._sleep_state(record):  # put to sleep by someone else: not routable
+                record.ready, record.sleep_level = False, record.sleep_level or 1
+                self._set(record, EnginePhase.SLEEPING)
+                self.save()
+            return
+        if await self._healthy(record) and not await self._sleep_state(record):
+            record.ready = True
+            self._set(record, EnginePhase.ACTIVE)
+            self.save()
 
     async def _crashed(self, record: EngineRecord) -> None:
         code = self._exit_codes.pop(record.model_name, None)
         if record.pid is not None:
             _kill_group(record.pid)  # leftovers of the old group never outlive a relaunch
         record.pid = record.pid_start = None
-        record.ready = False
-        record.restarts += 1
-        self.restarts_total += 1
+        record.ready, record.sleep_level = False, None
         record.last_error = f"engine exited (code {code})" + _tail(self.log_dir / f"{record.ipc_name}.log")
-        if record.restarts > MAX_RESTARTS:
+        if record.restarts >= MAX_RESTARTS:  # the counter says restarts made: this crash gets none
             self._set(record, EnginePhase.FAILED)
-            log.error("%s failed after %d restarts: %s", record.model_name, MAX_RESTARTS, record.last_error)
+            log.error("%s failed after %d restarts: %s", record.model_name, record.restarts, record.last_error)
             self.save()
             return
+        record.restarts += 1
+        self.restarts_total += 1
         self._set(record, EnginePhase.RESTARTING)
         self.save()
         delay = backoff_s(record.restarts, self.backoff_base_s)
@@ -292,34 +410,49 @@ class Supervisor:
             await asyncio.sleep(0.05)
         return not self._alive(record)
 
+    def url(self, record: EngineRecord, path: str) -> str:
+        return f"{self._base}:{record.port}{path}"
+
     async def _healthy(self, record: EngineRecord) -> bool:
-        path = self.launch(record).health_path
+        launch = self.launch(record)
         try:
             async with self.client.request(
-                "GET", f"http://127.0.0.1:{record.port}{path}", label=record.model_name, timeout_s=2
+                "GET", self.url(record, launch.health_path), label=record.model_name, timeout_s=launch.health_timeout_s
             ) as resp:
                 await resp.read()
                 return resp.status == 200
         except Exception:  # any failure to answer means not ready
             return False
 
+    async def _sleep_state(self, record: EngineRecord) -> bool | None:
+        """vLLM's ``GET /is_sleeping`` (``{"is_sleeping": bool}``); None when the engine has no such route or
+        does not answer it."""
+        path = self.launch(record).sleep_state_path
+        if path is None:
+            return None
+        try:
+            async with self.client.request("GET", self.url(record, path), label=record.model_name, timeout_s=2) as r:
+                body = await r.read()
+                state = json.loads(body).get("is_sleeping") if r.status == 200 else None
+        except Exception:  # an engine that cannot answer says nothing about its sleep
+            return None
+        return state if isinstance(state, bool) else None
+
     async def fetch_text(self, record: EngineRecord, path: str) -> str | None:
         """GET a text document from the engine (its metrics), or None when it does not answer 200."""
         try:
-            async with self.client.request(
-                "GET", f"http://127.0.0.1:{record.port}{path}", label=record.model_name, timeout_s=2
-            ) as resp:
+            async with self.client.request("GET", self.url(record, path), label=record.model_name, timeout_s=2) as resp:
                 body = await resp.read()
                 return body.decode("utf-8", "replace") if resp.status == 200 else None
         except Exception:  # an engine that cannot answer has no observable activity
             return None
 
-    async def _post(self, record: EngineRecord, path: str) -> None:
+    async def _post(self, record: EngineRecord, path: str, body: dict[str, Any] | None = None) -> None:
         async with self.client.request(
             "POST",
-            f"http://127.0.0.1:{record.port}{path}",
+            self.url(record, path),
             label=record.model_name,
-            body=b"{}",
+            body=json.dumps(body or {}).encode(),
             headers={"Content-Type": "application/json"},
             timeout_s=60,
         ) as r:
@@ -356,10 +489,11 @@ def _spawn_session(argv: list[str], log_path: Path, env: dict[str, str]) -> int:
         os.close(fd)
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
             return False
     return True

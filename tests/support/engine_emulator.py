@@ -1,0 +1,224 @@
+"""Stand-ins for the vLLM and SGLang HTTP servers (neither runs on this machine's CPU with sleep mode or at all),
+for tests only. Run as the agent runs an engine: ``python -m tests.support.engine_emulator -m MODULE ARGS...``,
+where MODULE is ``vllm.entrypoints.openai.api_server`` or ``sglang.launch_server`` (the runtime tests give the
+agent an ``--engine-python`` wrapper that does this).
+
+What each follows, from the upstream source:
+
+vLLM
+- ``GET /health`` is 200 while the engine lives, also while it sleeps; 503 only when the engine is dead
+  (vllm/entrypoints/serve/instrumentator/health.py: ``check_health`` raises only ``EngineDeadError``).
+- ``POST /sleep?level=N&mode=M``, ``POST /wake_up[?tags=T...]``, ``GET /is_sleeping`` -> ``{"is_sleeping": b}``
+  and ``POST /collective_rpc`` exist only with ``VLLM_SERVER_DEV_MODE=1``
+  (vllm/entrypoints/serve/dev/sleep/api_router.py, registered by ``register_vllm_dev_api_routers`` under
+  ``if envs.VLLM_SERVER_DEV_MODE``). Level 1 offloads the weights and discards the KV cache; level 2 discards
+  both, so waking needs ``wake_up?tags=weights``, ``collective_rpc {"method": "reload_weights"}``,
+  ``wake_up?tags=kv_cache`` (docs/features/sleep_mode.md); ``is_sleeping`` stays true until every tag is awake.
+  A level-2 engine woken without the reload answers with garbage, as the real one would.
+- ``/metrics``: ``vllm:num_requests_running|waiting`` gauges and ``vllm:request_success_total`` counter with
+  labels ``model_name`` (the served model name) and ``engine`` (vllm/v1/metrics/loggers.py).
+- ``EMULATOR_WAKE_LAG_S``: seconds ``is_sleeping`` stays true after ``/wake_up`` returned (upstream's
+  "the wake-up command is sent but does not finish yet when we return a response").
+
+SGLang (python/sglang/srt/entrypoints/http_server.py)
+- ``GET /health`` is 503 while the server starts, then runs a one-token generation and answers 200 once the
+  scheduler replied, checking every second (so never under 1 s; up to ``SGLANG_HEALTH_CHECK_TIMEOUT`` = 20 s).
+  ``EMULATOR_HEALTH_S`` sets how long it takes here (default 3 s).
+- ``/metrics`` exists only with ``--enable-metrics`` (``add_prometheus_middleware``); series
+  ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:num_requests_total`` labelled ``model_name``
+  (python/sglang/srt/metrics/collector.py).
+- ``POST /release_memory_occupation``, ``POST /resume_memory_occupation``.
+
+Both: OpenAI ``/v1/models`` and ``/v1/chat/completions``; ``GET /emulator/calls`` (the emulator's own route,
+for assertions) lists the control calls received and counts the probes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from typing import Any
+
+from aiohttp import web
+
+VLLM = "vllm.entrypoints.openai.api_server"
+SGLANG = "sglang.launch_server"
+TAGS = ("weights", "kv_cache")
+
+
+class Engine:
+    def __init__(self, kind: str, model: str, sleep_mode: bool, metrics: bool) -> None:
+        self.kind, self.model, self.sleep_mode, self.metrics = kind, model, sleep_mode, metrics
+        self.started = time.monotonic()
+        self.asleep: set[str] = set()  # memory tags asleep
+        self.weights_valid = True  # false after a level-2 sleep until reload_weights
+        self.awake_at = 0.0  # monotonic time is_sleeping turns false after a wake
+        self.calls: list[str] = []
+        self.probes = 0
+        self.completed = 0
+
+    def is_sleeping(self) -> bool:
+        return bool(self.asleep) or time.monotonic() < self.awake_at
+
+
+def chat_answer(engine: Engine, model: str) -> dict[str, Any]:
+    text = "hello" if engine.weights_valid else "\x00garbage: weights discarded at level 2 and never reloaded"
+    return {
+        "id": "chatcmpl-emulator",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
+def build_app(engine: Engine, dev_mode: bool) -> web.Application:
+    app = web.Application()
+    r = app.router
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": engine.model, "object": "model"}]})
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        if engine.asleep:  # no weights or KV cache on the device: nothing can be generated
+            return web.json_response({"error": {"message": "engine is sleeping", "code": 503}}, status=503)
+        engine.completed += 1
+        return web.json_response(chat_answer(engine, str(body.get("model", engine.model))))
+
+    async def calls(request: web.Request) -> web.Response:
+        return web.json_response({"calls": engine.calls, "probes": engine.probes})
+
+    r.add_get("/v1/models", models)
+    r.add_post("/v1/chat/completions", chat)
+    r.add_get("/emulator/calls", calls)
+    if engine.kind == VLLM:
+        add_vllm_routes(app, engine, dev_mode)
+    else:
+        add_sglang_routes(app, engine)
+    return app
+
+
+def add_vllm_routes(app: web.Application, engine: Engine, dev_mode: bool) -> None:
+    r = app.router
+
+    async def health(request: web.Request) -> web.Response:
+        engine.probes += 1
+        return web.Response(status=200)  # alive, asleep or not
+
+    async def metrics(request: web.Request) -> web.Response:
+        labels = f'engine="0",model_name="{engine.model}"'
+        text = (
+            "# TYPE vllm:num_requests_running gauge\n"
+            f"vllm:num_requests_running{{{labels}}} 0.0\n"
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f"vllm:num_requests_waiting{{{labels}}} 0.0\n"
+            "# TYPE vllm:request_success_total counter\n"
+            f'vllm:request_success_total{{{labels},finished_reason="stop"}} {float(engine.completed)}\n'
+        )
+        return web.Response(text=text, content_type="text/plain")
+
+    r.add_get("/health", health)
+    r.add_get("/metrics", metrics)
+    if not dev_mode:
+        return
+
+    async def sleep(request: web.Request) -> web.Response:
+        engine.calls.append(request.path_qs)
+        if not engine.sleep_mode:
+            return web.json_response({"error": "sleep mode is not enabled (--enable-sleep-mode)"}, status=500)
+        level = int(request.query.get("level", "1"))
+        engine.asleep = set(TAGS)
+        if level == 2:
+            engine.weights_valid = False
+        return web.Response(status=200)
+
+    async def wake_up(request: web.Request) -> web.Response:
+        engine.calls.append(request.path_qs)
+        tags = request.query.getall("tags", []) or list(TAGS)
+        engine.asleep -= set(tags)
+        if not engine.asleep:
+            engine.awake_at = time.monotonic() + float(os.environ.get("EMULATOR_WAKE_LAG_S", "0"))
+        return web.Response(status=200)
+
+    async def is_sleeping(request: web.Request) -> web.Response:
+        engine.probes += 1
+        return web.json_response({"is_sleeping": engine.is_sleeping()})
+
+    async def collective_rpc(request: web.Request) -> web.Response:
+        body = await request.json()
+        engine.calls.append(f"{request.path_qs} {body.get('method')}")
+        if body.get("method") == "reload_weights" and "weights" not in engine.asleep:
+            engine.weights_valid = True
+        return web.json_response({"results": [None]})
+
+    r.add_post("/sleep", sleep)
+    r.add_post("/wake_up", wake_up)
+    r.add_get("/is_sleeping", is_sleeping)
+    r.add_post("/collective_rpc", collective_rpc)
+
+
+def add_sglang_routes(app: web.Application, engine: Engine) -> None:
+    r = app.router
+
+    async def health(request: web.Request) -> web.Response:
+        engine.probes += 1
+        if time.monotonic() - engine.started < 0.3:
+            return web.Response(status=503)  # ServerStatus.Starting
+        await asyncio.sleep(float(os.environ.get("EMULATOR_HEALTH_S", "3")))  # the one-token generation
+        return web.Response(status=200)
+
+    async def metrics(request: web.Request) -> web.Response:
+        labels = f'model_name="{engine.model}"'
+        text = (
+            "# TYPE sglang:num_running_reqs gauge\n"
+            f"sglang:num_running_reqs{{{labels}}} 0.0\n"
+            "# TYPE sglang:num_queue_reqs gauge\n"
+            f"sglang:num_queue_reqs{{{labels}}} 0.0\n"
+            "# TYPE sglang:num_requests_total counter\n"
+            f"sglang:num_requests_total{{{labels}}} {float(engine.completed)}\n"
+        )
+        return web.Response(text=text, content_type="text/plain")
+
+    async def release(request: web.Request) -> web.Response:
+        engine.calls.append(request.path_qs)
+        engine.asleep = set(TAGS)
+        return web.json_response({})
+
+    async def resume(request: web.Request) -> web.Response:
+        engine.calls.append(request.path_qs)
+        engine.asleep = set()
+        return web.json_response({})
+
+    r.add_get("/health", health)
+    r.add_get("/health_generate", health)
+    if engine.metrics:
+        r.add_get("/metrics", metrics)
+    r.add_post("/release_memory_occupation", release)
+    r.add_post("/resume_memory_occupation", resume)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2 or argv[0] != "-m" or argv[1] not in (VLLM, SGLANG):
+        raise SystemExit(f"usage: engine_emulator -m {VLLM}|{SGLANG} ARGS...; got {argv[:2]}")
+    kind = argv[1]
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model" if kind == VLLM else "--model-path", dest="model", required=True)
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--enable-sleep-mode", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--enable-metrics", action="store_true")
+    args, _ = parser.parse_known_args(argv[2:])  # engine flags the emulator does not model
+    engine = Engine(kind, args.served_model_name or args.model, args.enable_sleep_mode, args.enable_metrics)
+    app = build_app(engine, os.environ.get("VLLM_SERVER_DEV_MODE") == "1")
+    print(f"emulating {kind} for {engine.model} on {args.host}:{args.port}", flush=True)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
