@@ -168,7 +168,14 @@ def _starter_key(application: web.Application, settings: Settings) -> None:
 @app.command()
 def agent(
     port: Annotated[int, typer.Option(callback=_port, help="agent API port")] = 8080,
-    host: Annotated[str, typer.Option(callback=_host, help="bind address")] = "127.0.0.1",
+    host: Annotated[
+        str,
+        typer.Option(
+            callback=_host,
+            envvar="POD_IP",
+            help="bind address of the agent and of its engines; in a pod, set POD_IP (the pod's IP) or 0.0.0.0",
+        ),
+    ] = "127.0.0.1",
     registry: Annotated[Path, typer.Option(help="engines.json (in pods: /var/run/aibrix/engines.json)")] = Path(
         "turnout-data/engines.json"
     ),
@@ -200,6 +207,7 @@ def agent(
         port_range=(int(low), int(high)),
         cache_dir=cache_dir,
         engine_python=pythons,
+        engine_host=host,
     )
     web.run_app(application, host=host, port=port, print=None, access_log=None)
 

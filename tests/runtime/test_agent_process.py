@@ -3,6 +3,7 @@ llama.cpp processes in their own sessions) are re-adopted with the same PIDs and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -21,9 +22,10 @@ from tests.runtime.test_agent import activate_body, chat
 
 
 class AgentProcess:
-    def __init__(self, registry: Path, engine_ports: str) -> None:
+    def __init__(self, registry: Path, engine_ports: str, pod_ip: str | None = None) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://[{pod_ip}]:{self.port}" if pod_ip else f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if k != "POD_IP"}
         self.log = (registry.parent / f"agent-{self.port}.log").open("wb")
         self.proc = subprocess.Popen(
             [
@@ -38,6 +40,7 @@ class AgentProcess:
                 "--engine-ports",
                 engine_ports,
             ],
+            env={**env, "POD_IP": pod_ip} if pod_ip else env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
@@ -69,14 +72,14 @@ class AgentProcess:
 
 
 @pytest.fixture
-async def agents(tmp_path: Path) -> AsyncIterator[Callable[[], AgentProcess]]:
+async def agents(tmp_path: Path) -> AsyncIterator[Callable[..., AgentProcess]]:
     registry = tmp_path / "agent" / "engines.json"
     registry.parent.mkdir()
     low = free_port()
     started: list[AgentProcess] = []
 
-    def start() -> AgentProcess:
-        started.append(AgentProcess(registry, f"{low}-{low + 20}"))
+    def start(pod_ip: str | None = None) -> AgentProcess:
+        started.append(AgentProcess(registry, f"{low}-{low + 20}", pod_ip))
         return started[-1]
 
     yield start
@@ -95,7 +98,7 @@ def both_active(engines: dict[str, Any]) -> bool:
 
 
 async def test_sigkilled_agent_is_replaced_and_engines_are_readopted(
-    agents: Callable[[], AgentProcess], tiny_model: Path
+    agents: Callable[..., AgentProcess], tiny_model: Path
 ) -> None:
     first = agents()
     await first.until(lambda engines: True, limit_s=30)  # the API answers
@@ -125,3 +128,33 @@ async def test_sigkilled_agent_is_replaced_and_engines_are_readopted(
     for name in ("alpha", "beta"):
         status, _ = await second.call("POST", "/v1/runtime/models/deactivate", {"model_name": name})
         assert status == 200
+
+
+async def refused(host: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection(host, port)
+    except OSError:
+        return True
+    writer.close()
+    await writer.wait_closed()
+    return False
+
+
+async def test_agent_and_its_engines_listen_on_the_pod_address(
+    agents: Callable[..., AgentProcess], tiny_model: Path
+) -> None:
+    # In a pod, POD_IP (the downward API's status.podIP) is the agent's default --host; ::1 stands in for it
+    # here (tests talk to loopback only) because it differs from the 127.0.0.1 the agent used to bind.
+    agent = agents(pod_ip="::1")
+    await agent.until(lambda engines: True, limit_s=30)
+    assert await refused("127.0.0.1", agent.port)
+    status, _ = await agent.call("POST", "/v1/runtime/models/activate", activate_body("alpha", tiny_model))
+    assert status == 200
+    engine = (await agent.until(lambda e: e.get("alpha", {}).get("phase") == "active"))["alpha"]
+    body = {"model": "alpha", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    url = f"http://[::1]:{engine['port']}/v1/chat/completions"
+    async with aiohttp.ClientSession() as http, http.post(url, json=body) as r:
+        assert r.status == 200  # where the gateway is told the engine is: the pod's address
+    assert await refused("127.0.0.1", engine["port"])  # the engine follows the agent, not a fixed loopback
+    status, _ = await agent.call("POST", "/v1/runtime/models/deactivate", {"model_name": "alpha"})
+    assert status == 200
