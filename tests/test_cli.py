@@ -196,6 +196,9 @@ def test_endpoint_commands(tmp_path: Path) -> None:
     assert added.returncode == 0, added.stderr
     assert added.stdout.strip().startswith("tk_") and "connection refused" in added.stderr
     assert "OLLAMA_HOST" in added.stderr
+    # both URLs the key works at (the default listen address, 127.0.0.1:8080)
+    assert "http://127.0.0.1:8080/endpoints/mac/v1 (OpenAI)" in added.stderr and "models as <model>" in added.stderr
+    assert "http://127.0.0.1:8080/v1 (OpenAI)" in added.stderr and "models as mac/<model>" in added.stderr
     listing = json.loads(run(["endpoint", "list", *c], tmp_path).stdout)
     assert listing[0]["credential"] is True and "upstream-secret" not in json.dumps(listing)
     tested = run(["endpoint", "test", "mac", *c], tmp_path, **env)

@@ -18,6 +18,7 @@ from turnout.admin.endpoints_api import endpoint_key
 from turnout.admin.inputs import MAX_LATENCY_BUDGET_MS, EndpointChange, EndpointCreate, EndpointTest, parse_input
 from turnout.cli_accounts import DEFAULT_CONFIG, ConfigOption, cli_audit, cli_input, fail, open_store
 from turnout.config import Settings
+from turnout.core.endpoint_urls import base_urls
 from turnout.fleet.endpoints import Probe, probe
 from turnout.store.endpoints import EndpointStore
 from turnout.store.keys import KeyStore
@@ -108,10 +109,26 @@ def add(
         cli_audit(db, action="endpoint.register", target=f"endpoint:{name}", after=record.to_json(), now=now)
         result = _probe(settings, record.url, record.api, credential)
     typer.echo(key)
-    typer.echo(
-        f"registered {name}; key {key_record.prefix} reaches its models as {name}/<model>; shown only once", err=True
-    )
+    typer.echo(f"registered {name}; key {key_record.prefix} (shown only once) reaches its models", err=True)
+    for line in url_lines(base_urls(_origin(settings), name), name):
+        typer.echo(line, err=True)
     _report(name, result)
+
+
+def _origin(settings: Settings) -> str:
+    """The gateway's URL as a client on this machine reaches it (a wildcard listen address: on loopback)."""
+    host = settings.listen.host.strip("[]")
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{settings.listen.port}" if ":" in host else f"http://{host}:{settings.listen.port}"
+
+
+def url_lines(urls: dict[str, str], name: str) -> list[str]:
+    """Where an endpoint's key works (:func:`turnout.core.endpoint_urls.base_urls`), said in two lines."""
+    return [
+        f"  at its own URL:   {urls['openai']} (OpenAI), {urls['ollama']} (Ollama); models as <model>",
+        f"  at the shared URL: {urls['shared_openai']} (OpenAI), {urls['shared_ollama']} (Ollama); "
+        f"models as {name}/<model>",
+    ]
 
 
 @endpoint_app.command("test")

@@ -19,6 +19,7 @@ from sqlalchemy import Connection
 from turnout.admin.accounts import audit_change, json_response, read_object, store_call
 from turnout.admin.concurrency import check_if_match, etag_of
 from turnout.admin.inputs import EndpointChange, EndpointCreate, EndpointTest, parse_input
+from turnout.core.endpoint_urls import base_urls
 from turnout.errors import Conflict, NotFound, Unprocessable
 from turnout.fleet.endpoints import EndpointManager, url_private
 from turnout.gateway.keys import ACCOUNTANT, ENDPOINTS, KEYS, USAGE
@@ -148,6 +149,7 @@ async def add_endpoint(request: web.Request) -> web.Response:
         {
             "endpoint": view,
             "test": None if probe is None else probe.to_json(),
+            "urls": base_urls(str(request.url.origin()), name),  # where the key works (endpoints.md)
             "key": key,
             "key_prefix": key_record.prefix,
             "note": "the key is shown only once",

@@ -25,6 +25,7 @@ import orjson
 
 from turnout.config import Settings, Worker, WorkerType
 from turnout.core.endpoint_health import CheckResult, EndpointState, Failure, hint, next_state
+from turnout.core.endpoint_urls import shared_name
 from turnout.core.health import ProbePolicy, ProbeResult, probe_event, should_probe
 from turnout.core.names import model_name_problem
 from turnout.core.ssrf import check_address
@@ -236,7 +237,7 @@ class EndpointManager:
         return WorkerState(
             config,
             external=External(
-                prefix=f"{record.name}/",
+                prefix=shared_name(record.name, ""),
                 guard=self.guard,
                 fallback_model=fallback,
                 latency_budget_ms=record.latency_budget_ms,

@@ -166,6 +166,9 @@ class Fleet:
         }
         self.endpoints = 0  # how many external endpoints are in ``workers`` (kept by the endpoint manager)
         self.bindings: dict[str, WorkerState] = {}  # model name -> its claim's engine (kept by the claim bindings)
+        # model name -> epoch it was first listed to a client: the stable ``modified_at`` of an OpenAI-style
+        # worker's model (kept by the gateway's catalog)
+        self.first_listed: dict[str, float] = {}
 
     def rules(self, name: str) -> tuple[PlacementRules, str]:
         """Effective rules for a worker and their source: ``override`` or ``config``."""

@@ -21,6 +21,7 @@ from turnout.admin.ui import add_ui_routes, check_admin
 from turnout.config import ConfigError, Settings
 from turnout.controller.local import ClaimFiles, LocalController, Pool, policy_text
 from turnout.controller.metrics import ControllerMetrics
+from turnout.core.endpoint_urls import api_path
 from turnout.errors import NotFound, TurnoutError
 from turnout.fleet.claim_sources import LocalSource
 from turnout.fleet.claims import ClaimBindings, RedisWakeLock
@@ -66,10 +67,10 @@ log = logging.getLogger("turnout.gateway")
 
 
 def _dialect(path: str) -> Dialect:
-    if path.startswith("/api/"):
-        return Dialect.OLLAMA
     if path.startswith("/admin/"):
         return Dialect.ADMIN
+    if api_path(path).startswith("/api/"):  # an endpoint's own URL too: /endpoints/<name>/api/...
+        return Dialect.OLLAMA
     return Dialect.OPENAI
 
 

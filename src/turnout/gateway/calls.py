@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from turnout.core.endpoint_urls import api_path, shared_name
 from turnout.core.names import model_name_problem
 from turnout.errors import BadRequest, PayloadTooLarge
 from turnout.gateway.dialect import Dialect
@@ -50,7 +51,12 @@ class Call:
     fallback_from: str | None = None  # "<endpoint>/<model>" when this call is a fallback
 
 
-async def read_call(request: web.Request, dialect: Dialect, endpoint: Endpoint, max_body: int) -> Call:
+async def read_call(
+    request: web.Request, dialect: Dialect, endpoint: Endpoint, max_body: int, *, namespace: str | None = None
+) -> Call:
+    """The call a request makes. ``namespace``: the external endpoint whose own URL it came to; its model is
+    then that endpoint's own name, and the call carries the shared name (``<endpoint>/<model>``) from here on,
+    so every later rule (scopes, limits, routing, usage, fallback) is the shared URL's."""
     if request.content_length is not None and request.content_length > max_body:
         raise _too_large(max_body)
     try:
@@ -84,7 +90,15 @@ async def read_call(request: web.Request, dialect: Dialect, endpoint: Endpoint, 
         stream = stream_default
     if not isinstance(stream, bool):
         raise BadRequest('"stream" must be true or false')
-    return Call(dialect, endpoint, request.path, body, payload, model, stream and endpoint.streams)
+    return Call(
+        dialect,
+        endpoint,
+        api_path(request.path),
+        body,
+        payload,
+        shared_name(namespace, model),
+        stream and endpoint.streams,
+    )
 
 
 def _check_token_counts(payload: dict[str, Any]) -> None:

@@ -1,75 +1,196 @@
 """What clients may discover: models on healthy workers, hiding those placement blocks there.
 
 ``/api/tags`` and ``/v1/models`` list a model if at least one healthy worker has it installed and
-its placement rules allow it. The admin inventory (unfiltered) lives in the admin API.
+its placement rules allow it. The admin inventory (unfiltered) lives in the admin API. On an endpoint's own
+URL (``endpoint`` given) only that endpoint's models are listed, by their own names
+(:mod:`turnout.core.endpoint_urls`).
+
+What real clients rely on in these listings (each rule decided in one function here):
+
+* :func:`model_digest`: every listed name has a stable digest that no other name routing elsewhere shares.
+  llm-ollama groups ``/api/tags`` by ``digest`` and registers the names of one group as aliases of one model
+  (``register_models`` in taketwo/llm-ollama ``llm_ollama/__init__.py``), so two OpenAI-worker models with the
+  same ``""`` digest became one, and a chat for one went to the other.
+* :func:`modified_at`: Ollama's own value for an Ollama worker's model; for an OpenAI-style worker's, the
+  model's ``created`` or the time this gateway first listed it, whichever is earlier, fixed from then on (vLLM
+  and llama.cpp report the time of the request as ``created``, which is not a modification time).
+* :func:`ollama_ps`: Ollama workers' own ``/api/ps``; every model of an OpenAI-style worker or endpoint,
+  which the gateway treats as loaded (such a server serves the models it lists). An Ollama endpoint's
+  residency is not polled, so its models are not listed there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from turnout.config import WorkerType
+from turnout.core.endpoint_urls import own_name
 from turnout.core.placement import resolve_placement
 from turnout.fleet.state import Fleet, WorkerState
 
-__all__ = ["iso_time", "ollama_ps", "ollama_tags", "openai_models", "unknown_details"]
+__all__ = [
+    "NEVER_EXPIRES",
+    "iso_time",
+    "model_digest",
+    "modified_at",
+    "ollama_ps",
+    "ollama_tags",
+    "openai_models",
+    "unknown_details",
+]
 
 
 Visible = Callable[[str], bool]
+
+# ``expires_at`` of a model an OpenAI-style worker keeps loaded: far enough ahead that Ollama's own CLI shows
+# "Forever" (format.HumanTime: more than 20 years ahead), like Ollama's for ``keep_alive: -1``.
+NEVER_EXPIRES = "2318-01-01T00:00:00Z"
 
 
 def _everything(_: str) -> bool:
     return True
 
 
-def _visible(fleet: Fleet, allowed: Visible) -> dict[str, list[tuple[WorkerState, dict[str, Any]]]]:
-    """Model name -> (worker, raw inventory entry) for every healthy worker allowed to serve it, limited to
-    the names ``allowed`` accepts (the caller's key scopes)."""
-    out: dict[str, list[tuple[WorkerState, dict[str, Any]]]] = {}
-    for state in fleet.workers.values():
+@dataclass(frozen=True, slots=True)
+class _Listed:
+    name: str  # as the caller sees it (the endpoint's own name on its own URL)
+    shared: str  # the name on the shared URL (what scopes, placement and routing use)
+    state: WorkerState  # the first healthy worker allowed to serve it
+    entry: dict[str, Any]  # that worker's raw inventory entry
+    openai: bool  # the worker is OpenAI-style (its entry is a /v1/models object)
+
+
+def _workers(fleet: Fleet, endpoint: str | None) -> Iterable[WorkerState]:
+    if endpoint is None:
+        return fleet.workers.values()
+    state = fleet.workers.get(endpoint)
+    return () if state is None or state.external is None else (state,)
+
+
+def _visible(fleet: Fleet, allowed: Visible, endpoint: str | None) -> list[_Listed]:
+    """One entry per model name that a healthy worker may serve (placement) and ``allowed`` accepts (the
+    caller's key scopes), from the first such worker, sorted by the name the caller sees."""
+    out: dict[str, _Listed] = {}
+    for state in _workers(fleet, endpoint):
         if not state.healthy or state.inventory is None:
             continue
         rules, _ = fleet.rules(state.name)
-        for name, entry in state.tags.items():
-            if allowed(name) and resolve_placement(rules, name).allowed:
-                out.setdefault(name, []).append((state, entry))
-    return out
+        openai = fleet.is_openai(state.name)
+        for shared, entry in state.tags.items():
+            if shared in out or not allowed(shared) or not resolve_placement(rules, shared).allowed:
+                continue
+            name = shared if endpoint is None else own_name(endpoint, shared)
+            if name is not None:
+                out[shared] = _Listed(name, shared, state, entry, openai)
+    return sorted(out.values(), key=lambda m: m.name)
 
 
-def ollama_tags(fleet: Fleet, allowed: Visible = _everything) -> dict[str, Any]:
-    models = []
-    for name, holders in sorted(_visible(fleet, allowed).items()):
-        state, entry = holders[0]
-        if fleet.is_openai(state.name):
-            entry = _tag_from_openai(name, entry)
-        models.append(entry)
-    return {"models": models}
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
-def openai_models(fleet: Fleet, allowed: Visible = _everything) -> dict[str, Any]:
-    data = []
-    for name, holders in sorted(_visible(fleet, allowed).items()):
-        state, entry = holders[0]
-        if fleet.is_openai(state.name):
-            created = entry.get("created")
-            owner = entry.get("owned_by") or state.name
+def model_digest(shared: str, entry: dict[str, Any], state: WorkerState, *, own_url: bool) -> str:
+    """The ``digest`` clients see for a model: stable, and never shared by two names that route apart.
+
+    An Ollama worker's own digest where it gives one (names with one digest are one model there, as on
+    Ollama itself); an endpoint's on the shared URL is namespaced by the endpoint, so ``mac/llama3.2`` and the
+    fleet's ``llama3.2`` stay two models. Otherwise (OpenAI-style servers report none) a sha256 of the model's
+    shared name, which does not depend on which worker serves it."""
+    real = entry.get("digest")
+    if state.config.type is WorkerType.OLLAMA and isinstance(real, str) and real:
+        if state.external is None or own_url:
+            return real
+        return _sha256(f"{state.external.prefix}{real}")
+    return _sha256(f"turnout-model:{shared}")
+
+
+def _modified_epoch(fleet: Fleet, shared: str, entry: dict[str, Any], now: float) -> float:
+    known = fleet.first_listed.get(shared)
+    if known is None:
+        created = entry.get("created")
+        if isinstance(created, int | float) and not isinstance(created, bool) and created > 0:
+            known = min(float(created), now)
         else:
-            created = _epoch(entry.get("modified_at"))
+            known = now
+        fleet.first_listed[shared] = known
+    return known
+
+
+def modified_at(fleet: Fleet, shared: str, entry: dict[str, Any], now: float) -> str:
+    """``modified_at`` of an OpenAI-style worker's model: its ``created`` or the time this gateway first listed
+    it, whichever is earlier, decided once and kept (per gateway process)."""
+    return iso_time(_modified_epoch(fleet, shared, entry, now))
+
+
+def _tag(fleet: Fleet, model: _Listed, own_url: bool, now: float) -> dict[str, Any]:
+    digest = model_digest(model.shared, model.entry, model.state, own_url=own_url)
+    if not model.openai:
+        return {**model.entry, "name": model.name, "model": model.name, "digest": digest}
+    return {
+        "name": model.name,
+        "model": model.name,
+        "modified_at": modified_at(fleet, model.shared, model.entry, now),
+        "size": 0,
+        "digest": digest,
+        "details": unknown_details(),
+    }
+
+
+def ollama_tags(
+    fleet: Fleet, allowed: Visible = _everything, endpoint: str | None = None, *, now: float | None = None
+) -> dict[str, Any]:
+    own_url, when = endpoint is not None, time.time() if now is None else now
+    return {"models": [_tag(fleet, m, own_url, when) for m in _visible(fleet, allowed, endpoint)]}
+
+
+def openai_models(
+    fleet: Fleet, allowed: Visible = _everything, endpoint: str | None = None, *, now: float | None = None
+) -> dict[str, Any]:
+    when = time.time() if now is None else now
+    data = []
+    for m in _visible(fleet, allowed, endpoint):
+        if m.openai:
+            created = _modified_epoch(fleet, m.shared, m.entry, when)
+            owner = m.entry.get("owned_by") or m.state.name
+        else:
+            created = _epoch(m.entry.get("modified_at"))
             owner = "library"
-        data.append({"id": name, "object": "model", "created": int(created or 0), "owned_by": owner})
+        data.append({"id": m.name, "object": "model", "created": int(created), "owned_by": owner})
     return {"object": "list", "data": data}
 
 
-def ollama_ps(fleet: Fleet, allowed: Visible = _everything) -> dict[str, Any]:
+def ollama_ps(fleet: Fleet, allowed: Visible = _everything, endpoint: str | None = None) -> dict[str, Any]:
+    """Running models: each Ollama worker's own ``/api/ps`` entries, and every model an OpenAI-style worker
+    lists (the gateway treats them as loaded: such servers serve what they have in memory)."""
+    own_url = endpoint is not None
     seen: dict[str, dict[str, Any]] = {}
-    for state in fleet.workers.values():
-        if not state.healthy:
+    for m in _visible(fleet, allowed, endpoint):
+        if m.openai and m.shared in m.state.loaded:
+            seen[m.name] = {
+                "name": m.name,
+                "model": m.name,
+                "size": 0,
+                "digest": model_digest(m.shared, m.entry, m.state, own_url=own_url),
+                "details": unknown_details(),
+                "expires_at": NEVER_EXPIRES,
+                "size_vram": 0,
+                "context_length": 0,
+            }
+    for state in _workers(fleet, endpoint):
+        if not state.healthy or fleet.is_openai(state.name):
             continue
         rules, _ = fleet.rules(state.name)
         for entry in state.ps:
-            name = entry.get("name")
-            if isinstance(name, str) and name not in seen and allowed(name) and resolve_placement(rules, name).allowed:
+            shared = entry.get("name")
+            if not isinstance(shared, str) or not allowed(shared) or not resolve_placement(rules, shared).allowed:
+                continue
+            name = shared if endpoint is None else own_name(endpoint, shared)
+            if name is not None and name not in seen:
                 seen[name] = entry
     return {"models": [seen[n] for n in sorted(seen)]}
 
@@ -89,17 +210,6 @@ def unknown_details() -> dict[str, Any]:
         "families": [],
         "parameter_size": "",
         "quantization_level": "",
-    }
-
-
-def _tag_from_openai(name: str, entry: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "name": name,
-        "model": name,
-        "modified_at": iso_time(entry.get("created")),
-        "size": 0,
-        "digest": "",
-        "details": unknown_details(),
     }
 
 

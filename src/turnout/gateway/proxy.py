@@ -32,7 +32,7 @@ from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.calls import Call, Endpoint
-from turnout.gateway.catalog import iso_time, unknown_details
+from turnout.gateway.catalog import iso_time, modified_at, unknown_details
 from turnout.gateway.dialect import Dialect, error_frame, error_response, json_response
 from turnout.gateway.dispatch import Dispatcher, Lease, no_route_error
 from turnout.metrics import Metrics
@@ -431,7 +431,7 @@ class Proxy:
                 "details": unknown_details(),
                 "model_info": {"general.architecture": "", "turnout.owned_by": entry.get("owned_by", "")},
                 "capabilities": ["completion"],
-                "modified_at": iso_time(entry.get("created")),
+                "modified_at": modified_at(self.fleet, decision.best.model, entry, time.time()),
             }
         )
 

@@ -1,13 +1,20 @@
-"""Client-facing handlers: the OpenAI ``/v1`` and Ollama ``/api`` routes."""
+"""Client-facing handlers: the OpenAI ``/v1`` and Ollama ``/api`` routes.
+
+Each route is served twice by the same handler: on the shared URL, and on each external endpoint's own URL
+(``/endpoints/<name>/v1/...``, ``/endpoints/<name>/api/...``), where the endpoint's models go by their own
+names (:mod:`turnout.core.endpoint_urls`; the model is mapped to its shared name in :func:`read_call`).
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
 from turnout import __version__
+from turnout.core.endpoint_urls import ENDPOINT_ROUTE_PREFIX
 from turnout.errors import Forbidden, NotFound, TurnoutError
 from turnout.gateway.accounting import Outcome, Ticket
 from turnout.gateway.calls import Endpoint, read_call
@@ -28,7 +35,9 @@ def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
         app = request.app
         accountant = app[ACCOUNTANT]
         key = await accountant.authenticate(request)
-        call = await read_call(request, dialect, endpoint, app[SETTINGS].limits.max_body_bytes)
+        call = await read_call(
+            request, dialect, endpoint, app[SETTINGS].limits.max_body_bytes, namespace=endpoint_of(request)
+        )
         if endpoint is Endpoint.SHOW:
             accountant.check_scope(key, call.model)
             ticket = Ticket(key, 0, [], 0.0)
@@ -59,37 +68,61 @@ def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
     return handler
 
 
+def endpoint_of(request: web.Request) -> str | None:
+    """The external endpoint whose own URL the request came to (None: the shared URL); 404 for a name that is
+    not a registered endpoint."""
+    name = request.match_info.get("endpoint")
+    if name is None:
+        return None
+    state = request.app[FLEET].workers.get(name)
+    if state is None or state.external is None:
+        raise NotFound(
+            f'no endpoint named "{name}": /endpoints/<name>/ serves the models of a registered endpoint '
+            "(turnout endpoint list shows them)",
+            code="endpoint_not_found",
+        )
+    return name
+
+
 async def _visible_to(request: web.Request) -> Callable[[str], bool]:
     """A filter of model names for the caller's key scopes (everything under open access)."""
     key = await request.app[ACCOUNTANT].authenticate(request)
     return (lambda _: True) if key is None else key.allows
 
 
+async def _listing(request: web.Request) -> dict[str, Any]:
+    """The arguments of a catalog listing: the caller's scopes, the endpoint of an endpoint's own URL."""
+    visible = await _visible_to(request)
+    return {"fleet": request.app[FLEET], "allowed": visible, "endpoint": endpoint_of(request)}
+
+
 async def list_models(request: web.Request) -> web.Response:
-    return json_response(openai_models(request.app[FLEET], await _visible_to(request)))
+    return json_response(openai_models(**await _listing(request)))
 
 
 async def get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
-    for entry in openai_models(request.app[FLEET], await _visible_to(request))["data"]:
+    for entry in openai_models(**await _listing(request))["data"]:
         if entry["id"] == model_id:
             return json_response(entry)
     raise NotFound(f'model "{model_id}" not found', code="model_not_found")
 
 
 async def tags(request: web.Request) -> web.Response:
-    return json_response(ollama_tags(request.app[FLEET], await _visible_to(request)))
+    return json_response(ollama_tags(**await _listing(request)))
 
 
 async def ps(request: web.Request) -> web.Response:
-    return json_response(ollama_ps(request.app[FLEET], await _visible_to(request)))
+    return json_response(ollama_ps(**await _listing(request)))
 
 
 async def version(request: web.Request) -> web.Response:
+    endpoint_of(request)
     return web.json_response({"version": OLLAMA_COMPAT_VERSION}, headers={"X-Turnout-Version": __version__})
 
 
 async def root(request: web.Request) -> web.Response:
+    endpoint_of(request)
     return web.Response(text="Turnout is running")  # Ollama clients probe "/" for this
 
 
@@ -123,21 +156,33 @@ async def refused_engine_admin(request: web.Request) -> web.StreamResponse:
     )
 
 
+CLIENT_ROUTES: tuple[tuple[str, str, Handler], ...] = (
+    ("POST", "/v1/chat/completions", _proxied(Dialect.OPENAI, Endpoint.CHAT)),
+    ("POST", "/v1/completions", _proxied(Dialect.OPENAI, Endpoint.COMPLETIONS)),
+    ("POST", "/v1/embeddings", _proxied(Dialect.OPENAI, Endpoint.EMBEDDINGS)),
+    ("GET", "/v1/models", list_models),
+    ("GET", "/v1/models/{model_id:.+}", get_model),
+    ("POST", "/api/chat", _proxied(Dialect.OLLAMA, Endpoint.CHAT)),
+    ("POST", "/api/generate", _proxied(Dialect.OLLAMA, Endpoint.GENERATE)),
+    ("POST", "/api/embed", _proxied(Dialect.OLLAMA, Endpoint.EMBED)),
+    ("POST", "/api/embeddings", _proxied(Dialect.OLLAMA, Endpoint.EMBED_LEGACY)),
+    ("POST", "/api/show", _proxied(Dialect.OLLAMA, Endpoint.SHOW)),
+    ("GET", "/api/tags", tags),
+    ("GET", "/api/ps", ps),
+    ("GET", "/api/version", version),
+    *((method, path, refused_engine_admin) for method, path in ENGINE_ADMIN_ROUTES),
+)
+
+
 def add_client_routes(app: web.Application) -> None:
+    """Every client route on the shared URL and, the same handler, on each endpoint's own URL."""
     r = app.router
-    r.add_post("/v1/chat/completions", _proxied(Dialect.OPENAI, Endpoint.CHAT))
-    r.add_post("/v1/completions", _proxied(Dialect.OPENAI, Endpoint.COMPLETIONS))
-    r.add_post("/v1/embeddings", _proxied(Dialect.OPENAI, Endpoint.EMBEDDINGS))
-    r.add_get("/v1/models", list_models)
-    r.add_get("/v1/models/{model_id:.+}", get_model)
-    r.add_post("/api/chat", _proxied(Dialect.OLLAMA, Endpoint.CHAT))
-    r.add_post("/api/generate", _proxied(Dialect.OLLAMA, Endpoint.GENERATE))
-    r.add_post("/api/embed", _proxied(Dialect.OLLAMA, Endpoint.EMBED))
-    r.add_post("/api/embeddings", _proxied(Dialect.OLLAMA, Endpoint.EMBED_LEGACY))
-    r.add_post("/api/show", _proxied(Dialect.OLLAMA, Endpoint.SHOW))
-    r.add_get("/api/tags", tags)
-    r.add_get("/api/ps", ps)
-    r.add_get("/api/version", version)
+    for prefix in ("", ENDPOINT_ROUTE_PREFIX):
+        for method, path, handler in CLIENT_ROUTES:
+            if method == "GET":
+                r.add_get(prefix + path, handler)  # HEAD too
+            else:
+                r.add_route(method, prefix + path, handler)
     r.add_get("/", root)
-    for method, path in ENGINE_ADMIN_ROUTES:
-        r.add_route(method, path, refused_engine_admin)
+    r.add_get(ENDPOINT_ROUTE_PREFIX, root)
+    r.add_get(ENDPOINT_ROUTE_PREFIX + "/", root)
