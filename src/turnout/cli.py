@@ -3,46 +3,58 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from aiohttp import web
 
 from turnout import __version__
-from turnout.admin.auth import TOKEN_FILE, ensure_admin_token
 from turnout.cli_accounts import register as register_accounts
 from turnout.cli_backup import register as register_backup
-from turnout.config import (
-    CONFIG_FILE_NAME,
-    ConfigError,
-    Settings,
-    config_schema,
-    is_loopback,
-    load_settings,
-    starter_config,
-)
-from turnout.redaction import configure_logging
-from turnout.state.atomic import write_atomic
-from turnout.state.placement_store import PlacementFileError
-from turnout.store.db import StoreError
+from turnout.defaults import DEFAULT_CONFIG
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from turnout.config import Settings
+
+# Only what every command needs is imported here: `turnout --help` and the store commands stay quick. The
+# gateway's stack (aiohttp, SQLAlchemy, Alembic, pydantic models) is imported by the command that uses it.
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Turnout: an inference gateway for LLMs.")
-config_app = typer.Typer(no_args_is_help=True, help="Inspect and check configuration.")
-app.add_typer(config_app, name="config")
-register_accounts(app)
-register_backup(app)
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,  # plain help: no '<bool>' after flags, no box drawing, wraps at 80 columns
+    help="Turnout: an inference gateway for LLMs.",
+)
+config_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Inspect and check configuration.")
 
-DEFAULT_CONFIG = Path("turnout-data") / CONFIG_FILE_NAME
 ConfigOption = Annotated[
     Path | None,
     typer.Option("--config", "-c", help=f"config file (default: ./{DEFAULT_CONFIG}, created when missing)"),
 ]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"turnout {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", "-V", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Turnout: an inference gateway for LLMs."""
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_INTERVAL_S = 3600.0
 
@@ -86,6 +98,9 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _resolve_config(path: Path | None) -> Path:
+    from turnout.config import starter_config
+    from turnout.state.atomic import write_atomic
+
     if path is not None:
         return path
     if not DEFAULT_CONFIG.exists():
@@ -105,7 +120,15 @@ def serve(
     ] = False,
 ) -> None:
     """Run the gateway."""
+    import logging
+
+    from aiohttp import web
+
+    from turnout.config import ConfigError, is_loopback, load_settings
     from turnout.gateway.app import create_app
+    from turnout.redaction import configure_logging
+    from turnout.state.placement_store import PlacementFileError
+    from turnout.store.db import StoreError
 
     configure_logging(log_level)
     try:
@@ -142,6 +165,8 @@ def serve(
 
 
 def _admin_token(settings: Settings) -> str:
+    from turnout.admin.auth import TOKEN_FILE, ensure_admin_token
+
     token, created = ensure_admin_token(settings.data_dir, settings.admin_token)
     if created:
         where = settings.data_dir / TOKEN_FILE
@@ -188,7 +213,10 @@ def agent(
     log_level: LogLevelOption = "info",
 ) -> None:
     """Run the runtime agent: one supervised engine process per model claim."""
+    from aiohttp import web
+
     from turnout.core.runtime import ENGINES
+    from turnout.redaction import configure_logging
     from turnout.runtime.agent import create_agent_app
 
     configure_logging(log_level)
@@ -212,8 +240,7 @@ def agent(
     web.run_app(application, host=host, port=port, print=None, access_log=None)
 
 
-claim_app = typer.Typer(no_args_is_help=True, help="ModelClaims for the local controller.")
-app.add_typer(claim_app, name="claim")
+claim_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="ModelClaims for the local controller.")
 DataDirOption = Annotated[
     Path | None, typer.Option("--data-dir", help="where claims and their status live (default: the config's data dir)")
 ]
@@ -222,6 +249,8 @@ DataDirOption = Annotated[
 def _claims_dir(config: Path | None, data_dir: Path | None) -> Path:
     """The data dir a gateway with this config reads its claims from (``--data-dir`` overrides it). Without
     ``--config`` and with no ./turnout-data/config.json yet, the default data dir ./turnout-data."""
+    from turnout.config import ConfigError, load_settings
+
     if data_dir is not None:
         return data_dir
     if config is None and not DEFAULT_CONFIG.exists():
@@ -285,7 +314,11 @@ def claim_events(config: ConfigOption = None, data_dir: DataDirOption = None) ->
 
 
 @claim_app.command("delete")
-def claim_delete(name: str, config: ConfigOption = None, data_dir: DataDirOption = None) -> None:
+def claim_delete(
+    name: Annotated[str, typer.Argument(help="the claim's metadata.name")],
+    config: ConfigOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
     """Mark a claim deleted; the controller de-routes it, stops its engine, then forgets it."""
     from turnout.controller.local import ClaimFiles
 
@@ -316,6 +349,7 @@ def controller(
     import asyncio
 
     from turnout.controller.local import ClaimFiles, LocalController, load_pools
+    from turnout.redaction import configure_logging
     from turnout.upstream.client import UpstreamClient
 
     configure_logging(log_level)
@@ -367,6 +401,7 @@ def operator(
 
         from turnout.controller.kube import OperatorConfig, build_registry
         from turnout.controller.metrics import ControllerMetrics
+        from turnout.redaction import configure_logging
     except ImportError as exc:
         _fail(f"the operator needs its extra: pip install 'turnout[operator]' ({exc})")
         return
@@ -391,6 +426,8 @@ def operator(
 @config_app.command("check")
 def config_check(config: ConfigOption = None) -> None:
     """Validate a config file without starting anything (exit 2 when invalid)."""
+    from turnout.config import ConfigError, load_settings
+
     path = config or DEFAULT_CONFIG
     try:
         settings = load_settings(path)
@@ -413,6 +450,8 @@ def config_check(config: ConfigOption = None) -> None:
 @config_app.command("schema")
 def config_schema_cmd() -> None:
     """Print the JSON Schema of config.json."""
+    from turnout.config import config_schema
+
     typer.echo(json.dumps(config_schema(), indent=2))
 
 
@@ -420,6 +459,12 @@ def config_schema_cmd() -> None:
 def version() -> None:
     """Print the version."""
     typer.echo(__version__)
+
+
+app.add_typer(config_app, name="config")
+register_accounts(app)
+register_backup(app)
+app.add_typer(claim_app, name="claim")
 
 
 def main() -> None:

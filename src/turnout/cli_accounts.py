@@ -12,28 +12,20 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from turnout.admin.inputs import (
-    MAX_AUDIT_LIMIT,
-    AuditQuery,
-    KeyChange,
-    KeyCreate,
-    KeyListQuery,
-    KeyRotate,
-    UsageQuery,
-    parse_input,
-)
-from turnout.config import CONFIG_FILE_NAME, ConfigError, Settings, load_settings
-from turnout.core.patterns import PatternError
+from turnout.defaults import DEFAULT_CONFIG
 from turnout.errors import TurnoutError, Unprocessable
-from turnout.store.audit import AuditLog
-from turnout.store.db import Database, StoreError, database_url
-from turnout.store.keys import KeyStore, parse_scopes
-from turnout.store.secrets import SecretError
-from turnout.store.usage import SERIES_COLUMNS, SUMMARY_COLUMNS, UsageFilter, UsageStore, to_csv
+from turnout.store.bounds import MAX_AUDIT_ENTRIES
+
+if TYPE_CHECKING:
+    from turnout.config import Settings
+    from turnout.store.db import Database
+
+# The store stack (SQLAlchemy, the admin input models) is imported inside the commands, so that
+# `turnout --help` does not pay for it.
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -47,8 +39,9 @@ __all__ = [
     "register",
 ]
 
-key_app = typer.Typer(no_args_is_help=True, help="Create, list, edit, revoke and rotate API keys.")
-DEFAULT_CONFIG = Path("turnout-data") / CONFIG_FILE_NAME
+key_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Create, list, edit, revoke and rotate API keys."
+)
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="config file")]
 
 
@@ -71,6 +64,11 @@ def cli_input(**flags: str) -> Iterator[None]:
 
 @contextmanager
 def open_store(config: Path) -> Iterator[tuple[Settings, Database]]:
+    from turnout.config import ConfigError, load_settings
+    from turnout.core.patterns import PatternError
+    from turnout.store.db import Database, StoreError, database_url
+    from turnout.store.secrets import SecretError
+
     try:
         settings = load_settings(config)
         db = Database(database_url(settings.storage.database_url, settings.data_dir))
@@ -88,6 +86,8 @@ def open_store(config: Path) -> Iterator[tuple[Settings, Database]]:
 
 def cli_audit(db: Database, **entry: Any) -> None:
     """Append an audit entry made from the command line (actor ``cli:<user>``)."""
+    from turnout.store.audit import AuditLog
+
     AuditLog(db).record(actor=cli_actor(), **entry)
 
 
@@ -109,6 +109,9 @@ def key_create(
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Create a key; it is printed once and only its hash is stored."""
+    from turnout.admin.inputs import KeyCreate, parse_input
+    from turnout.store.keys import KeyStore, parse_scopes
+
     now = time.time()
     with cli_input():
         spec = parse_input(
@@ -141,13 +144,17 @@ def key_create(
 @key_app.command("list")
 def key_list(
     config: ConfigOption = DEFAULT_CONFIG,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
     tenant: Annotated[str | None, typer.Option(help="only this tenant's keys")] = None,
     app: Annotated[str | None, typer.Option(help="only this app's keys")] = None,
     endpoint: Annotated[str | None, typer.Option(help="only keys whose scopes reach this endpoint's models")] = None,
     state: Annotated[str | None, typer.Option(help="active, revoked, expired or in_grace")] = None,
 ) -> None:
     """List keys (prefix, app, scopes, limits, state, last use)."""
+    from turnout.admin.inputs import KeyListQuery, parse_input
+    from turnout.store.keys import KeyStore
+    from turnout.store.usage import UsageStore
+
     with cli_input():
         query = parse_input(KeyListQuery, {"tenant": tenant, "app": app, "endpoint": endpoint, "state": state})
     with open_store(config) as (_, db):
@@ -181,6 +188,9 @@ def key_edit(
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Change a key's scopes and limits (PATCH /admin/api/keys/{ref}); only the options given change."""
+    from turnout.admin.inputs import KeyChange, parse_input
+    from turnout.store.keys import KeyStore
+
     body: dict[str, object] = {}
     if models is not None:
         body["models"] = [m for m in models.split(",") if m]
@@ -216,6 +226,8 @@ def key_revoke(
     ref: Annotated[str, typer.Argument(help="key id or prefix")], config: ConfigOption = DEFAULT_CONFIG
 ) -> None:
     """Revoke a key at once."""
+    from turnout.store.keys import KeyStore
+
     now = time.time()
     with open_store(config) as (_, db):
         before, after = KeyStore(db).revoke(ref, now=now)
@@ -239,6 +251,9 @@ def key_rotate(
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Issue a replacement key; the old one keeps working for the grace period."""
+    from turnout.admin.inputs import KeyRotate, parse_input
+    from turnout.store.keys import KeyStore
+
     now = time.time()
     with cli_input(grace_s="grace"):
         spec = parse_input(KeyRotate, {"grace_s": grace})
@@ -273,6 +288,10 @@ def usage(
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Usage per key, endpoint and worker (or, with --series, one total per bucket)."""
+    from turnout.admin.inputs import UsageQuery, parse_input
+    from turnout.store.keys import KeyStore
+    from turnout.store.usage import SERIES_COLUMNS, SUMMARY_COLUMNS, UsageFilter, UsageStore, to_csv
+
     now = time.time()
     with cli_input():
         query = parse_input(
@@ -317,10 +336,13 @@ def audit(
     action: Annotated[str | None, typer.Option(help="e.g. key.create, placement.toggle")] = None,
     actor: Annotated[str | None, typer.Option(help="e.g. admin-api, or a prefix such as 'cli:*'")] = None,
     target: Annotated[str | None, typer.Option(help="a target prefix, e.g. key:tk_ab or worker:a")] = None,
-    limit: Annotated[int, typer.Option(help=f"at most {MAX_AUDIT_LIMIT}")] = 100,
+    limit: Annotated[int, typer.Option(help=f"at most {MAX_AUDIT_ENTRIES}")] = 100,
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """The audit log, newest first."""
+    from turnout.admin.inputs import AuditQuery, parse_input
+    from turnout.store.audit import AuditLog
+
     now = time.time()
     with cli_input():
         query = parse_input(

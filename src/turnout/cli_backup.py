@@ -16,28 +16,24 @@ from typing import Annotated, Any
 import typer
 
 from turnout.cli_accounts import DEFAULT_CONFIG, ConfigOption, cli_actor, fail
-from turnout.config import ConfigError, load_settings
-from turnout.state.backup import (
-    BackupError,
-    BackupInvalid,
-    BackupRefused,
-    StatePaths,
-    create_backup,
-    default_backup_name,
-)
-from turnout.state.restore import restore_backup
-from turnout.store.audit import AuditLog
-from turnout.store.db import Database, StoreError
+
+# The backup and store modules are imported inside the commands, so that `turnout --help` does not pay
+# for them.
 
 __all__ = ["backup_app", "register"]
 
 backup_app = typer.Typer(
-    no_args_is_help=True, help="Back up and restore the state: config, placement overrides, store, claims."
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Back up and restore the state: config, placement overrides, store, claims.",
 )
 
 
 def _audit(url: str, action: str, target: str, after: Any) -> str | None:
     """Record the action in the store's audit log; a note when that was not possible."""
+    from turnout.store.audit import AuditLog
+    from turnout.store.db import Database, StoreError
+
     try:
         db = Database(url)
     except StoreError as exc:
@@ -66,6 +62,9 @@ def backup_create(
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Write one ZIP: config.json, model-placement.json, a consistent store export, the claims, a manifest."""
+    from turnout.config import ConfigError, load_settings
+    from turnout.state.backup import BackupError, StatePaths, create_backup, default_backup_name
+
     now = time.time()
     try:
         settings = load_settings(config)
@@ -107,6 +106,10 @@ def backup_restore(
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Check the ZIP whole, then replace the state; nothing changes when the check or the restore fails."""
+    from turnout.config import ConfigError, load_settings
+    from turnout.state.backup import BackupError, BackupInvalid, BackupRefused, StatePaths
+    from turnout.state.restore import restore_backup
+
     try:
         result = restore_backup(file, config)
     except BackupInvalid as exc:

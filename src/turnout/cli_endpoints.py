@@ -6,35 +6,40 @@ variable named on the command line, never from a flag value, and stored encrypte
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from turnout.admin.endpoints_api import endpoint_key
-from turnout.admin.inputs import MAX_LATENCY_BUDGET_MS, EndpointChange, EndpointCreate, EndpointTest, parse_input
 from turnout.cli_accounts import DEFAULT_CONFIG, ConfigOption, cli_audit, cli_input, fail, open_store
-from turnout.config import Settings
 from turnout.core.endpoint_urls import base_urls
-from turnout.fleet.endpoints import Probe, probe
-from turnout.store.endpoints import EndpointStore
-from turnout.store.keys import KeyStore
-from turnout.store.secrets import SecretBox
-from turnout.store.usage import UsageStore
-from turnout.upstream.client import UpstreamClient
-from turnout.upstream.http1 import DialGuard
+from turnout.store.bounds import MAX_LATENCY_BUDGET_MS
+
+NameArgument = Annotated[str, typer.Argument(help="the endpoint's name (letters, digits, '.', '_', '-')")]
+
+if TYPE_CHECKING:
+    from turnout.config import Settings
+    from turnout.fleet.endpoints import Probe
+
+# The store, the admin input models and the upstream client are imported inside the commands, so that
+# `turnout --help` does not pay for them.
 
 __all__ = ["endpoint_app"]
 
 endpoint_app = typer.Typer(
-    no_args_is_help=True, help="External endpoints: servers Turnout routes to but never manages."
+    no_args_is_help=True, rich_markup_mode=None, help="External endpoints: servers Turnout routes to but never manages."
 )
 
 
 def _probe(settings: Settings, url: str, api: str, credential: str | None) -> Probe:
+    import asyncio
+
+    from turnout.fleet.endpoints import probe
+    from turnout.upstream.client import UpstreamClient
+    from turnout.upstream.http1 import DialGuard
+
     async def run() -> Probe:
         client = UpstreamClient(connect_timeout_s=settings.limits.connect_timeout_s, total_timeout_s=30)
         try:
@@ -69,7 +74,7 @@ def _credential(var: str | None) -> str | None:
 
 @endpoint_app.command("add")
 def add(
-    name: str,
+    name: NameArgument,
     url: Annotated[str, typer.Option(help="base URL, e.g. http://mac-studio.lan:11434")],
     api: Annotated[str, typer.Option(help="ollama or openai")] = "openai",
     credential_from_env: Annotated[str | None, typer.Option(help="environment variable holding the API key")] = None,
@@ -80,6 +85,12 @@ def add(
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Register an endpoint, test it, and print a gateway key for its models (once)."""
+    from turnout.admin.endpoints_api import endpoint_key
+    from turnout.admin.inputs import EndpointCreate, parse_input
+    from turnout.store.endpoints import EndpointStore
+    from turnout.store.keys import KeyStore
+    from turnout.store.secrets import SecretBox
+
     credential = _credential(credential_from_env)
     with cli_input(credential="credential-from-env", name=""):
         spec = parse_input(
@@ -145,6 +156,10 @@ def test(
 ) -> None:
     """Call the endpoint's list-models route and say what to change when it fails (exit 1). With --url, a
     dry run of an endpoint that is not registered (POST /admin/api/endpoints/test)."""
+    from turnout.admin.inputs import EndpointTest, parse_input
+    from turnout.store.endpoints import EndpointStore
+    from turnout.store.secrets import SecretBox
+
     if (name is None) == (url is None):
         fail("give a registered endpoint's NAME, or --url (with --api) for a dry run")
     if url is not None:
@@ -167,8 +182,11 @@ def test(
 
 
 @endpoint_app.command("show")
-def show(name: str, config: ConfigOption = DEFAULT_CONFIG) -> None:
+def show(name: NameArgument, config: ConfigOption = DEFAULT_CONFIG) -> None:
     """One registered endpoint (never its credential) and how many requests fell back from it."""
+    from turnout.store.endpoints import EndpointStore
+    from turnout.store.usage import UsageStore
+
     with open_store(config) as (_, db):
         record = EndpointStore(db).get(name)
         counts = UsageStore(db).fallback_counts(since=time.time() - 86_400).get(name, {"total": 0, "since": 0})
@@ -178,6 +196,8 @@ def show(name: str, config: ConfigOption = DEFAULT_CONFIG) -> None:
 @endpoint_app.command("list")
 def list_endpoints(config: ConfigOption = DEFAULT_CONFIG) -> None:
     """Registered endpoints (never their credentials)."""
+    from turnout.store.endpoints import EndpointStore
+
     with open_store(config) as (_, db):
         records = EndpointStore(db).all()
     typer.echo(json.dumps([r.to_json() for r in records], indent=2))
@@ -185,15 +205,21 @@ def list_endpoints(config: ConfigOption = DEFAULT_CONFIG) -> None:
 
 @endpoint_app.command("set")
 def set_endpoint(
-    name: str,
-    url: Annotated[str | None, typer.Option()] = None,
-    api: Annotated[str | None, typer.Option()] = None,
-    credential_from_env: Annotated[str | None, typer.Option()] = None,
+    name: NameArgument,
+    url: Annotated[str | None, typer.Option(help="new base URL")] = None,
+    api: Annotated[str | None, typer.Option(help="ollama or openai")] = None,
+    credential_from_env: Annotated[
+        str | None, typer.Option(help="environment variable holding the new API key")
+    ] = None,
     fallback_model: Annotated[str | None, typer.Option(help="'' removes the fallback")] = None,
     latency_budget_ms: Annotated[int | None, typer.Option(help=f"1 to {MAX_LATENCY_BUDGET_MS} ms")] = None,
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Change an endpoint's URL, API type, credential or fallback."""
+    from turnout.admin.inputs import EndpointChange, parse_input
+    from turnout.store.endpoints import EndpointStore
+    from turnout.store.secrets import SecretBox
+
     given = {"url": url, "api": api, "latency_budget_ms": latency_budget_ms, "fallback_model": fallback_model}
     if credential_from_env is not None:
         given["credential"] = _credential(credential_from_env)
@@ -220,13 +246,16 @@ def set_endpoint(
 
 @endpoint_app.command("remove")
 def remove(
-    name: str,
+    name: NameArgument,
     keep_keys: Annotated[
         bool, typer.Option("--keep-keys", help="keep the keys its registration printed (default: revoke them)")
     ] = False,
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Forget an endpoint and revoke the keys its registration printed (unless --keep-keys)."""
+    from turnout.store.endpoints import EndpointStore
+    from turnout.store.keys import KeyStore
+
     now = time.time()
     with open_store(config) as (_, db):
         keys = KeyStore(db)

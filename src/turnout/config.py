@@ -28,6 +28,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from turnout.core.patterns import Pattern, parse_pattern
 from turnout.core.placement import PlacementMode, PlacementRules
+from turnout.defaults import CONFIG_FILE_NAME
 
 __all__ = [
     "CONFIG_FILE_NAME",
@@ -40,7 +41,6 @@ __all__ = [
     "starter_config",
 ]
 
-CONFIG_FILE_NAME = "config.json"
 ADMIN_TOKEN_ENV = "TURNOUT_ADMIN_TOKEN"
 
 

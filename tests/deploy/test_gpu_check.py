@@ -22,7 +22,9 @@ def test_gpu_check_says_why_it_cannot_run_without_a_gpu() -> None:
 
 
 def test_gpu_check_help_lists_its_options() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu-check"), "--help"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu-check"), "--help"], capture_output=True, text=True
+    )
     assert out.returncode == 0
     for flag in ("--vllm-python", "--model", "--sleep-hold-s", "--keep"):
         assert flag in out.stdout

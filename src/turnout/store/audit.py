@@ -13,12 +13,13 @@ from typing import Any
 
 from sqlalchemy import Select, insert, select
 
+from turnout.store.bounds import MAX_AUDIT_ENTRIES
 from turnout.store.db import Database, StoreError
 from turnout.store.schema import audit
 
 __all__ = ["MAX_ENTRIES", "AuditLog", "AuditRecord"]
 
-MAX_ENTRIES = 10_000  # the most entries one query returns
+MAX_ENTRIES = MAX_AUDIT_ENTRIES  # the most entries one query returns
 
 
 def _fit(text: str, width: int) -> str:

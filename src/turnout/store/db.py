@@ -1,19 +1,19 @@
 """The database handle: engine, migrations, error translation.
 
 Sync SQLAlchemy Core; the gateway calls it from worker threads (``asyncio.to_thread``), never on the
-event loop's hot path.
+event loop's hot path. Alembic is imported only when the schema is behind the newest migration file: a
+CLI command on an up-to-date store (``turnout key list``) reads the revision and goes on.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from alembic import command
-from alembic.config import Config as AlembicConfig
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import SQLAlchemyError
 
 __all__ = ["Database", "StoreError", "database_url"]
@@ -64,6 +64,11 @@ class Database:
 
     def migrate(self) -> None:
         """Bring the schema to the latest revision (idempotent)."""
+        if self._at_head():
+            return
+        from alembic import command
+        from alembic.config import Config as AlembicConfig
+
         cfg = AlembicConfig()
         cfg.set_main_option("script_location", str(_MIGRATIONS))
         try:
@@ -72,6 +77,19 @@ class Database:
                 command.upgrade(cfg, "head")
         except SQLAlchemyError as exc:
             raise StoreError(f"cannot migrate {self.safe_url}: {exc.__class__.__name__}: {exc}") from None
+
+    def _at_head(self) -> bool:
+        """True when the store's revision is the single head of the migration files; any doubt (no
+        revision table, a file this cannot read, branches) says False and Alembic decides."""
+        head = migration_head()
+        if head is None:
+            return False
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+        except SQLAlchemyError:
+            return False
+        return list(rows) == [head]
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
@@ -84,6 +102,30 @@ class Database:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+_REVISION = re.compile(r"^revision(?:\s*:[^=]+)?\s*=\s*['\"]([^'\"]+)['\"]", re.MULTILINE)
+_DOWN_REVISION = re.compile(r"^down_revision(?:\s*:[^=]+)?\s*=\s*(None|['\"]([^'\"]+)['\"])\s*$", re.MULTILINE)
+
+
+def migration_head(versions: Path = _MIGRATIONS / "versions") -> str | None:
+    """The newest revision of the migration files, read from their ``revision`` / ``down_revision`` lines
+    without importing Alembic; None when that is not certain (a file that declares them otherwise, a merge,
+    two heads), so that the caller runs Alembic."""
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for path in versions.glob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        source = path.read_text(encoding="utf-8")
+        revision, down = _REVISION.search(source), _DOWN_REVISION.search(source)
+        if revision is None or down is None:
+            return None
+        revisions.add(revision.group(1))
+        if down.group(2):
+            parents.add(down.group(2))
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 else None
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -1,0 +1,12 @@
+"""Bounds of what the store keeps and returns, as plain numbers (no SQLAlchemy).
+
+The store enforces them; the admin input models and the CLI's help texts quote them. Kept apart so that
+`turnout --help` can say them without importing the database stack.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MAX_AUDIT_ENTRIES", "MAX_LATENCY_BUDGET_MS"]
+
+MAX_AUDIT_ENTRIES = 10_000  # the most audit entries one query returns
+MAX_LATENCY_BUDGET_MS = 600_000  # 10 minutes: an endpoint's time to response headers before its fallback

@@ -1,0 +1,94 @@
+"""`Database.migrate`: Alembic only when the store is behind the migration files (on SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from sqlalchemy import inspect, text
+
+from turnout.state.store_export import head_revision
+from turnout.store.db import Database, migration_head
+
+MIGRATIONS = Path(__file__).parents[2] / "src" / "turnout" / "store" / "migrations"
+
+
+def _revision(db: Database) -> list[str]:
+    with db.engine.connect() as conn:
+        return list(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
+
+
+def test_the_files_head_is_alembics_head() -> None:
+    assert migration_head() == head_revision()
+
+
+def test_a_store_behind_the_files_is_still_migrated(database_url: str) -> None:
+    db = Database(database_url)
+    try:
+        cfg = AlembicConfig()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        with db.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "0004")
+        assert "admin_sessions" not in inspect(db.engine).get_table_names()
+        db.migrate()
+        assert _revision(db) == [head_revision()]
+        assert "admin_sessions" in inspect(db.engine).get_table_names()
+    finally:
+        db.close()
+
+
+def test_an_up_to_date_store_does_not_import_alembic(tmp_path: Path) -> None:
+    import subprocess
+
+    url = f"sqlite:///{tmp_path / 'turnout.db'}"
+    first = Database(url)
+    first.migrate()
+    first.close()
+    check = (
+        "import sys\nfrom turnout.store.db import Database\n"
+        f"db = Database({url!r})\ndb.migrate()\ndb.close()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))"
+    )
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("files", "head"),
+    [
+        ({"0001_a.py": 'revision = "0001"\ndown_revision = None\n'}, "0001"),
+        (
+            {
+                "0001_a.py": 'revision = "0001"\ndown_revision = None\n',
+                "0002_b.py": 'revision: str = "0002"\ndown_revision: str | None = "0001"\n',
+            },
+            "0002",
+        ),
+        (  # two heads: let Alembic decide (and complain)
+            {
+                "0001_a.py": 'revision = "0001"\ndown_revision = None\n',
+                "0002_b.py": 'revision = "0002"\ndown_revision = "0001"\n',
+                "0003_c.py": 'revision = "0003"\ndown_revision = "0001"\n',
+            },
+            None,
+        ),
+        (  # a merge revision names a tuple: not read here
+            {
+                "0001_a.py": 'revision = "0001"\ndown_revision = None\n',
+                "0002_b.py": 'revision = "0002"\ndown_revision = ("0001", "0003")\n',
+            },
+            None,
+        ),
+        ({"0001_a.py": "REVISION = '0001'\n"}, None),  # not declared the usual way
+        ({}, None),
+    ],
+)
+def test_migration_head_is_read_only_when_certain(tmp_path: Path, files: dict[str, str], head: str | None) -> None:
+    for name, body in files.items():
+        (tmp_path / name).write_text(body)
+    (tmp_path / "__init__.py").write_text("")
+    assert migration_head(tmp_path) == head
