@@ -83,6 +83,10 @@ async def test_vllm_engine_idles_into_sleep_by_its_own_metrics_and_wakes_on_a_re
     # the agent read these from vLLM's /metrics: observable, so the controller idles it on them
     assert engine["requests"]["running"] == 0 and engine["requests"]["waiting"] == 0
     assert engine["requests"]["success_total"] >= 2
+    # the agent starts it in dev mode: the sleep-state route the monitor reads exists and says awake (the same
+    # answer tests/support/engine_emulator.py gives)
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{engine['port']}/is_sleeping") as r:
+        assert r.status == 200 and await r.json() == {"is_sleeping": False}
     record = agent.app[SUPERVISOR].engines["tinyv"]
 
     async def asleep() -> bool:

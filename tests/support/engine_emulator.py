@@ -8,8 +8,10 @@ What each follows, from the upstream source:
 vLLM
 - ``GET /health`` is 200 while the engine lives, also while it sleeps; 503 only when the engine is dead
   (vllm/entrypoints/serve/instrumentator/health.py: ``check_health`` raises only ``EngineDeadError``).
-- ``POST /sleep?level=N&mode=M``, ``POST /wake_up[?tags=T...]``, ``GET /is_sleeping`` -> ``{"is_sleeping": b}``
-  and ``POST /collective_rpc`` exist only with ``VLLM_SERVER_DEV_MODE=1``
+- ``POST /sleep?level=N&mode=M`` (level 0-2, mode abort|wait|keep, else 422; answers
+  ``{"status": "sleeping", "level": N}``), ``POST /wake_up[?tags=T...]`` (answers ``{"status": "awake"|"sleeping",
+  "tags": ...}``), ``GET /is_sleeping`` -> ``{"is_sleeping": b}`` and ``POST /collective_rpc`` exist only with
+  ``VLLM_SERVER_DEV_MODE=1`` (as in vLLM 0.32.0, the version scripts/vllm-venv installs)
   (vllm/entrypoints/serve/dev/sleep/api_router.py, registered by ``register_vllm_dev_api_routers`` under
   ``if envs.VLLM_SERVER_DEV_MODE``). Level 1 offloads the weights and discards the KV cache; level 2 discards
   both, so waking needs ``wake_up?tags=weights``, ``collective_rpc {"method": "reload_weights"}``,
@@ -54,6 +56,7 @@ class Engine:
         self.kind, self.model, self.sleep_mode, self.metrics = kind, model, sleep_mode, metrics
         self.started = time.monotonic()
         self.asleep: set[str] = set()  # memory tags asleep
+        self.paused = False  # level 0: scheduling paused, memory kept (is_sleeping is true all the same)
         self.weights_valid = True  # false after a level-2 sleep until reload_weights
         self.awake_at = 0.0  # monotonic time is_sleeping turns false after a wake
         self.calls: list[str] = []
@@ -61,7 +64,7 @@ class Engine:
         self.completed = 0
 
     def is_sleeping(self) -> bool:
-        return bool(self.asleep) or time.monotonic() < self.awake_at
+        return bool(self.asleep) or self.paused or time.monotonic() < self.awake_at
 
 
 def chat_answer(engine: Engine, model: str) -> dict[str, Any]:
@@ -85,7 +88,7 @@ def build_app(engine: Engine, dev_mode: bool) -> web.Application:
 
     async def chat(request: web.Request) -> web.Response:
         body = await request.json()
-        if engine.asleep:  # no weights or KV cache on the device: nothing can be generated
+        if engine.asleep or engine.paused:  # nothing is scheduled: no weights or KV cache, or paused
             return web.json_response({"error": {"message": "engine is sleeping", "code": 503}}, status=503)
         engine.completed += 1
         return web.json_response(chat_answer(engine, str(body.get("model", engine.model))))
@@ -131,19 +134,24 @@ def add_vllm_routes(app: web.Application, engine: Engine, dev_mode: bool) -> Non
         engine.calls.append(request.path_qs)
         if not engine.sleep_mode:
             return web.json_response({"error": "sleep mode is not enabled (--enable-sleep-mode)"}, status=500)
-        level = int(request.query.get("level", "1"))
-        engine.asleep = set(TAGS)
-        if level == 2:
+        level, mode = request.query.get("level", "1"), request.query.get("mode", "abort")
+        if level not in ("0", "1", "2") or mode not in ("abort", "wait", "keep"):
+            return web.json_response({"detail": [{"loc": ["query"], "msg": "invalid level or mode"}]}, status=422)
+        engine.paused = True
+        if level != "0":  # level 0 only pauses scheduling
+            engine.asleep = set(TAGS)
+        if level == "2":
             engine.weights_valid = False
-        return web.Response(status=200)
+        return web.json_response({"status": "sleeping", "level": int(level)})
 
     async def wake_up(request: web.Request) -> web.Response:
         engine.calls.append(request.path_qs)
-        tags = request.query.getall("tags", []) or list(TAGS)
-        engine.asleep -= set(tags)
+        tags = request.query.getall("tags", [])
+        engine.asleep -= set(tags or TAGS)
         if not engine.asleep:
+            engine.paused = False
             engine.awake_at = time.monotonic() + float(os.environ.get("EMULATOR_WAKE_LAG_S", "0"))
-        return web.Response(status=200)
+        return web.json_response({"status": "sleeping" if engine.asleep else "awake", "tags": tags or None})
 
     async def is_sleeping(request: web.Request) -> web.Response:
         engine.probes += 1
