@@ -32,7 +32,7 @@ async def agents(tmp_path: Path) -> AsyncIterator[AgentStarter]:
             log_dir=tmp_path / "agent" / "logs",
             port_range=(low, low + 20),
             backoff_base_s=0.05,
-            **options,
+            **{"state_poll_s": 0.2, **options},
         )
         url, runner = await serve_app(app)
         runners.append(runner)

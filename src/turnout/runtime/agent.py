@@ -101,9 +101,11 @@ def create_agent_app(
     nvml: Nvml | None = None,
     engine_python: dict[str, str] | None = None,
     engine_host: str = "127.0.0.1",
+    state_poll_s: float = 5.0,
 ) -> web.Application:
     """The agent's application. ``engine_host`` is where engines listen: the address the agent itself is bound
-    to, so that what reaches the agent (the controller, the gateway) reaches its engines too."""
+    to, so that what reaches the agent (the controller, the gateway) reaches its engines too. ``state_poll_s``:
+    how often the sleep state of a ready or sleeping engine is read (vLLM's ``/is_sleeping``)."""
     supervisor = Supervisor(
         registry_path,
         log_dir,
@@ -111,6 +113,7 @@ def create_agent_app(
         backoff_base_s=backoff_base_s,
         engine_python=engine_python,
         host=engine_host,
+        state_poll_s=state_poll_s,
     )
     gpu = nvml if nvml is not None else Nvml()
     peaks: dict[str, int] = {}  # model -> highest device memory its process group was seen holding

@@ -118,6 +118,7 @@ class Supervisor:
         port_range: tuple[int, int],
         backoff_base_s: float = 2.0,
         poll_s: float = 0.2,
+        state_poll_s: float = 5.0,
         engine_python: dict[str, str] | None = None,
         host: str = "127.0.0.1",
     ) -> None:
@@ -129,7 +130,9 @@ class Supervisor:
         self.log_dir = log_dir
         self.port_range = port_range
         self.backoff_base_s = backoff_base_s
-        self.poll_s = poll_s
+        self.poll_s = poll_s  # liveness, and readiness while booting
+        self.state_poll_s = state_poll_s  # the sleep state of a settled (ready or sleeping) engine
+        self._state_checked: dict[str, float] = {}  # model -> monotonic time of its last sleep-state check
         self.engines: dict[str, EngineRecord] = {}
         self._exit_codes: dict[str, int] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -236,6 +239,7 @@ class Supervisor:
             task.cancel()
         await self._stop_process(record)
         self.engines.pop(name, None)
+        self._state_checked.pop(name, None)
         self.save()
 
     async def sleep(self, name: str, level: int) -> EngineRecord:
@@ -340,7 +344,13 @@ class Supervisor:
             await self._observe(record)
 
     async def _observe(self, record: EngineRecord) -> None:
-        """One monitor tick for a live engine: follow its sleep state and readiness."""
+        """One monitor tick for a live engine: follow its sleep state and readiness. A settled engine's sleep
+        state is read every ``state_poll_s`` only (each probe is a line in the engine's access log)."""
+        if record.phase == EnginePhase.SLEEPING.value or record.ready:
+            now = time.monotonic()
+            if now - self._state_checked.get(record.model_name, -self.state_poll_s) < self.state_poll_s:
+                return
+            self._state_checked[record.model_name] = now
         if record.phase == EnginePhase.SLEEPING.value:
             if await self._sleep_state(record) is False:  # woken by someone else: ready again once it answers
                 record.sleep_level = None
