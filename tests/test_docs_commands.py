@@ -1,0 +1,397 @@
+"""Every command in the README and docs/, run exactly as written, so the docs cannot drift.
+
+The rule (also in the README's Development section):
+
+- ```` ```bash ```` blocks are run, in order, in one shell per document (variables carry over, as in a
+  terminal); every command must succeed (``set -e``, ``pipefail``).
+- ```` ```console ```` blocks are run too: ``$ `` starts a command (``\\`` continues it), the lines under it
+  are its expected output (stdout and stderr together). A line ``...`` stands for any number of lines, and
+  ``...`` inside a line for any text. A command must exit 0 unless the next command is ``echo $?``, whose
+  output then shows the status.
+- ``<!-- file: NAME -->`` right above a block (any language) writes that block to NAME first, so an example
+  config can be used by the commands after it.
+- Never run: ```` ```sh ```` (commands for another machine, such as the Mac that runs Ollama), ```` ```text ````
+  (synopses and output), other languages, and a block right below ``<!-- not-run: reason -->`` (kept few).
+  A fence without a language is refused, so that nothing is skipped by accident.
+- Commands that serve until stopped (``./scripts/serve``, ``turnout serve``) start in the background, as in a
+  second terminal; the next command runs once the gateway answers ``/healthz``. A document that starts none
+  runs after the quick start's ``./scripts/serve``: every document assumes the quick start was followed.
+  ``./scripts/test`` is not run here (it runs this test); `.ci/run` must run exactly it.
+
+Each document runs in a fresh copy of the checkout with a fresh data dir, a virtualenv on PATH whose
+``turnout`` is that copy (installed as ``./scripts/serve`` installs it), and the Ollama emulator from
+tests/support answering on 127.0.0.1:11434 as the local Ollama the docs mention (``llama3.2``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.ollama_emulator import Behaviour, OllamaEmulator
+from tests.support.threaded_gateway import LoopThread
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
+RUN = {"bash", "console"}
+NOT_RUN = {
+    *("sh", "text", "json", "jsonc", "yaml", "python", "ini", "toml", "http", "promql", "dockerfile"),
+    *("jinja", "js", "html", "css"),
+}
+SERVES = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\./scripts/serve|(?:\.venv/bin/)?turnout serve)\b")
+SCRIPTS_TEST = re.compile(r"^\./scripts/test\b")
+OLLAMA_PORT = 11434
+GATEWAY_PORT = 8080
+DOC_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Block:
+    doc: str
+    line: int  # of the opening fence
+    lang: str
+    text: str
+    not_run: str | None  # the reason given in <!-- not-run: ... -->
+    file: str | None  # <!-- file: NAME -->
+
+
+def blocks(doc: str) -> list[Block]:
+    lines = (ROOT / doc).read_text().splitlines()
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        fence = re.match(r"^(\s*)```(?!`)([\w+-]*)\s*$", lines[i])
+        if fence is None:
+            i += 1
+            continue
+        indent, lang = len(fence.group(1)), fence.group(2).strip()
+        start = i
+        i += 1
+        body: list[str] = []
+        while i < len(lines) and not re.match(r"^\s*```\s*$", lines[i]):
+            body.append(lines[i][indent:] if lines[i][:indent].isspace() else lines[i])
+            i += 1
+        i += 1
+        above = next((lines[j].strip() for j in range(start - 1, -1, -1) if lines[j].strip()), "")
+        marker = re.fullmatch(r"<!--\s*(not-run|file):\s*(.+?)\s*-->", above)
+        found.append(
+            Block(
+                doc,
+                start + 1,
+                lang,
+                "\n".join(body) + "\n",
+                marker.group(2) if marker and marker.group(1) == "not-run" else None,
+                marker.group(2) if marker and marker.group(1) == "file" else None,
+            )
+        )
+    return found
+
+
+@dataclass
+class ConsoleCommand:
+    block: Block
+    command: str
+    expected: list[str]
+
+
+def console_commands(block: Block) -> list[ConsoleCommand]:
+    out: list[ConsoleCommand] = []
+    continuing = False
+    for line in block.text.splitlines():
+        if continuing:
+            out[-1].command += "\n" + line
+            continuing = line.endswith("\\")
+        elif line.startswith("$ "):
+            out.append(ConsoleCommand(block, line[2:], []))
+            continuing = line.endswith("\\")
+        else:
+            assert out, f"{block.doc}:{block.line}: a console block must start with a '$ ' command"
+            out[-1].expected.append(line)
+    return out
+
+
+def matches(expected: list[str], actual: list[str]) -> bool:
+    """Line by line; a line '...' matches any number of lines, '...' inside a line any text."""
+    if not expected:
+        return not actual
+    head, rest = expected[0].rstrip(), expected[1:]
+    if head == "...":
+        return any(matches(rest, actual[k:]) for k in range(len(actual) + 1))
+    if not actual:
+        return False
+    pattern = ".*".join(re.escape(part) for part in head.split("..."))
+    return re.fullmatch(pattern, actual[0].rstrip()) is not None and matches(rest, actual[1:])
+
+
+SHELL_PRELUDE = r"""
+set -o pipefail
+__gw=""
+__gws=""
+__stop() {  # Ctrl-C, as a user stops it; bounded: killed after 20 s
+  local pid="$1" deadline=$((SECONDS + 20))
+  kill -INT "$pid" 2>/dev/null || return 0
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$SECONDS" -ge "$deadline" ]; then kill -KILL "$pid" 2>/dev/null; fi
+    sleep 0.1
+  done
+  wait "$pid" 2>/dev/null || true
+}
+__stop_all() { for pid in $__gws; do __stop "$pid"; done; }
+trap '__rc=$?; __stop_all; exit $__rc' EXIT
+__wait_gateway() {  # poll /healthz until the gateway answers, bounded in time; fail if it exited
+  local port="$1" log="$2" deadline=$((SECONDS + 300))
+  until curl -fsS -o /dev/null "http://127.0.0.1:${port}/healthz" 2>/dev/null; do
+    if ! kill -0 "$__gw" 2>/dev/null; then echo "the gateway exited:"; cat "$log"; return 1; fi
+    if [ "$SECONDS" -ge "$deadline" ]; then echo "the gateway did not answer within 300 s:"; cat "$log"; return 1; fi
+    sleep 0.2
+  done
+}
+__serve() {  # a command that serves until stopped, as in a second terminal (the previous one is stopped)
+  local port=8080 prev=""
+  for arg in "$@"; do [ "$prev" = "--port" ] && port="$arg"; prev="$arg"; done
+  if [ -n "$__gw" ]; then __stop "$__gw"; fi
+  local log="$__DOCRUN/serve-$SECONDS-$RANDOM.log"
+  "$@" >"$log" 2>&1 </dev/null &
+  __gw=$!
+  __gws="$__gws $__gw"
+  __wait_gateway "$port" "$log"
+}
+"""
+
+
+def script_for(doc_blocks: list[Block], run_dir: Path, *, needs_gateway: bool) -> tuple[str, list[ConsoleCommand]]:
+    """One bash script for one document; console commands write their output to files in run_dir."""
+    parts = [SHELL_PRELUDE]
+    consoles: list[ConsoleCommand] = []
+    if needs_gateway:
+        parts.append('echo "@@ quick start: ./scripts/serve"\nset -e\n__serve ./scripts/serve\n')
+    for block in doc_blocks:
+        where = f"{block.doc}:{block.line}"
+        if block.file is not None:
+            parts.append(f"cat > {block.file} <<'__TURNOUT_DOC_EOF__'\n{block.text}__TURNOUT_DOC_EOF__\n")
+        if block.not_run is not None or block.lang not in RUN:
+            continue
+        if block.lang == "bash":
+            lines = []
+            for line in block.text.splitlines():
+                if SERVES.match(line):
+                    line = "__serve " + ("env " if re.match(r"^[A-Z_][A-Z0-9_]*=", line) else "") + line
+                elif SCRIPTS_TEST.match(line):
+                    line = ":  # ./scripts/test is not run by the docs test (it runs this test); see .ci/run"
+                lines.append(line)
+            parts.append(f'echo "@@ {where}"\nset -e\n' + "\n".join(lines) + "\n")
+            continue
+        parts.append(f'echo "@@ {where}"\nset +e\n')
+        for command in console_commands(block):
+            n = len(consoles)
+            consoles.append(command)
+            parts.append(
+                f"{{ {command.command}\n}} >{run_dir}/console-{n}.out 2>&1\n"
+                f"echo $? >{run_dir}/console-{n}.rc\n(exit $(cat {run_dir}/console-{n}.rc))\n"
+            )
+    return "".join(parts), consoles
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@dataclass
+class Checkout:
+    path: Path
+    pristine: set[str]
+    env: dict[str, str]
+
+    def reset(self) -> None:
+        """Remove what a document left behind (data dir, files it wrote), keeping the virtualenv."""
+        for item in sorted(self.path.rglob("*"), reverse=True):
+            rel = item.relative_to(self.path).as_posix()
+            if rel in self.pristine or rel == ".venv" or rel.startswith(".venv/"):
+                continue
+            if item.is_dir() and not item.is_symlink():
+                shutil.rmtree(item, ignore_errors=True)
+            else:
+                item.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checkout]:
+    """A copy of this checkout (tracked and new files) with ./.venv holding it, as after a first ./scripts/serve.
+
+    The virtualenv sees the test environment's packages through a .pth file and holds this copy as an
+    editable install made by pip, exactly as ./scripts/serve installs it."""
+    path = tmp_path_factory.mktemp("checkout")
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60
+    ).stdout.decode()
+    for rel in filter(None, files.split("\0")):
+        source = ROOT / rel
+        if source.is_file():
+            (path / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, path / rel)
+    base = Path(sys._base_executable)  # type: ignore[attr-defined]  # the interpreter this venv was made from
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(path / ".venv")], check=True, timeout=120)
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    venv_site = next((path / ".venv" / "lib").glob("python3*/site-packages"))
+    (venv_site / "_turnout_test_env.pth").write_text(f"{purelib}\n")
+    venv_python = path / ".venv" / "bin" / "python"
+    subprocess.run(
+        [str(venv_python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "-e", str(path)],
+        check=True,
+        timeout=600,
+    )
+    pristine = {p.relative_to(path).as_posix() for p in path.rglob("*") if ".venv" not in p.relative_to(path).parts}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNOUT_") and not k.startswith("APP_")}
+    env["PATH"] = f"{path / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(path / ".venv")
+    env.pop("PYTHONPATH", None)  # the copy's own turnout, as a user's shell would have it
+    yield Checkout(path, pristine, env)
+
+
+@pytest.fixture(scope="module")
+def local_ollama() -> Iterator[OllamaEmulator]:
+    """The Ollama the docs talk about on this machine (127.0.0.1:11434, llama3.2): the protocol emulator."""
+    assert _port_free(OLLAMA_PORT), f"port {OLLAMA_PORT} is in use: the docs test needs it for the local Ollama"
+    loop = LoopThread()
+    emulator = OllamaEmulator("local-ollama", Behaviour(models=["llama3.2:latest", "qwen3:8b"]))
+    try:
+        loop.run(lambda: emulator.start(OLLAMA_PORT))
+        yield emulator
+    finally:
+        loop.run(emulator.stop)
+        loop.stop()
+
+
+def run_doc(doc_blocks: list[Block], checkout: Checkout, *, needs_gateway: bool) -> None:
+    """Run the blocks as a user would, in the checkout; fail naming the block and showing its output."""
+    run_dir = checkout.path / ".venv" / "docrun"  # under .venv so reset() keeps it out of the user's view
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir()
+    if needs_gateway or any(SERVES.match(line) for b in doc_blocks for line in b.text.splitlines()):
+        assert _port_free(GATEWAY_PORT), f"port {GATEWAY_PORT} is in use: the docs' commands talk to the gateway there"
+    script, consoles = script_for(doc_blocks, run_dir, needs_gateway=needs_gateway)
+    (run_dir / "doc.sh").write_text(script)
+    env = {**checkout.env, "__DOCRUN": str(run_dir)}
+    proc = subprocess.Popen(
+        ["bash", str(run_dir / "doc.sh")],
+        cwd=checkout.path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: a timeout ends the gateways it started too
+    )
+    try:
+        stdout, _ = proc.communicate(timeout=DOC_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, _ = proc.communicate(timeout=30)
+        pytest.fail(f"{doc_blocks[0].doc}: the commands did not finish within {DOC_TIMEOUT_S} s:\n{stdout[-4000:]}")
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, "")
+    output = result.stdout + result.stderr
+    markers = re.findall(r"^@@ (.+)$", output, re.M)
+    assert result.returncode == 0, (
+        f"a command failed (exit {result.returncode}) in the block at {markers[-1] if markers else '?'}:\n"
+        + output[-4000:]
+    )
+    problems = []
+    for n, command in enumerate(consoles):
+        out_file, rc_file = run_dir / f"console-{n}.out", run_dir / f"console-{n}.rc"
+        where = f"{command.block.doc}:{command.block.line}"
+        if not rc_file.exists():
+            problems.append(f"{where}: `{command.command}` did not run")
+            continue
+        actual = out_file.read_text().splitlines()
+        rc = int(rc_file.read_text())
+        shown = n + 1 < len(consoles) and consoles[n + 1].command.strip() == "echo $?"
+        if rc != 0 and not shown:
+            problems.append(f"{where}: `{command.command}` exited {rc}:\n" + "\n".join(actual[-30:]))
+        if not matches(command.expected, actual):
+            problems.append(
+                f"{where}: `{command.command}` printed\n"
+                + "\n".join(f"    {line}" for line in actual[:40])
+                + "\ninstead of\n"
+                + "\n".join(f"    {line}" for line in command.expected)
+            )
+    assert not problems, "\n".join(problems)
+
+
+# -- the rule itself ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_fence_says_whether_it_runs(doc: str) -> None:
+    """A fence without a language, or in one the rule does not know, would be skipped silently: refuse it."""
+    unknown = [f"{doc}:{b.line}: ```{b.lang}" for b in blocks(doc) if b.lang not in RUN | NOT_RUN]
+    assert not unknown, "label each fence bash/console (run) or sh/text/json... (not run):\n" + "\n".join(unknown)
+
+
+def test_not_run_exceptions_stay_few_and_say_why() -> None:
+    marked = [b for doc in DOCS for b in blocks(doc) if b.not_run is not None]
+    assert all(len(b.not_run or "") >= 10 for b in marked), [f"{b.doc}:{b.line}" for b in marked]
+    assert len(marked) <= 5, "more than 5 <!-- not-run --> blocks: make them runnable, or sh/text when not commands"
+
+
+def test_console_output_matching() -> None:
+    assert matches(["a", "...", "d"], ["a", "b", "c", "d"])
+    assert matches(["key tk_... created"], ["key tk_AbC123 created"])
+    assert not matches(["a", "b"], ["a", "c"])
+    assert not matches(["a"], ["a", "extra"])
+
+
+def test_scripts_test_is_exactly_what_ci_runs() -> None:
+    """The quick start's ./scripts/test is not run from here (it runs this test): CI must run it and only it."""
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    commands = [line for line in ci if line and not line.startswith("#") and not line.startswith("set ")]
+    assert commands[-1] in ("exec bash scripts/test", "exec scripts/test", "exec ./scripts/test"), commands
+    assert all(c.startswith("cd ") for c in commands[:-1]), commands
+    readme = [line for b in blocks("README.md") if b.lang == "bash" for line in b.text.splitlines()]
+    assert any(SCRIPTS_TEST.match(line) for line in readme), "the README's quick start no longer runs ./scripts/test"
+
+
+# -- the docs ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_doc_commands_run_as_written(doc: str, checkout: Checkout, local_ollama: OllamaEmulator) -> None:
+    doc_blocks = blocks(doc)
+    if not any(b.lang in RUN and b.not_run is None for b in doc_blocks):
+        assert all(b.lang not in RUN or b.not_run for b in doc_blocks)
+        return  # nothing to run in this document (its examples are config, output or other machines)
+    checkout.reset()
+    starts_its_own = any(SERVES.match(line) for b in doc_blocks if b.lang == "bash" for line in b.text.splitlines())
+    run_doc(doc_blocks, checkout, needs_gateway=not starts_its_own)
+
+
+def test_readme_config_error_example_is_what_serve_prints(checkout: Checkout) -> None:
+    """The README's bad-config example and the lines `turnout serve` prints for it, compared exactly."""
+    readme = blocks("README.md")
+    example = next(
+        (
+            i
+            for i, b in enumerate(readme[:-1])
+            if b.file is not None
+            and readme[i + 1].lang == "console"
+            and readme[i + 1].text.startswith(f"$ turnout serve --config {b.file}\n")
+        ),
+        None,
+    )
+    assert example is not None, "the README has no bad config (<!-- file: NAME -->) followed by `turnout serve` on it"
+    console = readme[example + 1]
+    commands = console_commands(console)
+    assert commands[-1].command == "echo $?" and commands[-1].expected == ["2"], "show the exit code (2)"
+    assert all("..." not in line for c in commands for line in c.expected), "the example must be exact"
+    checkout.reset()
+    run_doc([readme[example], console], checkout, needs_gateway=False)
