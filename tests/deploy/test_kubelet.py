@@ -83,7 +83,7 @@ def test_warm_pool_pod_serves_at_its_ip_and_survives_an_agent_crash(tmp_path: Pa
             "GET",
             f"{agent}/v1/runtime/models",
             lambda s, b: s == 200 and any(m.get("phase") == "active" for m in b["models"]),
-            limit_s=90,
+            limit_s=180,
         )["models"][0]
         chat = {"model": "alpha", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         status, _ = p.http("POST", f"http://{POD_IP}:{engine['port']}/v1/chat/completions", chat, timeout_s=30)
@@ -98,7 +98,7 @@ def test_warm_pool_pod_serves_at_its_ip_and_survives_an_agent_crash(tmp_path: Pa
         def readopted(status: int, b: Any) -> bool:
             return status == 200 and any(m.get("phase") == "active" for m in b["models"])
 
-        after = p.until("GET", f"{agent}/v1/runtime/models", readopted, limit_s=60)["models"][0]
+        after = p.until("GET", f"{agent}/v1/runtime/models", readopted, limit_s=120)["models"][0]
         assert after["pid"] == engine["pid"] and after["port"] == engine["port"], "re-adopted, not restarted"
         restarted = [pid for pid, cmd in p.descendants().items() if "turnout agent" in cmd]
         assert restarted and restarted != agents
@@ -106,7 +106,7 @@ def test_warm_pool_pod_serves_at_its_ip_and_survives_an_agent_crash(tmp_path: Pa
 
         os.kill(p.init_pid, signal.SIGTERM)  # the kubelet stopping the pod: tini -> the loop -> the agent
         assert p.process is not None
-        p.process.wait(20)
+        p.process.wait(60)
 
 
 def test_gateway_pod_answers_its_probe_at_its_ip(tmp_path: Path) -> None:

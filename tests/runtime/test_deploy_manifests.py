@@ -58,9 +58,9 @@ def test_warm_pool_sample_is_a_valid_pool() -> None:
     assert all(labels.get(k) == v for k, v in deployment["spec"]["selector"]["matchLabels"].items())
     parse_pool_policy(deployment["metadata"]["annotations"]["pool.aibrix.ai/policy"])  # strict parse passes
     container = template["spec"]["containers"][0]
-    assert container["args"][0] == "agent"
+    assert container["image"].startswith("turnout-runtime:")  # deploy/runtime.Dockerfile: tini -> `turnout agent`
     assert {"name": "runtime", "containerPort": 8080} in container["ports"]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     assert env == {"ENABLE_KVCACHED": "false", "KVCACHED_AUTOPATCH": "0"}  # the agent never loads kvcached
     assert service["metadata"]["labels"] == {"aibrix.ai/metrics": "modelclaim-runtime"}
     assert all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
