@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,9 +204,16 @@ def script_for(doc_blocks: list[Block], run_dir: Path, *, needs_gateway: bool) -
     return "".join(parts), consoles
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
+def _port_free(port: int, wait_s: float = 180) -> bool:
+    """Whether nothing listens on the port, waiting (bounded) for another run of these tests to finish with it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) != 0:
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(1)
 
 
 @dataclass
