@@ -213,7 +213,8 @@ class PoolAgent(_Model):
         None,
         description="pool policy, as the pool.aibrix.ai/policy annotation would carry it: "
         '{"reclaim": {"mode": "kv-first", "capacityBytes": N, "guaranteedFloorPercent": P}, '
-        '"lifecycle": {"sleepAfterSeconds": S}}; checked strictly by the controller (invalid = disabled + event)',
+        '"lifecycle": {"sleepAfterSeconds": S, "sleepByStop": B}}; checked strictly by the controller (invalid = '
+        "disabled + event)",
     )
 
 

@@ -28,16 +28,21 @@ def obs(
     phase: str = "active",
     kv: int | None = None,
     cap: int | None = None,
+    in_place: bool = True,
 ) -> EngineObservation:
-    return EngineObservation(f"claim-{model}", model, phase, phase == "active", kv, 0, cap, running, waiting, done)
+    return EngineObservation(
+        f"claim-{model}", model, phase, phase == "active", kv, 0, cap, running, waiting, done, in_place
+    )
 
 
-def run(policy: str | None, ticks: list[tuple[float, list[EngineObservation]]], gpus: int = 1) -> list[list[object]]:
+def run(
+    policy: str | None, ticks: list[tuple[float, list[EngineObservation]]], gpus: int = 1, accelerators: int = 1
+) -> list[list[object]]:
     """Feed observations tick by tick (carrying memory) and collect each tick's actions."""
     memory = PoolMemory()
     out: list[list[object]] = []
     for now, engines in ticks:
-        step = pool_step("pod", gpus, policy, engines, memory, now)
+        step = pool_step("pod", gpus, policy, engines, memory, now, accelerators=accelerators)
         memory = step.memory
         out.append(step.actions)
     return out
@@ -89,7 +94,7 @@ def test_invalid_policy_reported_once_per_text() -> None:
     memory = PoolMemory()
     events = []
     for text in ['{"lifecycle":{"sleepAfter":1}}', '{"lifecycle":{"sleepAfter":1}}', "{bad", "{bad", SLEEPY, "{bad"]:
-        step = pool_step("pod", 1, text, [obs()], memory, 0)
+        step = pool_step("pod", 1, text, [obs()], memory, 0, accelerators=1)
         memory = step.memory
         events.append([a for a in step.actions if isinstance(a, PolicyEvent)])
         if text != SLEEPY:
@@ -152,3 +157,49 @@ def test_engine_not_serving_keeps_its_pages_and_shrinks_first() -> None:
     ]
     actions = run(KV, ticks)[1]
     assert actions == [SetKvLimit("pod", "b", 2 * P), SetKvLimit("pod", "a", 8 * P)]
+
+
+BY_STOP = '{"lifecycle":{"sleepAfterSeconds":30,"sleepByStop":true}}'
+
+
+@pytest.mark.parametrize(
+    ("policy", "in_place", "accelerators", "sleeps"),
+    [
+        (SLEEPY, True, 1, True),  # vLLM with sleep mode or SGLang on a single GPU (as the snapshot reports it)
+        (SLEEPY, False, 1, False),  # llama.cpp sleeps by stopping: Turnout's extension, off by default
+        (SLEEPY, True, 0, False),  # a CPU pod (no GPU in the snapshot), whatever the pod's limits say
+        (SLEEPY, True, 2, False),  # several GPUs
+        (BY_STOP, False, 1, True),
+        (BY_STOP, False, 0, True),  # llama.cpp on a CPU pool, as the runtime tests run it
+        (BY_STOP, True, 2, False),
+    ],
+)
+def test_idle_sleep_needs_in_place_sleep_on_one_gpu_or_the_switch(
+    policy: str, in_place: bool, accelerators: int, sleeps: bool
+) -> None:
+    ticks = [(0.0, [obs(in_place=in_place)]), (31.0, [obs(in_place=in_place)])]
+    actions = run(policy, ticks, accelerators=accelerators)
+    assert any(isinstance(a, SleepIdle) for a in actions[1]) is sleeps
+
+
+def test_kv_bases_that_do_not_fit_are_reported_once_per_run() -> None:
+    """Floors of 40% for three engines do not fit: no plan, one KvPlanUnfit event when it starts (not every
+    tick), and another one only after a plan fitted in between."""
+    floors = json.dumps({"reclaim": {"mode": "kv-first", "capacityBytes": 10 * P, "guaranteedFloorPercent": 40}})
+
+    def tick(n: int, busy: bool = True) -> list[EngineObservation]:
+        return [obs(m, running=1 if busy else 0, kv=0, cap=3 * P) for m in "abc"[:n]]
+
+    # the first tick has no completion deltas yet (not observable); c is new again at 20 s
+    ticks = [(0.0, tick(3)), (5.0, tick(3)), (10.0, tick(3)), (15.0, tick(2)), (20.0, tick(3)), (25.0, tick(3))]
+    actions = run(floors, ticks)
+    events = [[a for a in acts if isinstance(a, PolicyEvent)] for acts in actions]
+    assert [len(e) for e in events] == [0, 1, 0, 0, 0, 1]
+    assert events[1][0].reason == "KvPlanUnfit" and "guaranteedFloorPercent" in events[1][0].message
+    assert not any(isinstance(a, SetKvLimit) for i in (0, 1, 2, 4, 5) for a in actions[i])
+    assert {a.model: a.limit_bytes for a in actions[3] if isinstance(a, SetKvLimit)} == {"a": 5 * P, "b": 5 * P}
+
+
+def test_no_kv_plan_until_a_model_is_observed_active() -> None:
+    ticks = [(0.0, [obs("a", kv=0, cap=3 * P), obs("b", kv=0, cap=3 * P)])] * 3
+    assert run(KV, ticks) == [[], [], []]  # nobody asked: the capacities stay as they are

@@ -4,6 +4,7 @@ import pytest
 
 from turnout.core.claims import POOL_LABEL, ClaimPhase, PodView, parse_claim_spec
 from turnout.core.reconcile import (
+    REJECTED,
     Activate,
     Annotate,
     ClaimState,
@@ -12,7 +13,9 @@ from turnout.core.reconcile import (
     PodState,
     ReleaseFinalizer,
     SetStatus,
+    event_type,
     plan,
+    rejected,
     route_annotation,
 )
 
@@ -145,3 +148,50 @@ def test_pods_whose_agent_is_silent_are_not_candidates() -> None:
     assert Activate("qwen", "p2", SPEC) in actions  # the worse-ranked pod that answers
     [status] = [a for a in plan([ClaimState("qwen", SPEC)], pods[:1]) if isinstance(a, SetStatus)]
     assert status.phase is ClaimPhase.PENDING and "p1 does not answer" in status.message
+
+
+@pytest.mark.parametrize("bound", [None, "p1"])
+def test_activate_is_each_claims_last_action(bound: str | None) -> None:
+    """A rejected activation is followed by nothing else of that claim within the tick."""
+    actions = plan([ClaimState("qwen", SPEC, bound_pod=bound), ClaimState("other", None)], [PodState(pod())])
+    mine = [a for a in actions if getattr(a, "claim", None) == "qwen" or isinstance(a, Annotate)]
+    assert isinstance(mine[-1], Activate)
+
+
+def test_rejected_activation_unbinds_and_fails() -> None:
+    actions = rejected("qwen", "p1", "qwen", "artifact_url must start with one of hf://")
+    assert actions[0] == Annotate("p1", KEY, None)
+    [status] = [a for a in actions if isinstance(a, SetStatus)]
+    assert (status.phase, status.reason, status.pod) == (ClaimPhase.FAILED, REJECTED, None)
+    assert "p1" in status.message and "artifact_url must start" in status.message
+
+
+@pytest.mark.parametrize("bound", [None, "p1"])
+def test_a_rejected_spec_stays_failed_without_a_retry(bound: str | None) -> None:
+    claim = ClaimState("qwen", SPEC, bound_pod=bound, rejected="the runtime agent on p1 refused it")
+    actions = plan([claim], [PodState(pod())])
+    assert actions == [SetStatus("qwen", ClaimPhase.FAILED, REJECTED, "the runtime agent on p1 refused it")]
+
+
+def test_deleting_a_rejected_claim_lets_it_go() -> None:
+    claim = ClaimState("qwen", SPEC, deleting=True, rejected="refused")
+    assert plan([claim], [PodState(pod())]) == [ReleaseFinalizer("qwen")]
+
+
+@pytest.mark.parametrize(
+    ("phase", "reason", "kind"),
+    [
+        (ClaimPhase.FAILED, "EngineFailed", "Warning"),
+        (ClaimPhase.FAILED, "InvalidSpec", "Warning"),
+        (ClaimPhase.FAILED, REJECTED, "Warning"),
+        (ClaimPhase.PENDING, "NoCandidatePod", "Warning"),
+        (ClaimPhase.ACTIVATING, "Restarting", "Warning"),  # a crash
+        (ClaimPhase.ACTIVATING, "AgentUnreachable", "Warning"),
+        (ClaimPhase.ACTIVE, "Ready", "Normal"),
+        (ClaimPhase.SLEEPING, "Sleeping", "Normal"),
+        (ClaimPhase.LOADING, "Loading", "Normal"),
+        (ClaimPhase.SCHEDULING, "Scheduled", "Normal"),
+    ],
+)
+def test_event_types(phase: ClaimPhase, reason: str, kind: str) -> None:
+    assert event_type(SetStatus("qwen", phase, reason)) == kind

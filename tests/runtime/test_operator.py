@@ -27,7 +27,7 @@ from tests.conftest import GatewayFactory, eventually
 from tests.runtime.conftest import AgentStarter
 from tests.runtime.test_gateway_claims import through_the_transition, until_status
 from tests.support.kube import KubeServer
-from turnout.controller.kube import FINALIZER, GROUP, OperatorConfig, build_registry
+from turnout.controller.kube import FINALIZER, GROUP, Kube, OperatorConfig, build_registry, kube_configuration
 from turnout.controller.metrics import ControllerMetrics
 from turnout.runtime.agent import SUPERVISOR
 
@@ -351,5 +351,71 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
         await eventually(gone, "claim tiny deleted")
         assert "tiny" not in agent.app[SUPERVISOR].engines
         assert "modelclaim.aibrix.ai/tiny" not in (core.read_namespaced_pod("pool-0", NS).metadata.annotations or {})
+    finally:
+        operator.close()
+
+
+async def test_operator_fails_a_refused_activation_once_and_aggregates_events(
+    cluster: tuple[k8s.ApiClient, Path], start_agent: AgentStarter
+) -> None:
+    """The agent refuses a model name over 253 characters (HTTP 400): the claim goes Failed with the agent's
+    reason and one Warning event, is not activated again, and a repeated event is counted on that one Event."""
+    admin, operator_kubeconfig = cluster
+    core, custom = k8s.CoreV1Api(admin), k8s.CustomObjectsApi(admin)
+    url, _ = await start_agent()
+    labels = {"pool": "refusing", "pool.aibrix.ai/enabled": "true"}
+    ports = [k8s.V1ContainerPort(name="runtime", container_port=int(url.rsplit(":", 1)[1]))]
+    pod = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="refusing-0", labels=labels),
+        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="runtime", image="turnout", ports=ports)]),
+    )
+    core.create_namespaced_pod(NS, pod)
+    core.patch_namespaced_pod_status("refusing-0", NS, {"status": {"phase": "Running", "podIP": "127.0.0.1"}})
+    long = claim("long-name", "hf://org/m")
+    long["spec"]["modelName"] = "m" * 300
+    long["spec"]["podSelector"] = {"matchLabels": {"pool": "refusing"}}
+    operator = RunningOperator(operator_kubeconfig)
+    try:
+        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, long)
+
+        async def failed() -> dict[str, Any] | None:
+            obj: dict[str, Any] = custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "long-name")
+            return obj if (obj.get("status") or {}).get("phase") == "Failed" else None
+
+        status = (await eventually(failed, "claim long-name Failed"))["status"]
+        assert status["reason"] == "ActivationRejected" and "model_name" in status["message"]
+        assert status.get("pod") is None and status["rejectedSpec"]  # a null in a merge patch removes the key
+        await asyncio.sleep(2.5)  # five reconcile intervals: no retry, no new event
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode())
+        assert 'aibrix:modelclaim_lifecycle_operations_total{operation="activate",result="invalid"} 1.0' in text
+        events = core.list_namespaced_event(NS, field_selector="involvedObject.name=long-name").items
+        warnings = [(e.reason, e.count) for e in events if e.type == "Warning"]
+        assert warnings == [("ActivationRejected", 1)], warnings
+        notes = core.read_namespaced_pod("refusing-0", NS).metadata.annotations or {}
+        assert "modelclaim.aibrix.ai/long-name" not in notes  # de-routed: nothing runs there
+
+        # the operator's event writer: a repeat raises the count of the first Event, as client-go's correlator does
+        obj = custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "long-name")
+        kube_api = Kube(kube_configuration(operator_kubeconfig))
+        for message in ("first", "second", "first", "first"):
+            await kube_api.event(obj, "Warning", "Repeated", message)
+        repeated = [
+            e
+            for e in core.list_namespaced_event(NS, field_selector="involvedObject.name=long-name").items
+            if e.reason == "Repeated"
+        ]
+        assert sorted((e.message, e.count) for e in repeated) == [("first", 3), ("second", 1)]
+        first = next(e for e in repeated if e.message == "first")
+        assert first.last_timestamp >= first.first_timestamp and first.source.component == "turnout-operator"
+        custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "long-name")
+
+        async def gone() -> bool:
+            try:
+                custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "long-name")
+            except k8s.ApiException as exc:
+                return exc.status == 404
+            return False
+
+        await eventually(gone, "claim long-name deleted (nothing ran: the finalizer lets it go at once)")
     finally:
         operator.close()

@@ -53,7 +53,7 @@ async def test_idle_engine_sleeps_then_a_request_wakes_it(
     start_agent: AgentStarter, gateway: GatewayFactory, tiny_model: Path
 ) -> None:
     url, agent = await start_agent()
-    gw = await gateway([], pools=pools(url, {"lifecycle": {"sleepAfterSeconds": 1.5}}))
+    gw = await gateway([], pools=pools(url, {"lifecycle": {"sleepAfterSeconds": 1.5, "sleepByStop": True}}))
     files = ClaimFiles(gw.settings.data_dir)
     apply(files, "idle", tiny_model)
     apply(files, "busy", tiny_model)

@@ -64,7 +64,8 @@ async def test_vllm_engine_idles_into_sleep_by_its_own_metrics_and_wakes_on_a_re
                 "name": "cpu-0",
                 "agent_url": url,
                 "labels": {"pool": "cpu", "pool.aibrix.ai/enabled": "true"},
-                "policy": {"lifecycle": {"sleepAfterSeconds": 3}},
+                # vLLM on CPU sleeps by stopping, on a pod without a GPU: Turnout's extension, switched on
+                "policy": {"lifecycle": {"sleepAfterSeconds": 3, "sleepByStop": True}},
             }
         ],
         "interval_s": 0.5,

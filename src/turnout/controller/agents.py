@@ -13,10 +13,11 @@ import orjson
 from turnout.core.claims import ClaimSpec, PodView, artifact_key
 from turnout.core.lifecycle import EngineObservation
 from turnout.core.reconcile import EngineInfo, launch_key
+from turnout.core.runtime import sleeps_in_place
 from turnout.errors import UpstreamError
 from turnout.upstream.client import UpstreamClient
 
-__all__ = ["Activity", "AgentClient", "AgentReport", "engine_info", "observation", "pod_view"]
+__all__ = ["Activity", "AgentClient", "AgentReport", "Refusal", "engine_info", "observation", "pod_view", "spec_digest"]
 
 log = logging.getLogger("turnout.controller")
 
@@ -25,11 +26,30 @@ Activity = tuple[int, int]  # (in flight, completed so far) as the gateway count
 
 @dataclass(frozen=True, slots=True)
 class AgentReport:
-    """One agent snapshot: its engines, the artifacts its pod has cached, the free device memory (NVML)."""
+    """One agent snapshot: its engines, the artifacts its pod has cached, the free device memory (NVML) and how
+    many GPUs it reports (0: none, a CPU pod or no NVML)."""
 
     engines: list[dict[str, Any]]
     cached: frozenset[str] = frozenset()
     free_hbm_bytes: int | None = None
+    accelerators: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why an agent operation did not happen: the agent's answer (``status``) or, when it did not answer, None."""
+
+    status: int | None
+    detail: str
+
+    @property
+    def invalid(self) -> bool:
+        """The agent refused the request itself (HTTP 400): sending the same request again cannot help."""
+        return self.status == 400
+
+    @property
+    def message(self) -> str:
+        return self.detail if self.status is None else f"HTTP {self.status}: {self.detail}"
 
 
 class AgentClient:
@@ -51,10 +71,16 @@ class AgentClient:
             [e for e in engines if isinstance(e, dict)],
             frozenset(str(k) for k in body.get("cached_artifacts") or []),
             sum(f for f in free if f is not None) if accelerators and None not in free else None,
+            len(accelerators),
         )
 
     async def post(self, agent_url: str, label: str, path: str, body: Mapping[str, Any]) -> str | None:
         """POST an operation; None when it worked, else what went wrong (for logs, events and statuses)."""
+        refusal = await self.call(agent_url, label, path, body)
+        return None if refusal is None else refusal.message
+
+    async def call(self, agent_url: str, label: str, path: str, body: Mapping[str, Any]) -> Refusal | None:
+        """POST an operation; None when it worked, else the :class:`Refusal`."""
         try:
             async with self.client.request(
                 "POST",
@@ -67,13 +93,13 @@ class AgentClient:
                 raw = await r.read()
                 if r.status < 300:
                     return None
-                problem = f"HTTP {r.status}: {_message(raw)}"
+                refusal = Refusal(r.status, _message(raw))
         except UpstreamError as exc:
-            problem = exc.message
-        log.warning("%s %s failed: %s", label, path, problem)
-        return problem
+            refusal = Refusal(None, exc.message)
+        log.warning("%s %s failed: %s", label, path, refusal.message)
+        return refusal
 
-    async def activate(self, agent_url: str, pod: str, spec: ClaimSpec, claim_ref: Mapping[str, str]) -> str | None:
+    async def activate(self, agent_url: str, pod: str, spec: ClaimSpec, claim_ref: Mapping[str, str]) -> Refusal | None:
         """Start the claim's engine on the pod. The operation id names (claim, pod), so a repeat is a no-op."""
         body = {
             "model_name": spec.model_name,
@@ -84,7 +110,7 @@ class AgentClient:
             # names this claim (uid), this spec and this pod: a changed or re-created claim starts afresh
             "operation_id": f"activate-{claim_ref.get('uid') or claim_ref['name']}-{spec_digest(spec)}-{pod}",
         }
-        return await self.post(agent_url, pod, "/v1/runtime/models/activate", body)
+        return await self.call(agent_url, pod, "/v1/runtime/models/activate", body)
 
 
 def spec_digest(spec: ClaimSpec) -> str:
@@ -143,7 +169,14 @@ def observation(claim: str, engine: Mapping[str, Any], activity: Activity | None
         running=running,
         waiting=waiting,
         success_total=done,
+        in_place_sleep=_sleeps_in_place(engine),
     )
+
+
+def _sleeps_in_place(engine: Mapping[str, Any]) -> bool:
+    args = engine.get("args")
+    flags = {str(k): str(v) for k, v in args.items()} if isinstance(args, dict) else {}
+    return sleeps_in_place(str(engine.get("engine", "")), flags)
 
 
 def pod_view(

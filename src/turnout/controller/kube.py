@@ -30,11 +30,11 @@ import orjson
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from turnout.controller.agents import Activity, AgentClient, engine_info, pod_view
+from turnout.controller.agents import Activity, AgentClient, AgentReport, engine_info, pod_view, spec_digest
 from turnout.controller.metrics import ControllerMetrics
 from turnout.controller.policy import PolicyRunner, PoolTarget
-from turnout.controller.status import now_iso, phase_of, render_status
-from turnout.core.claims import POOL_LABEL, ClaimPhase, InvalidClaim, parse_claim_spec
+from turnout.controller.status import now_iso, phase_of, rejection, render_status
+from turnout.core.claims import POOL_LABEL, ClaimPhase, ClaimSpec, InvalidClaim, parse_claim_spec
 from turnout.core.poolpolicy import PolicyError, parse_pool_policy
 from turnout.core.reconcile import (
     ANNOTATION_PREFIX,
@@ -45,10 +45,12 @@ from turnout.core.reconcile import (
     PodState,
     ReleaseFinalizer,
     SetStatus,
+    event_type,
     parse_route,
     plan,
+    rejected,
 )
-from turnout.fleet.claim_sources import ClaimView, WakeTarget, effective_phase
+from turnout.fleet.claim_sources import ClaimView, WakeTarget, effective_phase, sleeping_engine
 from turnout.upstream.client import UpstreamClient
 
 __all__ = ["GROUP", "KubeRoutes", "OperatorConfig", "build_registry", "kube_configuration"]
@@ -61,6 +63,7 @@ POLICY_ANNOTATION = "pool.aibrix.ai/policy"
 RUNTIME_PORT_NAME = "runtime"
 DEFAULT_RUNTIME_PORT = 8080
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+EVENT_SOURCE = "turnout-operator"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,7 @@ class Kube:
         self.core = k8s.CoreV1Api(api)
         self.apps = k8s.AppsV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
+        self._event_lock = asyncio.Lock()  # a repeat is counted on the first event, never posted beside it
 
     @staticmethod
     async def _get(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -136,31 +140,56 @@ class Kube:
         ]
 
     async def event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
-        """Record a Kubernetes event on an object (best effort: a lost event never stops reconciliation)."""
+        """Record a Kubernetes event on an object (best effort: a lost event never stops reconciliation). A
+        repeat (same object, type, reason, message and source) raises the existing Event's ``count`` and
+        ``lastTimestamp`` instead of adding another, as client-go's event correlator does."""
         meta = obj.get("metadata") or {}
+        namespace, uid, text = str(meta.get("namespace")), meta.get("uid"), message[:1024]
         now = datetime.now(UTC)
-        event = k8s.CoreV1Event(
-            metadata=k8s.V1ObjectMeta(generate_name=f"{meta.get('name')}.", namespace=meta.get("namespace")),
-            involved_object=k8s.V1ObjectReference(
-                api_version=obj.get("apiVersion"),
-                kind=obj.get("kind"),
-                name=meta.get("name"),
-                namespace=meta.get("namespace"),
-                uid=meta.get("uid"),
-            ),
-            reason=reason,
-            message=message[:1024],
-            type=kind,
-            count=1,
-            first_timestamp=now,
-            last_timestamp=now,
-            source=k8s.V1EventSource(component="turnout-operator"),
-            reporting_component="turnout-operator",
-        )
         try:
-            await asyncio.to_thread(self.core.create_namespaced_event, str(meta.get("namespace")), event)
+            async with self._event_lock:
+                same = await self._same_event(namespace, uid, kind, reason, text) if uid else None
+                if same is not None:
+                    patch = {"count": int(same.get("count") or 1) + 1, "lastTimestamp": now_iso(now.timestamp())}
+                    await asyncio.to_thread(
+                        self.core.patch_namespaced_event, same["metadata"]["name"], namespace, patch
+                    )
+                    return
+                event = k8s.CoreV1Event(
+                    metadata=k8s.V1ObjectMeta(generate_name=f"{meta.get('name')}.", namespace=meta.get("namespace")),
+                    involved_object=k8s.V1ObjectReference(
+                        api_version=obj.get("apiVersion"),
+                        kind=obj.get("kind"),
+                        name=meta.get("name"),
+                        namespace=meta.get("namespace"),
+                        uid=uid,
+                    ),
+                    reason=reason,
+                    message=text,
+                    type=kind,
+                    count=1,
+                    first_timestamp=now,
+                    last_timestamp=now,
+                    source=k8s.V1EventSource(component=EVENT_SOURCE),
+                    reporting_component=EVENT_SOURCE,
+                )
+                await asyncio.to_thread(self.core.create_namespaced_event, namespace, event)
         except k8s.ApiException as exc:
             log.warning("event %s on %s not recorded: %s", reason, meta.get("name"), exc.reason)
+
+    async def _same_event(
+        self, namespace: str, uid: str, kind: str, reason: str, message: str
+    ) -> dict[str, Any] | None:
+        selector = f"involvedObject.uid={uid},reason={reason}"
+        events = await self._items(self.core.list_namespaced_event, namespace, field_selector=selector)
+        same = [
+            e
+            for e in events
+            if e.get("type") == kind
+            and e.get("message") == message
+            and (e.get("source") or {}).get("component") == EVENT_SOURCE
+        ]
+        return max(same, key=lambda e: int(e.get("count") or 1), default=None)
 
     async def has_event(self, namespace: str, uid: str, reason: str, message: str) -> bool:
         selector = f"involvedObject.uid={uid},reason={reason}"
@@ -211,9 +240,12 @@ class Operator:
         self.agents = AgentClient(self.client)
         self.policy = PolicyRunner(self.agents, metrics)
         self.reported_invalid: dict[str, str] = {}  # deployment uid -> policy text already reported
+        # claim uid -> (spec digest, status message) of an activation refused as invalid, for the next pass's body
+        # may predate the status patch that records it
+        self.refused: dict[str, tuple[str, str]] = {}
         self.pools_seen: set[tuple[str, str]] = set()
 
-    async def pod_state(self, pod: dict[str, Any]) -> tuple[PodState, list[dict[str, Any]] | None]:
+    async def pod_state(self, pod: dict[str, Any]) -> tuple[PodState, AgentReport | None]:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
         namespace = str(meta.get("namespace", ""))
         url = agent_url(pod)
@@ -222,7 +254,7 @@ class Operator:
         engines = {str(e["model_name"]): engine_info(e, namespace) for e in (report.engines if report else [])}
         view = pod_view(meta["name"], meta.get("labels") or {}, running, status.get("podIP"), pod_gpus(pod), report)
         reachable = report is not None or not running
-        return PodState(view, engines, reachable=reachable), (report.engines if report else None)
+        return PodState(view, engines, reachable=reachable), report
 
     async def reconcile(self, body: Mapping[str, Any], patch: kopf.Patch, *, deleting: bool = False) -> bool:
         """One pass for one claim; True when a deleting claim may go."""
@@ -240,40 +272,78 @@ class Operator:
             pods += [extra] if extra is not None else []
         states = await asyncio.gather(*(self.pod_state(p) for p in pods))
         by_name = {p["metadata"]["name"]: p for p in pods}
-        claim = ClaimState(name, spec, invalid, bound if bound in by_name else None, deleting)
+        refused = rejection(status, spec)
+        remembered = self.refused.get(str(meta.get("uid", "")))
+        if refused is None and spec is not None and remembered is not None and remembered[0] == spec_digest(spec):
+            refused = remembered[1]
+        claim = ClaimState(name, spec, invalid, bound if bound in by_name else None, deleting, refused)
         done = False
         for action in plan([claim], [s for s, _ in states]):
-            if isinstance(action, SetStatus):
-                await self._status(body, patch, status, action, model)
-            elif isinstance(action, Activate):
-                ref = {"namespace": namespace, "name": name, "uid": str(meta.get("uid", ""))}
-                url = agent_url(by_name[action.pod]) or ""
-                problem = await self.agents.activate(url, action.pod, action.spec, ref)
-                if problem is not None:
-                    await self.kube.event(body, "Warning", "ActivateFailed", problem)
-            elif isinstance(action, Deactivate):
-                url = agent_url(by_name[action.pod]) or ""
-                await self.agents.post(url, action.pod, "/v1/runtime/models/deactivate", {"model_name": action.model})
-            elif isinstance(action, Annotate):
-                current = (by_name[action.pod]["metadata"].get("annotations") or {}).get(action.key)
-                if current != action.value:
-                    await self.kube.annotate_pod(namespace, action.pod, action.key, action.value)
-            elif isinstance(action, ReleaseFinalizer):
-                done = True
+            done |= await self._apply(action, body, patch, status, by_name, model, spec)
         if deleting and done:
             self.metrics.forget(namespace, model)
+            self.refused.pop(str(meta.get("uid", "")), None)
         return done
 
+    async def _apply(
+        self,
+        action: object,
+        body: Mapping[str, Any],
+        patch: kopf.Patch,
+        status: dict[str, Any],
+        by_name: Mapping[str, dict[str, Any]],
+        model: str,
+        spec: ClaimSpec | None,
+    ) -> bool:
+        """Carry out one action of the plan; True for the finalizer's release."""
+        meta = body["metadata"]
+        namespace = meta["namespace"]
+        if isinstance(action, SetStatus):
+            await self._status(body, patch, status, action, model, spec)
+        elif isinstance(action, Activate):
+            ref = {"namespace": namespace, "name": meta["name"], "uid": str(meta.get("uid", ""))}
+            url = agent_url(by_name[action.pod]) or ""
+            refusal = await self.agents.activate(url, action.pod, action.spec, ref)
+            if refusal is not None and refusal.invalid:  # terminal: Failed, no retry (see core.reconcile)
+                for step in rejected(action.claim, action.pod, action.spec.model_name, refusal.detail):
+                    if isinstance(step, SetStatus):
+                        self.refused[ref["uid"]] = (spec_digest(action.spec), step.message)
+                    await self._apply(step, body, patch, status, by_name, model, spec)
+            elif refusal is not None:
+                await self.kube.event(body, "Warning", "ActivateFailed", refusal.message)
+        elif isinstance(action, Deactivate):
+            url = agent_url(by_name[action.pod]) or ""
+            await self.agents.post(url, action.pod, "/v1/runtime/models/deactivate", {"model_name": action.model})
+        elif isinstance(action, Annotate):
+            pod_meta = by_name[action.pod]["metadata"]
+            notes = dict(pod_meta.get("annotations") or {})
+            if notes.get(action.key) != action.value:
+                await self.kube.annotate_pod(namespace, action.pod, action.key, action.value)
+                if action.value is None:
+                    notes.pop(action.key, None)
+                else:
+                    notes[action.key] = action.value
+                pod_meta["annotations"] = notes  # what a later action of this pass compares with
+        elif isinstance(action, ReleaseFinalizer):
+            return True
+        return False
+
     async def _status(
-        self, body: Mapping[str, Any], patch: kopf.Patch, status: dict[str, Any], action: SetStatus, model: str
+        self,
+        body: Mapping[str, Any],
+        patch: kopf.Patch,
+        status: dict[str, Any],
+        action: SetStatus,
+        model: str,
+        spec: ClaimSpec | None,
     ) -> None:
         before = phase_of(status)
-        new = render_status(action, status, now_iso(time.time()), model)
+        new = render_status(action, status, now_iso(time.time()), model, spec)
         if any(status.get(k) != v for k, v in new.items()):
             patch.status.update(new)
+        status.update(new)  # a later action of this pass compares with what it will be
         if before is not action.phase:
-            kind = "Warning" if action.phase in (ClaimPhase.FAILED, ClaimPhase.PENDING) else "Normal"
-            await self.kube.event(body, kind, action.reason, action.message or action.phase.value)
+            await self.kube.event(body, event_type(action), action.reason, action.message or action.phase.value)
         self.metrics.claim(body["metadata"]["namespace"], model, before, action.phase)
 
     async def pool(self, body: Mapping[str, Any]) -> None:
@@ -312,7 +382,9 @@ class Operator:
                 for n, c in claims.items()
                 if (c.get("status") or {}).get("pod") == pod_name and not c["metadata"].get("deletionTimestamp")
             }
-            target = PoolTarget(pod_name, url, state.pod.gpus, text, report, bound, namespace, name)
+            target = PoolTarget(
+                pod_name, url, state.pod.gpus, text, report.engines, bound, namespace, name, report.accelerators
+            )
 
             async def set_route(claim: str, value: str, pod_name: str = pod_name) -> None:
                 await self.kube.annotate_pod(namespace, pod_name, ANNOTATION_PREFIX + claim, value)
@@ -398,8 +470,8 @@ class KubeRoutes:
         if url is None:
             return None
         report = await self.agents.report(url, pod["metadata"]["name"])
-        engine = next((e for e in (report.engines if report else []) if e.get("model_name") == model), {})
-        return WakeTarget(url, pod["metadata"]["name"], model, str(engine.get("last_transition", "unknown")))
+        sleep_id = sleeping_engine(report.engines if report else [], model)
+        return None if sleep_id is None else WakeTarget(url, pod["metadata"]["name"], model, sleep_id)
 
 
 def build_registry(cfg: OperatorConfig, metrics: ControllerMetrics) -> kopf.OperatorRegistry:

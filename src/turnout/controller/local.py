@@ -26,8 +26,8 @@ import yaml
 from turnout.controller.agents import Activity, AgentClient, AgentReport, engine_info, pod_view
 from turnout.controller.metrics import ControllerMetrics
 from turnout.controller.policy import PolicyRunner, PoolTarget
-from turnout.controller.status import now_iso, phase_of, render_status
-from turnout.core.claims import ClaimPhase, InvalidClaim, parse_claim_spec
+from turnout.controller.status import now_iso, phase_of, rejection, render_status
+from turnout.core.claims import ClaimPhase, ClaimSpec, InvalidClaim, parse_claim_spec
 from turnout.core.reconcile import (
     ANNOTATION_PREFIX,
     Activate,
@@ -37,8 +37,10 @@ from turnout.core.reconcile import (
     PodState,
     ReleaseFinalizer,
     SetStatus,
+    event_type,
     parse_route,
     plan,
+    rejected,
 )
 from turnout.state.atomic import write_atomic
 from turnout.upstream.client import UpstreamClient
@@ -178,11 +180,13 @@ class LocalController:
         self.activity: Callable[[str], Activity | None] = lambda claim: None  # gateway-counted requests
         self._events_dirty = False
         self.uids: dict[str, str] = {}
+        self.specs: dict[str, ClaimSpec] = {}  # this tick's valid specs, by claim
 
     async def tick(self) -> None:
         docs = self.files.all()
         claims = []
         models: dict[str, str] = {}
+        self.specs = {}
         self.uids = {d["metadata"]["name"]: str(d["metadata"].get("uid", "")) for d in docs}
         for doc in docs:
             name = doc["metadata"]["name"]
@@ -191,8 +195,12 @@ class LocalController:
             except InvalidClaim as exc:
                 spec, invalid = None, str(exc)
             models[name] = spec.model_name if spec is not None else name
-            bound = self.statuses.get(name, {}).get("pod")
-            claims.append(ClaimState(name, spec, invalid, bound, bool(doc.get("deleting"))))
+            if spec is not None:
+                self.specs[name] = spec
+            status = self.statuses.get(name)
+            bound = (status or {}).get("pod")
+            refused = rejection(status, spec)
+            claims.append(ClaimState(name, spec, invalid, bound, bool(doc.get("deleting")), refused))
         pools = list(self.pools.values())
         reports = await asyncio.gather(*(self.agents.report(p.agent_url, p.name) for p in pools))
         self.reports = {
@@ -205,7 +213,7 @@ class LocalController:
         live = {c.name for c in claims if not c.deleting and c.spec is not None}
         for pool, report in zip(pools, reports, strict=True):
             if report is not None:
-                await self._pool_policy(pool, report.engines, live, models)
+                await self._pool_policy(pool, report, live, models)
         self.files.save_statuses(self.statuses)
         if self._events_dirty:
             self.files.save_events(self.events)
@@ -217,16 +225,25 @@ class LocalController:
             return PodState(view, {}, reachable=False)
         return PodState(view, {str(e["model_name"]): engine_info(e) for e in report.engines})
 
-    async def _pool_policy(
-        self, pool: Pool, report: list[dict[str, Any]], live: set[str], models: dict[str, str]
-    ) -> None:
+    async def _pool_policy(self, pool: Pool, report: AgentReport, live: set[str], models: dict[str, str]) -> None:
         bound = {models[c]: c for c in live if self.statuses.get(c, {}).get("pod") == pool.name}
-        target = PoolTarget(pool.name, pool.agent_url, pool.gpus, pool.policy, report, bound, "local", pool.name)
+        target = PoolTarget(
+            pool.name,
+            pool.agent_url,
+            pool.gpus,
+            pool.policy,
+            report.engines,
+            bound,
+            "local",
+            pool.name,
+            report.accelerators,
+        )
 
         async def set_route(claim: str, value: str) -> None:
             self._annotate(pool.name, ANNOTATION_PREFIX + claim, value)
             sleeping = json.loads(value)["state"] == "sleeping"
-            phase, reason = (ClaimPhase.SLEEPING, "IdleSleep") if sleeping else (ClaimPhase.ACTIVE, "Ready")
+            # the same status the plan gives a sleeping engine: the IdleSleep event is the policy's own
+            phase, reason = (ClaimPhase.SLEEPING, "Sleeping") if sleeping else (ClaimPhase.ACTIVE, "Ready")
             port = 0 if sleeping else int(self.reports[pool.name][models[claim]]["port"])
             self._set_status(SetStatus(claim, phase, reason, "", pool.name, port), models[claim])
             if self.on_route_change is not None:
@@ -245,11 +262,18 @@ class LocalController:
             notes[key] = value
 
     def _event(self, obj: str, kind: str, reason: str, message: str) -> None:
+        """Record an event; a repeat of one already kept (same object, type, reason and message) is that event
+        again, counted, moved to the end with its new last time (as Kubernetes aggregates Events)."""
         now = now_iso(self.clock())
-        last = self.events[-1] if self.events else None
-        if last and (last["object"], last["reason"], last["message"]) == (obj, reason, message):
-            last["count"] += 1
-            last["lastTimestamp"] = now
+        key = (obj, kind, reason, message)
+        same = next(
+            (i for i, e in enumerate(self.events) if (e["object"], e["type"], e["reason"], e["message"]) == key), None
+        )
+        if same is not None:
+            event = self.events.pop(same)
+            event["count"] += 1
+            event["lastTimestamp"] = now
+            self.events.append(event)
         else:
             self.events.append(
                 {
@@ -269,9 +293,10 @@ class LocalController:
         before = phase_of(previous)
         if before is not action.phase:
             log.info("claim %s: %s -> %s (%s)", action.claim, before, action.phase.value, action.reason)
-            kind = "Warning" if action.phase in (ClaimPhase.FAILED, ClaimPhase.PENDING) else "Normal"
+            kind = event_type(action)
             self._event(f"ModelClaim/{action.claim}", kind, action.reason, action.message or action.phase.value)
-        self.statuses[action.claim] = render_status(action, previous, now_iso(self.clock()), model)
+        spec = self.specs.get(action.claim)
+        self.statuses[action.claim] = render_status(action, previous, now_iso(self.clock()), model, spec)
         self.metrics.claim("local", model, before, action.phase)
 
     async def _apply(self, action: object, models: dict[str, str]) -> None:
@@ -280,9 +305,12 @@ class LocalController:
         elif isinstance(action, Activate):
             pool = self.pools[action.pod]
             ref = {"namespace": "local", "name": action.claim, "uid": self.uids.get(action.claim, "")}
-            problem = await self.agents.activate(pool.agent_url, pool.name, action.spec, ref)
-            if problem is not None:
-                self._event(f"ModelClaim/{action.claim}", "Warning", "ActivateFailed", problem)
+            refusal = await self.agents.activate(pool.agent_url, pool.name, action.spec, ref)
+            if refusal is not None and refusal.invalid:  # terminal: Failed, no retry (see core.reconcile)
+                for step in rejected(action.claim, action.pod, action.spec.model_name, refusal.detail):
+                    await self._apply(step, models)
+            elif refusal is not None:
+                self._event(f"ModelClaim/{action.claim}", "Warning", "ActivateFailed", refusal.message)
         elif isinstance(action, Deactivate):
             pool = self.pools[action.pod]
             await self.agents.post(

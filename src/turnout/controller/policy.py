@@ -34,6 +34,7 @@ class PoolTarget:
     claims: Mapping[str, str]  # model -> claim bound to this pod
     namespace: str = "local"
     deployment: str = ""
+    accelerators: int = 0  # GPUs the agent's snapshot reports (idle sleep goes by these, not the pod's limits)
 
 
 class PolicyRunner:
@@ -59,7 +60,13 @@ class PolicyRunner:
             if str(e.get("model_name")) in target.claims
         ]
         result = pool_step(
-            target.pod, target.gpus, target.policy_text, observed, self.memory.get(target.pod, PoolMemory()), now
+            target.pod,
+            target.gpus,
+            target.policy_text,
+            observed,
+            self.memory.get(target.pod, PoolMemory()),
+            now,
+            accelerators=target.accelerators,
         )
         self.memory[target.pod] = result.memory
         self.metrics.pool(target.namespace, target.deployment or target.pod, result.policy_valid)

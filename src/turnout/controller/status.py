@@ -1,4 +1,7 @@
-"""A claim's status object, the same for both drivers (the Kubernetes one writes it to the status subresource)."""
+"""A claim's status object, the same for both drivers (the Kubernetes one writes it to the status subresource).
+
+A claim whose activation the agent refused as invalid keeps ``rejectedSpec`` (a digest of the spec refused) in
+its status, so that it stays ``Failed`` without a retry until its spec changes (:func:`rejection`)."""
 
 from __future__ import annotations
 
@@ -6,10 +9,11 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from turnout.core.claims import ClaimPhase
-from turnout.core.reconcile import SetStatus, conditions
+from turnout.controller.agents import spec_digest
+from turnout.core.claims import ClaimPhase, ClaimSpec
+from turnout.core.reconcile import REJECTED, SetStatus, conditions
 
-__all__ = ["now_iso", "phase_of", "render_status"]
+__all__ = ["now_iso", "phase_of", "rejection", "render_status"]
 
 
 def now_iso(ts: float) -> str:
@@ -24,8 +28,19 @@ def phase_of(status: Mapping[str, Any] | None) -> ClaimPhase | None:
         return None
 
 
-def render_status(action: SetStatus, previous: Mapping[str, Any], now: str, model: str) -> dict[str, Any]:
-    """The new status; transition times are kept from ``previous`` for whatever did not change."""
+def rejection(status: Mapping[str, Any] | None, spec: ClaimSpec | None) -> str | None:
+    """The agent's refusal recorded in ``status`` when it was for this very spec, else None (try again)."""
+    status = status or {}
+    if spec is None or status.get("reason") != REJECTED or status.get("rejectedSpec") != spec_digest(spec):
+        return None
+    return str(status.get("message") or REJECTED)
+
+
+def render_status(
+    action: SetStatus, previous: Mapping[str, Any], now: str, model: str, spec: ClaimSpec | None = None
+) -> dict[str, Any]:
+    """The new status; transition times are kept from ``previous`` for whatever did not change. ``spec``: the
+    claim's spec, recorded as ``rejectedSpec`` when the status says its activation was refused."""
     old_conditions = {c.get("type"): c for c in previous.get("conditions") or [] if isinstance(c, dict)}
     rendered = []
     for kind, ok, reason, message in conditions(action):
@@ -36,6 +51,7 @@ def render_status(action: SetStatus, previous: Mapping[str, Any], now: str, mode
             {"type": kind, "status": flag, "reason": reason, "message": message, "lastTransitionTime": since}
         )
     same = previous.get("phase") == action.phase.value
+    refused = spec_digest(spec) if action.reason == REJECTED and spec is not None else None
     return {
         "phase": action.phase.value,
         "reason": action.reason,
@@ -46,4 +62,5 @@ def render_status(action: SetStatus, previous: Mapping[str, Any], now: str, mode
         "readyReplicas": 1 if action.phase is ClaimPhase.ACTIVE else 0,
         "lastTransitionTime": previous.get("lastTransitionTime", now) if same else now,
         "conditions": rendered,
+        "rejectedSpec": refused,  # null otherwise (a merge patch removes it)
     }

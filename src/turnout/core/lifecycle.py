@@ -8,12 +8,15 @@ the returned memory for the next tick. Time comes in as ``now``; nothing here re
   distinct annotation text (not one per tick).
 - Idle sleep: an engine that is active and ready sleeps once every observation for ``sleepAfterSeconds``
   showed it completely idle (nothing running, nothing waiting, no new completions). An observation with any
-  of those counts unknown is not an idle one. The driver de-routes first, sleeps, and restores the route when
-  the sleep fails (:class:`SleepIdle`).
+  of those counts unknown is not an idle one. Which engines may idle into sleep at all is
+  :func:`turnout.core.poolpolicy.may_idle_sleep` (in-place sleep on a single GPU, as the agent's snapshot
+  reports its accelerators; more only with ``lifecycle.sleepByStop``). The driver de-routes first, sleeps,
+  and restores the route when the sleep fails (:class:`SleepIdle`).
 - KV redistribution (single-GPU pods, ``reclaim.capacityBytes`` set): :func:`turnout.core.poolpolicy.plan_kv`
   over every engine with a kvcached segment (one that is not serving keeps its pages and floor but has no
   demand); limits are only sent when they differ from the engine's current capacity, shrinking ones first so
-  the pool never holds more than its capacity in between.
+  the pool never holds more than its capacity in between. Bases that do not fit yield one ``KvPlanUnfit``
+  event when that starts (not every tick); it may be reported again once a plan fitted in between.
 """
 
 from __future__ import annotations
@@ -21,7 +24,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from turnout.core.poolpolicy import KvDemand, PolicyError, PoolPolicy, parse_pool_policy, plan_kv
+from turnout.core.poolpolicy import (
+    KvDemand,
+    KvUnfit,
+    PolicyError,
+    PoolPolicy,
+    may_idle_sleep,
+    parse_pool_policy,
+    plan_kv,
+)
 
 __all__ = [
     "EngineObservation",
@@ -46,6 +57,7 @@ class EngineObservation:
     running: int | None = None
     waiting: int | None = None
     success_total: int | None = None
+    in_place_sleep: bool = False  # the engine sleeps in place (vLLM with sleep mode, SGLang), not by stopping
 
     @property
     def observable(self) -> bool:
@@ -63,6 +75,7 @@ class PoolMemory:
     idle_since: Mapping[str, float] = field(default_factory=dict)  # model -> first idle observation of the run
     success: Mapping[str, int] = field(default_factory=dict)  # model -> success_total seen last tick
     reported_invalid: str | None = None  # annotation text already reported as invalid
+    kv_unfit: bool = False  # the last KV plan's bases did not fit (already reported)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +119,11 @@ def pool_step(
     engines: Sequence[EngineObservation],
     memory: PoolMemory,
     now: float,
+    *,
+    accelerators: int,
 ) -> PoolStep:
+    """One tick for one pod. ``gpus``: the pod's GPUs as placement counts them (KV plans need 1);
+    ``accelerators``: how many GPUs the agent's snapshot reports (0 on a CPU pod), which idle sleep goes by."""
     success = {e.model: e.success_total for e in engines if e.success_total is not None}
     if policy_text is None:
         return PoolStep([], PoolMemory(success=success), None)
@@ -122,11 +139,14 @@ def pool_step(
     if policy.sleep_after_s is not None:
         for e in engines:
             since = idle_since.get(e.model)
-            if since is not None and now - since >= policy.sleep_after_s:
+            if since is None or not may_idle_sleep(policy, e.in_place_sleep, accelerators):
+                continue
+            if now - since >= policy.sleep_after_s:
                 actions.append(SleepIdle(pod, e.claim, e.model, now - since))
                 idle_since.pop(e.model)
-    actions += _kv_actions(pod, gpus, policy, engines, memory)
-    return PoolStep(actions, PoolMemory(idle_since, success), True)
+    kv, unfit = _kv_actions(pod, gpus, policy, engines, memory)
+    actions += kv
+    return PoolStep(actions, PoolMemory(idle_since, success, kv_unfit=unfit), True)
 
 
 def _idle_runs(engines: Sequence[EngineObservation], memory: PoolMemory, now: float) -> dict[str, float]:
@@ -144,14 +164,15 @@ def _idle_runs(engines: Sequence[EngineObservation], memory: PoolMemory, now: fl
 
 def _kv_actions(
     pod: str, gpus: int, policy: PoolPolicy, engines: Sequence[EngineObservation], memory: PoolMemory
-) -> list[PoolAction]:
+) -> tuple[list[PoolAction], bool]:
+    """The KV limits to send, and whether the bases did not fit this tick (kept in memory: one event a run)."""
     if policy.capacity_bytes is None or gpus != 1:
-        return []
+        return [], False
     # Every engine holding a segment takes part (a booting or sleeping one keeps its pages and floor, with no
     # demand); any serving engine without one makes KV use unobservable, so no plan.
     placed = [e for e in engines if e.kv_capacity_bytes is not None and e.kv_used_bytes is not None]
     if not placed or any(e.serving and e not in placed for e in engines):
-        return []
+        return [], memory.kv_unfit
     demands = []
     for e in placed:
         previous = memory.success.get(e.model)
@@ -162,10 +183,14 @@ def _kv_actions(
             delta, inflight = 0, 0
         used = (e.kv_used_bytes or 0) - e.kv_prealloc_bytes
         demands.append(KvDemand(e.model, used, e.kv_prealloc_bytes, inflight, delta))
-    limits = plan_kv(policy.capacity_bytes, demands, policy.floor_percent)
+    try:
+        limits = plan_kv(policy.capacity_bytes, demands, policy.floor_percent)
+    except KvUnfit as exc:
+        return ([] if memory.kv_unfit else [PolicyEvent(pod, "KvPlanUnfit", str(exc))]), True
     if limits is None:
-        return []
+        return [], memory.kv_unfit
     current = {e.model: e.kv_capacity_bytes for e in placed}
     changes = [SetKvLimit(pod, m, limit) for m, limit in limits.items() if current[m] != limit]
     changes.sort(key=lambda a: a.limit_bytes - (current[a.model] or 0))  # shrink before grow
-    return list(changes)
+    out: list[PoolAction] = list(changes)
+    return out, False

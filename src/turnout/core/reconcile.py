@@ -2,6 +2,12 @@
 
 Pure. A driver (local files or Kubernetes) builds the inputs each tick, applies the actions through its
 adapter (agent HTTP calls, status writes, pod annotations, finalizers), and calls again next tick.
+
+An activation the agent refuses as invalid (HTTP 400: an artifact scheme or args it does not take) is terminal:
+the driver applies :func:`rejected` (de-route, ``Failed`` with the agent's reason, unbound) and passes the
+rejection back in :attr:`ClaimState.rejected` while the spec is unchanged, so the claim stays ``Failed`` and is
+not activated again. A claim's ``Activate`` is always its last action, so nothing else of it follows a
+rejection within the tick. Event types are :func:`event_type`.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from turnout.core.claims import ClaimPhase, ClaimSpec, PodView, rank_pods
 
 __all__ = [
     "ANNOTATION_PREFIX",
+    "REJECTED",
     "Activate",
     "Annotate",
     "ClaimState",
@@ -23,13 +30,18 @@ __all__ = [
     "ReleaseFinalizer",
     "SetStatus",
     "conditions",
+    "event_type",
     "launch_key",
     "parse_route",
     "plan",
+    "rejected",
     "route_annotation",
 ]
 
 ANNOTATION_PREFIX = "modelclaim.aibrix.ai/"
+REJECTED = "ActivationRejected"  # the status reason of a claim whose activation the agent refused as invalid
+# Reasons that are Warning events whatever the phase: a crashed engine restarting, an agent not answering.
+_WARNING_REASONS = frozenset({"AgentUnreachable", "Restarting", "EngineFailed", REJECTED})
 
 
 LaunchKey = tuple[str, str, tuple[tuple[str, str], ...]]  # (engine, artifact URL, sorted args)
@@ -64,6 +76,7 @@ class ClaimState:
     invalid: str | None = None  # why the spec was refused
     bound_pod: str | None = None
     deleting: bool = False
+    rejected: str | None = None  # the agent refused this very spec's activation as invalid (the reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +125,21 @@ def route_annotation(model: str, engine: EngineInfo | None) -> str:
     return json.dumps({"model": model, "port": port, "state": state}, separators=(",", ":"))
 
 
+def event_type(status: SetStatus) -> str:
+    """The Kubernetes event type of a phase change: ``Warning`` for failures, crashes, unreachable agents and
+    claims that cannot be placed; ``Normal`` otherwise."""
+    if status.phase in (ClaimPhase.FAILED, ClaimPhase.PENDING) or status.reason in _WARNING_REASONS:
+        return "Warning"
+    return "Normal"
+
+
+def rejected(claim: str, pod: str, model: str, why: str) -> list[Action]:
+    """What follows an activation the agent on ``pod`` refused as invalid: off the route, ``Failed`` with the
+    agent's reason and no pod (nothing runs there), until the spec changes."""
+    message = f"the runtime agent on {pod} refused the activation of {model}: {why}"
+    return [Annotate(pod, ANNOTATION_PREFIX + claim, None), SetStatus(claim, ClaimPhase.FAILED, REJECTED, message)]
+
+
 def conditions(status: SetStatus) -> list[tuple[str, bool, str, str]]:
     """The claim's conditions as (type, status, reason, message): ``Scheduled`` (bound to a pod) and ``Ready``
     (Active and routable)."""
@@ -154,6 +182,9 @@ def plan(claims: Sequence[ClaimState], pods: Sequence[PodState]) -> list[Action]
             actions.append(SetStatus(claim.name, ClaimPhase.FAILED, "InvalidSpec", claim.invalid or "invalid spec"))
             continue
         spec = claim.spec
+        if claim.rejected is not None:
+            actions.append(SetStatus(claim.name, ClaimPhase.FAILED, REJECTED, claim.rejected))
+            continue
         if bound is None or not bound.pod.running or not bound.pod.address:
             ranked, why = rank_pods(spec, [p.pod for p in pods])
             silent = sorted(p.name for p in ranked if not by_name[p.name].reachable)
@@ -164,9 +195,9 @@ def plan(claims: Sequence[ClaimState], pods: Sequence[PodState]) -> list[Action]
                 actions.append(SetStatus(claim.name, ClaimPhase.PENDING, "NoCandidatePod", why))
                 continue
             target = ranked[0].name
-            actions.append(Activate(claim.name, target, spec))
             actions.append(SetStatus(claim.name, ClaimPhase.SCHEDULING, "Scheduled", f"placed on {target}", target))
             actions.append(Annotate(target, key, route_annotation(spec.model_name, None)))
+            actions.append(Activate(claim.name, target, spec))
             continue
         if not bound.reachable:
             actions.append(

@@ -18,12 +18,24 @@ __all__ = [
     "engine_args",
     "ipc_name",
     "pick_port",
+    "sleeps_in_place",
 ]
 
 ENGINES = ("vllm", "sglang", "llamacpp")
 MAX_RESTARTS = 5
 _IPC_BAD = re.compile(r"[^A-Za-z0-9_-]")
 _ARTIFACT_SCHEMES = ("huggingface://", "hf://", "s3://", "gcs://", "file://")
+
+
+NO_SLEEP_MODE = "--no-enable-sleep-mode"
+
+
+def sleeps_in_place(engine: str, args: Mapping[str, str]) -> bool:
+    """Whether the engine has a sleep API (vLLM with sleep mode, SGLang's memory saver); the others (llama.cpp,
+    vLLM with ``--no-enable-sleep-mode``) sleep by stopping and start again on wake."""
+    if engine == "vllm":
+        return NO_SLEEP_MODE not in args
+    return engine == "sglang"
 
 
 class InvalidRequest(ValueError):

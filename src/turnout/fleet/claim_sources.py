@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from turnout.controller.agents import Activity, AgentClient
 from turnout.controller.local import LocalController
@@ -13,7 +13,7 @@ from turnout.controller.status import phase_of
 from turnout.core.claims import ClaimPhase
 from turnout.core.reconcile import parse_route
 
-__all__ = ["ClaimSource", "ClaimView", "LocalSource", "WakeTarget", "effective_phase"]
+__all__ = ["ClaimSource", "ClaimView", "LocalSource", "WakeTarget", "effective_phase", "sleeping_engine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,15 @@ class WakeTarget:
     pod: str
     model: str
     sleep_id: str  # names this sleep the same way on every gateway replica (the engine's transition time)
+
+
+def sleeping_engine(engines: list[dict[str, Any]], model: str) -> str | None:
+    """The sleep id of ``model``'s engine when its agent reports it sleeping (the time it went to sleep, the same
+    on every gateway replica), else None: an engine that is awake or waking is not woken again."""
+    engine = next((e for e in engines if e.get("model_name") == model), None)
+    if engine is None or engine.get("phase") != "sleeping":
+        return None
+    return str(engine.get("last_transition"))
 
 
 class ClaimSource(Protocol):
@@ -102,11 +111,12 @@ class LocalSource:
         return out
 
     async def wake_target(self, key: str) -> WakeTarget | None:
+        """The agent is asked now (the last tick's report may predate a wake already sent)."""
         status = self.controller.statuses.get(key, {})
         pool = self.controller.pools.get(status.get("pod") or "")
         if pool is None:
             return None
         model = str(status.get("model") or key)
-        engine = self.controller.reports.get(pool.name, {}).get(model, {})
-        sleep_id = str(engine.get("last_transition", status.get("lastTransitionTime")))
-        return WakeTarget(pool.agent_url, pool.name, model, sleep_id)
+        report = await self.agents.report(pool.agent_url, pool.name)
+        sleep_id = sleeping_engine(report.engines if report else [], model)
+        return None if sleep_id is None else WakeTarget(pool.agent_url, pool.name, model, sleep_id)

@@ -2,10 +2,18 @@
 
 The bindings follow the claims' routing annotations (a port only while the engine is active and ready) the
 moment the controller changes one, and the statuses after every tick. A request for a claimed model that is
-not Active is answered without touching the engine: Sleeping -> one asynchronous wake per binding (however
-many requests arrive; across gateway replicas too when Redis is configured: the first replica to claim the wake
-key in Redis sends it) and 503 with ``Retry-After: 10``; Pending/Scheduling/Loading/Activating -> 503 with
-``Retry-After``; Failed -> 503 without. The gateway never holds or replays the request.
+not Active is answered without touching the engine: Sleeping -> one asynchronous wake per sleep and 503 with
+``Retry-After: 10``; Pending/Scheduling/Loading/Activating -> 503 with ``Retry-After``; Failed -> 503 without.
+The gateway never holds or replays the request.
+
+One wake per sleep: a wake is keyed on the sleep itself (pod, model and the time the engine went to sleep, as
+its agent reports it now), and only an engine the agent reports sleeping is woken. A key this replica already
+woke is never woken again, however many requests and retries arrive and whether or not the first wake is still
+running; across gateway replicas the first to set the key in Redis sends it.
+
+Claimed models are listed in ``/v1/models`` and ``/api/tags`` (``Fleet.claim_listing``) while their claim is
+placed and not Failed, asleep included: clients such as OpenWebUI only offer what is listed, and a request for a
+sleeping model is what wakes it.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from turnout.config import Worker
 from turnout.core.claims import ClaimPhase
@@ -26,6 +34,8 @@ __all__ = ["ClaimBindings"]
 
 log = logging.getLogger("turnout.claims")
 
+# Claims whose model is not listed: nowhere to run (Pending) or given up (Failed).
+_UNLISTED = frozenset({ClaimPhase.PENDING, ClaimPhase.FAILED})
 SLEEPING_RETRY_S = 10
 ACTIVATING_RETRY_S = 5
 WAKE_KEY_TTL_S = 120
@@ -70,6 +80,7 @@ class ClaimBindings:
         self.wake_lock = wake_lock
         self.phases: dict[str, tuple[str, ClaimPhase]] = {}  # model -> (claim key, phase)
         self._wakes: dict[str, asyncio.Task[None]] = {}
+        self._woken: dict[str, str] = {}  # model -> the sleep this replica last woke it from
         self._task: asyncio.Task[None] | None = None
         self._completed: dict[str, int] = {}  # claim -> requests finished on its engine (idle detection)
         self.on_change: Callable[[], None] | None = None
@@ -90,12 +101,15 @@ class ClaimBindings:
 
     def sync(self) -> None:
         seen: set[str] = set()
+        listing: dict[str, dict[str, Any]] = {}
         for view in self.source.views():
             if view.model in seen:
                 log.warning("model %s is claimed twice; %s is ignored", view.model, view.key)
                 continue
             seen.add(view.model)
             self.phases[view.model] = (view.key, view.phase)
+            if view.phase not in _UNLISTED:
+                listing[view.model] = {"id": view.model, "object": "model", "owned_by": f"claim/{view.key}"}
             if view.route is None:
                 self._unbind(view.model)
                 continue
@@ -115,6 +129,7 @@ class ClaimBindings:
             if model not in seen:
                 self.phases.pop(model)
                 self._unbind(model)
+        self.fleet.claim_listing = listing
         if self.on_change is not None:
             self.on_change()
 
@@ -173,14 +188,17 @@ class ClaimBindings:
     def _wake_once(self, claim: str, model: str) -> None:
         running = self._wakes.get(model)
         if running is not None and not running.done():
-            return
-        self._wakes[model] = asyncio.create_task(self._wake(claim), name=f"wake-{model}")
+            return  # it is looking at this sleep already (the key below decides; this only saves a lookup)
+        self._wakes[model] = asyncio.create_task(self._wake(claim, model), name=f"wake-{model}")
 
-    async def _wake(self, claim: str) -> None:
+    async def _wake(self, claim: str, model: str) -> None:
         target = await self.source.wake_target(claim)
         if target is None:
-            return
+            return  # not asleep (any more, or not yet): nothing to wake
         key = f"{target.pod}:{target.model}:{target.sleep_id}"
+        if self._woken.get(model) == key:
+            return  # this sleep was woken already; the engine is coming back
+        self._woken[model] = key
         if self.wake_lock is not None and not await self.wake_lock.first(key):
             return
         self.wakes_sent += 1

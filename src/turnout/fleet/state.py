@@ -169,6 +169,8 @@ class Fleet:
         # model name -> epoch it was first listed to a client: the stable ``modified_at`` of an OpenAI-style
         # worker's model (kept by the gateway's catalog)
         self.first_listed: dict[str, float] = {}
+        # model name -> its /v1/models entry, for claimed models listed whether or not routable now (asleep)
+        self.claim_listing: dict[str, dict[str, Any]] = {}
 
     def rules(self, name: str) -> tuple[PlacementRules, str]:
         """Effective rules for a worker and their source: ``override`` or ``config``."""

@@ -1,7 +1,9 @@
 """What clients may discover: models on healthy workers, hiding those placement blocks there.
 
 ``/api/tags`` and ``/v1/models`` list a model if at least one healthy worker has it installed and
-its placement rules allow it. The admin inventory (unfiltered) lives in the admin API. On an endpoint's own
+its placement rules allow it, and every claimed model the claim bindings list (``Fleet.claim_listing``: a
+sleeping one too, since a request for it wakes it; never in ``/api/ps``). The admin inventory (unfiltered)
+lives in the admin API. On an endpoint's own
 URL (``endpoint`` given) only that endpoint's models are listed, by their own names
 (:mod:`turnout.core.endpoint_urls`).
 
@@ -60,7 +62,7 @@ def _everything(_: str) -> bool:
 class _Listed:
     name: str  # as the caller sees it (the endpoint's own name on its own URL)
     shared: str  # the name on the shared URL (what scopes, placement and routing use)
-    state: WorkerState  # the first healthy worker allowed to serve it
+    state: WorkerState | None  # the first healthy worker allowed to serve it; None: a claim not routable now
     entry: dict[str, Any]  # that worker's raw inventory entry
     openai: bool  # the worker is OpenAI-style (its entry is a /v1/models object)
 
@@ -87,6 +89,10 @@ def _visible(fleet: Fleet, allowed: Visible, endpoint: str | None) -> list[_List
             name = shared if endpoint is None else own_name(endpoint, shared)
             if name is not None:
                 out[shared] = _Listed(name, shared, state, entry, openai)
+    if endpoint is None:  # claimed models whose engine is asleep or waking stay listed
+        for shared, entry in fleet.claim_listing.items():
+            if shared not in out and allowed(shared):
+                out[shared] = _Listed(shared, shared, None, entry, True)
     return sorted(out.values(), key=lambda m: m.name)
 
 
@@ -94,7 +100,7 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def model_digest(shared: str, entry: dict[str, Any], state: WorkerState, *, own_url: bool) -> str:
+def model_digest(shared: str, entry: dict[str, Any], state: WorkerState | None, *, own_url: bool) -> str:
     """The ``digest`` clients see for a model: stable, and never shared by two names that route apart.
 
     An Ollama worker's own digest where it gives one (names with one digest are one model there, as on
@@ -102,7 +108,7 @@ def model_digest(shared: str, entry: dict[str, Any], state: WorkerState, *, own_
     fleet's ``llama3.2`` stay two models. Otherwise (OpenAI-style servers report none) a sha256 of the model's
     shared name, which does not depend on which worker serves it."""
     real = entry.get("digest")
-    if state.config.type is WorkerType.OLLAMA and isinstance(real, str) and real:
+    if state is not None and state.config.type is WorkerType.OLLAMA and isinstance(real, str) and real:
         if state.external is None or own_url:
             return real
         return _sha256(f"{state.external.prefix}{real}")
@@ -156,7 +162,7 @@ def openai_models(
     for m in _visible(fleet, allowed, endpoint):
         if m.openai:
             created = _modified_epoch(fleet, m.shared, m.entry, when)
-            owner = m.entry.get("owned_by") or m.state.name
+            owner = m.entry.get("owned_by") or (m.state.name if m.state is not None else "")
         else:
             created = _epoch(m.entry.get("modified_at"))
             owner = "library"
@@ -170,7 +176,7 @@ def ollama_ps(fleet: Fleet, allowed: Visible = _everything, endpoint: str | None
     own_url = endpoint is not None
     seen: dict[str, dict[str, Any]] = {}
     for m in _visible(fleet, allowed, endpoint):
-        if m.openai and m.shared in m.state.loaded:
+        if m.openai and m.state is not None and m.shared in m.state.loaded:
             seen[m.name] = {
                 "name": m.name,
                 "model": m.name,

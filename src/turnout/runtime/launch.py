@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from turnout.core.runtime import engine_args
+from turnout.core.runtime import engine_args, sleeps_in_place
 
 __all__ = ["Launch", "artifact_path", "cached_artifact_keys", "connect_host", "launch_command"]
 
@@ -41,7 +41,6 @@ def artifact_path(url: str) -> str:
     return url  # s3:// and gcs:// are handed over as is (the engine's loader or a sidecar fetches them)
 
 
-NO_SLEEP_MODE = "--no-enable-sleep-mode"
 # SGLang's /health waits for a one-token generation, checking every second for up to SGLANG_HEALTH_CHECK_TIMEOUT
 # (default 20 s) before it answers 503 (python/sglang/srt/entrypoints/http_server.py, health_generate): a probe
 # must wait longer than that, or a busy but healthy engine reads as not ready.
@@ -94,7 +93,7 @@ def launch_command(
             False,
         )
     if engine == "vllm":
-        sleeps = NO_SLEEP_MODE not in args
+        sleeps = sleeps_in_place(engine, args)
         return Launch(
             [
                 exe,
