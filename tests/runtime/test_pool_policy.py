@@ -70,10 +70,15 @@ async def test_idle_engine_sleeps_then_a_request_wakes_it(
     assert engines["busy"].phase == "active" and engines["busy"].pid == busy_pid
     status, headers = await chat(gw, "idle")  # de-routed before it slept: the gateway answers, not the engine
     assert status == 503 and headers["Retry-After"] == "10"
-    await until_status(gw, "idle", 200)  # that request woke it
+
+    async def idle_woken() -> bool:
+        await chat(gw, "busy")  # still in use while "idle" wakes (a loaded machine may take seconds)
+        return (await chat(gw, "idle"))[0] == 200
+
+    await eventually(idle_woken, "the request to wake the idle engine", every_s=0.1)
     events = ClaimFiles(gw.settings.data_dir).events()
     assert any(e["object"] == "ModelClaim/idle" and e["reason"] == "IdleSleep" for e in events)
-    assert not any(e["object"] == "ModelClaim/busy" and e["reason"] == "IdleSleep" for e in events)
+    assert not any(e["object"] == "ModelClaim/busy" and e["reason"] == "IdleSleep" for e in events), events
     metrics = await get_text(f"{gw.url}/metrics")
     assert 'aibrix_modelclaim_pool_policy_valid{deployment="cpu-0",namespace="local"} 1.0' in metrics
     assert 'aibrix_modelclaim_ready_replicas{model="busy",namespace="local"} 1.0' in metrics
