@@ -139,6 +139,21 @@ async def test_an_unknown_endpoint_is_a_404_in_the_callers_dialect(
     assert status == 404 and isinstance(body["error"], str)  # an unknown route there: Ollama's dialect too
 
 
+async def test_ollama_probes_answer_at_the_endpoints_own_url(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    """Ollama clients probe "/" and /api/version of the base URL they are given."""
+    gw, _, key = await _setup(emulator, gateway)
+    status, body, _ = await call(gw, "GET", "/endpoints/mac/", key)
+    assert status == 200 and body == b"Turnout is running"
+    status, body, _ = await call(gw, "GET", "/endpoints/mac/api/version", key)
+    assert status == 200 and "version" in body
+    status, body, _ = await call(gw, "GET", "/endpoints/nope/api/version", key)
+    assert status == 404 and 'no endpoint named "nope"' in body["error"]
+    status, body, _ = await call(gw, "POST", "/endpoints/mac/api/pull", key, {"model": "x"})
+    assert status == 403 and "engine administration" in body["error"]  # refused there too, never forwarded
+
+
 async def test_limits_and_usage_are_the_shared_urls(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
     gw, _, _ = await _setup(emulator, gateway)
     record, key = create_key(gw, scopes=["mac/*"], rpm=1)
