@@ -203,7 +203,9 @@ class ClaimBindings:
             return
         self.wakes_sent += 1
         body = {"model_name": target.model, "operation_id": f"wake-{key}"}
-        await self.source.agents.post(target.agent_url, target.pod, "/v1/runtime/models/wake", body)
+        problem = await self.source.agents.post(target.agent_url, target.pod, "/v1/runtime/models/wake", body)
+        if problem is not None and self._woken.get(model) == key:
+            del self._woken[model]  # not woken after all: a later request for this sleep tries again
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="turnout-claims")
