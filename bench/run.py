@@ -3,7 +3,10 @@
 One run on this machine, every target pointed at the same fast mock upstream (bench/mock_upstream.py),
 load from wrk (one thread) on loopback, each cell bounded by --duration seconds. Prints one markdown table.
 
-    python bench/run.py [--duration 5] [--concurrency 1,16,64] [--skip-litellm] [--baseline OLD/src]
+    python bench/run.py [--duration 5] [--concurrency 1,16,64] [--skip-litellm] [--baseline OLD/src] [--access-log]
+
+Turnout runs at ``--log-level warning`` (no access lines); ``--access-log`` adds a second Turnout target at
+``--log-level info`` with its access log on (lines to /dev/null), so the table shows what the log costs.
 
 Installs what it needs: wrk (Debian package, needs root) and LiteLLM's proxy into bench/.venv-litellm.
 """
@@ -153,10 +156,16 @@ def run_wrk(
 
 
 def start_turnout(
-    name: str, home: Path, mock_url: str, procs: list[subprocess.Popen[bytes]], src: str | None
+    name: str,
+    home: Path,
+    mock_url: str,
+    procs: list[subprocess.Popen[bytes]],
+    src: str | None,
+    log_level: str = "warning",
 ) -> Target:
     """A Turnout gateway with its own store and a scoped app key; ``src``: run that source tree instead
-    (a checkout's ``src``, e.g. a git worktree of the previous commit) for a side-by-side baseline."""
+    (a checkout's ``src``, e.g. a git worktree of the previous commit) for a side-by-side baseline;
+    ``log_level`` ``info``: with its access log (one line per request)."""
     home.mkdir(parents=True)
     config = {
         "storage": {"data_dir": str(home / "data")},
@@ -198,7 +207,7 @@ def start_turnout(
         "--port",
         str(port),
         "--log-level",
-        "warning",
+        log_level,
     ]
     procs.append(start(cmd, env=env))
     return Target(name, f"http://127.0.0.1:{port}", procs[-1], key)
@@ -214,6 +223,9 @@ def main() -> None:
         "--baseline",
         metavar="SRC",
         help="also run Turnout from this source tree (e.g. the src/ of a worktree of the previous commit)",
+    )
+    parser.add_argument(
+        "--access-log", action="store_true", help="also run Turnout with its access log on (--log-level info)"
     )
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -237,6 +249,8 @@ def main() -> None:
         targets.append(start_turnout("turnout", tmp / "current", mock_url, procs, None))
         if args.baseline:
             targets.append(start_turnout("turnout (baseline)", tmp / "baseline", mock_url, procs, args.baseline))
+        if args.access_log:
+            targets.append(start_turnout("turnout + access log", tmp / "access", mock_url, procs, None, "info"))
 
         if litellm is not None:
             (tmp / "litellm.yaml").write_text(

@@ -56,6 +56,7 @@ def _root(
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")  # turnout.config.LogFormat (not imported here: the CLI starts without pydantic)
 MAX_INTERVAL_S = 3600.0
 
 
@@ -81,6 +82,12 @@ def _log_level(value: str) -> str:
     if value.lower() not in LOG_LEVELS:
         raise typer.BadParameter(f"must be one of {', '.join(LOG_LEVELS)}")
     return value.lower()
+
+
+def _log_format(value: str | None) -> str | None:
+    if value is not None and value.lower() not in LOG_FORMATS:
+        raise typer.BadParameter(f"must be one of {', '.join(LOG_FORMATS)}")
+    return None if value is None else value.lower()
 
 
 def _host(value: str | None) -> str | None:
@@ -116,8 +123,23 @@ def serve(
     port: Annotated[int | None, typer.Option(callback=_port, help="port (overrides listen.port)")] = None,
     log_level: LogLevelOption = "info",
     access_log: Annotated[
-        bool, typer.Option(help="log one line per request (method, path, status, size, time; never a header)")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--access-log/--no-access-log",
+            help="one line per request: key prefix, app, api, model, worker, status, latency, tokens; never a "
+            "header or a key (default: on, or logging.access_log in the config)",
+            show_default=False,
+        ),
+    ] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option(
+            callback=_log_format,
+            metavar="text|json",
+            help="text, or json: one JSON object per line (default: text, or logging.format in the config)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the gateway."""
     import logging
@@ -130,12 +152,15 @@ def serve(
     from turnout.state.placement_store import PlacementFileError
     from turnout.store.db import StoreError
 
-    configure_logging(log_level)
+    configure_logging(log_level, log_format or "text")
     try:
         settings = load_settings(_resolve_config(config))
     except ConfigError as exc:
         _fail(str(exc))
         return
+    configure_logging(log_level, log_format or settings.logging.format)
+    if access_log is None:
+        access_log = settings.logging.access_log
     bind_host = host or settings.listen.host
     if settings.auth.open and not is_loopback(bind_host):
         _fail(f"auth.open is set but --host {bind_host} is not a loopback address; open access is loopback-only")
@@ -158,7 +183,7 @@ def serve(
             port=bind_port,
             print=None,
             handler_cancellation=True,
-            access_log=logging.getLogger("aiohttp.access") if access_log else None,
+            access_log=logging.getLogger("turnout.access") if access_log else None,
         )
     except OSError as exc:
         _fail(f"cannot listen on {bind_host}:{bind_port}: {exc.strerror or exc}")

@@ -33,6 +33,7 @@ from turnout.defaults import CONFIG_FILE_NAME
 __all__ = [
     "CONFIG_FILE_NAME",
     "ConfigError",
+    "LogFormat",
     "Settings",
     "WorkerType",
     "config_schema",
@@ -122,6 +123,23 @@ class Health(_Model):
         le=100,
         description="consecutive failed proxied requests (5xx, broken streams, invalid answers) before a worker "
         "is taken out of routing; the next successful poll brings it back",
+    )
+
+
+class LogFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+class Logging(_Model):
+    access_log: bool = Field(
+        True,
+        description="one line per request (key prefix, app, api, model, worker, status, latency, tokens); "
+        "turnout serve --access-log / --no-access-log overrides it",
+    )
+    format: LogFormat = Field(
+        LogFormat.TEXT,
+        description="text, or json: one JSON object per line for every record; turnout serve --log-format overrides it",
     )
 
 
@@ -313,6 +331,7 @@ class Settings(_Model):
     routing: Routing = Field(default_factory=Routing)
     health: Health = Field(default_factory=Health)
     limits: Limits = Field(default_factory=Limits)
+    logging: Logging = Field(default_factory=Logging)
     auth: Auth = Field(default_factory=Auth)
     tenants: dict[str, Tenant] = Field(default_factory=dict)
     pools: Pools | None = Field(None, description="run the local ModelClaim controller inside the gateway")

@@ -31,7 +31,8 @@ REDACTED = "[redacted]"
 _SECRET_HEADERS = r"authorization|proxy-authorization|x-api-key|api-key|x-auth-token|cookie|set-cookie"
 _SECRET_PARAMS = r"key|api[_-]?key|token|access[_-]?token|auth|password|secret"
 _PATTERNS = (
-    (re.compile(r"tk_[A-Za-z0-9_-]+"), f"tk_{REDACTED}"),
+    # a key is tk_ + 43 characters; its display prefix (tk_ + 7, as `turnout key list` shows it) stays readable
+    (re.compile(r"tk_[A-Za-z0-9_-]{8,}"), f"tk_{REDACTED}"),
     (re.compile(r"(?i)\b(bearer|basic)(\s+|%20|\+)[^\s'\",;&]+"), rf"\1\2{REDACTED}"),
     (re.compile(rf"(?i)\b({_SECRET_HEADERS})(\s*[:=]\s*)[^\r\n'\"]*"), rf"\1\2{REDACTED}"),
     (re.compile(rf"(?i)([?&;]({_SECRET_PARAMS})=)[^&\s#'\"]*"), rf"\1{REDACTED}"),
@@ -152,9 +153,38 @@ def handler_args() -> dict[str, Any]:
     return {"logger": ServerLog(), "access_log_class": AccessLog}
 
 
-def configure_logging(level: str) -> None:
-    """The CLI's logging: one stderr handler at ``level`` whose records are redacted."""
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for handler in logging.getLogger().handlers:
+class _CliHandler(logging.StreamHandler):  # type: ignore[type-arg]  # generic only in typeshed
+    """The stderr handler :func:`configure_logging` installs (and replaces when called again)."""
+
+
+def _formatter(log_format: str) -> logging.Formatter:
+    if log_format != "json":
+        return logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pythonjsonlogger.orjson import OrjsonFormatter  # imported only when asked for: the CLI starts fast
+
+    # {"time": "2026-12-03T18:20:00.123+00:00", "level": "INFO", "logger": "turnout.access", "message": ...,
+    #  plus the record's extra fields (the access log's: status, latency_ms, key, model, ...)}
+    return OrjsonFormatter(
+        "{levelname}{name}{message}",
+        style="{",
+        rename_fields={"levelname": "level", "name": "logger"},
+        timestamp="time",
+    )
+
+
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """The CLI's logging: one stderr handler at ``level`` whose records are redacted; ``log_format`` ``json``
+    writes each record as one JSON object per line. Called again (once the config is read), it replaces its
+    own handler; handlers someone else installed on the root logger (a test runner's) are left as they are."""
+    root = logging.getLogger()
+    root.setLevel(level.upper())
+    ours = [h for h in root.handlers if isinstance(h, _CliHandler)]
+    if ours or not root.handlers:
+        for old in ours:
+            root.removeHandler(old)
+        fresh = _CliHandler()
+        fresh.setFormatter(_formatter(log_format))
+        root.addHandler(fresh)
+    for handler in root.handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
             handler.addFilter(RedactingFilter())

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from turnout.core.health import Event, Health, ProbePolicy, ProbeResult, after, probe_event, should_probe
+from turnout.core.health import (
+    Event,
+    Health,
+    ProbePolicy,
+    ProbeResult,
+    after,
+    failure_reason,
+    probe_event,
+    should_probe,
+)
 
 ALWAYS, IDLE = ProbePolicy.ALWAYS, ProbePolicy.IDLE_ONLY
 NOW, INTERVAL = 100.0, 10.0
@@ -111,3 +120,24 @@ def test_after(before: Health, event: Event, down_after: int, expected: Health) 
 )
 def test_request_failures_have_their_own_threshold(before: Health, event: Event, expected: Health) -> None:
     assert after(before, event, 1, 5) == expected
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "expected"),
+    [
+        ("connect_refused", None, "connection refused"),
+        ("timeout", None, "timeout"),
+        ("headers_timeout", None, "timeout"),
+        ("dns_error", None, "host name does not resolve"),
+        ("tls_error", None, "TLS handshake failed"),
+        ("dial_refused_private", None, "SSRF guard: private address not allowed"),
+        ("dial_refused", None, "SSRF guard: address never allowed"),
+        ("http_error", 500, "HTTP 500"),
+        ("auth", 401, "credential rejected (HTTP 401)"),
+        ("wrong_api", 404, "wrong API type (HTTP 404)"),
+        ("upstream_error", None, "connection broke before an answer"),
+        (None, None, "connection broke before an answer"),
+    ],
+)
+def test_failure_reason(code: str | None, status: int | None, expected: str) -> None:
+    assert failure_reason(code, status) == expected

@@ -25,7 +25,13 @@ def pick(decision: Route | NoRoute) -> str:
     ("workers", "reason", "fragment"),
     [
         ([], NoRouteReason.NO_WORKERS, "no workers are configured"),
-        ([w("a", healthy=False), w("b", healthy=False)], NoRouteReason.NO_HEALTHY, "down: a, b"),
+        # every worker down: each one's reason, from the health snapshot
+        (
+            [w("a", healthy=False, down_reason="connection refused"), w("b", healthy=False, down_reason="timeout")],
+            NoRouteReason.NO_HEALTHY,
+            'no healthy worker for "llama3:8b": a down (connection refused), b down (timeout)',
+        ),
+        ([w("a", healthy=False)], NoRouteReason.NO_HEALTHY, 'no healthy worker for "llama3:8b": a down'),
         ([w("a", rules=DENY_M)], NoRouteReason.BLOCKED, 'a: denied by rule "llama3:8b"'),
         ([w("a", rules=WL_OTHER)], NoRouteReason.BLOCKED, "a: not in its whitelist"),
         ([w("a", rules=DENY_M), w("b", healthy=False)], NoRouteReason.BLOCKED, "blocked by placement"),
@@ -105,8 +111,9 @@ def test_route_picks(workers: list[WorkerView], expected: str) -> None:
 
 def test_exclude() -> None:
     assert pick(route(M, [w("a"), w("b")], exclude=frozenset({"a"}))) == "b"
-    decision = route(M, [w("a")], exclude=frozenset({"a"}))
+    decision = route(M, [w("a"), w("b", healthy=False, down_reason="timeout")], exclude=frozenset({"a"}))
     assert isinstance(decision, NoRoute) and decision.reason is NoRouteReason.NO_HEALTHY
+    assert decision.message == 'no healthy worker for "llama3:8b": a failed for this request, b down (timeout)'
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from sqlalchemy import update
 
@@ -94,6 +96,72 @@ async def test_credential_is_encrypted_forwarded_and_never_shown(
     status, tested = await admin(gw, "POST", "/admin/api/endpoints/cloud/test")
     assert tested["test"]["failure"] == "auth" and "credential" in tested["test"]["hint"]
     assert tested["endpoint"]["state"] == "degraded"
+
+
+def _rejections(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "rejected its credential" in r.getMessage()]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+@pytest.mark.parametrize("api", ["ollama", "openai"])  # an ollama endpoint is passed through; openai: /api translated
+async def test_a_rejected_endpoint_credential_is_a_502_for_the_operator(
+    emulator: EmulatorFactory,
+    gateway: GatewayFactory,
+    caplog: pytest.LogCaptureFixture,
+    api: str,
+    path: str,
+    stream: bool,
+) -> None:
+    """The upstream's 401 (OpenAI's says invalid_api_key) is about the gateway's credential for the endpoint,
+    never the client's key: the client gets 502 upstream_auth_failed in its dialect; the operator a log line."""
+    cloud = await emulator("cloud", ["gpt-x"], require_key="s3cret-upstream")
+    gw = await gateway([], env=PRIVATE_OK)
+    body = {"name": "cloud", "url": cloud.url, "api": api, "credential": "wrong-credential-1234"}
+    status, reg = await admin(gw, "POST", "/admin/api/endpoints", body)
+    assert status == 201 and reg["test"]["failure"] == "auth"
+    with caplog.at_level(logging.INFO, logger="turnout"):
+        for _ in range(2):
+            status, raw, headers = await chat(gw, None, "cloud/gpt-x", stream=stream, path=path)
+            assert status == 502 and headers["Content-Type"].startswith("application/json"), raw
+            answer = orjson.loads(raw)
+            if path.startswith("/v1"):
+                assert answer["error"]["code"] == "upstream_auth_failed" and answer["error"]["type"] == "server_error"
+                message = answer["error"]["message"]
+            else:
+                message = answer["error"]
+            assert message.startswith('the endpoint "cloud" rejected its credential (HTTP 401)'), message
+            assert "not your API key" in message and "1234" not in message and "Incorrect" not in message
+        assert (
+            len(cloud.headers_seen) >= 3 and cloud.headers_seen[-1]["Authorization"] == "Bearer wrong-credential-1234"
+        )
+        logged = _rejections(caplog)
+        assert len(logged) == 1, logged  # once per change, not once per request
+        assert 'endpoint "cloud" rejected its credential (HTTP 401' in logged[0]
+        assert "turnout endpoint set cloud --credential-from-env" in logged[0]
+        # the operator fixes it: served again, and the log says so
+        status, _ = await admin(gw, "PATCH", "/admin/api/endpoints/cloud", {"credential": "s3cret-upstream"})
+        assert status == 200
+        status, raw, _ = await chat(gw, None, "cloud/gpt-x", stream=stream, path=path)
+        assert status == 200, raw
+    assert 'endpoint "cloud" is online again (was degraded)' in caplog.messages
+
+
+async def test_a_rejected_worker_credential_is_a_502_naming_the_config(
+    emulator: EmulatorFactory, gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    vllm = await emulator("vllm", ["gpt-x"], require_key="s3cret-upstream")
+    gw = await gateway([worker("gpu", vllm.url, type="openai", api_key="stale-key")])
+    with caplog.at_level(logging.INFO, logger="turnout"):
+        status, raw, _ = await chat(gw, None, "gpt-x", path="/v1/chat/completions")
+        assert status == 502 and orjson.loads(raw)["error"]["code"] == "upstream_auth_failed"
+        assert orjson.loads(raw)["error"]["message"].startswith('the worker "gpu" rejected its credential (HTTP 401)')
+        vllm.behaviour.require_key = "stale-key"  # the key is right again (changed on the server's side)
+        status, raw, _ = await chat(gw, None, "gpt-x", path="/v1/chat/completions")
+        assert status == 200, raw
+    logged = _rejections(caplog)
+    assert len(logged) == 1 and 'fix "api_key" of worker "gpu" in the config' in logged[0]
+    assert 'worker "gpu" accepts its credential again' in caplog.messages
 
 
 async def test_health_states(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:

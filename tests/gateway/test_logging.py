@@ -10,17 +10,22 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import GatewayFactory, eventually, free_port
+from tests.conftest import Engine, GatewayFactory, eventually, free_port
 from turnout.redaction import REDACTED, RedactingFilter, ServerLog, redact
 
 KEY_SECRET = "Zq9SeCrEtKeYvAlUe0123456789abcdefghijklmnop"  # 43 URL-safe characters, like a real key's tail
@@ -34,12 +39,19 @@ class Served:
     port: int
     log: Path
     key: str  # the starter key the gateway printed (a real, working key)
+    proc: subprocess.Popen[bytes]
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
     def lines(self) -> list[str]:
         return self.text().splitlines()
+
+    def stop(self) -> None:
+        """SIGTERM, and wait: every line it logs is in the file afterwards."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(20)
 
 
 def _until(check: Callable[[], object], what: str, limit_s: float = 20) -> None:
@@ -64,32 +76,40 @@ def _raw(port: int, data: bytes) -> bytes:
     return b"".join(chunks)
 
 
-@pytest.fixture(params=["c-parser", "python-parser"])
-def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"storage": {"data_dir": "state"}, "workers": []}))
-    env = {k: v for k, v in os.environ.items() if k not in ("TURNOUT_ADMIN_TOKEN", "AIOHTTP_NO_EXTENSIONS")}
-    if request.param == "python-parser":
-        env["AIOHTTP_NO_EXTENSIONS"] = "1"
+@contextmanager
+def _serving(
+    tmp_path: Path, *flags: str, config: dict[str, Any] | None = None, env: dict[str, str] | None = None
+) -> Iterator[Served]:
+    """``turnout serve`` as a user runs it (keys required), stderr (its log) to a file; stopped at the end."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"storage": {"data_dir": "state"}, "workers": [], **(config or {})}))
+    environ = {k: v for k, v in os.environ.items() if k not in ("TURNOUT_ADMIN_TOKEN", "AIOHTTP_NO_EXTENSIONS")}
     port = free_port()
     log = tmp_path / "serve.log"
     out = tmp_path / "serve.out"
     with log.open("wb") as err_file, out.open("wb") as out_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "turnout", "serve", "-c", str(config), "--port", str(port), "--access-log"],
+            [sys.executable, "-m", "turnout", "serve", "-c", str(path), "--port", str(port), *flags],
             cwd=tmp_path,
             stdout=out_file,
             stderr=err_file,
-            env=env,
+            env={**environ, **(env or {})},
         )
     try:
         _until(lambda: proc.poll() is not None or _healthy(port), "turnout serve to answer /healthz")
         assert proc.poll() is None, log.read_text()
         key = next(line.strip() for line in out.read_text().splitlines() if line.strip().startswith("tk_"))
-        yield Served(port, log, key)
+        yield Served(port, log, key, proc)
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+@pytest.fixture(params=["c-parser", "python-parser"])
+def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+    env = {"AIOHTTP_NO_EXTENSIONS": "1"} if request.param == "python-parser" else {}
+    with _serving(tmp_path, "--access-log", env=env) as gateway:
+        yield gateway
 
 
 def _healthy(port: int) -> bool:
@@ -192,6 +212,127 @@ def test_access_log_never_shows_a_key(served: Served) -> None:
     assert f"key={REDACTED}" in access[1] and f"token={REDACTED}" in access[2]
     assert served.key not in text and served.key[3:] not in text
     _no_secret(text)
+
+
+# -- the access log and the log format, on the real `turnout serve` ------------------------------
+def _call(served: Served, method: str, path: str, body: Any = None, key: str | None = None) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{served.port}{path}", data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if key is not None:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _access(served: Served, count: int) -> list[str]:
+    """Wait for ``count`` access lines (not counting the fixture's /healthz); return them (each still with its
+    time, level and logger)."""
+
+    def lines() -> list[str]:
+        return [line for line in served.lines() if " turnout.access: " in line and "GET /healthz" not in line]
+
+    _until(lambda: len(lines()) >= count, f"{count} access lines")
+    return lines()
+
+
+ACCESS_LINE = re.compile(
+    r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO turnout\.access: 127\.0\.0\.1 "(?P<request>[^"]+)" (?P<status>\d{3}) '
+    r"\d+ \d+\.\d{3}s(?P<rest>.*)$"
+)
+
+
+def _with_llama(engine: Engine, **more: Any) -> dict[str, Any]:
+    return {"workers": [{"name": "llama", "url": engine.url, "type": "openai"}], **more}
+
+
+def test_access_log_is_on_by_default_one_line_per_request(tmp_path: Path, llama_engine: Engine) -> None:
+    """Who asked (key prefix, app), for what (api, model), where it went (worker), how it went (status, time,
+    tokens, error code): one line per request, by default, never with a key."""
+    with _serving(tmp_path, config=_with_llama(llama_engine)) as served:
+        key = served.key
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        assert _call(served, "POST", "/v1/chat/completions", chat, key)[0] == 200
+        ollama_chat = {**chat, "options": {"num_predict": 3}, "stream": True}
+        assert _call(served, "POST", "/api/chat", ollama_chat, key)[0] == 200
+        assert _call(served, "POST", "/v1/chat/completions", {**chat, "model": "nope"}, key)[0] == 404
+        assert _call(served, "GET", "/v1/models", key=key)[0] == 200
+        assert _call(served, "POST", "/v1/chat/completions", chat)[0] == 401
+        lines = _access(served, 5)
+    assert len(lines) == 5, lines
+    parsed = [ACCESS_LINE.match(line) for line in lines]
+    assert all(parsed), lines
+    first, second, missing, models, anonymous = (m for m in parsed if m is not None)
+    prefix = key[:10]  # what `turnout key list` shows
+    tokens = re.fullmatch(
+        rf" key={prefix} app=starter api=openai:chat model=tiny worker=llama tokens=(\d+)\+(\d+)", first["rest"]
+    )
+    assert first["request"] == "POST /v1/chat/completions HTTP/1.1" and first["status"] == "200"
+    assert tokens is not None and int(tokens[1]) > 0 and 0 < int(tokens[2]) <= 3, first["rest"]
+    assert second["request"] == "POST /api/chat HTTP/1.1" and second["status"] == "200"
+    assert re.fullmatch(
+        rf" key={prefix} app=starter api=ollama:chat model=tiny worker=llama tokens=\d+\+\d+", second["rest"]
+    )
+    assert missing["status"] == "404"
+    assert (
+        missing["rest"]
+        == f" key={prefix} app=starter api=openai:chat model=nope worker=- tokens=0+0 error=model_not_found"
+    )
+    assert models["request"] == "GET /v1/models HTTP/1.1" and models["rest"] == f" key={prefix} app=starter"
+    assert anonymous["status"] == "401" and anonymous["rest"] == " error=missing_api_key"
+    text = served.text()
+    assert key not in text and key[3:] not in text and key[3:12] not in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "logging_config", "logged"),
+    [
+        (("--no-access-log",), {}, False),
+        ((), {"access_log": False}, False),
+        (("--access-log",), {"access_log": False}, True),  # the flag wins over the config
+    ],
+)
+def test_access_log_off_switch(
+    tmp_path: Path, flags: tuple[str, ...], logging_config: dict[str, Any], logged: bool
+) -> None:
+    with _serving(tmp_path, *flags, config={"logging": logging_config}) as served:
+        for _ in range(3):
+            assert _call(served, "GET", "/v1/models", key=served.key)[0] == 200
+        served.stop()  # everything it would log is in the file now
+    assert served.text().count('"GET /v1/models HTTP/1.1" 200') == (3 if logged else 0), served.text()
+
+
+@pytest.mark.parametrize("how", ["flag", "config"])
+def test_json_log_format(tmp_path: Path, llama_engine: Engine, how: str) -> None:
+    """Every record one JSON object per line: the start-up state changes, the access log with its fields."""
+    dead = {"name": "dead", "url": f"http://127.0.0.1:{free_port()}", "type": "ollama"}
+    config = _with_llama(llama_engine)
+    config["workers"].append(dead)
+    flags = ("--log-format", "json") if how == "flag" else ()
+    if how == "config":
+        config["logging"] = {"format": "json"}
+    with _serving(tmp_path, *flags, config=config) as served:
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        assert _call(served, "POST", "/v1/chat/completions", chat, served.key)[0] == 200
+        assert _call(served, "POST", "/v1/chat/completions", {**chat, "model": "nope"}, served.key)[0] == 404
+        served.stop()
+    records = [json.loads(line) for line in served.lines()]  # every line is one JSON object
+    assert records and all({"time", "level", "logger", "message"} <= set(r) for r in records)
+    down = [r for r in records if r["logger"] == "turnout.fleet" and r["message"].startswith('worker "dead" is down')]
+    assert len(down) == 1 and down[0]["level"] == "WARNING"
+    assert down[0]["message"].startswith('worker "dead" is down: connection refused [dead: cannot connect to ')
+    access = [r for r in records if r["logger"] == "turnout.access" and r["path"] != "/healthz"]
+    assert len(access) == 2, records
+    ok, missing = access
+    assert ok["method"] == "POST" and ok["path"] == "/v1/chat/completions" and ok["status"] == 200
+    assert ok["key"] == served.key[:10] and ok["app"] == "starter" and ok["api"] == "openai:chat"
+    assert ok["model"] == "tiny" and ok["worker"] == "llama" and ok["prompt_tokens"] > 0
+    assert 0 < ok["completion_tokens"] <= 3 and ok["latency_ms"] > 0 and "error" not in ok
+    assert missing["status"] == 404 and missing["error"] == "model_not_installed" and missing["worker"] is None
+    assert served.key not in served.text() and served.key[3:] not in served.text()
 
 
 # -- the pieces, in process -----------------------------------------------------------------------

@@ -66,6 +66,13 @@ class OllamaEmulator:
         self.headers_seen.append(dict(request.headers))
         key = self.behaviour.require_key
         if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
+            if request.path.startswith("/v1/"):
+                # An OpenAI-style server's answer to a wrong key (OpenAI's documented 401 body; it quotes part
+                # of the key it refused), which reads to a client as if its own key were wrong.
+                sent = request.headers.get("Authorization", "").removeprefix("Bearer ")
+                message = f"Incorrect API key provided: {sent[:3]}***{sent[-4:]}."
+                error = {"message": message, "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}
+                return web.json_response({"error": error}, status=401)
             return web.json_response({"error": "unauthorized"}, status=401)
         if request.path in ("/api/tags", "/v1/models") and self.behaviour.tags_hang_s:
             await asyncio.sleep(self.behaviour.tags_hang_s)

@@ -22,6 +22,9 @@ evidence is free. Probes are not free:
 
 Either way, a probe that timed out or broke while the worker's requests were progressing says the
 worker is loaded, not dead: it does not count. A refused connection always counts.
+
+:func:`failure_reason` names a failure in a few words (``connection refused``, ``timeout``, ``HTTP 500``):
+the state-change log lines and the 503 that lists why each worker is down use it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["Event", "Health", "ProbePolicy", "ProbeResult", "after", "probe_event", "should_probe"]
+__all__ = [
+    "Event",
+    "Health",
+    "ProbePolicy",
+    "ProbeResult",
+    "after",
+    "failure_reason",
+    "probe_event",
+    "should_probe",
+]
 
 
 class ProbePolicy(Enum):
@@ -109,3 +121,29 @@ def after(health: Health, event: Event, failures_to_down: int, request_failures_
     # only after ``request_failures_to_down`` in a row, as Envoy's consecutive-5xx outlier detection does
     count = health.request_failures + 1
     return Health(health.healthy and count < request_failures_to_down, health.probe_failures, count)
+
+
+# What an upstream error code (the dialer's, the client's, an endpoint check's) means, in a few words.
+_REASONS = {
+    "connect_refused": "connection refused",
+    "dns_error": "host name does not resolve",
+    "tls_error": "TLS handshake failed",
+    "timeout": "timeout",
+    "headers_timeout": "timeout",
+    "dial_refused_private": "SSRF guard: private address not allowed",
+    "dial_refused": "SSRF guard: address never allowed",
+    "auth": "credential rejected",
+    "wrong_api": "wrong API type",
+    "bad_answer": "unexpected answer",
+    "invalid_answer": "invalid answer",
+    "stream": "stream broke",
+}
+
+
+def failure_reason(code: str | None, status: int | None = None) -> str:
+    """Why a probe, check or request failed, in a few words (``connection refused``, ``HTTP 503``).
+    ``code``: the failure's error code; ``status``: the HTTP status it answered with, if any."""
+    words = _REASONS.get(code or "")
+    if status is not None:
+        return f"{words} (HTTP {status})" if words else f"HTTP {status}"
+    return words or "connection broke before an answer"

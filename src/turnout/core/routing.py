@@ -3,7 +3,8 @@
 Pure decision over a snapshot of the fleet (``WorkerView``) and the current concurrency counts.
 The order is fixed and each step has its own failure:
 
-1. drop unhealthy workers (and those excluded by the caller after a failed attempt)  -> NO_HEALTHY
+1. drop unhealthy workers (and those excluded by the caller after a failed attempt)  -> NO_HEALTHY, naming
+   each worker's reason (``no healthy worker for "m": w1 down (connection refused), w2 down (timeout)``)
 2. drop workers whose placement rules block the model                               -> BLOCKED / UNKNOWN_MODEL
 3. if some eligible worker's inventory is known to hold the model, keep only those; otherwise keep only
    the workers whose inventory is unknown (never fetched: fails open). A worker whose (last known, possibly
@@ -66,6 +67,7 @@ class WorkerView:
     tokens_per_s: float | None = None  # learned for this model on this worker
     gpu_util: float | None = None  # 0..1
     vram_pressure: float | None = None  # 0..1, share of resident model bytes not in VRAM
+    down_reason: str | None = None  # why an unhealthy worker is down (``connection refused``), when known
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +122,8 @@ def route(
 
     healthy = [w for w in workers if w.healthy and w.name not in exclude]
     if not healthy:
-        down = ", ".join(w.name for w in workers)
-        return NoRoute(NoRouteReason.NO_HEALTHY, f'no healthy worker can serve model "{model}" (down: {down})')
+        down = ", ".join(_why_down(w) for w in workers)
+        return NoRoute(NoRouteReason.NO_HEALTHY, f'no healthy worker for "{model}": {down}')
 
     eligible: list[tuple[WorkerView, str]] = []
     refusals: list[str] = []
@@ -166,6 +168,13 @@ def route(
         return NoRoute(NoRouteReason.SATURATED, f'every worker for model "{model}" is busy ({busy})')
 
     return Route(_rank(free, rotation))
+
+
+def _why_down(worker: WorkerView) -> str:
+    """``w1 down (connection refused)``; a healthy worker here was excluded after failing this request."""
+    if worker.healthy:
+        return f"{worker.name} failed for this request"
+    return f"{worker.name} down ({worker.down_reason})" if worker.down_reason else f"{worker.name} down"
 
 
 def _why_blocked(verdict: Verdict) -> str:

@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 import orjson
 
 from turnout.config import Settings, Worker, WorkerType
-from turnout.core.endpoint_health import CheckResult, EndpointState, Failure, hint, next_state
+from turnout.core.endpoint_health import SLOW_MS, CheckResult, EndpointState, Failure, hint, next_state
 from turnout.core.endpoint_urls import shared_name
-from turnout.core.health import ProbePolicy, ProbeResult, probe_event, should_probe
+from turnout.core.health import ProbePolicy, ProbeResult, failure_reason, probe_event, should_probe
 from turnout.core.names import model_name_problem
 from turnout.core.ssrf import check_address
 from turnout.errors import UpstreamError
@@ -289,29 +289,18 @@ class EndpointManager:
             self._last_online[name] = ext.last_check
         if ext.state is not before or name not in self._since:
             self._since[name] = ext.last_check
+        reason = _reason(result)
         state.healthy = ext.state.routable
         state.checked = True
         state.last_error = result.error
+        state.down_reason = None if ext.state.routable else f"{ext.state.value}: {reason}"
         if result.ok:
             _namespaced_inventory(state, record.api, result.body)
         if ext.state is not before:
-            log.info(
-                'endpoint "%s": %s -> %s%s',
-                name,
-                before.value,
-                ext.state.value,
-                f" ({result.error})" if result.error else "",
-            )
+            _log_change(name, before, ext.state, reason, result)
             if self.on_change is not None:
                 self.on_change()
         return result
-
-    def mark_down(self, state: WorkerState, error: str) -> None:
-        """A request could not reach the endpoint: stop routing to it until a check sees it online."""
-        state.mark_down(error)
-        if state.external is not None and state.external.state.routable:
-            state.external.state = EndpointState.UNREACHABLE
-            self._since[state.name] = time.time()
 
     async def start(self) -> None:
         for hint_text in self.settings.endpoint_env.hints:
@@ -365,6 +354,24 @@ class EndpointManager:
             "url_private": url_private(record.url),
             "models": sorted(state.inventory) if state is not None and state.inventory is not None else [],
         }
+
+
+def _reason(result: Probe) -> str:
+    """A check's outcome in a few words: its failure (``connection refused``), or ``slow`` for a slow answer."""
+    if result.failure is not None:
+        return failure_reason(result.failure.value, result.status)
+    return f"slow: listed its models in {result.latency_ms:.0f} ms" if result.latency_ms > SLOW_MS else "ok"
+
+
+def _log_change(name: str, before: EndpointState, after: EndpointState, reason: str, result: Probe) -> None:
+    """One line per change of an endpoint's state, with its reason and what to change."""
+    if after is EndpointState.ONLINE:
+        was = "" if before is EndpointState.UNKNOWN else f" again (was {before.value})"
+        log.info('endpoint "%s" is online%s', name, was)
+        return
+    detail = f" [{result.error}]" if result.error else ""
+    advice = f"; {result.hint}" if result.hint else ""
+    log.warning('endpoint "%s" is %s: %s%s%s', name, after.value, reason, detail, advice)
 
 
 def _namespaced_inventory(state: WorkerState, api: str, body: Any) -> None:

@@ -31,7 +31,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from turnout.config import WorkerType
-from turnout.core.health import ProbePolicy, ProbeResult, probe_event, should_probe
+from turnout.core.health import Event, ProbePolicy, ProbeResult, failure_reason, probe_event, should_probe
 from turnout.core.signals import gpu_from_samples, vram_pressure_from_ps
 from turnout.errors import UpstreamError
 from turnout.fleet.state import Fleet, WorkerState
@@ -50,6 +50,12 @@ class _Reply:
     status: int | None = None
     body: bytes | None = None
     error: str | None = None  # why there is no usable body
+    code: str | None = None  # the failure's error code (``connect_refused``, ``timeout``), when it failed
+
+    @property
+    def reason(self) -> str:
+        """The failure in a few words, for the state-change log and the no-healthy-worker 503."""
+        return failure_reason(self.code)
 
     def json(self, label: str, path: str) -> Any:
         """The decoded body of a 2xx answer; UpstreamError for anything else (an inventory failure)."""
@@ -108,7 +114,7 @@ class Poller:
             if event is None:
                 log.debug("%s: probe %s while requests progress; not counted", cfg.name, reply.result.value)
             else:
-                state.record(event, reply.error)
+                state.record(event, reply.error, None if event is Event.ALIVE else reply.reason)
             if reply.result is ProbeResult.ANSWERED:
                 if ollama:
                     await self._ollama_inventory(state)
@@ -129,10 +135,10 @@ class Poller:
                 except UpstreamError as exc:  # the headers came, so it is up; the body did not
                     return _Reply(ProbeResult.ANSWERED, resp.status, error=exc.message)
         except ConnectFailed as exc:
-            return _Reply(ProbeResult.UNREACHABLE, error=exc.message)
+            return _Reply(ProbeResult.UNREACHABLE, error=exc.message, code=exc.code)
         except UpstreamError as exc:
             result = ProbeResult.TIMED_OUT if exc.code == "timeout" else ProbeResult.BROKEN
-            return _Reply(result, error=exc.message)
+            return _Reply(result, error=exc.message, code=exc.code)
 
     async def _ollama_inventory(self, state: WorkerState) -> None:
         tags, ps = await asyncio.gather(self._get(state, "/api/tags"), self._get(state, "/api/ps"))

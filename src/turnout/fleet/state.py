@@ -5,6 +5,9 @@ writes in-flight counts, speed observations and what its proxied requests saw (`
 ``record_success``, ``record_failure``). Health rules live in :mod:`turnout.core.health`; health (is it
 serving?) and inventory (what does it hold?) are kept apart, so a failed listing never takes a serving
 worker out of routing. ``views()`` freezes what the pure router needs for one request.
+
+Every change of a worker's health is logged once, with its reason (``worker w1 is down: connection refused``,
+``worker w1 is up again``), never once per poll; so is an endpoint or worker rejecting its credential.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ class WorkerState:
     healthy: bool = False
     checked: bool = False  # at least one poll (or proxied answer) finished
     last_error: str | None = None
+    down_reason: str | None = None  # the last counted failure in a few words (``connection refused``)
+    credential_rejected: int | None = None  # the HTTP status of its credential's last rejection (until a success)
     failures: int = 0  # consecutive probe failures that counted
     request_failures: int = 0  # consecutive failed proxied requests
     failures_to_down: int = 1  # health.failures_to_down (set by the fleet)
@@ -95,9 +100,27 @@ class WorkerState:
         if rate is not None:
             self.speed[model] = smooth(self.speed.get(model), rate)
 
-    def mark_down(self, error: str) -> None:
+    @property
+    def kind(self) -> str:
+        """``endpoint`` or ``worker``, for log lines and messages."""
+        return "worker" if self.external is None else "endpoint"
+
+    @property
+    def label(self) -> str:
+        """``worker "w1"`` or ``endpoint "mac"``: how log lines name it."""
+        return f'{self.kind} "{self.name}"'
+
+    def mark_down(self, error: str, reason: str) -> None:
+        """A proxied request could not reach it (refused, DNS, TLS, SSRF guard): down at once, and an
+        endpoint unreachable until a check sees it online."""
+        was, known, before = self.healthy, self.checked, self.down_reason
         self.healthy = False
+        self.checked = True
         self.last_error = error
+        self.down_reason = reason
+        if self.external is not None and self.external.state.routable:
+            self.external.state = EndpointState.UNREACHABLE
+        self._log_change(was, known, before, error)
 
     # -- what proxied requests saw (called by the gateway; ``now``: loop.time(), i.e. time.monotonic())
     def record_progress(self, now: float) -> None:
@@ -108,16 +131,35 @@ class WorkerState:
         """A proxied request got a complete answer: alive, failure counts reset, healthy."""
         self.last_progress = now
         self.record(Event.SERVED)
+        if self.credential_rejected is not None:
+            self.credential_rejected = None
+            log.info("%s accepts its credential again", self.label)
 
-    def record_failure(self, error: str, now: float) -> None:
+    def record_failure(self, error: str, now: float, reason: str | None = None) -> None:
         """A proxied request failed for real (5xx, stream broke, invalid answer); ``request_failures_to_down``
-        in a row take the worker down. Connection failures are not this: they call :meth:`mark_down`."""
+        in a row take the worker down. Connection failures are not this: they call :meth:`mark_down`.
+        ``reason``: the failure in a few words (``HTTP 500``); ``error`` when not given."""
         del now  # the count is what decides; the time is part of every event's signature
-        self.record(Event.REQUEST_FAILED, error)
+        self.record(Event.REQUEST_FAILED, error, f"requests failing: {reason or error}")
 
-    def record(self, event: Event, error: str | None = None) -> None:
-        """Apply one health event (probe or request) through :func:`turnout.core.health.after`."""
-        was = self.healthy
+    def reject_credential(self, status: int, detail: str, now: float) -> None:
+        """It answered 401/403 to the gateway's credential for it: alive, and the operator's problem (logged
+        once, until a request succeeds)."""
+        self.last_progress = now
+        self.record(Event.SERVED)
+        if self.credential_rejected is None:
+            where = (
+                f"set the right one: turnout endpoint set {self.name} --credential-from-env VAR"
+                if self.external is not None
+                else f'fix "api_key" of worker "{self.name}" in the config'
+            )
+            log.warning("%s rejected its credential (HTTP %d: %s); %s", self.label, status, detail, where)
+        self.credential_rejected = status
+
+    def record(self, event: Event, error: str | None = None, reason: str | None = None) -> None:
+        """Apply one health event (probe or request) through :func:`turnout.core.health.after`. ``reason``:
+        a failure in a few words (``connection refused``), kept as :attr:`down_reason` while it is down."""
+        was, known, before = self.healthy, self.checked, self.down_reason
         health = after(
             Health(self.healthy, self.failures, self.request_failures),
             event,
@@ -134,10 +176,25 @@ class WorkerState:
             self.last_error = error
         elif not (health.probe_failures or health.request_failures):
             self.last_error = None
-        if was and not self.healthy:
-            log.warning("worker %s is down: %s", self.name, error)
-        elif self.healthy and not was:
-            log.info("worker %s is up", self.name)
+        if reason is not None:
+            self.down_reason = reason
+        elif self.healthy:
+            self.down_reason = None
+        self._log_change(was, known, before, error)
+
+    def _log_change(self, was: bool, known: bool, before: str | None, error: str | None) -> None:
+        """One line per change of health (and of the reason while down), never one per poll."""
+        if self.healthy:
+            if not known:
+                log.info("%s is up", self.label)
+            elif not was:
+                log.info("%s is up again (was down: %s)", self.label, before or "unknown")
+            return
+        detail = f" [{error}]" if error and error != self.down_reason else ""
+        if was or not known:
+            log.warning("%s is down: %s%s", self.label, self.down_reason or "unknown", detail)
+        elif self.down_reason != before:
+            log.warning("%s is still down, now: %s%s", self.label, self.down_reason, detail)
 
     # -- what inventory polls saw (called by the poller) -------------------------------------------
     def inventory_fetched(self, now: float) -> None:
@@ -204,6 +261,7 @@ class Fleet:
                     tokens_per_s=state.speed.get(model),
                     gpu_util=state.gpu_util,
                     vram_pressure=state.vram_pressure,
+                    down_reason=None if state.healthy else state.down_reason,
                 )
             )
         return out

@@ -214,10 +214,10 @@ class Accountant:
             raise
         return Ticket(key, reserved, admitted, started, prompt)
 
-    async def finish(self, ticket: Ticket, call: Call, outcome: Outcome, status: int) -> None:
-        """Settle the limits and queue the usage row. For a request that succeeded, a prompt count the worker
-        did not report is the ticket's estimate (a completion count, 0); a failed one is refunded and recorded
-        with the counts reported, else zero."""
+    async def finish(self, ticket: Ticket, call: Call, outcome: Outcome, status: int) -> UsageRow:
+        """Settle the limits and queue the usage row (returned: the access log writes it too). For a request
+        that succeeded, a prompt count the worker did not report is the ticket's estimate (a completion count,
+        0); a failed one is refunded and recorded with the counts reported, else zero."""
         failed = outcome.failed or status >= 400
         prompt, completion = outcome.prompt_tokens, outcome.completion_tokens
         prompt_used = (prompt or 0) if failed or prompt is not None else ticket.prompt_estimate
@@ -228,21 +228,21 @@ class Accountant:
                 actual = ticket.reserved  # the worker reported no usage at all: keep the reservation
             for subject, decision in ticket.admitted:
                 await self.limiter.settle(subject, decision, ticket.reserved, actual)
-        self.usage.add(
-            UsageRow(
-                ts=time.time(),
-                key_id=None if ticket.key is None else ticket.key.id,
-                endpoint=f"{call.dialect.value}:{call.endpoint.value}",
-                model=call.model,
-                worker=outcome.worker,
-                status=status,
-                error=failed,
-                prompt_tokens=prompt_used,
-                completion_tokens=completion_used,
-                latency_ms=(time.perf_counter() - ticket.started) * 1000,
-                fallback_from=outcome.fallback_from,
-            )
+        row = UsageRow(
+            ts=time.time(),
+            key_id=None if ticket.key is None else ticket.key.id,
+            endpoint=f"{call.dialect.value}:{call.endpoint.value}",
+            model=call.model,
+            worker=outcome.worker,
+            status=status,
+            error=failed,
+            prompt_tokens=prompt_used,
+            completion_tokens=completion_used,
+            latency_ms=(time.perf_counter() - ticket.started) * 1000,
+            fallback_from=outcome.fallback_from,
         )
+        self.usage.add(row)
+        return row
 
     async def start(self) -> None:
         self.usage.start()

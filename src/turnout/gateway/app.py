@@ -28,6 +28,7 @@ from turnout.fleet.claims import ClaimBindings, RedisWakeLock
 from turnout.fleet.endpoints import EndpointManager
 from turnout.fleet.poller import Poller
 from turnout.fleet.state import Fleet
+from turnout.gateway.access import AccessLog
 from turnout.gateway.accounting import Accountant
 from turnout.gateway.dialect import Dialect, error_response
 from turnout.gateway.dispatch import Dispatcher
@@ -180,7 +181,8 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
     app = web.Application(
         middlewares=[_middleware],
         client_max_size=settings.limits.max_body_bytes,
-        handler_args=handler_args(),  # server and access logs that never print a secret
+        # server and access logs that never print a secret; the access log says who asked for what
+        handler_args={**handler_args(), "access_log_class": AccessLog},
     )
     app[SETTINGS] = settings
     app[FLEET] = fleet

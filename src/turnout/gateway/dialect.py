@@ -8,6 +8,7 @@ import orjson
 from aiohttp import web
 
 from turnout.errors import TurnoutError
+from turnout.gateway.access import ERROR_CODE
 
 __all__ = ["MAX_UNAVAILABLE_RETRY_S", "Dialect", "error_frame", "error_response", "json_response"]
 
@@ -44,9 +45,11 @@ def error_response(dialect: Dialect, err: TurnoutError) -> web.Response:
     if err.retry_after is not None:
         retry = max(1, err.retry_after)
         headers["Retry-After"] = str(min(retry, MAX_UNAVAILABLE_RETRY_S) if err.status == 503 else retry)
-    return web.Response(
+    response = web.Response(
         status=err.status, body=error_body(dialect, err), content_type="application/json", headers=headers
     )
+    response[ERROR_CODE] = err.code  # for the access log
+    return response
 
 
 def error_frame(dialect: Dialect, err: TurnoutError) -> bytes:

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from turnout.config import Settings
 from turnout.core import translate
-from turnout.core.endpoint_health import EndpointState
+from turnout.core.health import failure_reason
 from turnout.core.routing import NoRoute
 from turnout.core.signals import tokens_per_second
 from turnout.core.streams import FrameError, StreamKind, StreamWatch, parse_object
@@ -127,9 +127,7 @@ class Proxy:
                 return await self._attempt(request, call, lease, outcome)
             except ConnectFailed as exc:
                 self.metrics.upstream_errors.labels(lease.worker.name, "connect").inc()
-                lease.worker.mark_down(exc.message)
-                if lease.worker.external is not None:
-                    lease.worker.external.state = EndpointState.UNREACHABLE
+                lease.worker.mark_down(exc.message, failure_reason(exc.code))
                 self.dispatcher.wake_all()
                 exclude.add(lease.worker.name)
                 failure = exc
@@ -215,7 +213,7 @@ class Proxy:
         if watch.error is not None:
             outcome.failed = True
             self.metrics.upstream_errors.labels(worker.name, "stream").inc()
-            worker.record_failure(f"stream error frame: {watch.error}", now)
+            worker.record_failure(f"stream error frame: {watch.error}", now, "error frames in streams")
             await resp.write_eof()
         elif watch.truncated:
             exc = UpstreamError(f"{worker.name}: the stream ended before the model finished")
@@ -236,7 +234,7 @@ class Proxy:
         outcome.failed = True
         self.metrics.upstream_errors.labels(worker.name, "stream").inc()
         err = exc if isinstance(exc, UpstreamError) else UpstreamError(f"{worker.name}: {exc}")
-        worker.record_failure(err.message, now)
+        worker.record_failure(err.message, now, "streams breaking")
         await resp.write(error_frame(dialect, err))
         await resp.write_eof()
 
@@ -255,7 +253,10 @@ class Proxy:
         self, call: Call, worker: WorkerState, status: int, data: bytes, now: float
     ) -> web.StreamResponse:
         """A worker's error answer in the caller's dialect: 4xx keep their status and the worker's message;
-        5xx (and nonsense statuses) become 502, 503 stays 503."""
+        5xx (and nonsense statuses) become 502, 503 stays 503. A 401/403 is about the gateway's credential
+        for the worker (the client's key never goes upstream): 502 ``upstream_auth_failed``, never relayed."""
+        if status in (401, 403):
+            return self._credential_rejected(call, worker, status, data, now)
         if status >= 500:
             self.metrics.upstream_errors.labels(worker.name, f"http_{status}").inc()
             worker.record_failure(f"HTTP {status}", now)
@@ -273,6 +274,21 @@ class Proxy:
         err.status = status if 400 <= status < 500 or status == 503 else 502
         if status < 400:
             err.code = "upstream_bad_status"
+        return _tagged(error_response(call.dialect, err), call)
+
+    def _credential_rejected(
+        self, call: Call, worker: WorkerState, status: int, data: bytes, now: float
+    ) -> web.Response:
+        """The worker refused the credential the gateway holds for it: the operator's problem. Its own answer
+        (which may echo part of that credential, or read like the client's key is wrong) goes to the log only."""
+        self.metrics.upstream_errors.labels(worker.name, "auth").inc()
+        detail = " ".join(translate.ollama_error_from_openai(data, status)["error"].split())[:200]
+        worker.reject_credential(status, f"{call.path}: {detail}", now)
+        err = UpstreamError(
+            f'the {worker.kind} "{worker.name}" rejected its credential (HTTP {status}): the gateway\'s '
+            "configuration, not your API key; ask the gateway's operator to fix it",
+            code="upstream_auth_failed",
+        )
         return _tagged(error_response(call.dialect, err), call)
 
     # -- Ollama client, OpenAI-style worker --------------------------------------------------------

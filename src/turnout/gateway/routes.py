@@ -16,6 +16,7 @@ from aiohttp import web
 from turnout import __version__
 from turnout.core.endpoint_urls import ENDPOINT_ROUTE_PREFIX
 from turnout.errors import Forbidden, NotFound, TurnoutError
+from turnout.gateway.access import CALLER, USAGE_ROW
 from turnout.gateway.accounting import Outcome, Ticket
 from turnout.gateway.calls import Endpoint, read_call
 from turnout.gateway.catalog import ollama_ps, ollama_tags, openai_models
@@ -34,7 +35,7 @@ def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         app = request.app
         accountant = app[ACCOUNTANT]
-        key = await accountant.authenticate(request)
+        key = request[CALLER] = await accountant.authenticate(request)
         call = await read_call(
             request, dialect, endpoint, app[SETTINGS].limits.max_body_bytes, namespace=endpoint_of(request)
         )
@@ -47,7 +48,7 @@ def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
                 accountant.check_scope(key, call.model)
                 ticket = await accountant.admit(key, call)
             except TurnoutError as exc:  # 403 scope, 429 limit, 503 limits unavailable: an error of this key
-                await accountant.finish(Ticket(key, 0, [], asked), call, Outcome(), exc.status)
+                request[USAGE_ROW] = await accountant.finish(Ticket(key, 0, [], asked), call, Outcome(), exc.status)
                 raise
         outcome = Outcome()
         status = 500
@@ -63,7 +64,7 @@ def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
             raise
         finally:
             if endpoint is not Endpoint.SHOW:
-                await accountant.finish(ticket, call, outcome, status)
+                request[USAGE_ROW] = await accountant.finish(ticket, call, outcome, status)
 
     return handler
 
@@ -86,7 +87,7 @@ def endpoint_of(request: web.Request) -> str | None:
 
 async def _visible_to(request: web.Request) -> Callable[[str], bool]:
     """A filter of model names for the caller's key scopes (everything under open access)."""
-    key = await request.app[ACCOUNTANT].authenticate(request)
+    key = request[CALLER] = await request.app[ACCOUNTANT].authenticate(request)
     return (lambda _: True) if key is None else key.allows
 
 
