@@ -6,8 +6,8 @@ writes in-flight counts, speed observations and what its proxied requests saw (`
 serving?) and inventory (what does it hold?) are kept apart, so a failed listing never takes a serving
 worker out of routing. ``views()`` freezes what the pure router needs for one request.
 
-Every change of a worker's health is logged once, with its reason (``worker w1 is down: connection refused``,
-``worker w1 is up again``), never once per poll; so is an endpoint or worker rejecting its credential.
+Every change of a worker's health is logged once, with its reason (``worker "w1" is down: connection refused``,
+``worker "w1" is up again``), never once per poll; so is an endpoint or worker rejecting its credential.
 """
 
 from __future__ import annotations
