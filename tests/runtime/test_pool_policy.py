@@ -139,6 +139,8 @@ async def test_engine_crashing_six_times_fails_the_claim(
         assert engines["steady"].pid == steady_pid and ctl.phase("steady") is ClaimPhase.ACTIVE
         events = [e for e in ctl.files.events() if e["object"] == "ModelClaim/crashy"]
         assert events[-1]["type"] == "Warning" and events[-1]["reason"] == "EngineFailed"
+        crashes = [e for e in events if e["reason"] == "Restarting"]
+        assert crashes and all(e["type"] == "Warning" for e in crashes), crashes  # a crash is a warning
         samples = ctl.metrics.registry.get_sample_value
         assert (
             samples(
