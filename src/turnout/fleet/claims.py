@@ -128,6 +128,7 @@ class ClaimBindings:
         for model in list(self.phases):
             if model not in seen:
                 self.phases.pop(model)
+                self._woken.pop(model, None)
                 self._unbind(model)
         self.fleet.claim_listing = listing
         if self.on_change is not None:
