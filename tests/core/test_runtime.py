@@ -1,6 +1,14 @@
 import pytest
 
-from turnout.core.runtime import ActivateRequest, InvalidRequest, backoff_s, engine_args, ipc_name, pick_port
+from turnout.core.runtime import (
+    ActivateRequest,
+    InvalidRequest,
+    NoCapacity,
+    backoff_s,
+    engine_args,
+    ipc_name,
+    pick_port,
+)
 
 OK = {"model_name": "m", "artifact_url": "file:///models/m.gguf", "engine": "llamacpp"}
 
@@ -48,9 +56,9 @@ def test_ipc_name(wanted: str, model: str, taken: list[str], expected: str) -> N
 def test_ports() -> None:
     assert pick_port(0, 9000, 9002, [9000]) == 9001
     assert pick_port(9100, 9000, 9002, []) == 9100
-    with pytest.raises(InvalidRequest, match="already used"):
+    with pytest.raises(NoCapacity, match="already used"):  # capacity, not an invalid request: 409, retried
         pick_port(9001, 9000, 9002, [9001])
-    with pytest.raises(InvalidRequest, match="no free port"):
+    with pytest.raises(NoCapacity, match="no free port"):
         pick_port(0, 9000, 9001, [9000, 9001])
 
 

@@ -131,6 +131,17 @@ async def test_validation_idempotency_and_unknown(agent: AgentFactory, tiny_mode
     assert status == 409 and "kvcached segment" in body["error"]["message"]
 
 
+async def test_no_free_port_is_a_409_not_an_invalid_request(agent: AgentFactory, tiny_model: Path) -> None:
+    """A 400 fails a claim for good (ActivationRejected); a port that is taken is capacity, answered 409."""
+    a = await agent()
+    status, first = await a.call("POST", "/v1/runtime/models/activate", activate_body("m", tiny_model))
+    assert status == 200
+    taken = activate_body("n", tiny_model, port=first["port"] if "port" in first else (await a.engine("m"))["port"])
+    status, body = await a.call("POST", "/v1/runtime/models/activate", taken)
+    assert status == 409 and body["error"]["code"] == "no_capacity", body
+    assert "already used" in body["error"]["message"]
+
+
 async def test_kv_usage_and_limit_from_real_segments(agent: AgentFactory, tiny_model: Path) -> None:
     a = await agent()
     ipc = f"turnout_test_{uuid.uuid4().hex[:8]}"

@@ -14,6 +14,7 @@ __all__ = [
     "ActivateRequest",
     "EnginePhase",
     "InvalidRequest",
+    "NoCapacity",
     "backoff_s",
     "engine_args",
     "ipc_name",
@@ -39,7 +40,12 @@ def sleeps_in_place(engine: str, args: Mapping[str, str]) -> bool:
 
 
 class InvalidRequest(ValueError):
-    """A request the agent refuses (HTTP 400); the message says which field and why."""
+    """A request the agent refuses (HTTP 400); the message says which field and why. A claim whose activation
+    is refused this way is Failed for good (until its spec changes), so capacity problems are not this."""
+
+
+class NoCapacity(ValueError):
+    """A valid request the agent cannot place now: no free port or IPC name (HTTP 409; the controller retries)."""
 
 
 class EnginePhase(StrEnum):
@@ -115,19 +121,19 @@ def ipc_name(wanted: str, model: str, taken: Iterable[str]) -> str:
         candidate = base[: 64 - len(suffix)] + suffix
         if candidate not in used:
             return candidate
-    raise InvalidRequest("no free IPC name")
+    raise NoCapacity("no free IPC name")
 
 
 def pick_port(wanted: int, low: int, high: int, taken: Iterable[int]) -> int:
     used = set(taken)
     if wanted:
         if wanted in used:
-            raise InvalidRequest(f"port {wanted} is already used by another engine")
+            raise NoCapacity(f"port {wanted} is already used by another engine")
         return wanted
     for port in range(low, high + 1):
         if port not in used:
             return port
-    raise InvalidRequest(f"no free port in {low}-{high}")
+    raise NoCapacity(f"no free port in {low}-{high}")
 
 
 def backoff_s(restarts: int, base_s: float = 2.0, cap_s: float = 60.0) -> float:

@@ -3,7 +3,7 @@
 ``POST /v1/runtime/models/activate|deactivate|kv-limit|sleep|wake``, ``GET /v1/runtime/models``,
 ``GET /v1/runtime/snapshot``, ``GET /healthz``, ``GET /metrics``. Operations carrying an ``operation_id``
 are idempotent: a repeated id gets the first answer again. Errors: 400 invalid, 404 unknown model,
-409 the engine cannot do that now.
+409 the engine cannot do that now, or no port or IPC name is free.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from turnout.core.runtime import ActivateRequest, EnginePhase, InvalidRequest
+from turnout.core.runtime import ActivateRequest, EnginePhase, InvalidRequest, NoCapacity
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
 from turnout.gateway.dialect import Dialect, error_response, json_response
 from turnout.redaction import handler_args
@@ -179,6 +179,9 @@ def create_agent_app(
             except InvalidRequest as exc:
                 lifecycle.labels(name, "invalid").inc()
                 return error_response(Dialect.ADMIN, BadRequest(str(exc)))
+            except NoCapacity as exc:  # valid, but not now: never a terminal refusal of the claim
+                lifecycle.labels(name, "refused").inc()
+                return error_response(Dialect.ADMIN, Conflict(str(exc), code="no_capacity"))
             except KeyError as exc:
                 lifecycle.labels(name, "not_found").inc()
                 return error_response(Dialect.ADMIN, NotFound(f"no engine for model {exc.args[0]!r}"))
