@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -113,7 +113,37 @@ def _resolve_config(path: Path | None) -> Path:
     if not DEFAULT_CONFIG.exists():
         write_atomic(DEFAULT_CONFIG, (json.dumps(starter_config(), indent=2) + "\n").encode())
         typer.echo(f"turnout: wrote a starter config to {DEFAULT_CONFIG}; add your workers there", err=True)
+        hint = _command_hint()
+        if hint:
+            typer.echo(f"turnout: {hint}", err=True)
     return DEFAULT_CONFIG
+
+
+def _command_hint() -> str | None:
+    """On a first start: where the `turnout` command is, when this shell cannot call it by name (a fresh
+    ./scripts/serve installs it into ./.venv, which is not on PATH until activated)."""
+    import shutil
+
+    script = Path(sys.executable).parent / "turnout"
+    if not script.exists():
+        return None
+    found = shutil.which("turnout")
+    if found is not None and Path(found).resolve() == script.resolve():
+        return None
+    if sys.prefix != sys.base_prefix:  # a virtual environment
+        activate = Path(sys.prefix) / "bin" / "activate"
+        return f"the turnout command is {script}; to call it as turnout in this shell, run: source {activate}"
+    return f"the turnout command is {script}; add {script.parent} to PATH to call it as turnout"
+
+
+DRAIN_TIMEOUT_S = 30.0
+MAX_DRAIN_TIMEOUT_S = 3600.0
+
+
+def _drain_timeout(value: float) -> float:
+    if not 0 <= value <= MAX_DRAIN_TIMEOUT_S:  # also refuses nan; inf is over the cap
+        raise typer.BadParameter(f"must be a number of seconds from 0 to {MAX_DRAIN_TIMEOUT_S:g}")
+    return value
 
 
 @app.command()
@@ -140,21 +170,29 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(
+            callback=_drain_timeout,
+            help="on Ctrl-C or SIGTERM, seconds the requests in flight get to finish before they are closed",
+        ),
+    ] = DRAIN_TIMEOUT_S,
 ) -> None:
-    """Run the gateway."""
+    """Run the gateway (Ctrl-C or SIGTERM stops it after the requests in flight)."""
     import logging
 
-    from aiohttp import web
-
     from turnout.config import ConfigError, is_loopback, load_settings
+    from turnout.gateway import server
     from turnout.gateway.app import create_app
     from turnout.redaction import configure_logging
+    from turnout.state.data_dir import data_dir_problem
     from turnout.state.placement_store import PlacementFileError
     from turnout.store.db import StoreError
 
     configure_logging(log_level, log_format or "text")
+    path = _resolve_config(config)
     try:
-        settings = load_settings(_resolve_config(config))
+        settings = load_settings(path)
     except ConfigError as exc:
         _fail(str(exc))
         return
@@ -165,28 +203,67 @@ def serve(
     if settings.auth.open and not is_loopback(bind_host):
         _fail(f"auth.open is set but --host {bind_host} is not a loopback address; open access is loopback-only")
         return
+    bind_port = port or settings.listen.port
+    try:
+        sockets = server.bind(bind_host, bind_port)  # before anything is written: a busy port changes nothing
+    except server.BindError as exc:
+        _fail(str(exc))
+        return
+    problem = data_dir_problem(settings.data_dir)
+    if problem is not None:
+        _close(sockets)
+        _fail(
+            f"cannot use the data dir {settings.data_dir}: {problem}; point storage.data_dir in {path} at a "
+            "directory this user can read and write"
+        )
+        return
     try:
         application = create_app(settings, admin_token=_admin_token(settings))
         _starter_key(application, settings)
     except PlacementFileError as exc:
+        _close(sockets)
         _fail(f"{exc}\nfix the file or delete it to fall back to the config baseline")
         return
     except (StoreError, ConfigError) as exc:
+        _close(sockets)
         _fail(str(exc))
         return
-    bind_port = port or settings.listen.port
-    typer.echo(f"turnout {__version__}: serving on http://{bind_host}:{bind_port} ({len(settings.workers)} workers)")
-    try:
-        web.run_app(
-            application,
-            host=bind_host,
-            port=bind_port,
-            print=None,
-            handler_cancellation=True,
-            access_log=logging.getLogger("turnout.access") if access_log else None,
-        )
     except OSError as exc:
-        _fail(f"cannot listen on {bind_host}:{bind_port}: {exc.strerror or exc}")
+        _close(sockets)
+        _fail(f"cannot use {exc.filename or settings.data_dir}: {exc.strerror or exc}; check its owner and mode")
+        return
+    where = f"[{bind_host}]" if ":" in bind_host else bind_host
+    drained = server.run(
+        application,
+        sockets,
+        drain_timeout_s=drain_timeout,
+        access_log=logging.getLogger("turnout.access") if access_log else None,
+        on_ready=lambda: typer.echo(
+            f"turnout {__version__}: serving on http://{where}:{bind_port} ({_count(len(settings.workers), 'worker')})"
+        ),
+        on_stopping=lambda n: typer.echo(
+            f"turnout: stopping: {_count(n, 'request')} in flight, waiting up to {drain_timeout:g} s for them to finish"
+            if n
+            else "turnout: stopping"
+        ),
+    )
+    if drained.closed:
+        typer.echo(
+            f"turnout: stopped; closed {_count(drained.closed, 'request')} still running after {drain_timeout:g} s"
+        )
+    elif drained.in_flight:
+        typer.echo(f"turnout: stopped after the {_count(drained.in_flight, 'request')} in flight finished")
+    else:
+        typer.echo("turnout: stopped")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _close(sockets: list[Any]) -> None:
+    for sock in sockets:
+        sock.close()
 
 
 def _admin_token(settings: Settings) -> str:

@@ -7,6 +7,8 @@ The environment is read here and nowhere else (``TURNOUT_ADMIN_TOKEN``). A bad f
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import json
 import os
@@ -194,13 +196,27 @@ def endpoint_env(env: Mapping[str, str]) -> EndpointEnv:
                 f"{name}={raw!r}: must be a number of seconds from 0 to {MAX_TIMEOUT_S:g} (0 turns endpoint checks off)"
             )
         break
+    secret_key = env.get("TURNOUT_SECRET_KEY") or None
+    if secret_key is not None and not _is_fernet_key(secret_key):
+        raise ConfigError(
+            "TURNOUT_SECRET_KEY is not a Fernet key (32 url-safe base64-encoded bytes, 44 characters): set it to "
+            "the key your endpoint credentials were stored with, or unset it to use secret.key in the data dir"
+        )
     return EndpointEnv(
         allow_private=allow,
         health_interval_s=interval,
-        secret_key=env.get("TURNOUT_SECRET_KEY") or None,
+        secret_key=secret_key,
         hints=tuple(hints),
         variables=dict(env),
     )
+
+
+def _is_fernet_key(value: str) -> bool:
+    """What ``cryptography.fernet.Fernet(key)`` accepts, checked without importing it."""
+    try:
+        return len(base64.urlsafe_b64decode(value.encode())) == 32
+    except (binascii.Error, ValueError):
+        return False
 
 
 class Auth(_Model):
@@ -401,9 +417,10 @@ def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a JSON object")
     token = env.get(ADMIN_TOKEN_ENV) or None
+    from_env = endpoint_env(env)  # its errors name the environment variable, not the file
     try:
         settings = Settings.model_validate(
-            {**data, "config_path": path.resolve(), "admin_token": token, "endpoint_env": endpoint_env(env)}
+            {**data, "config_path": path.resolve(), "admin_token": token, "endpoint_env": from_env}
         )
     except ValidationError as exc:
         raise ConfigError(f"{path}: invalid configuration:\n{format_validation_error(exc)}") from None

@@ -1,0 +1,151 @@
+"""Running the gateway app: bind first, serve, drain on SIGINT / SIGTERM.
+
+`turnout serve` calls :func:`bind` before it builds anything, so a busy port is one line and nothing in the
+data dir has been touched; :func:`run` starts the app on those sockets, calls ``on_ready`` once the app's
+start-up has finished and the sockets accept (that is when "serving on" is printed), and on the first
+SIGINT or SIGTERM stops accepting, lets the requests in flight finish for up to ``drain_timeout_s``,
+closes the rest, runs the app's cleanup (usage flushed, store closed) and returns what happened. A second
+signal while draining ends the process at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+__all__ = ["BindError", "Drained", "bind", "run"]
+
+
+class BindError(Exception):
+    """The address cannot be listened on; the message says why and what to change."""
+
+
+@dataclass
+class Drained:
+    """What stopping did: requests in flight when the signal came, and how many of them were cut off."""
+
+    in_flight: int = 0
+    closed: int = 0
+
+
+_BIND_ADVICE = {
+    errno.EADDRINUSE: "another process is listening there: stop it, or pick another port with --port or listen.port",
+    errno.EACCES: "ports below 1024 need privileges: pick a port from 1024 with --port or listen.port",
+    errno.EADDRNOTAVAIL: "no interface of this machine has that address: fix --host or listen.host",
+}
+
+
+def bind(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for every address ``host`` resolves to (``localhost``: 127.0.0.1 and ::1)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise BindError(
+            f"cannot listen on {host}:{port}: unknown host ({exc.strerror}): fix --host or listen.host"
+        ) from None
+    sockets: list[socket.socket] = []
+    seen: set[tuple[int, object]] = set()
+    try:
+        for family, _, _, _, address in infos:
+            if (family, address[0]) in seen:
+                continue
+            seen.add((family, address[0]))
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT, not one in use
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(511)
+            sock.setblocking(False)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        advice = _BIND_ADVICE.get(exc.errno or 0, "pick another address with --host / --port")
+        raise BindError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; {advice}") from None
+    return sockets
+
+
+class _InFlight:
+    """Counts requests being handled, and those cancelled while stopping."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.stopping = False
+        self.closed = 0
+
+    @web.middleware
+    async def middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        self.count += 1
+        try:
+            return await handler(request)
+        except asyncio.CancelledError:
+            if self.stopping:
+                self.closed += 1
+            raise
+        finally:
+            self.count -= 1
+
+
+def run(
+    app: web.Application,
+    sockets: list[socket.socket],
+    *,
+    drain_timeout_s: float,
+    access_log: logging.Logger | None,
+    on_ready: Callable[[], None],
+    on_stopping: Callable[[int], None],
+) -> Drained:
+    """Serve ``app`` on ``sockets`` until SIGINT or SIGTERM, then drain (see the module docstring)."""
+    in_flight = _InFlight()
+    app.middlewares.insert(0, in_flight.middleware)  # outermost: counts whatever the app's own middleware does
+    return asyncio.run(_serve(app, sockets, in_flight, drain_timeout_s, access_log, on_ready, on_stopping))
+
+
+async def _serve(
+    app: web.Application,
+    sockets: list[socket.socket],
+    in_flight: _InFlight,
+    drain_timeout_s: float,
+    access_log: logging.Logger | None,
+    on_ready: Callable[[], None],
+    on_stopping: Callable[[int], None],
+) -> Drained:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    runner = web.AppRunner(
+        app, handle_signals=False, access_log=access_log, handler_cancellation=True, shutdown_timeout=drain_timeout_s
+    )
+    await runner.setup()  # the app's start-up (store, pollers) runs here; sockets queue connections meanwhile
+    drained = Drained()
+    try:
+        for sock in sockets:
+            await web.SockSite(runner, sock).start()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        on_ready()
+        await stop.wait()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal: the default action, at once
+            loop.remove_signal_handler(sig)
+        for site in list(runner.sites):  # refuse new connections before saying so
+            await site.stop()
+        drained.in_flight = in_flight.count
+        in_flight.stopping = True
+        on_stopping(in_flight.count)
+    finally:
+        await runner.cleanup()  # stop accepting, wait up to drain_timeout_s, cancel the rest, app cleanup
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+    drained.closed = in_flight.closed
+    return drained
