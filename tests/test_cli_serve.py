@@ -9,12 +9,10 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import queue
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -26,6 +24,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.support.ollama_emulator import Behaviour, OllamaEmulator
+from tests.support.served import Served
 from tests.support.threaded_gateway import LoopThread
 
 TURNOUT = [sys.executable, "-m", "turnout"]
@@ -50,66 +49,9 @@ def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-class Served:
-    """A `turnout serve` process whose output is read line by line (stdout and stderr together)."""
-
-    def __init__(self, args: list[str], cwd: Path, **env: str) -> None:
-        self.proc = subprocess.Popen(
-            [*TURNOUT, "serve", *args],
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=_env(**env),
-        )
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        with self.proc.stdout:
-            for line in self.proc.stdout:
-                self._queue.put(line.rstrip("\n"))
-        self._queue.put(None)
-
-    def wait_for(self, text: str, limit_s: float = 30) -> str:
-        deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
-            try:
-                line = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if line is None:
-                raise AssertionError(f"turnout exited before printing {text!r}: {self.lines}")
-            self.lines.append(line)
-            if text in line:
-                return line
-        raise AssertionError(f"no {text!r} within {limit_s} s: {self.lines}")
-
-    def stop(self, sig: int = signal.SIGINT, limit_s: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.wait(limit_s)
-
-    def wait(self, limit_s: float = 30) -> int:
-        """The exit code, once the process has ended by itself; every line it printed is in ``lines``."""
-        code = self.proc.wait(limit_s)
-        while (line := self._queue.get(timeout=5)) is not None:
-            self.lines.append(line)
-        return code
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._reader.join(10)
-
-
 @contextmanager
 def served(args: list[str], cwd: Path, **env: str) -> Iterator[Served]:
-    process = Served(args, cwd, **env)
+    process = Served([*TURNOUT, "serve", *args], cwd, _env(**env))
     try:
         yield process
     finally:
