@@ -2,7 +2,8 @@
 
 Not a test emulator: it answers every POST with the same completion, or with 64 SSE chunks when the
 body contains ``"stream": true``, so that proxies, not the upstream, are what a benchmark measures.
-Run: python bench/mock_upstream.py PORT
+``GET /__count`` answers how many POSTs it has answered, so a benchmark can check that a proxy really
+reached it. Run: python bench/mock_upstream.py PORT
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ _STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-
 _STREAM_PARTS = [b"%x\r\n%s\r\n" % (len(c), c) for c in [*(_chunk(i) for i in range(CHUNKS)), b"data: [DONE]\n\n"]]
 
 
+_served = [0]  # POSTs answered (one event loop: no lock)
+
+
 class MockProtocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.buffer = b""
@@ -91,14 +95,18 @@ class MockProtocol(asyncio.Protocol):
 
     def _answer(self, head: bytes, body: bytes) -> None:
         assert self.transport is not None
-        if head.startswith(b"get"):
+        if head.startswith(b"get /__count"):
+            self.transport.write(_fixed(str(_served[0]).encode(), b"text/plain"))
+        elif head.startswith(b"get"):
             self.transport.write(_MODELS_RESP)
         elif b'"stream": true' in body or b'"stream":true' in body:
+            _served[0] += 1
             self.transport.write(_STREAM_HEAD)
             for part in _STREAM_PARTS:
                 self.transport.write(part)
             self.transport.write(b"0\r\n\r\n")
         else:
+            _served[0] += 1
             self.transport.write(_NONSTREAM)
 
 

@@ -1,14 +1,25 @@
-"""Gateway overhead benchmark: direct upstream vs a bare aiohttp pass-through vs Turnout vs LiteLLM.
+"""Gateway overhead benchmark: direct upstream, a bare aiohttp pass-through, nginx, Portkey, Turnout, LiteLLM.
 
 One run on this machine, every target pointed at the same fast mock upstream (bench/mock_upstream.py),
 load from wrk (one thread) on loopback, each cell bounded by --duration seconds. Prints one markdown table.
 
-    python bench/run.py [--duration 5] [--concurrency 1,16,64] [--skip-litellm] [--baseline OLD/src] [--access-log]
+    python bench/run.py [--duration 3] [--concurrency 1,32,64] [--skip-litellm] [--skip-portkey]
+                        [--baseline OLD/src] [--access-log] [--pin CPU]
 
-Turnout runs at ``--log-level warning`` (no access lines); ``--access-log`` adds a second Turnout target at
-``--log-level info`` with its access log on (lines to /dev/null), so the table shows what the log costs.
+Each proxy runs pinned to one CPU (``--pin``, default the last one; wrk and the mock run on the others), and
+beside req/s, p50 and p99 the table gives the proxy's CPU per request: utime+stime of its process tree from
+``/proc`` over the measured seconds, divided by the requests wrk completed, and its inverse, requests per
+CPU-second (the figure that is fair on a shared machine). "reached" is the share of those requests the mock
+counted (``GET /__count``): a proxy that answered without reaching the upstream shows below 1.00.
 
-Installs what it needs: wrk (Debian package, needs root) and LiteLLM's proxy into bench/.venv-litellm.
+Turnout runs at ``--log-level warning`` (its access log is on, as by default, but lines are written at info,
+so none is built); ``--access-log`` adds a second Turnout target at ``--log-level info`` (``turnout serve``'s
+default) with its access lines to /dev/null, so the table shows what the log costs.
+
+Installs what it needs (once; later runs reuse it): wrk and nginx (Debian packages, needs root), Portkey's
+gateway (npm ``@portkey-ai/gateway`` into bench/.cache-portkey, ``@hono/node-server`` pinned to 1.14.1 with an
+npm override: newer ones break its streams with ``TypeError: immutable``) and LiteLLM's proxy into
+bench/.venv-litellm.
 """
 
 from __future__ import annotations
@@ -26,12 +37,17 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 LITELLM_VENV = BENCH / ".venv-litellm"
+PORTKEY_DIR = BENCH / ".cache-portkey"
+PORTKEY_VERSION = "1.15.2"
+# Portkey's streams fail with "TypeError: immutable" on @hono/node-server newer than this.
+HONO_NODE_SERVER = "1.14.1"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 BODY = {"model": "mock", "messages": [{"role": "user", "content": "hi"}]}
 # LiteLLM refuses to start without a master key; every target gets the same header (others ignore it).
 MASTER_KEY = "sk-bench-" + "7f3a9c2e5b8d1f4a6c0e9b2d7a5f3c1e"
@@ -43,14 +59,57 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def ensure_wrk() -> str:
-    found = shutil.which("wrk")
+def _which(name: str) -> str | None:
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin:/sbin")
+
+
+def ensure_deb(exe: str, package: str) -> str:
+    """The Debian package's executable, installed with apt-get when missing (needs root)."""
+    found = _which(exe)
     if found:
         return found
     if os.geteuid() != 0:
-        sys.exit("wrk is missing: apt-get install wrk")
-    subprocess.run(["apt-get", "install", "-y", "-q", "wrk"], check=True, stdout=subprocess.DEVNULL)
-    return shutil.which("wrk") or sys.exit("wrk did not install")
+        sys.exit(f"{exe} is missing: apt-get install {package}")
+    print(f"installing {package} (apt-get, once)...", file=sys.stderr)
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", package]
+    if subprocess.run(install, stdout=subprocess.DEVNULL).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(install, check=True, stdout=subprocess.DEVNULL)
+    return _which(exe) or sys.exit(f"{package} installed but {exe} is not on the PATH")
+
+
+def ensure_portkey() -> Path:
+    """Portkey's gateway from npm into bench/.cache-portkey (reused while the versions match)."""
+    entry = PORTKEY_DIR / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
+    pinned = PORTKEY_DIR / "node_modules" / "@hono" / "node-server" / "package.json"
+
+    def version(path: Path) -> str | None:
+        try:
+            return str(json.loads(path.read_text())["version"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    gateway = PORTKEY_DIR / "node_modules" / "@portkey-ai" / "gateway" / "package.json"
+    if entry.exists() and version(pinned) == HONO_NODE_SERVER and version(gateway) == PORTKEY_VERSION:
+        return entry
+    npm = shutil.which("npm")
+    if npm is None or shutil.which("node") is None:
+        sys.exit("Portkey's gateway needs node and npm (apt-get install nodejs npm), or pass --skip-portkey")
+    print(f"installing @portkey-ai/gateway {PORTKEY_VERSION} into bench/.cache-portkey (once)...", file=sys.stderr)
+    PORTKEY_DIR.mkdir(exist_ok=True)
+    manifest = {
+        "name": "turnout-bench-portkey",
+        "private": True,
+        "dependencies": {"@portkey-ai/gateway": PORTKEY_VERSION},
+        "overrides": {"@hono/node-server": HONO_NODE_SERVER},
+    }
+    (PORTKEY_DIR / "package.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    subprocess.run(
+        [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"], cwd=PORTKEY_DIR, check=True, timeout=600
+    )
+    if version(pinned) != HONO_NODE_SERVER:
+        sys.exit(f"npm did not pin @hono/node-server to {HONO_NODE_SERVER} (got {version(pinned)})")
+    return entry
 
 
 def ensure_litellm() -> Path:
@@ -68,9 +127,16 @@ class Target:
     url: str
     proc: subprocess.Popen[bytes] | None
     key: str = MASTER_KEY  # sent as the bearer token (Turnout gets a real app key with a scope)
+    headers: dict[str, str] = field(default_factory=dict)  # more request headers (Portkey's provider and host)
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes] | None, key: str = MASTER_KEY, timeout: float = 120) -> None:
+def wait_ready(
+    url: str,
+    proc: subprocess.Popen[bytes] | None,
+    key: str = MASTER_KEY,
+    timeout: float = 120,
+    headers: dict[str, str] | None = None,
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -79,7 +145,7 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes] | None, key: str = MASTER
             req = urllib.request.Request(
                 url + "/v1/chat/completions",
                 data=json.dumps(BODY).encode(),
-                headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}", **(headers or {})},
             )
             with urllib.request.urlopen(req, timeout=2) as resp:
                 if resp.status == 200:
@@ -89,22 +155,63 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes] | None, key: str = MASTER
     sys.exit(f"{url} did not answer in {timeout:.0f}s")
 
 
-def start(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+def start(
+    cmd: list[str], env: dict[str, str] | None = None, cpus: str | None = None, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a target in its own session; ``cpus``: pin it (and every thread and child) with taskset."""
+    if cpus is not None:
+        cmd = ["taskset", "-c", cpus, *cmd]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True, cwd=cwd
+    )
+
+
+def _tree(root: int) -> list[int]:
+    """The process and its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def cpu_seconds(proc: subprocess.Popen[bytes] | None) -> float:
+    """utime+stime of the process tree (every thread of each process), in seconds."""
+    if proc is None:
+        return 0.0
+    total = 0
+    for pid in _tree(proc.pid):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat
+    return total / CLK_TCK
+
+
+def mock_count(mock_url: str) -> int:
+    with urllib.request.urlopen(mock_url + "/__count", timeout=5) as resp:
+        return int(resp.read())
 
 
 def rss_mib(proc: subprocess.Popen[bytes] | None) -> float | None:
-    """Resident memory of the process and its children."""
+    """Resident memory of the process tree."""
     if proc is None:
         return None
     total = 0
-    pids = [proc.pid]
-    try:
-        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True)
-        pids += [int(p) for p in out.stdout.split()]
-    except OSError:
-        pass
-    for pid in pids:
+    for pid in _tree(proc.pid):
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -123,23 +230,39 @@ def parse_wrk(text: str) -> dict[str, float]:
         return float(m[1]) * _UNITS[m[2]] if m else float("nan")
 
     rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
+    done = re.search(r"^\s*(\d+) requests in", text, re.M)
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
     sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
     errors = (int(non2xx[1]) if non2xx else 0) + (sum(int(x) for x in sock.groups()) if sock else 0)
-    return {"rps": float(rps[1]) if rps else 0.0, "p50": latency("50"), "p99": latency("99"), "errors": errors}
+    return {
+        "rps": float(rps[1]) if rps else 0.0,
+        "p50": latency("50"),
+        "p99": latency("99"),
+        "errors": errors,
+        "requests": int(done[1]) if done else 0,
+    }
 
 
 def run_wrk(
-    wrk: str, url: str, stream: bool, conns: int, duration: float, script_dir: Path, key: str
+    wrk: list[str],
+    target: Target,
+    stream: bool,
+    conns: int,
+    duration: float,
+    script_dir: Path,
+    mock_url: str,
 ) -> dict[str, float]:
-    script = script_dir / f"post-{'stream' if stream else 'plain'}-{abs(hash(key))}.lua"
+    """One measured cell: wrk's figures, the proxy's CPU seconds over it, and the requests the mock counted."""
+    script = script_dir / f"post-{'stream' if stream else 'plain'}-{abs(hash(target.name))}.lua"
     body = json.dumps({**BODY, "stream": stream})
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {target.key}", **target.headers}
     script.write_text(
-        f"wrk.method = 'POST'\nwrk.body = '{body}'\nwrk.headers['Content-Type'] = 'application/json'\n"
-        f"wrk.headers['Authorization'] = 'Bearer {key}'\n"
+        f"wrk.method = 'POST'\nwrk.body = '{body}'\n"
+        + "".join(f"wrk.headers['{k}'] = '{v}'\n" for k, v in headers.items())
     )
+    url = target.url
     cmd = [
-        wrk,
+        *wrk,
         "-t1",
         f"-c{conns}",
         f"-d{duration:g}s",
@@ -150,9 +273,15 @@ def run_wrk(
         str(script),
         url + "/v1/chat/completions",
     ]
-    subprocess.run([*cmd[:3], "-d1s", *cmd[4:]], capture_output=True, check=True)  # warm-up
+    n = len(wrk)
+    warm = [*cmd[: n + 2], "-d1s", *cmd[n + 3 :]]
+    subprocess.run(warm, capture_output=True, check=True, timeout=40)  # warm-up
+    counted, cpu = mock_count(mock_url), cpu_seconds(target.proc)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=duration + 30)
-    return parse_wrk(out.stdout)
+    got = parse_wrk(out.stdout)
+    got["cpu"] = cpu_seconds(target.proc) - cpu
+    got["reached"] = (mock_count(mock_url) - counted) / got["requests"] if got["requests"] else 0.0
+    return got
 
 
 def start_turnout(
@@ -162,6 +291,7 @@ def start_turnout(
     procs: list[subprocess.Popen[bytes]],
     src: str | None,
     log_level: str = "warning",
+    cpus: str | None = None,
 ) -> Target:
     """A Turnout gateway with its own store and a scoped app key; ``src``: run that source tree instead
     (a checkout's ``src``, e.g. a git worktree of the previous commit) for a side-by-side baseline;
@@ -209,16 +339,65 @@ def start_turnout(
         "--log-level",
         log_level,
     ]
-    procs.append(start(cmd, env=env))
+    procs.append(start(cmd, env=env, cpus=cpus))
     return Target(name, f"http://127.0.0.1:{port}", procs[-1], key)
+
+
+NGINX_CONF = """worker_processes 1;
+daemon off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log error;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/nginx-body;
+    proxy_temp_path {tmp}/nginx-proxy;
+    fastcgi_temp_path {tmp}/nginx-fastcgi;
+    uwsgi_temp_path {tmp}/nginx-uwsgi;
+    scgi_temp_path {tmp}/nginx-scgi;
+    upstream mock {{
+        server {upstream};
+        keepalive 128;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://mock;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+def start_nginx(nginx: str, tmp: Path, mock_url: str, procs: list[subprocess.Popen[bytes]], cpus: str | None) -> Target:
+    """Debian's nginx as a plain reverse proxy: one worker, keep-alive to the upstream, no buffering."""
+    port = free_port()
+    conf = tmp / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(tmp=tmp, upstream=mock_url.removeprefix("http://"), port=port))
+    procs.append(start([nginx, "-c", str(conf), "-p", str(tmp), "-e", str(tmp / "nginx-error.log")], cpus=cpus))
+    return Target("nginx", f"http://127.0.0.1:{port}", procs[-1])
+
+
+def start_portkey(entry: Path, mock_url: str, procs: list[subprocess.Popen[bytes]], cpus: str | None) -> Target:
+    """Portkey's gateway (Node.js), the mock as an ``openai`` provider at a custom host (headers per request)."""
+    port = free_port()
+    env = {**os.environ, "NODE_ENV": "production"}
+    procs.append(start(["node", str(entry), f"--port={port}", "--headless"], env=env, cpus=cpus, cwd=entry.parent))
+    headers = {"x-portkey-provider": "openai", "x-portkey-custom-host": mock_url + "/v1"}
+    return Target("portkey gateway", f"http://127.0.0.1:{port}", procs[-1], headers=headers)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per cell and round (default 3)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, targets interleaved; medians reported")
-    parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--concurrency", default="1,32,64")
     parser.add_argument("--skip-litellm", action="store_true")
+    parser.add_argument("--skip-portkey", action="store_true")
+    parser.add_argument("--skip-nginx", action="store_true")
     parser.add_argument(
         "--baseline",
         metavar="SRC",
@@ -227,30 +406,49 @@ def main() -> None:
     parser.add_argument(
         "--access-log", action="store_true", help="also run Turnout with its access log on (--log-level info)"
     )
+    cpus = sorted(os.sched_getaffinity(0))
+    parser.add_argument(
+        "--pin",
+        type=int,
+        default=cpus[-1] if len(cpus) > 1 else None,
+        help="CPU every proxy is pinned to; wrk and the mock get the others (default: the last CPU; -1: no pinning)",
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    wrk = ensure_wrk()
+    pin = None if args.pin is None or args.pin < 0 else str(args.pin)
+    rest = ",".join(str(c) for c in cpus if str(c) != pin) or None
+    load = None if pin is None else rest
+    wrk_exe = ensure_deb("wrk", "wrk")
+    wrk = [wrk_exe] if load is None else ["taskset", "-c", load, wrk_exe]
+    nginx = None if args.skip_nginx else ensure_deb("nginx", "nginx")
+    portkey = None if args.skip_portkey else ensure_portkey()
     litellm = None if args.skip_litellm else ensure_litellm()
 
     tmp = Path(tempfile.mkdtemp(prefix="turnout-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
     try:
         mock_port = free_port()
-        mock = start([sys.executable, str(BENCH / "mock_upstream.py"), str(mock_port)])
+        mock = start([sys.executable, str(BENCH / "mock_upstream.py"), str(mock_port)], cpus=load)
         procs.append(mock)
         mock_url = f"http://127.0.0.1:{mock_port}"
         wait_ready(mock_url, mock)
-        targets = [Target("direct (mock)", mock_url, None)]
+        targets = [Target("direct (mock)", mock_url, mock)]
 
         port = free_port()
-        procs.append(start([sys.executable, str(BENCH / "passthrough.py"), str(port), mock_url]))
+        procs.append(start([sys.executable, str(BENCH / "passthrough.py"), str(port), mock_url], cpus=pin))
         targets.append(Target("bare aiohttp pass-through", f"http://127.0.0.1:{port}", procs[-1]))
+        if nginx is not None:
+            targets.append(start_nginx(nginx, tmp, mock_url, procs, pin))
+        if portkey is not None:
+            targets.append(start_portkey(portkey, mock_url, procs, pin))
 
-        targets.append(start_turnout("turnout", tmp / "current", mock_url, procs, None))
+        targets.append(start_turnout("turnout", tmp / "current", mock_url, procs, None, cpus=pin))
         if args.baseline:
-            targets.append(start_turnout("turnout (baseline)", tmp / "baseline", mock_url, procs, args.baseline))
+            targets.append(
+                start_turnout("turnout (baseline)", tmp / "baseline", mock_url, procs, args.baseline, cpus=pin)
+            )
         if args.access_log:
-            targets.append(start_turnout("turnout + access log", tmp / "access", mock_url, procs, None, "info"))
+            targets.append(start_turnout("turnout + access log", tmp / "access", mock_url, procs, None, "info", pin))
 
         if litellm is not None:
             (tmp / "litellm.yaml").write_text(
@@ -266,28 +464,13 @@ def main() -> None:
                 "DISABLE_SCHEMA_UPDATE": "true",
                 "LITELLM_MASTER_KEY": MASTER_KEY,
             }
-            procs.append(
-                start(
-                    [
-                        str(litellm),
-                        "--config",
-                        str(tmp / "litellm.yaml"),
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                        "--num_workers",
-                        "1",
-                    ],
-                    env=lenv,
-                )
-            )
+            litellm_cmd = [str(litellm), "--config", str(tmp / "litellm.yaml"), "--host", "127.0.0.1"]
+            procs.append(start([*litellm_cmd, "--port", str(port), "--num_workers", "1"], env=lenv, cpus=pin))
             targets.append(Target("litellm proxy", f"http://127.0.0.1:{port}", procs[-1]))
 
         for t in targets:
-            wait_ready(t.url, t.proc, t.key)
+            wait_ready(t.url, t.proc, t.key, headers=t.headers)
 
-        results: dict[tuple[str, bool, int], dict[str, float]] = {}
         # Targets run back to back inside each cell and cells repeat over rounds: on a shared machine the
         # load from elsewhere then hits every target alike, and the median drops the outliers.
         samples: dict[tuple[str, bool, int], list[dict[str, float]]] = {}
@@ -295,17 +478,21 @@ def main() -> None:
             for stream in (False, True):
                 for conns in levels:
                     for t in targets:
-                        got = run_wrk(wrk, t.url, stream, conns, args.duration, tmp, t.key)
+                        got = run_wrk(wrk, t, stream, conns, args.duration, tmp, mock_url)
                         samples.setdefault((t.name, stream, conns), []).append(got)
                         print(
-                            f"  round {round_no} {t.name:28} stream={stream!s:5} c={conns:<3} {got['rps']:9.0f} req/s",
+                            f"  round {round_no} {t.name:28} stream={stream!s:5} c={conns:<3} {got['rps']:9.0f} req/s"
+                            f" {_us(got):7.0f} us CPU/req reached {got['reached']:.2f}",
                             file=sys.stderr,
                         )
+        results: dict[tuple[str, bool, int], dict[str, float]] = {}
         for cell, runs in samples.items():
             results[cell] = {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50", "p99")}
+            results[cell]["us"] = statistics.median(_us(r) for r in runs)
+            results[cell]["reached"] = min(r["reached"] for r in runs)
             results[cell]["errors"] = sum(r["errors"] for r in runs)
         memory = {t.name: rss_mib(t.proc) for t in targets}
-        print_table(targets, results, levels, memory, args.duration, args.rounds)
+        print_table(targets, results, levels, memory, args.duration, args.rounds, pin)
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -318,6 +505,11 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _us(run: dict[str, float]) -> float:
+    """Proxy CPU microseconds per completed request (inf when none completed)."""
+    return run["cpu"] * 1e6 / run["requests"] if run["requests"] else float("inf")
+
+
 def print_table(
     targets: list[Target],
     results: dict[tuple[str, bool, int], dict[str, float]],
@@ -325,33 +517,41 @@ def print_table(
     memory: dict[str, float | None],
     duration: float,
     rounds: int,
+    pin: str | None,
 ) -> None:
     base = "bare aiohttp pass-through"
+    where = f"proxies pinned to CPU {pin}" if pin is not None else "no pinning"
     print(
         f"\nwrk -t1, {duration:g}s per cell, median of {rounds} interleaved rounds, mock upstream, "
-        f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}\n"
+        f"{os.cpu_count()} CPUs, {where}, {time.strftime('%Y-%m-%d')}\n"
     )
-    print("| mode | c | target | req/s | p50 ms | p99 ms | errors | vs pass-through | vs litellm |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| mode | c | target | req/s | p50 ms | p99 ms | p99/p50 | errors | reached | CPU us/req | req/CPU-s "
+        "| per CPU-s vs nginx | req/s vs pass-through |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for stream in (False, True):
         for conns in levels:
             floor = results[(base, stream, conns)]["rps"]
-            lite = results.get(("litellm proxy", stream, conns), {}).get("rps")
+            ref = results.get(("nginx", stream, conns), {}).get("us")
             for t in targets:
                 r = results[(t.name, stream, conns)]
+                per_cpu = 1e6 / r["us"] if r["us"] else float("inf")
+                vs_nginx = f"{ref / r['us']:.2f}x" if ref and r["us"] and t.proc is not None else "-"
                 vs_base = f"{r['rps'] / floor:.2f}x" if floor else "-"
-                vs_lite = f"{r['rps'] / lite:.1f}x" if lite else "-"
+                tail = f"{r['p99'] / r['p50']:.1f}" if r["p50"] else "-"
                 mode = "stream (64 SSE chunks)" if stream else "non-stream"
                 print(
-                    f"| {mode} | {conns} | {t.name} | {r['rps']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | "
-                    f"{r['errors']:.0f} | {vs_base} | {vs_lite} |"
+                    f"| {mode} | {conns} | {t.name} | {r['rps']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {tail} | "
+                    f"{r['errors']:.0f} | {r['reached']:.2f} | {r['us']:.0f} | {per_cpu:.0f} | {vs_nginx} | {vs_base} |"
                 )
+    print("\n(direct (mock): the CPU is the mock's own, on the load CPU with wrk.)")
     direct = results[("direct (mock)", False, levels[0])]["p50"]
     turnout = results[("turnout", False, levels[0])]["p50"]
     print(f"\nadded p50 at c={levels[0]} (turnout - direct, non-stream): {turnout - direct:.3f} ms")
     print("\n| target | RSS after load (MiB) |\n|---|---:|")
     for name, mib in memory.items():
-        if mib is not None:
+        if mib is not None and name != "direct (mock)":
             print(f"| {name} | {mib:.0f} |")
 
 
