@@ -339,6 +339,32 @@ def test_json_log_format(tmp_path: Path, llama_engine: Engine, how: str) -> None
     assert served.key not in served.text() and served.key[3:] not in served.text()
 
 
+async def test_access_line_redacts_what_the_client_wrote(
+    gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The line is safe as built (its path and model redacted), not only after the CLI's handler filter: here
+    no filter runs (the tests' own runner and caplog's handler)."""
+    import aiohttp
+
+    gw = await gateway([])
+    with caplog.at_level(logging.INFO, logger="aiohttp.access"):
+        async with aiohttp.ClientSession() as http:
+            body = {"model": f"stolen-{KEY}", "messages": []}
+            async with http.post(f"{gw.url}/v1/chat/completions?api_key={API_SECRET}", json=body) as resp:
+                assert resp.status == 503
+
+            async def logged() -> bool:
+                return any(r.name == "aiohttp.access" for r in caplog.records)
+
+            await eventually(logged, "the access line", limit_s=10)
+    (record,) = [r for r in caplog.records if r.name == "aiohttp.access"]
+    line = record.getMessage()
+    assert f"?api_key={REDACTED}" in line and f'model="stolen-tk_{REDACTED}"' in line, line
+    assert "api=openai:chat" in line and "error=no_workers" in line
+    assert record.model == f"stolen-tk_{REDACTED}"  # type: ignore[attr-defined]  # the JSON field too
+    _no_secret(caplog.text)
+
+
 # -- the pieces, in process -----------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("text", "kept"),

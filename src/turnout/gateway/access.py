@@ -19,6 +19,7 @@ after the response is sent, and only when the access log is on (aiohttp does not
 from __future__ import annotations
 
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -26,7 +27,7 @@ from aiohttp import web, web_protocol
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web import BaseRequest, StreamResponse
 
-from turnout.redaction import redact
+from turnout.redaction import Redacted, redact
 
 if TYPE_CHECKING:
     from turnout.store.keys import KeyRecord
@@ -43,16 +44,17 @@ ERROR_CODE: web.ResponseKey[str] = web.ResponseKey("access_error_code")
 
 # aiohttp answers a request it could not parse through a placeholder request built from this message.
 _PLACEHOLDER = getattr(web_protocol, "ERROR", None)
-_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/-+@")
+_PLAIN = re.compile(r"[A-Za-z0-9._:/+@-]+")
 
 
 def _one_line(text: str, limit: int) -> str:
-    return "".join(ch if ch.isprintable() else " " for ch in text[:limit])
+    text = text[:limit]
+    return text if text.isprintable() else "".join(ch if ch.isprintable() else " " for ch in text)
 
 
 def _value(text: str) -> str:
     """A field value as it is when plain, else quoted JSON (spaces, quotes, control characters)."""
-    if text and all(ch in _PLAIN for ch in text):
+    if _PLAIN.fullmatch(text):
         return text
     return orjson.dumps(text[:256]).decode()
 
@@ -84,18 +86,21 @@ class AccessLog(AbstractAccessLogger):
             line += f" key={_value(key.prefix)} app={_value(key.app)}"
         row = request.get(USAGE_ROW)
         if row is not None:
-            fields.update(api=row.endpoint, model=row.model, worker=row.worker)
+            model = redact(row.model)  # the client's text
+            fields.update(api=row.endpoint, model=model, worker=row.worker)
             fields.update(prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens)
-            line += f" api={row.endpoint} model={_value(row.model)} worker={_value(row.worker or '-')}"
+            line += f" api={row.endpoint} model={_value(model)} worker={_value(row.worker or '-')}"
             line += f" tokens={row.prompt_tokens}+{row.completion_tokens}"
             if row.fallback_from is not None:
-                fields["fallback_from"] = row.fallback_from
-                line += f" fallback_from={_value(row.fallback_from)}"
+                origin = fields["fallback_from"] = redact(row.fallback_from)
+                line += f" fallback_from={_value(origin)}"
         code = response.get(ERROR_CODE)
         if code is not None:
             fields["error"] = code
             line += f" error={_value(code)}"
-        self.logger.info("%s", line, extra=fields)
+        # Each part is safe as put together (the path and model redacted, a key's prefix only): the handler's
+        # filter does not scan the whole line again.
+        self.logger.info(Redacted(line), extra=fields)
 
     @property
     def enabled(self) -> bool:
