@@ -227,7 +227,10 @@ class Auth(_Model):
     )
     rotate_grace_s: float = Field(86_400, ge=0, le=MAX_GRACE_S, description="how long a rotated key keeps working")
     key_cache_s: float = Field(
-        5, ge=0, le=MAX_WAIT_S, description="how long a key lookup is cached (CLI revocations lag by this)"
+        5,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="how long a key lookup is cached (changes made on the store with no gateway answering lag by this)",
     )
     default_completion_tokens: int = Field(
         256,

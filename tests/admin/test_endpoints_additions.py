@@ -190,3 +190,43 @@ async def test_fallback_counts(emulator: EmulatorFactory, gateway: GatewayFactor
 )
 def test_url_private(url: str, private: bool | None) -> None:
     assert url_private(url) is private
+
+
+async def test_a_url_with_its_api_suffix_is_trimmed_and_said(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    mac = await emulator("mac", ["llama3.2:latest"])
+    gw = await gateway([worker("box", f"http://127.0.0.1:{free_port()}")], env=PRIVATE_OK)
+    status, dry, _ = await call(gw, "POST", "/admin/api/endpoints/test", {"url": f"{mac.url}/api/", "api": "ollama"})
+    assert status == 200 and dry["test"]["ok"] and dry["url"] == mac.url
+    assert dry["url_note"] == f"using {mac.url} (dropped /api/)"
+    reg = await register(gw, "mac", f"{mac.url}/api")
+    assert reg["endpoint"]["url"] == mac.url and reg["url_note"] == f"using {mac.url} (dropped /api)"
+    assert reg["test"]["ok"]
+    status, changed, _ = await call(gw, "PATCH", "/admin/api/endpoints/mac", {"url": f"{mac.url}/v1"})
+    assert status == 200 and changed["endpoint"]["url"] == mac.url and "(dropped /v1)" in changed["url_note"]
+    status, same, _ = await call(gw, "PATCH", "/admin/api/endpoints/mac", {"latency_budget_ms": 5})
+    assert status == 200 and same["url_note"] is None
+    # the one name rule: a configured worker's name is refused (and said taken by the dry run)
+    status, body, _ = await call(gw, "POST", "/admin/api/endpoints", {"name": "box", "url": mac.url})
+    assert status == 422 and body["error"]["field"] == "name" and "configured worker" in body["error"]["message"]
+    _, dry, _ = await call(gw, "POST", "/admin/api/endpoints/test", {"url": mac.url, "name": "box"})
+    assert dry["name_taken"] is True
+
+
+async def test_registration_audits_its_key_and_a_new_credential_as_replaced(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    mac = await emulator("mac", ["llama3.2:latest"])
+    gw = await gateway([], env=PRIVATE_OK)
+    reg = await register(gw, "mac", mac.url, credential="first-secret")
+    _, audit, _ = await call(gw, "GET", "/admin/api/audit?action=key.create")
+    [created] = audit["entries"]
+    assert created["target"] == f"key:{reg['key_prefix']}" and created["after"]["app"] == "endpoint-mac"
+    assert (await call(gw, "PATCH", "/admin/api/endpoints/mac", {"credential": "second-secret"}))[0] == 200
+    assert (await call(gw, "PATCH", "/admin/api/endpoints/mac", {"credential": None}))[0] == 200
+    _, audit, _ = await call(gw, "GET", "/admin/api/audit?action=endpoint.change")
+    removed, replaced = audit["entries"]
+    assert replaced["before"]["credential"] is True and replaced["after"]["credential"] == "replaced"
+    assert removed["before"]["credential"] is True and removed["after"]["credential"] is False
+    assert "secret" not in str(audit)

@@ -231,3 +231,14 @@ async def test_audit_filters_by_actor_target_and_time(gw: Gateway) -> None:
     assert {"key.create", "key.revoke", "placement.toggle"} <= set(facets["actions"])
     assert "admin-api" in facets["actors"]
     assert (await call(gw, "GET", "/admin/api/audit?actor=" + "x" * 200))[0] == 422
+
+
+async def test_revoking_a_revoked_key_says_so_and_audits_nothing(gw: Gateway) -> None:
+    prefix = (await new_key(gw, app="web"))["record"]["prefix"]
+    assert (await call(gw, "POST", f"/admin/api/keys/{prefix}/revoke"))[0] == 200
+    status, body, _ = await call(gw, "POST", f"/admin/api/keys/{prefix}/revoke")
+    assert status == 409 and body["error"]["code"] == "key_revoked"
+    assert f"key {prefix} was already revoked at " in body["error"]["message"]
+    assert "nothing changed" in body["error"]["message"]
+    _, audit, _ = await call(gw, "GET", f"/admin/api/audit?action=key.revoke&target=key:{prefix}")
+    assert len(audit["entries"]) == 1

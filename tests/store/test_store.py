@@ -10,7 +10,7 @@ from sqlalchemy import inspect
 from turnout.core.patterns import PatternError
 from turnout.store.audit import AuditLog
 from turnout.store.db import Database, StoreError, database_url
-from turnout.store.keys import KeyStore, hash_key, parse_scopes
+from turnout.store.keys import KeyRevoked, KeyStore, hash_key, parse_scopes
 
 NOW = 1_800_000_000.0
 
@@ -64,7 +64,9 @@ def test_revoke_and_expiry(db: Database) -> None:
     assert rec.usable(NOW) is None and rec.usable(NOW + 100) == "this API key has expired"
     before, after = store.revoke(rec.prefix, now=NOW + 1)
     assert before.revoked_at is None and after.usable(NOW + 1) == "this API key was revoked"
-    assert store.revoke(str(rec.id), now=NOW + 5)[1].revoked_at == NOW + 1  # idempotent
+    with pytest.raises(KeyRevoked, match="already revoked"):  # nothing written: the first revocation stands
+        store.revoke(str(rec.id), now=NOW + 5)
+    assert store.get(str(rec.id)).revoked_at == NOW + 1
 
 
 def test_rotate_keeps_old_key_for_grace(db: Database) -> None:

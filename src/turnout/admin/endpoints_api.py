@@ -19,6 +19,7 @@ from sqlalchemy import Connection
 from turnout.admin.accounts import audit_change, json_response, read_object, store_call
 from turnout.admin.concurrency import check_if_match, etag_of
 from turnout.admin.inputs import EndpointChange, EndpointCreate, EndpointTest, parse_input
+from turnout.core.endpoint_rules import name_clash, url_note
 from turnout.core.endpoint_urls import base_urls
 from turnout.errors import Conflict, NotFound, Unprocessable
 from turnout.fleet.endpoints import EndpointManager, url_private
@@ -28,7 +29,7 @@ from turnout.store.keys import KeyRecord, KeyStore
 
 FALLBACK_WINDOW_S = 86_400  # fallbacks.since counts the last 24 hours
 
-__all__ = ["add_endpoint_routes", "endpoint_etag", "endpoint_key"]
+__all__ = ["add_endpoint_routes", "change_audit", "endpoint_etag", "endpoint_key"]
 
 
 def endpoint_key(keys: KeyStore, name: str, now: float) -> tuple[KeyRecord, str]:
@@ -36,6 +37,18 @@ def endpoint_key(keys: KeyStore, name: str, now: float) -> tuple[KeyRecord, str]
     return keys.create(
         app=f"endpoint-{name}", tenant=None, scopes=[f"{name}/*"], rpm=None, daily_tokens=None, expires_at=None, now=now
     )
+
+
+def change_audit(
+    before: EndpointRecord, after: EndpointRecord, changes: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The before/after of an ``endpoint.change`` audit entry. A record only says whether a credential is
+    set, so a new credential in place of an old one would look unchanged: it is recorded as ``"replaced"``
+    (never the value)."""
+    old, new = before.to_json(), after.to_json()
+    if changes.get("credential") and before.credential is not None:
+        new["credential"] = "replaced"
+    return old, new
 
 
 def endpoint_etag(record: EndpointRecord | dict[str, Any]) -> str:
@@ -116,13 +129,14 @@ async def get_endpoint(request: web.Request) -> web.Response:
 
 
 async def add_endpoint(request: web.Request) -> web.Response:
-    spec = parse_input(EndpointCreate, await read_object(request))
+    body = await read_object(request)
+    spec = parse_input(EndpointCreate, body)
+    body_url = body["url"]
     manager = request.app[ENDPOINTS]
     name = spec.name
-    if name in manager.fleet.workers and manager.fleet.workers[name].external is None:
-        raise Unprocessable(
-            f'"name": "{name}" is the name of a configured worker; choose another endpoint name', field="name"
-        )
+    clash = name_clash(name, manager.configured_workers())
+    if clash is not None:
+        raise Unprocessable(clash, field="name")
     if await store_call(manager.store.exists, name):
         raise Conflict(
             f'an endpoint named "{name}" already exists; choose another name or change that one',
@@ -144,6 +158,7 @@ async def add_endpoint(request: web.Request) -> web.Response:
     await manager.sync()
     probe = await manager.check(name)
     await audit_change(request, "endpoint.register", f"endpoint:{name}", after=record.to_json())
+    await audit_change(request, "key.create", f"key:{key_record.prefix}", after=key_record.to_json(now))
     view = {**await _view(request, manager, name), "etag": endpoint_etag(record)}  # the tag of this write
     return _with_etag(
         {
@@ -153,6 +168,7 @@ async def add_endpoint(request: web.Request) -> web.Response:
             "key": key,
             "key_prefix": key_record.prefix,
             "note": "the key is shown only once",
+            "url_note": url_note(body_url),
         },
         view["etag"],
         201,
@@ -161,17 +177,20 @@ async def add_endpoint(request: web.Request) -> web.Response:
 
 async def test_unsaved(request: web.Request) -> web.Response:
     """Dry run: probe a URL / API type / credential that is not registered. Nothing is stored or audited."""
-    spec = parse_input(EndpointTest, await read_object(request))
+    body = await read_object(request)
+    spec = parse_input(EndpointTest, body)
     manager = request.app[ENDPOINTS]
     name_taken = None
     if spec.name is not None:
-        configured = spec.name in manager.fleet.workers and manager.fleet.workers[spec.name].external is None
+        configured = name_clash(spec.name, manager.configured_workers()) is not None
         name_taken = configured or bool(await store_call(manager.store.exists, spec.name))
     credential = credential_value(manager, spec.credential, spec.credential_env)
     result = await manager.test_unsaved(spec.url, spec.api, credential or None)
     return json_response(
         {
             "test": result.to_json(),
+            "url": spec.url,
+            "url_note": url_note(body["url"]),
             "url_private": url_private(spec.url),
             "private_networks_allowed": manager.private_networks_allowed,
             "name_taken": name_taken,
@@ -195,9 +214,11 @@ async def change_endpoint(request: web.Request) -> web.Response:
         manager.store.update, name, changes, now=time.time(), check=_precondition(request, name)
     )
     await manager.sync()
-    await audit_change(request, "endpoint.change", f"endpoint:{name}", before=before.to_json(), after=after.to_json())
+    old, new = change_audit(before, after, changes)
+    await audit_change(request, "endpoint.change", f"endpoint:{name}", before=old, after=new)
     view = {**await _view(request, manager, name), "etag": endpoint_etag(after)}  # the tag of this write
-    return _with_etag({"endpoint": view}, view["etag"])
+    note = url_note(body["url"]) if isinstance(body.get("url"), str) else None
+    return _with_etag({"endpoint": view, "url_note": note}, view["etag"])
 
 
 async def remove_endpoint(request: web.Request) -> web.Response:

@@ -13,7 +13,9 @@ module too); the bounds are documented in docs/keys.md and docs/endpoints.md:
   timestamps lie between the epoch and the end of year 9999; a latency budget is at most
   :data:`MAX_LATENCY_BUDGET_MS` (10 minutes);
 - names and other texts have a bounded length and no control characters; model names follow
-  :func:`turnout.core.names.model_name_problem`.
+  :func:`turnout.core.names.model_name_problem`;
+- an endpoint URL loses one trailing ``/v1`` or ``/api`` and trailing slashes
+  (:func:`turnout.core.endpoint_rules.base_url`; callers say so with ``url_note``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from turnout.core.endpoint_rules import base_url
 from turnout.core.names import model_name_problem
 from turnout.core.patterns import PatternError, parse_pattern
 from turnout.errors import Unprocessable
@@ -156,7 +159,7 @@ def _url(value: str) -> str:
         raise ValueError("has an invalid host or a port outside 1..65535") from None
     if not parts.hostname or parts.port == 0:
         raise ValueError("has an invalid host or a port outside 1..65535")
-    return value
+    return base_url(value).url  # http://host:1234/v1 -> http://host:1234 (callers say so: url_note)
 
 
 def _endpoint_name(value: str) -> str:

@@ -25,6 +25,7 @@ import orjson
 
 from turnout.config import Settings, Worker, WorkerType
 from turnout.core.endpoint_health import SLOW_MS, CheckResult, EndpointState, Failure, hint, next_state
+from turnout.core.endpoint_rules import name_clash
 from turnout.core.endpoint_urls import shared_name
 from turnout.core.health import ProbePolicy, ProbeResult, failure_reason, probe_event, should_probe
 from turnout.core.names import model_name_problem
@@ -184,6 +185,10 @@ class EndpointManager:
         """Probe an endpoint that is not registered: nothing is stored and the fleet does not change."""
         return await probe(self.client, url, api, credential, self.guard, self.timeout_s)
 
+    def configured_workers(self) -> set[str]:
+        """The names of the config's workers (an endpoint may not take one: :func:`name_clash`)."""
+        return {n for n, w in self.fleet.workers.items() if w.external is None}
+
     def credential(self, record: EndpointRecord) -> str | None:
         return None if record.credential is None else self.secrets.decrypt(record.credential)
 
@@ -205,8 +210,9 @@ class EndpointManager:
         for name, record in records.items():
             if self._records.get(name) == record:
                 continue
-            if name in self.fleet.workers and self.fleet.workers[name].external is None:
-                log.error('endpoint "%s" has the name of a configured worker; it is ignored', name)
+            clash = name_clash(name, self.configured_workers())
+            if clash is not None:
+                log.error('endpoint "%s" is ignored: %s', name, clash)
                 continue
             try:
                 state = self._worker_state(record)

@@ -17,6 +17,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, CursorResult, RowMapping, func, insert, select, update
@@ -204,13 +205,16 @@ class KeyStore:
             return self._load(conn, old.id), self._load(conn, new_id), plaintext
 
     def revoke(self, ref: str, *, now: float, check: Check | None = None) -> tuple[KeyRecord, KeyRecord]:
-        """(before, after)."""
+        """(before, after). A key revoked already raises :class:`KeyRevoked` (nothing is written, so
+        nothing new is audited)."""
         with self.db.begin() as conn:
             before = self._resolve(conn, ref, lock=True)
             if check is not None:
                 check(before)
-            if before.revoked_at is None:
-                conn.execute(update(keys).where(keys.c.id == before.id).values(revoked_at=now))
+            if before.revoked_at is not None:
+                when = datetime.fromtimestamp(before.revoked_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+                raise KeyRevoked(f"key {before.prefix} was already revoked at {when}; nothing changed")
+            conn.execute(update(keys).where(keys.c.id == before.id).values(revoked_at=now))
             return before, self._load(conn, before.id)
 
     def update(

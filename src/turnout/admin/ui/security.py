@@ -5,6 +5,9 @@
   state-changing call (anything but GET/HEAD/OPTIONS) must also send its session's CSRF token in
   ``X-CSRF-Token``; without it the answer is 403 ``csrf_failed`` and nothing changes. The UI's pages check the
   same token (header, or a ``csrf_token`` form field) through :func:`check_csrf`.
+- **Who is audited**: a browser's changes as ``admin-ui``; a script's as ``admin-api``, or as the
+  ``cli:<user>`` that ``turnout`` commands name in ``X-Turnout-Actor`` (only ``cli:`` names are taken: the
+  holder of the admin token may do anything anyway, so the header only labels its own changes).
 - **Cookies** are ``HttpOnly; SameSite=Strict; Path=/admin``, and ``Secure`` when the request came over TLS or
   carries ``X-Forwarded-Proto: https``. That header is trusted from anyone because it can only make the
   cookie stricter: a client that forges it merely gets a cookie its own plain-HTTP browser will not send back.
@@ -26,6 +29,7 @@ from turnout.errors import Forbidden, TurnoutError, Unauthorized
 from turnout.gateway.keys import ADMIN_AUTH, AUDIT_ACTOR, SIGNINS
 
 __all__ = [
+    "ACTOR_HEADER",
     "CSRF_FIELD",
     "CSRF_HEADER",
     "SAFE_METHODS",
@@ -43,6 +47,8 @@ __all__ = [
 
 SESSION_COOKIE = "turnout_session"
 CSRF_HEADER = "X-CSRF-Token"
+ACTOR_HEADER = "X-Turnout-Actor"  # the CLI's cli:<user>, recorded as the audit actor of its changes
+MAX_ACTOR = 128
 CSRF_FIELD = "csrf_token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 COOKIE_PATH = "/admin"
@@ -138,6 +144,9 @@ async def check_admin(request: web.Request) -> None:
     except TurnoutError:
         await app[SIGNINS].note(request, ok=False)
         raise
+    actor = request.headers.get(ACTOR_HEADER, "")
+    if actor.startswith("cli:") and len(actor) <= MAX_ACTOR and actor.isprintable():
+        request[AUDIT_ACTOR] = actor
     await app[SIGNINS].note(request, ok=True)
 
 
