@@ -53,7 +53,8 @@ def main() -> None:
         cwd = Path(scratch)
         data = cwd / "turnout-data"
         data.mkdir()
-        (data / "config.json").write_text(json.dumps({"storage": {"data_dir": "."}}))
+        # port 1: nothing answers, so `key list` measures the store path (a gateway at 8080 is not asked)
+        (data / "config.json").write_text(json.dumps({"storage": {"data_dir": "."}, "listen": {"port": 1}}))
         _time(["-m", "turnout", "key", "create", "--app", "bench"], cwd, env)  # creates and migrates the store
         rows = []
         for label, args in COMMANDS:

@@ -122,7 +122,7 @@ def _wait_ready(port: int, proc: subprocess.Popen[str]) -> None:
 
 def test_key_commands(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"storage": {"data_dir": "state"}}))
+    config.write_text(json.dumps({"storage": {"data_dir": "state"}, "listen": {"port": free_port()}}))
     c = ["--config", str(config)]
     created = run(["key", "create", "--app", "web", "--models", "model:qwen3:*", "--rpm", "5", *c], tmp_path)
     assert created.returncode == 0, created.stderr
@@ -138,10 +138,10 @@ def test_key_commands(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "no key" in bad.stderr
     bad = run(["key", "create", "--app", "x", "--models", "q*x", *c], tmp_path)
     assert bad.returncode == 2 and "last character" in bad.stderr
-    audit = json.loads(run(["audit", *c], tmp_path).stdout)
+    audit = json.loads(run(["audit", "--json", *c], tmp_path).stdout)
     assert [e["action"] for e in audit] == ["key.revoke", "key.rotate", "key.create"]
     assert all(e["actor"].startswith("cli") for e in audit)
-    assert json.loads(run(["usage", "--since", "7d", *c], tmp_path).stdout) == []
+    assert json.loads(run(["usage", "--since", "7d", "--json", *c], tmp_path).stdout) == []
 
 
 def test_first_start_prints_a_starter_key_that_works(tmp_path: Path) -> None:
@@ -173,7 +173,10 @@ def test_open_access_refuses_a_public_bind(tmp_path: Path) -> None:
 
 def test_endpoint_commands(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"storage": {"data_dir": "state"}, "health": {"timeout_s": 1}}))
+    gw_port = free_port()  # nothing listens there: the commands work on the store
+    config.write_text(
+        json.dumps({"storage": {"data_dir": "state"}, "health": {"timeout_s": 1}, "listen": {"port": gw_port}})
+    )
     c = ["--config", str(config)]
     port = free_port()  # nothing listens: registration still works, the test says what to change
     env = {"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "true", "MAC_KEY": "upstream-secret"}
@@ -196,10 +199,11 @@ def test_endpoint_commands(tmp_path: Path) -> None:
     assert added.returncode == 0, added.stderr
     assert added.stdout.strip().startswith("tk_") and "connection refused" in added.stderr
     assert "OLLAMA_HOST" in added.stderr
-    # both URLs the key works at (the default listen address, 127.0.0.1:8080)
-    assert "http://127.0.0.1:8080/endpoints/mac/v1 (OpenAI)" in added.stderr and "models as <model>" in added.stderr
-    assert "http://127.0.0.1:8080/v1 (OpenAI)" in added.stderr and "models as mac/<model>" in added.stderr
-    listing = json.loads(run(["endpoint", "list", *c], tmp_path).stdout)
+    # both URLs the key works at (the config's listen address)
+    origin = f"http://127.0.0.1:{gw_port}"
+    assert f"{origin}/endpoints/mac/v1 (OpenAI)" in added.stderr and "models as <model>" in added.stderr
+    assert f"{origin}/v1 (OpenAI)" in added.stderr and "models as mac/<model>" in added.stderr
+    listing = json.loads(run(["endpoint", "list", "--json", *c], tmp_path).stdout)
     assert listing[0]["credential"] is True and "upstream-secret" not in json.dumps(listing)
     tested = run(["endpoint", "test", "mac", *c], tmp_path, **env)
     assert tested.returncode == 1 and "what to change" in tested.stderr
@@ -216,13 +220,14 @@ def test_endpoint_commands(tmp_path: Path) -> None:
     assert run(["endpoint", "test", *c], tmp_path).returncode == 2  # neither a name nor --url
     removed = run(["endpoint", "remove", "mac", *c], tmp_path)
     assert removed.returncode == 0 and "revoked keys tk_" in removed.stdout
-    assert json.loads(run(["endpoint", "list", *c], tmp_path).stdout) == []
+    assert json.loads(run(["endpoint", "list", "--json", *c], tmp_path).stdout) == []
     [key] = json.loads(run(["key", "list", "--json", *c], tmp_path).stdout)
     assert key["app"] == "endpoint-mac" and key["state"] == "revoked"  # the key registration printed
-    assert [e["action"] for e in json.loads(run(["audit", *c], tmp_path).stdout)][:4] == [
+    assert [e["action"] for e in json.loads(run(["audit", "--json", *c], tmp_path).stdout)][:5] == [
         "endpoint.remove",
         "key.revoke",
         "endpoint.change",
+        "key.create",  # the key registration printed
         "endpoint.register",
     ]
     again = run(["endpoint", "add", "mac", "--url", f"http://127.0.0.1:{port}", *c], tmp_path, **env)
@@ -242,7 +247,7 @@ def test_key_edit_list_filters_and_usage_in_process(tmp_path: Path) -> None:
     from turnout.store.usage import UsageRow, UsageStore
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"storage": {"data_dir": "state"}}))
+    config.write_text(json.dumps({"storage": {"data_dir": "state"}, "listen": {"port": free_port()}}))
     c = ["--config", str(config)]
     runner = CliRunner()
 
@@ -256,7 +261,7 @@ def test_key_edit_list_filters_and_usage_in_process(tmp_path: Path) -> None:
     edited = json.loads(cli("key", "edit", "1", "--models", "llama3.2", "--rpm", "none", "--daily-tokens", "900"))
     assert edited["models"] == ["model:llama3.2"] and edited["rpm"] is None and edited["daily_tokens"] == 900
     assert json.loads(cli("key", "edit", "1", "--expires", "never"))["expires_at"] is None
-    audit = json.loads(cli("audit", "--action", "key.change"))
+    audit = json.loads(cli("audit", "--json", "--action", "key.change"))
     assert audit[-1]["before"]["rpm"] == 5 and audit[-1]["after"]["rpm"] is None
     assert [k["app"] for k in json.loads(cli("key", "list", "--json", "--tenant", "team-b"))] == ["batch"]
     assert [k["app"] for k in json.loads(cli("key", "list", "--json", "--endpoint", "mac"))] == ["batch"]
@@ -274,10 +279,10 @@ def test_key_edit_list_filters_and_usage_in_process(tmp_path: Path) -> None:
     [listed] = json.loads(cli("key", "list", "--json", "--app", "web"))
     assert listed["last_used"] == now // 60 * 60 and listed["state"] == "active"
     assert "LAST USED" in cli("key", "list")
-    rows = json.loads(cli("usage", "--worker", "a"))
+    rows = json.loads(cli("usage", "--json", "--worker", "a"))
     assert [(r["model"], r["requests"]) for r in rows] == [("llama3.2", 1)]
-    assert [r["worker"] for r in json.loads(cli("usage", "--endpoint", "mac"))] == ["mac"]
-    points = json.loads(cli("usage", "--series", "--since", "5m", "--bucket", "minute"))
+    assert [r["worker"] for r in json.loads(cli("usage", "--json", "--endpoint", "mac"))] == ["mac"]
+    points = json.loads(cli("usage", "--json", "--series", "--since", "5m", "--bucket", "minute"))
     assert sum(p["requests"] for p in points) == 2 and len(points) >= 5
     table = cli("usage", "--format", "csv", "--model", "mac/x").splitlines()
     assert table[0].startswith("bucket_start,bucket_start_utc,key") and len(table) == 2 and ",mac/x," in table[1]
@@ -410,15 +415,15 @@ def test_cli_refuses_what_the_admin_api_refuses(tmp_path: Path, args: list[str],
     from turnout.cli import app
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"storage": {"data_dir": "state"}}))
+    config.write_text(json.dumps({"storage": {"data_dir": "state"}, "listen": {"port": free_port()}}))
     runner = CliRunner(env={"BAD_CRED": "k\r\nX-Injected: 1"})
     result = runner.invoke(app, [*args, "--config", str(config)])
     assert result.exit_code == 2, (result.output, result.exception)
     assert flag in result.stderr and "Traceback" not in result.output, result.stderr
     listed = runner.invoke(app, ["key", "list", "--json", "--config", str(config)])
     assert json.loads(listed.stdout) == []
-    assert json.loads(runner.invoke(app, ["endpoint", "list", "--config", str(config)]).stdout) == []
-    assert json.loads(runner.invoke(app, ["audit", "--config", str(config)]).stdout) == []
+    assert json.loads(runner.invoke(app, ["endpoint", "list", "--json", "--config", str(config)]).stdout) == []
+    assert json.loads(runner.invoke(app, ["audit", "--json", "--config", str(config)]).stdout) == []
 
 
 @pytest.mark.parametrize(
@@ -448,7 +453,7 @@ def test_cli_refuses_out_of_range_options(tmp_path: Path, args: list[str], flag:
 
 def test_backup_create_and_restore(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"storage": {"data_dir": "state"}}))
+    config.write_text(json.dumps({"storage": {"data_dir": "state"}, "listen": {"port": free_port()}}))
     c = ["--config", str(config)]
     key = run(["key", "create", "--app", "web", *c], tmp_path).stdout.strip()
     assert key.startswith("tk_")
@@ -469,7 +474,7 @@ def test_backup_create_and_restore(tmp_path: Path) -> None:
     assert "restored  store" in restored.stdout and "unchanged config.json" in restored.stdout
     listing = run(["key", "list", *c], tmp_path).stdout
     assert key[:10] in listing and "revoked" not in listing
-    audit = [e["action"] for e in json.loads(run(["audit", *c], tmp_path).stdout)]
+    audit = [e["action"] for e in json.loads(run(["audit", "--json", *c], tmp_path).stdout)]
     assert audit[:3] == ["backup.restore", "key.revoke", "backup.create"]  # later entries kept
 
     (tmp_path / "bad.zip").write_bytes((tmp_path / "b.zip").read_bytes()[:200])

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import typer
 
+from tests.conftest import free_port
 from turnout import __version__
 from turnout.cli import app
 
@@ -100,7 +101,8 @@ def test_help_imports_no_heavy_stack(tmp_path: Path, args: list[str]) -> None:
 
 def test_key_list_on_a_migrated_store_skips_alembic_and_aiohttp(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"storage": {"data_dir": "state"}}))
+    # a free listen port: no gateway answers there, so the commands read the store
+    config.write_text(json.dumps({"storage": {"data_dir": "state"}, "listen": {"port": free_port()}}))
     first = run(["key", "create", "--app", "web", "--config", str(config)], tmp_path)
     assert first.returncode == 0, first.stderr  # creates and migrates the store
     imported = _imported(["key", "list", "--config", str(config)], tmp_path)

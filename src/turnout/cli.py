@@ -284,8 +284,15 @@ def _starter_key(application: web.Application, settings: Settings) -> None:
     keys = application[KEYS]
     if settings.auth.open or keys.count() > 0:
         return
+    from turnout.cli_accounts import cli_actor
+    from turnout.gateway.keys import AUDIT
+
+    now = time.time()
     record, plaintext = keys.create(
-        app="starter", tenant=None, scopes=["*"], rpm=None, daily_tokens=None, expires_at=None, now=time.time()
+        app="starter", tenant=None, scopes=["*"], rpm=None, daily_tokens=None, expires_at=None, now=now
+    )
+    application[AUDIT].record(
+        actor=cli_actor(), action="key.create", target=f"key:{record.prefix}", after=record.to_json(now), now=now
     )
     typer.echo(f"turnout: created a starter API key for app {record.app!r} (all models); it is shown only once:")
     typer.echo(f"  {plaintext}")
@@ -385,22 +392,47 @@ def claim_apply(
 
 
 @claim_app.command("list")
-def claim_list(config: ConfigOption = None, data_dir: DataDirOption = None) -> None:
-    """Claims with their phase, pod and port."""
+def claim_list(
+    config: ConfigOption = None,
+    data_dir: DataDirOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+) -> None:
+    """Claims with their phase, pod and port, and why one is not Active."""
+    from turnout.cli_tables import echo_json, render, table
     from turnout.controller.local import ClaimFiles
 
-    files = ClaimFiles(_claims_dir(config, data_dir))
+    where = _claims_dir(config, data_dir)
+    files = ClaimFiles(where)
     statuses = files.statuses()
-    typer.echo(f"{'NAME':24} {'MODEL':24} {'PHASE':12} {'POD':16} {'PORT':>6}  REASON")
+    rows = []
     for doc in files.all():
         name = doc["metadata"]["name"]
         st = statuses.get(name, {})
         phase = "Deleting" if doc.get("deleting") else st.get("phase", "Pending")
-        model = st.get("model") or (doc.get("spec") or {}).get("modelName") or name
-        reason = st.get("reason", "")
-        if st.get("message") and phase not in ("Active", "Deleting"):
-            reason = f"{reason}: {st['message']}"
-        typer.echo(f"{name:24} {model:24} {phase:12} {st.get('pod') or '-'!s:16} {st.get('port', 0):>6}  {reason}")
+        rows.append(
+            {
+                "name": name,
+                "model": st.get("model") or (doc.get("spec") or {}).get("modelName") or name,
+                "phase": phase,
+                "pod": st.get("pod") or None,
+                "port": st.get("port", 0),
+                "reason": st.get("reason") or None,
+                "message": st.get("message") or None,
+            }
+        )
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        typer.echo(f"no claims in {where}; create one with: turnout claim apply -f CLAIM.yaml")
+        return
+    out = []
+    for r in rows:
+        reason = r["reason"] or ""
+        if r["message"] and r["phase"] not in ("Active", "Deleting"):
+            reason = f"{reason}: {r['message']}"
+        out.append([r["name"], r["model"], r["phase"], r["pod"], r["port"], reason])
+    render(table(["NAME", "MODEL", "PHASE", "POD", "PORT", "REASON"], out, right=(4,)))
 
 
 @claim_app.command("events")

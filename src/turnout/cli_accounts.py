@@ -1,14 +1,17 @@
-"""`turnout key ...`, `turnout usage`, `turnout audit`: the same actions as the admin API, on the store.
+"""`turnout key ...`, `turnout usage`, `turnout audit`: the same actions as the admin API.
 
-They open the database named by the config directly, so they work whether or not the gateway runs.
-A running gateway sees a CLI revocation within ``auth.key_cache_s`` seconds.
+Key commands are the admin API's calls when the gateway named by the config runs (:mod:`turnout.cli_gateway`),
+so a revocation or a change takes effect at once there. When none runs, they say so in one line and work on
+the store directly (a gateway started later reads it). Either way the input models, store rules and audit
+entries are the admin API's. ``usage`` and ``audit`` read the store; all listings print a table by default
+and JSON with ``--json`` (:mod:`turnout.cli_tables`).
 """
 
 from __future__ import annotations
 
 import getpass
-import json
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from turnout.cli_gateway import AdminClient, GatewayError, connect
+from turnout.cli_tables import WIDTH, clip, echo_json, local_time, ms, render, table
 from turnout.defaults import DEFAULT_CONFIG
 from turnout.errors import TurnoutError, Unprocessable
 from turnout.store.bounds import MAX_AUDIT_ENTRIES
@@ -25,16 +30,19 @@ if TYPE_CHECKING:
     from turnout.store.db import Database
 
 # The store stack (SQLAlchemy, the admin input models) is imported inside the commands, so that
-# `turnout --help` does not pay for it.
+# `turnout --help` does not pay for it, nor a command that talks to a running gateway.
 
 __all__ = [
     "DEFAULT_CONFIG",
     "ConfigOption",
+    "api_error",
     "cli_actor",
     "cli_audit",
     "cli_input",
     "fail",
+    "gateway",
     "key_app",
+    "load_config",
     "open_store",
     "register",
 ]
@@ -57,20 +65,48 @@ def cli_input(**flags: str) -> Iterator[None]:
     try:
         yield
     except Unprocessable as exc:
-        field = (exc.field or "").split(".")[0].split("[")[0]
-        flag = flags.get(field, field.replace("_", "-"))
-        fail(f"--{flag}: {exc.message}" if flag else exc.message)
+        bad_field(exc.field, exc.message, flags)
+
+
+def bad_field(field: str | None, message: str, flags: dict[str, str]) -> None:
+    """Exit 2 with ``message`` about ``field`` (an input model's or the admin API's), naming its option."""
+    name = (field or "").split(".")[0].split("[")[0]
+    flag = flags.get(name, name.replace("_", "-"))
+    fail(f"--{flag}: {message}" if flag else message)
+
+
+def load_config(config: Path) -> Settings:
+    """The settings of ``config``, or a one-line exit (2) naming what is wrong with it."""
+    from turnout.config import ConfigError, load_settings
+
+    try:
+        return load_settings(config)
+    except ConfigError as exc:
+        fail(str(exc))
+        raise  # unreachable: fail exits
+
+
+def gateway(settings: Settings) -> AdminClient | None:
+    """The running gateway's admin API, or None (said on stderr) when none answers: then work on the store."""
+    return connect(settings, timeout_s=settings.health.timeout_s + 30)
+
+
+def api_error(exc: GatewayError, **flags: str) -> None:
+    """An error answer of the admin API, said as the store path would say it: a bad field names its option."""
+    if exc.field is not None:
+        bad_field(exc.field, exc.message, flags)
+    fail(exc.message)
 
 
 @contextmanager
-def open_store(config: Path) -> Iterator[tuple[Settings, Database]]:
-    from turnout.config import ConfigError, load_settings
+def open_store(config: Path | Settings) -> Iterator[tuple[Settings, Database]]:
+    from turnout.config import ConfigError, Settings, load_settings
     from turnout.core.patterns import PatternError
     from turnout.store.db import Database, StoreError, database_url
     from turnout.store.secrets import SecretError
 
     try:
-        settings = load_settings(config)
+        settings = config if isinstance(config, Settings) else load_settings(config)
         db = Database(database_url(settings.storage.database_url, settings.data_dir))
         db.migrate()
     except (ConfigError, StoreError) as exc:
@@ -98,6 +134,15 @@ def cli_actor() -> str:
         return "cli"
 
 
+def _key_path(ref: str, action: str = "") -> str:
+    """The admin API path of a key given by id, prefix or whole key. A whole key goes as its prefix: a key
+    never travels in a URL (paths end up in access logs)."""
+    ref = ref.strip()
+    if ref.startswith("tk_") and len(ref) > 10:
+        ref = ref[:10]
+    return "/admin/api/keys/" + urllib.parse.quote(ref, safe="") + action
+
+
 @key_app.command("create")
 def key_create(
     app: Annotated[str, typer.Option(help="application the key is for (created when new)")],
@@ -113,32 +158,41 @@ def key_create(
     from turnout.store.keys import KeyStore, parse_scopes
 
     now = time.time()
+    body = {
+        "app": app,
+        "tenant": tenant,
+        "models": models.split(",") if models else None,
+        "rpm": rpm,
+        "daily_tokens": daily_tokens,
+        "expires": expires or None,
+    }
     with cli_input():
-        spec = parse_input(
-            KeyCreate,
-            {
-                "app": app,
-                "tenant": tenant,
-                "models": models.split(",") if models else None,
-                "rpm": rpm,
-                "daily_tokens": daily_tokens,
-                "expires": expires or None,
-            },
-        )
+        spec = parse_input(KeyCreate, body)
         expires_at = spec.expires_at(now)
-    with open_store(config) as (_, db):
-        record, plaintext = KeyStore(db).create(
-            app=spec.app,
-            tenant=spec.tenant,
-            scopes=parse_scopes(spec.models),
-            rpm=spec.rpm,
-            daily_tokens=spec.daily_tokens,
-            expires_at=expires_at,
-            now=now,
-        )
-        cli_audit(db, action="key.create", target=f"key:{record.prefix}", after=record.to_json(), now=now)
+    settings = load_config(config)
+    admin = gateway(settings)
+    if admin is not None:
+        try:
+            answer = admin.call("POST", "/admin/api/keys", {k: v for k, v in body.items() if v is not None})
+        except GatewayError as exc:
+            api_error(exc)
+            return
+        plaintext, view = answer["key"], answer["record"]
+    else:
+        with open_store(settings) as (_, db):
+            record, plaintext = KeyStore(db).create(
+                app=spec.app,
+                tenant=spec.tenant,
+                scopes=parse_scopes(spec.models),
+                rpm=spec.rpm,
+                daily_tokens=spec.daily_tokens,
+                expires_at=expires_at,
+                now=now,
+            )
+            cli_audit(db, action="key.create", target=f"key:{record.prefix}", after=record.to_json(now), now=now)
+        view = record.to_json(now)
     typer.echo(plaintext)
-    typer.echo(f"key {record.prefix} for app {record.app} (tenant {record.tenant}); shown only once", err=True)
+    typer.echo(f"key {view['prefix']} for app {view['app']} (tenant {view['tenant']}); shown only once", err=True)
 
 
 @key_app.command("list")
@@ -150,32 +204,64 @@ def key_list(
     endpoint: Annotated[str | None, typer.Option(help="only keys whose scopes reach this endpoint's models")] = None,
     state: Annotated[str | None, typer.Option(help="active, revoked, expired or in_grace")] = None,
 ) -> None:
-    """List keys (prefix, app, scopes, limits, state, last use)."""
+    """List keys: prefix, app, tenant, state, when it stops working (a rotated key: the end of its grace),
+    last use, limits and models."""
     from turnout.admin.inputs import KeyListQuery, parse_input
     from turnout.store.keys import KeyStore
     from turnout.store.usage import UsageStore
 
+    filters = {"tenant": tenant, "app": app, "endpoint": endpoint, "state": state}
     with cli_input():
-        query = parse_input(KeyListQuery, {"tenant": tenant, "app": app, "endpoint": endpoint, "state": state})
-    with open_store(config) as (_, db):
-        records = KeyStore(db).all()
-        used = UsageStore(db).last_used()
+        query = parse_input(KeyListQuery, filters)
+    settings = load_config(config)
+    admin = gateway(settings)
     now = time.time()
-    records = [r for r in records if query.matches(r, now)]
+    views: list[dict[str, Any]]
+    if admin is not None:
+        try:
+            views = admin.call("GET", "/admin/api/keys", query=filters)["keys"]
+        except GatewayError as exc:
+            api_error(exc)
+            return
+    else:
+        with open_store(settings) as (_, db):
+            records = KeyStore(db).all()
+            used = UsageStore(db).last_used()
+        views = [{**r.to_json(now), "last_used": used.get(r.id)} for r in records if query.matches(r, now)]
     if as_json:
-        typer.echo(json.dumps([{**r.to_json(now), "last_used": used.get(r.id)} for r in records], indent=2))
+        echo_json(views)
         return
-    typer.echo(
-        f"{'ID':>4}  {'PREFIX':10}  {'APP':16}  {'TENANT':12}  {'RPM':>6}  {'TOKENS/DAY':>10}  {'STATE':8}  "
-        f"{'LAST USED':16}  MODELS"
-    )
-    for r in records:
-        last = used.get(r.id)
-        shown = "-" if last is None else time.strftime("%Y-%m-%d %H:%M", time.gmtime(last))
-        typer.echo(
-            f"{r.id:>4}  {r.prefix:10}  {r.app[:16]:16}  {r.tenant[:12]:12}  {r.rpm or '-':>6}  "
-            f"{r.daily_tokens or '-':>10}  {r.state(now):8}  {shown:16}  {','.join(p.text for p in r.scopes)}"
+    render(key_table(views))
+
+
+def key_table(views: list[dict[str, Any]]) -> list[str]:
+    """One row per key; UNTIL is a rotated key's grace end, else its expiry. TENANT and LIMITS appear only
+    when some key has them (so the usual table fits 80 columns)."""
+    tenants = any(v["tenant"] != "default" for v in views)
+    limited = any(v.get("rpm") or v.get("daily_tokens") for v in views)
+    headers = ["ID", "PREFIX", "APP", *(["TENANT"] if tenants else []), "STATE", "UNTIL", "LAST USED"]
+    headers += [*(["LIMITS"] if limited else []), "MODELS"]
+    rows = []
+    for v in views:
+        until = v.get("grace_until") if v["state"] == "in_grace" else v.get("expires_at")
+        limits = [
+            f"{v['rpm']} rpm" if v.get("rpm") else "",
+            f"{v['daily_tokens']} tok/d" if v.get("daily_tokens") else "",
+        ]
+        rows.append(
+            [
+                v["id"],
+                v["prefix"],
+                v["app"],
+                *([v["tenant"]] if tenants else []),
+                v["state"],
+                local_time(until, seconds=False) if until else "-",
+                local_time(v.get("last_used"), seconds=False),
+                *([", ".join(x for x in limits if x) or "-"] if limited else []),
+                ",".join(m.removeprefix("model:") for m in v["models"]),
+            ]
         )
+    return table(headers, rows, right=(0,))
 
 
 @key_app.command("edit")
@@ -202,7 +288,15 @@ def key_edit(
     now = time.time()
     with cli_input():
         changes = parse_input(KeyChange, body).changes(now)
-    with open_store(config) as (_, db):
+    settings = load_config(config)
+    admin = gateway(settings)
+    if admin is not None:
+        try:
+            echo_json(admin.call("PATCH", _key_path(ref), body))
+        except GatewayError as exc:
+            api_error(exc)
+        return
+    with open_store(settings) as (_, db):
         before, after = KeyStore(db).update(ref, now=now, **changes)
         cli_audit(
             db,
@@ -212,7 +306,7 @@ def key_edit(
             after=after.to_json(now),
             now=now,
         )
-    typer.echo(json.dumps(after.to_json(now), indent=2))
+    echo_json(after.to_json(now))
 
 
 def _count(value: str, name: str) -> int | str:
@@ -225,21 +319,38 @@ def _count(value: str, name: str) -> int | str:
 def key_revoke(
     ref: Annotated[str, typer.Argument(help="key id or prefix")], config: ConfigOption = DEFAULT_CONFIG
 ) -> None:
-    """Revoke a key at once."""
-    from turnout.store.keys import KeyStore
+    """Revoke a key at once (through the running gateway: refused from its next request on). A key revoked
+    already is left as it is: the command says so and exits 0, and nothing new is audited."""
+    from turnout.store.keys import KeyRevoked, KeyStore
 
-    now = time.time()
-    with open_store(config) as (_, db):
-        before, after = KeyStore(db).revoke(ref, now=now)
-        cli_audit(
-            db,
-            action="key.revoke",
-            target=f"key:{after.prefix}",
-            before=before.to_json(),
-            after=after.to_json(),
-            now=now,
-        )
-    typer.echo(f"revoked {after.prefix}")
+    settings = load_config(config)
+    admin = gateway(settings)
+    if admin is not None:
+        try:
+            prefix = admin.call("POST", _key_path(ref, "/revoke"))["prefix"]
+        except GatewayError as exc:
+            if exc.code != "key_revoked":
+                api_error(exc)
+            typer.echo(f"turnout: {exc.message}", err=True)
+            return
+    else:
+        now = time.time()
+        with open_store(settings) as (_, db):
+            try:
+                before, after = KeyStore(db).revoke(ref, now=now)
+            except KeyRevoked as exc:
+                typer.echo(f"turnout: {exc}", err=True)
+                return
+            cli_audit(
+                db,
+                action="key.revoke",
+                target=f"key:{after.prefix}",
+                before=before.to_json(now),
+                after=after.to_json(now),
+                now=now,
+            )
+        prefix = after.prefix
+    typer.echo(f"revoked {prefix}")
 
 
 @key_app.command("rotate")
@@ -257,19 +368,31 @@ def key_rotate(
     now = time.time()
     with cli_input(grace_s="grace"):
         spec = parse_input(KeyRotate, {"grace_s": grace})
-    with open_store(config) as (settings, db):
-        grace_s = settings.auth.rotate_grace_s if spec.grace_s is None else spec.grace_s
-        old, new, plaintext = KeyStore(db).rotate(ref, grace_s=grace_s, now=now)
-        cli_audit(
-            db,
-            action="key.rotate",
-            target=f"key:{old.prefix}",
-            before=old.to_json(),
-            after=new.to_json(),
-            now=now,
-        )
+    settings = load_config(config)
+    admin = gateway(settings)
+    if admin is not None:
+        try:
+            answer = admin.call("POST", _key_path(ref, "/rotate"), {"grace_s": spec.grace_s})
+        except GatewayError as exc:
+            api_error(exc, grace_s="grace")
+            return
+        plaintext, new, old = answer["key"], answer["record"], answer["old"]
+    else:
+        with open_store(settings) as (_, db):
+            grace_s = settings.auth.rotate_grace_s if spec.grace_s is None else spec.grace_s
+            old_record, new_record, plaintext = KeyStore(db).rotate(ref, grace_s=grace_s, now=now)
+            cli_audit(
+                db,
+                action="key.rotate",
+                target=f"key:{old_record.prefix}",
+                before=old_record.to_json(now),
+                after=new_record.to_json(now),
+                now=now,
+            )
+        new, old = new_record.to_json(now), old_record.to_json(now)
     typer.echo(plaintext)
-    typer.echo(f"new key {new.prefix}; {old.prefix} works for {grace_s:g} more seconds", err=True)
+    until = old.get("grace_until") or old.get("expires_at")
+    typer.echo(f"new key {new['prefix']}; {old['prefix']} works until {local_time(until)} (local time)", err=True)
 
 
 def usage(
@@ -284,15 +407,20 @@ def usage(
     model: Annotated[str | None, typer.Option(help="the model asked for")] = None,
     route: Annotated[str | None, typer.Option(help="the client API route, e.g. openai:chat")] = None,
     series: Annotated[bool, typer.Option("--series", help="one point per bucket (totals, as charted)")] = False,
-    output_format: Annotated[str, typer.Option("--format", help="json or csv")] = "json",
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    output_format: Annotated[str | None, typer.Option("--format", help="table (default), json or csv")] = None,
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
-    """Usage per key, endpoint and worker (or, with --series, one total per bucket)."""
+    """Usage per key, endpoint and worker (or, with --series, one total per bucket): a table with local times,
+    latency p50/p95 and totals; JSON with --json, CSV with --format csv."""
     from turnout.admin.inputs import UsageQuery, parse_input
     from turnout.store.keys import KeyStore
     from turnout.store.usage import SERIES_COLUMNS, SUMMARY_COLUMNS, UsageFilter, UsageStore, to_csv
 
     now = time.time()
+    shape = "json" if as_json else (output_format or "table")
+    if shape not in ("table", "json", "csv"):
+        fail(f"--format: must be table, json or csv, not {shape!r}")
     with cli_input():
         query = parse_input(
             UsageQuery,
@@ -305,7 +433,7 @@ def usage(
                 "worker": worker,
                 "model": model,
                 "route": route,
-                "format": output_format,
+                "format": "csv" if shape == "csv" else "json",
             },
         )
         since_ts = query.since_ts(now)
@@ -324,10 +452,49 @@ def usage(
                 rows = store.summary(since=since_ts, bucket=query.bucket, where=where, until=until_ts)
         except ValueError as exc:
             fail(f"--bucket: {exc}")
-    if query.format == "csv":
+    if shape == "csv":
         typer.echo(to_csv(rows, SERIES_COLUMNS if series else SUMMARY_COLUMNS), nl=False)
-        return
-    typer.echo(json.dumps(rows, indent=2))
+    elif shape == "json":
+        echo_json(rows)
+    else:
+        render(usage_table(rows, series=series, since=since_ts, until=until_ts or now))
+
+
+def usage_table(rows: list[dict[str, Any]], *, series: bool, since: float, until: float) -> list[str]:
+    """Usage rows (or series points) as a table: bucket start in local time, requests, errors, tokens in and
+    out, latency p50/p95; then the totals over the range."""
+    head = ["TIME", "REQ", "ERR", "IN", "OUT", "P50", "P95"]
+    picked = rows if not series else [p for p in rows if p["requests"]]
+    lines = []
+    if picked:
+        out = []
+        for r in sorted(picked, key=lambda r: (r["bucket_start"], str(r.get("model")))):
+            measures = [
+                r["requests"],
+                r["errors"],
+                r["prompt_tokens"],
+                r["completion_tokens"],
+                ms(r.get("latency_ms_p50")),
+                ms(r.get("latency_ms_p95")),
+            ]
+            served = r.get("worker") or "-"
+            if r.get("fallback_from"):
+                served = f"{served} (from {r['fallback_from']})"
+            labels = [] if series else [r.get("key") or "-", r.get("model") or "-", served]
+            out.append([local_time(r["bucket_start"], seconds=False), *labels, *measures])
+        headers = head if series else [head[0], "KEY", "MODEL", "SERVED BY", *head[1:]]
+        first = 1 if series else 4
+        lines = table(headers, out, right=range(first, first + 6), gap=" ")
+    else:
+        lines = ["no requests in this range"]
+    total = sum(r["requests"] for r in rows)
+    lines.append(
+        f"total: {total} requests, {sum(r['errors'] for r in rows)} errors, "
+        f"{sum(r['prompt_tokens'] for r in rows)} prompt + {sum(r['completion_tokens'] for r in rows)} "
+        "completion tokens"
+    )
+    lines.append(f"from {local_time(since, seconds=False)} to {local_time(until, seconds=False)} (local time)")
+    return lines
 
 
 def audit(
@@ -337,9 +504,10 @@ def audit(
     actor: Annotated[str | None, typer.Option(help="e.g. admin-api, or a prefix such as 'cli:*'")] = None,
     target: Annotated[str | None, typer.Option(help="a target prefix, e.g. key:tk_ab or worker:a")] = None,
     limit: Annotated[int, typer.Option(help=f"at most {MAX_AUDIT_ENTRIES}")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON (with before/after) instead of a table")] = False,
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
-    """The audit log, newest first."""
+    """The audit log, newest first: a table of local time, actor, action, target and what changed."""
     from turnout.admin.inputs import AuditQuery, parse_input
     from turnout.store.audit import AuditLog
 
@@ -359,7 +527,59 @@ def audit(
             target=query.target,
             limit=query.limit,
         )
-    typer.echo(json.dumps([e.to_json() for e in entries], indent=2))
+    if as_json:
+        echo_json([e.to_json() for e in entries])
+        return
+    if not entries:
+        typer.echo("no audit entries match")
+        return
+    render(audit_table([e.to_json() for e in entries]))
+
+
+def audit_table(entries: list[dict[str, Any]]) -> list[str]:
+    """TIME, ACTOR, ACTION, TARGET; what changed on the line under each entry, cut to fit 80 columns
+    (``--json`` has the whole before and after)."""
+    rows = [[local_time(e["ts"]), e["actor"], e["action"], e["target"]] for e in entries]
+    lines = table(["TIME", "ACTOR", "ACTION", "TARGET"], rows)
+    indent = " " * (len(local_time(0)) + 2)
+    out = [lines[0]]
+    for line, e in zip(lines[1:], entries, strict=True):
+        out.append(line)
+        change = change_summary(e["before"], e["after"])
+        if change:
+            out.append(indent + clip(change, WIDTH - len(indent)))
+    return out
+
+
+_UNSHOWN = frozenset({"updated_at", "created_at", "etag", "id"})
+
+
+def change_summary(before: Any, after: Any) -> str:
+    """What an audit entry changed, in one short line: ``rpm: 5 -> none, credential: replaced``."""
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return ""
+    parts = []
+    for name in sorted(set(before) | set(after)):
+        old, new = before.get(name), after.get(name)
+        if name in _UNSHOWN or old == new:
+            continue
+        if new == "replaced":
+            parts.append(f"{name}: replaced")
+        else:
+            parts.append(f"{name}: {_word(old)} -> {_word(new)}")
+    return ", ".join(parts)
+
+
+def _word(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "set" if value else "none"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, float) and value > 1e9:  # an epoch time (revoked_at, expires_at)
+        return local_time(value, seconds=False)
+    return str(value)
 
 
 def register(app: typer.Typer) -> None:
