@@ -39,6 +39,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -140,7 +141,7 @@ def wait_ready(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            sys.exit(f"{url}: process exited with {proc.returncode}")
+            sys.exit(f"{url}: process exited with {proc.returncode}:\n{_tail(proc)}")
         try:
             req = urllib.request.Request(
                 url + "/v1/chat/completions",
@@ -161,9 +162,21 @@ def start(
     """Start a target in its own session; ``cpus``: pin it (and every thread and child) with taskset."""
     if cpus is not None:
         cmd = ["taskset", "-c", cpus, *cmd]
-    return subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True, cwd=cwd
-    )
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (open while the target runs): its output, shown if it exits early
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=cwd)
+    _logs[proc.pid] = log
+    return proc
+
+
+_logs: dict[int, Any] = {}
+
+
+def _tail(proc: subprocess.Popen[bytes]) -> str:
+    log = _logs.get(proc.pid)
+    if log is None:
+        return ""
+    log.seek(0)
+    return log.read().decode(errors="replace")[-2000:]
 
 
 def _tree(root: int) -> list[int]:
@@ -304,8 +317,8 @@ def start_turnout(
     }
     (home / "config.json").write_text(json.dumps(config))
     env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "bench"}
-    if src is not None:
-        env["PYTHONPATH"] = str(Path(src).resolve())
+    # this checkout's sources unless told otherwise (not whatever turnout the interpreter has installed)
+    env["PYTHONPATH"] = str(Path(src).resolve() if src is not None else ROOT / "src")
     # the key first: the store is created and migrated once, before the gateway opens it
     key = subprocess.run(
         [
