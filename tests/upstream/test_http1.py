@@ -227,3 +227,33 @@ async def test_large_body_with_slow_reader(serve, client: UpstreamClient) -> Non
             got += chunk
             await asyncio.sleep(0)
     assert bytes(got) == payload
+
+
+def test_keep_alive_on_uvloop() -> None:
+    """``turnout serve`` runs on uvloop (:mod:`turnout.gateway.server`), whose transports are not subclasses of
+    ``asyncio.Transport``: the client must take them as they are, and reuse its connection there too."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> tuple[list[bytes], int]:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                await read_request(reader)
+                writer.write(ok(b'{"ok": 1}'))
+                await writer.drain()
+
+        server = RawServer(handler)
+        url = await server.start()
+        client = UpstreamClient(connect_timeout_s=2, total_timeout_s=5)
+        bodies = []
+        try:
+            for _ in range(3):
+                async with client.request("POST", url + "/x", label="w", body=b"{}") as resp:
+                    bodies.append(await resp.read())
+        finally:
+            await client.close()
+            await server.stop()
+        return bodies, server.connections
+
+    bodies, connections = uvloop.run(main())
+    assert bodies == [b'{"ok": 1}'] * 3
+    assert connections == 1

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -162,8 +163,8 @@ class Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport, though not always a subclass of asyncio.Transport (uvloop's TCPTransport is not).
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self.complete or self.poisoned:  # the response was whole; anything more belongs to no request
