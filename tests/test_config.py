@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from turnout.config import ConfigError, config_schema, load_settings
+from turnout.config import ConfigError, agent_env, config_schema, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -179,3 +179,22 @@ def test_bounds_themselves_are_accepted(tmp_path: Path) -> None:
     }
     settings = load_settings(write(tmp_path, data), env={})
     assert settings.limits.upstream_timeout_s == 86_400 and settings.tenants["t"].rpm == 2**31 - 1
+
+
+@pytest.mark.parametrize(
+    ("env", "mock", "cache"),
+    [
+        ({}, False, None),
+        ({"AIBRIX_MODEL_RUNTIME_MOCK": "1", "AIBRIX_WEIGHT_CACHE_DIR": "/models"}, True, Path("/models")),
+        ({"AIBRIX_MODEL_RUNTIME_MOCK": "0", "AIBRIX_WEIGHT_CACHE_DIR": " "}, False, None),
+        ({"AIBRIX_MODEL_RUNTIME_MOCK": "true"}, True, None),
+    ],
+)
+def test_agent_environment(env: dict[str, str], mock: bool, cache: Path | None) -> None:
+    settings = agent_env(env)
+    assert settings.mock is mock and settings.weight_cache_dir == cache
+
+
+def test_agent_environment_refuses_an_unclear_mock_switch() -> None:
+    with pytest.raises(ConfigError, match="AIBRIX_MODEL_RUNTIME_MOCK='maybe': use 1"):
+        agent_env({"AIBRIX_MODEL_RUNTIME_MOCK": "maybe"})

@@ -314,7 +314,21 @@ def agent(
         "turnout-data/engines.json"
     ),
     engine_ports: Annotated[str, typer.Option(help="port range for engines, LOW-HIGH")] = "30000-30999",
-    cache_dir: Annotated[Path | None, typer.Option(help="model cache to inspect for artifact markers")] = None,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="the node's weight cache: Hugging Face hub entries and AIBrix served markers "
+            "(default: $AIBRIX_WEIGHT_CACHE_DIR, else none)"
+        ),
+    ] = None,
+    mock: Annotated[
+        bool,
+        typer.Option(
+            "--mock",
+            help="answer the agent API without launching engines, for tests and demos "
+            "(also AIBRIX_MODEL_RUNTIME_MOCK=1)",
+        ),
+    ] = False,
     engine_python: Annotated[
         list[str] | None,
         typer.Option(help="ENGINE=PYTHON: the interpreter that has this engine installed (repeatable)"),
@@ -324,6 +338,7 @@ def agent(
     """Run the runtime agent: one supervised engine process per model claim."""
     from aiohttp import web
 
+    from turnout.config import ConfigError, agent_env
     from turnout.core.runtime import ENGINES
     from turnout.redaction import configure_logging
     from turnout.runtime.agent import create_agent_app
@@ -338,13 +353,18 @@ def agent(
         if not sep or engine not in ENGINES or not exe:
             _fail(f"--engine-python {item!r}: use ENGINE=PATH with ENGINE one of vllm, sglang, llamacpp")
         pythons[engine] = exe
+    try:
+        env = agent_env()
+    except ConfigError as exc:
+        _fail(str(exc))
     application = create_agent_app(
         registry_path=registry,
         log_dir=registry.parent / "engine-logs",
         port_range=(int(low), int(high)),
-        cache_dir=cache_dir,
+        cache_dir=cache_dir if cache_dir is not None else env.weight_cache_dir,
         engine_python=pythons,
         engine_host=host,
+        mock=mock or env.mock,
     )
     web.run_app(application, host=host, port=port, print=None, access_log=None)
 

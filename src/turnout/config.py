@@ -34,10 +34,12 @@ from turnout.defaults import CONFIG_FILE_NAME
 
 __all__ = [
     "CONFIG_FILE_NAME",
+    "AgentEnv",
     "ConfigError",
     "LogFormat",
     "Settings",
     "WorkerType",
+    "agent_env",
     "config_schema",
     "is_loopback",
     "load_settings",
@@ -217,6 +219,24 @@ def _is_fernet_key(value: str) -> bool:
         return len(base64.urlsafe_b64decode(value.encode())) == 32
     except (binascii.Error, ValueError):
         return False
+
+
+class AgentEnv(_Model):
+    """Runtime agent settings from the environment, under AIBrix's runtime variable names so an AIBrix runtime
+    pod spec carries over: ``AIBRIX_MODEL_RUNTIME_MOCK=1`` is ``turnout agent --mock``,
+    ``AIBRIX_WEIGHT_CACHE_DIR`` is ``--cache-dir`` (a flag given on the command line wins)."""
+
+    mock: bool = False
+    weight_cache_dir: Path | None = None
+
+
+def agent_env(env: Mapping[str, str] | None = None) -> AgentEnv:
+    env = os.environ if env is None else env
+    mock = env.get("AIBRIX_MODEL_RUNTIME_MOCK", "").strip().lower()
+    if mock and mock not in _TRUE | {"0", "false", "no", "off"}:
+        raise ConfigError(f"AIBRIX_MODEL_RUNTIME_MOCK={mock!r}: use 1 for the mock runtime, 0 (or unset) for engines")
+    cache = env.get("AIBRIX_WEIGHT_CACHE_DIR", "").strip()
+    return AgentEnv(mock=mock in _TRUE, weight_cache_dir=Path(cache).expanduser() if cache else None)
 
 
 class Auth(_Model):

@@ -39,7 +39,7 @@ class Agent:
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             engine = await self.engine(name)
-            if engine["phase"] == phase and (restarts is None or engine["restarts"] == restarts):
+            if engine["phase"] == phase and (restarts is None or engine["restart_count"] == restarts):
                 return engine
             await asyncio.sleep(0.1)
         raise AssertionError(f"{name} never reached {phase}: {await self.engine(name)}")
@@ -88,7 +88,7 @@ async def test_two_engines_restart_readopt_sleep(agent: AgentFactory, tiny_model
 
     os.kill(alpha["pid"], signal.SIGKILL)  # an engine crash
     restarted = await a.until("alpha", "active", restarts=1)
-    assert restarted["restarts"] == 1 and restarted["pid"] != alpha["pid"] and restarted["port"] == alpha["port"]
+    assert restarted["restart_count"] == 1 and restarted["pid"] != alpha["pid"] and restarted["port"] == alpha["port"]
     assert (await a.engine("beta"))["pid"] == beta["pid"]  # the other engine is untouched
 
     # the agent dies (engines keep running) and a new one re-adopts them, same ports and processes
@@ -98,8 +98,18 @@ async def test_two_engines_restart_readopt_sleep(agent: AgentFactory, tiny_model
     adopted = await b.until("beta", "active", limit_s=10)
     assert adopted["pid"] == beta["pid"] and adopted["port"] == beta["port"]
 
-    status, slept = await b.call("POST", "/v1/runtime/models/sleep", {"model_name": "beta", "level": 1})
-    assert status == 200 and slept["phase"] == "sleeping" and slept["pid"] is None
+    status, slept = await b.call(
+        "POST", "/v1/runtime/models/sleep", {"model_name": "beta", "level": 1, "operation_id": "s1"}
+    )
+    assert status == 200 and slept == {
+        "status": "success",
+        "model_name": "beta",
+        "operation_id": "s1",
+        "applied": True,
+        "phase": "sleeping",
+    }
+    slept = await b.engine("beta")
+    assert slept["pid"] is None and slept["alive"] is False
     assert slept["port"] == beta["port"] and slept["ipc_name"] == beta["ipc_name"]  # reserved while asleep
     started = time.monotonic()
     status, _ = await b.call("POST", "/v1/runtime/models/wake", {"model_name": "beta", "operation_id": "w1"})
@@ -113,8 +123,8 @@ async def test_crashing_engine_fails_after_five_restarts(agent: AgentFactory, tm
     a = await agent()
     await a.call("POST", "/v1/runtime/models/activate", activate_body("broken", tmp_path / "missing.gguf"))
     failed = await a.until("broken", "failed", limit_s=90)
-    assert failed["restarts"] == 5 and "engine exited" in failed["last_error"]  # the restarts it made
-    status, body = await a.call("POST", "/v1/runtime/models/wake", {"model_name": "broken"})
+    assert failed["restart_count"] == 5 and "engine exited" in failed["last_error"]  # the restarts it made
+    status, body = await a.call("POST", "/v1/runtime/models/wake", {"model_name": "broken", "operation_id": "w"})
     assert status == 409 and "failed" in body["error"]["message"]
 
 
@@ -122,12 +132,14 @@ async def test_validation_idempotency_and_unknown(agent: AgentFactory, tiny_mode
     a = await agent()
     status, body = await a.call("POST", "/v1/runtime/models/activate", {"model_name": "x", "artifact_url": "ftp://y"})
     assert status == 400 and "artifact_url" in body["error"]["message"]
-    status, body = await a.call("POST", "/v1/runtime/models/sleep", {"model_name": "nope"})
+    status, body = await a.call("POST", "/v1/runtime/models/sleep", {"model_name": "nope", "operation_id": "s"})
     assert status == 404
     first = await a.call("POST", "/v1/runtime/models/activate", activate_body("m", tiny_model, operation_id="op1"))
     again = await a.call("POST", "/v1/runtime/models/activate", activate_body("m", tiny_model, operation_id="op1"))
     assert first == again
-    status, body = await a.call("POST", "/v1/runtime/models/kv-limit", {"model_name": "m", "limit_bytes": 1})
+    status, body = await a.call(
+        "POST", "/v1/runtime/models/kv-limit", {"model_name": "m", "limit_bytes": 1, "operation_id": "k"}
+    )
     assert status == 409 and "kvcached segment" in body["error"]["message"]
 
 
@@ -155,7 +167,8 @@ async def test_kv_usage_and_limit_from_real_segments(agent: AgentFactory, tiny_m
         status, body = await a.call(
             "POST", "/v1/runtime/models/kv-limit", {"model_name": "kv", "limit_bytes": 1501, "operation_id": "k1"}
         )
-        assert status == 200 and body["kv_capacity_bytes"] == 1501
+        assert status == 200 and body["applied"] is True and body["operation_id"] == "k1"
+        assert (await a.engine("kv"))["kv_capacity_bytes"] == 1501
         assert struct.unpack("<qqq", segments[0].read_bytes())[0] == 751
         async with aiohttp.ClientSession() as http, http.get(f"{a.url}/metrics") as r:
             text = await r.text()

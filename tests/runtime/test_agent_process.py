@@ -117,12 +117,12 @@ async def test_sigkilled_agent_is_replaced_and_engines_are_readopted(
     for name in ("alpha", "beta"):
         assert after[name]["pid"] == before[name]["pid"], "re-adopted, not restarted"
         assert after[name]["port"] == before[name]["port"] and after[name]["ipc_name"] == before[name]["ipc_name"]
-        assert after[name]["restarts"] == 0
+        assert after[name]["restart_count"] == 0
         assert await chat(after[name]["port"], name) == 200
 
     # the new agent supervises what it adopted: a crash of an adopted engine is restarted on the same port
     os.killpg(after["alpha"]["pid"], signal.SIGKILL)
-    restarted = await second.until(lambda e: e["alpha"]["restarts"] == 1 and e["alpha"]["phase"] == "active")
+    restarted = await second.until(lambda e: e["alpha"]["restart_count"] == 1 and e["alpha"]["phase"] == "active")
     assert restarted["alpha"]["port"] == before["alpha"]["port"] and restarted["alpha"]["pid"] != before["alpha"]["pid"]
     assert restarted["beta"]["pid"] == before["beta"]["pid"]
     for name in ("alpha", "beta"):

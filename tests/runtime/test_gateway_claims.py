@@ -99,7 +99,9 @@ async def test_claims_route_sleep_wake_and_fail(
     # the engine goes to sleep: requests get 503 Retry-After: 10 and exactly one wake happens
     async with (
         aiohttp.ClientSession() as http,
-        http.post(f"{url}/v1/runtime/models/sleep", json={"model_name": "alpha", "level": 1}) as r,
+        http.post(
+            f"{url}/v1/runtime/models/sleep", json={"model_name": "alpha", "level": 1, "operation_id": "test-sleep"}
+        ) as r,
     ):
         assert r.status == 200
     seen = await through_the_transition(gw, "alpha")  # every answer from de-route to re-route checked

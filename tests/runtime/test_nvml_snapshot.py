@@ -1,6 +1,6 @@
 """Snapshot extras: accelerators and per-engine HBM peak through NVML (a stand-in module here: no GPU on this
 machine; the real one is nvidia-ml-py), process groups read from the real /proc, cached artifacts from a
-real cache directory."""
+real cache directory: Hugging Face hub entries and AIBrix's served markers)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import free_port, serve_app
 from turnout.runtime.agent import SUPERVISOR, create_agent_app
-from turnout.runtime.launch import cached_artifact_keys
+from turnout.runtime.cache import cached_artifacts, write_served_marker
 from turnout.runtime.nvml import Nvml, group_pids
 from turnout.runtime.supervisor import EngineRecord, process_start_time
 
@@ -38,6 +38,9 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle: int) -> bytes:
         return b"NVIDIA H200"
+
+    def nvmlDeviceGetUUID(self, handle: int) -> bytes:  # pynvml answers bytes on older bindings
+        return b"GPU-5e2f6a70-0000-4000-8000-000000000000"
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
         used = sum(self.usage.values())
@@ -74,13 +77,25 @@ def test_no_nvml_means_nothing_observable() -> None:
     assert not nv.available and nv.accelerators() == [] and nv.process_memory() == {}
 
 
-def test_cached_artifact_keys(tmp_path: Path) -> None:
+def test_cached_artifacts_from_hub_entries_and_served_markers(tmp_path: Path) -> None:
     (tmp_path / "models--Qwen--Qwen3-0.6B").mkdir()
-    (tmp_path / "models--org--m").mkdir()
     (tmp_path / "datasets--x--y").mkdir()
     (tmp_path / "models--not-a-dir").write_text("")
-    assert cached_artifact_keys(tmp_path) == ["hf://Qwen/Qwen3-0.6B", "hf://org/m"]
-    assert cached_artifact_keys(tmp_path / "absent") == []
+    markers = tmp_path / ".aibrix" / "served"
+    markers.mkdir(parents=True)
+    # as AIBrix's runtime writes them (model_runtime.py, write_cache_marker), and two it would skip
+    (markers / "llama.json").write_text('{"model_name": "llama", "artifact_url": "s3://bucket/llama-3-8b"}')
+    (markers / "broken.json").write_text("{not json")
+    (markers / "empty.json").write_text('{"model_name": "empty"}')
+    assert write_served_marker(tmp_path, "tiny", "file:///models/tiny.gguf") == markers / "tiny.json"
+    assert write_served_marker(tmp_path, "../escape", "s3://x") is None
+    assert cached_artifacts(tmp_path) == [
+        "file:///models/tiny.gguf",
+        "hf://Qwen/Qwen3-0.6B",
+        "huggingface://Qwen/Qwen3-0.6B",
+        "s3://bucket/llama-3-8b",
+    ]
+    assert cached_artifacts(tmp_path / "absent") == []
 
 
 async def test_snapshot_reports_accelerators_peak_and_cache(tmp_path: Path, process_group: tuple[int, int]) -> None:
@@ -109,18 +124,16 @@ async def test_snapshot_reports_accelerators_peak_and_cache(tmp_path: Path, proc
                 again = await r.json()
             async with http.get(f"{base}/metrics") as r:
                 metrics = await r.text()
-        assert snap["accelerators"] == [
+        assert snap["accelerators"] == [  # AIBrix's RuntimeAcceleratorSnapshot
             {
-                "index": 0,
-                "name": "NVIDIA H200",
+                "id": "GPU-5e2f6a70-0000-4000-8000-000000000000",
                 "hbm_total_bytes": 141 << 30,
                 "hbm_free_bytes": (141 << 30) - (11 << 30),
-                "hbm_used_bytes": 11 << 30,
             }
         ]
-        assert snap["cached_artifacts"] == ["hf://org/m"]
-        assert snap["engines"][0]["hbm_peak_bytes"] == 4 << 30  # leader + child, not the stranger
-        assert again["engines"][0]["hbm_peak_bytes"] == 4 << 30
+        assert snap["cached_artifacts"] == ["hf://org/m", "huggingface://org/m"]
+        assert snap["models"][0]["hbm_peak_bytes"] == 4 << 30  # leader + child, not the stranger
+        assert again["models"][0]["hbm_peak_bytes"] == 4 << 30
         assert 'aibrix:modelclaim_hbm_peak_bytes{model="m"} 4.294967296e+09' in metrics
     finally:
         app[SUPERVISOR].engines.clear()  # the group belongs to the fixture, not to the agent

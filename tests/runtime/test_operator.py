@@ -296,7 +296,9 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
         await until_status(gw, "tiny", 200)
         async with (
             aiohttp.ClientSession() as http,
-            http.post(f"{url}/v1/runtime/models/sleep", json={"model_name": "tiny", "level": 1}) as r,
+            http.post(
+                f"{url}/v1/runtime/models/sleep", json={"model_name": "tiny", "level": 1, "operation_id": "test-sleep"}
+            ) as r,
         ):
             assert r.status == 200
         # every answer from the de-route to the re-route is the claim's own 503 (no race with the status)

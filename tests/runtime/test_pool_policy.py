@@ -205,7 +205,9 @@ async def test_one_wake_across_gateway_replicas_with_redis(
         await until_status(gw, "shared", 200)
     async with (
         aiohttp.ClientSession() as http,
-        http.post(f"{url}/v1/runtime/models/sleep", json={"model_name": "shared", "level": 1}) as r,
+        http.post(
+            f"{url}/v1/runtime/models/sleep", json={"model_name": "shared", "level": 1, "operation_id": "test-sleep"}
+        ) as r,
     ):
         assert r.status == 200
     for gw in replicas:

@@ -82,8 +82,9 @@ async def test_vllm_engine_idles_into_sleep_by_its_own_metrics_and_wakes_on_a_re
         async with http.get(f"{url}/v1/runtime/models") as r:
             engine = (await r.json())["models"][0]
     # the agent read these from vLLM's /metrics: observable, so the controller idles it on them
-    assert engine["requests"]["running"] == 0 and engine["requests"]["waiting"] == 0
-    assert engine["requests"]["success_total"] >= 2
+    assert engine["request_metrics_observed"] is True
+    assert engine["requests_running"] == 0 and engine["requests_waiting"] == 0
+    assert engine["request_success_total"] >= 2
     # the agent starts it in dev mode: the sleep-state route the monitor reads exists and says awake (the same
     # answer tests/support/engine_emulator.py gives)
     async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{engine['port']}/is_sleeping") as r:

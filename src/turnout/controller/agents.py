@@ -14,6 +14,7 @@ from turnout.core.claims import ClaimSpec, PodView, artifact_key
 from turnout.core.lifecycle import EngineObservation
 from turnout.core.reconcile import EngineInfo, launch_key
 from turnout.core.runtime import sleeps_in_place
+from turnout.core.snapshot import known, read_snapshot
 from turnout.errors import UpstreamError
 from turnout.upstream.client import UpstreamClient
 
@@ -26,8 +27,9 @@ Activity = tuple[int, int]  # (in flight, completed so far) as the gateway count
 
 @dataclass(frozen=True, slots=True)
 class AgentReport:
-    """One agent snapshot: its engines, the artifacts its pod has cached, the free device memory (NVML) and how
-    many GPUs it reports (0: none, a CPU pod or no NVML)."""
+    """One agent snapshot: its engines (AIBrix's snapshot models), the artifacts its pod has cached
+    (:func:`artifact_key` names), the free device memory (NVML) and how many GPUs it reports (0: none, a CPU pod
+    or no NVML)."""
 
     engines: list[dict[str, Any]]
     cached: frozenset[str] = frozenset()
@@ -62,16 +64,14 @@ class AgentClient:
             body = await self.client.get_json(f"{agent_url}/v1/runtime/snapshot", label=label, timeout_s=5)
         except UpstreamError:
             return None
-        engines = body.get("engines") if isinstance(body, dict) else None
-        if not isinstance(engines, list):
+        snapshot = read_snapshot(body)  # a Turnout agent's or an AIBrix runtime's, in AIBrix's names
+        if snapshot is None:
             return None
-        accelerators = [a for a in body.get("accelerators") or [] if isinstance(a, dict)]
-        free = [_int(a.get("hbm_free_bytes")) for a in accelerators]
         return AgentReport(
-            [e for e in engines if isinstance(e, dict)],
-            frozenset(str(k) for k in body.get("cached_artifacts") or []),
-            sum(f for f in free if f is not None) if accelerators and None not in free else None,
-            len(accelerators),
+            snapshot.models,
+            frozenset(artifact_key(k) for k in snapshot.cached_artifacts),
+            snapshot.free_hbm_bytes,
+            len(snapshot.accelerators),
         )
 
     async def post(self, agent_url: str, label: str, path: str, body: Mapping[str, Any]) -> str | None:
@@ -100,16 +100,15 @@ class AgentClient:
         return refusal
 
     async def activate(self, agent_url: str, pod: str, spec: ClaimSpec, claim_ref: Mapping[str, str]) -> Refusal | None:
-        """Start the claim's engine on the pod. The operation id names (claim, pod), so a repeat is a no-op."""
-        body = {
+        """Start the claim's engine on the pod; a repeat is a no-op (activation is idempotent by model name)."""
+        body = {  # AIBrix's ActivateRuntimeModelRequest: an AIBrix runtime refuses any other field
             "model_name": spec.model_name,
             "artifact_url": spec.artifact_url,
             "engine": spec.engine,
             "engine_config": {"args": dict(spec.args)},
-            "claim_ref": dict(claim_ref),
-            # names this claim (uid), this spec and this pod: a changed or re-created claim starts afresh
-            "operation_id": f"activate-{claim_ref.get('uid') or claim_ref['name']}-{spec_digest(spec)}-{pod}",
-        }
+            # AIBrix's RuntimeClaimRef needs namespace, name and uid
+            "claim_ref": {k: str(claim_ref.get(k) or "") for k in ("namespace", "name", "uid")},
+        }  # no operation_id: AIBrix's runtime has none for activation
         return await self.call(agent_url, pod, "/v1/runtime/models/activate", body)
 
 
@@ -147,15 +146,13 @@ def engine_info(engine: Mapping[str, Any], namespace: str = "local") -> EngineIn
     )
 
 
-def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def observation(claim: str, engine: Mapping[str, Any], activity: Activity | None) -> EngineObservation:
     """What the pool policy sees of one engine. Request counts come from the engine's metrics (as the agent
     reports them) or, where the engine exports none, from the gateway's own count of requests it sent there."""
-    requests = engine.get("requests") or {}
-    running, waiting, done = (_int(requests.get(k)) for k in ("running", "waiting", "success_total"))
+    running = waiting = done = None
+    if engine.get("request_metrics_observed"):
+        running, waiting = known(engine.get("requests_running")), known(engine.get("requests_waiting"))
+        done = known(engine.get("request_success_total"))
     if (running is None or waiting is None or done is None) and activity is not None:
         running, waiting, done = activity[0], 0, activity[1]
     return EngineObservation(
@@ -163,9 +160,9 @@ def observation(claim: str, engine: Mapping[str, Any], activity: Activity | None
         model=str(engine["model_name"]),
         phase=str(engine["phase"]),
         ready=bool(engine["ready"]),
-        kv_used_bytes=_int(engine.get("kv_used_bytes")),
-        kv_prealloc_bytes=_int(engine.get("kv_prealloc_bytes")) or 0,
-        kv_capacity_bytes=_int(engine.get("kv_capacity_bytes")),
+        kv_used_bytes=known(engine.get("kv_used_bytes")),
+        kv_prealloc_bytes=known(engine.get("kv_prealloc_bytes")) or 0,
+        kv_capacity_bytes=known(engine.get("kv_capacity_bytes")),
         running=running,
         waiting=waiting,
         success_total=done,
@@ -189,8 +186,8 @@ def pod_view(
     engines = report.engines
     load = 0
     for e in engines:
-        requests = e.get("requests") or {}
-        load += sum(_int(requests.get(k)) or 0 for k in ("running", "waiting"))
+        if e.get("request_metrics_observed"):
+            load += sum(known(e.get(k)) or 0 for k in ("requests_running", "requests_waiting"))
     return PodView(
         name,
         labels,
@@ -198,7 +195,7 @@ def pod_view(
         address,
         gpus,
         free_hbm_bytes=report.free_hbm_bytes,
-        kv_used_bytes=sum(_int(e.get("kv_used_bytes")) or 0 for e in engines),
+        kv_used_bytes=sum(known(e.get("kv_used_bytes")) or 0 for e in engines),
         models=len(engines),
         load=float(load),
         cached_artifacts=report.cached | {artifact_key(str(e.get("artifact_url", ""))) for e in engines},

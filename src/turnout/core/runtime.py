@@ -80,6 +80,8 @@ class ActivateRequest:
             "engine_config",
             "claim_ref",
             "operation_id",
+            "credentials",  # AIBrix's ActivateRuntimeModelRequest fields
+            "additional_config",
         }
         if unknown:
             raise InvalidRequest(f"unknown field(s) {sorted(unknown)}")
@@ -95,13 +97,23 @@ class ActivateRequest:
         port = body.get("port", 0)
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
             raise InvalidRequest("port must be 0 (automatic) or a TCP port")
-        ipc = body.get("ipc_name", "")
+        ipc = body.get("ipc_name") or ""
         if not isinstance(ipc, str):
             raise InvalidRequest("ipc_name must be a string")
+        if body.get("credentials"):
+            raise InvalidRequest(
+                "credentials are not taken by the Turnout agent (engines fetch their own weights): give the pod "
+                "the engine's credentials in its environment (HF_TOKEN, AWS_ACCESS_KEY_ID, ...)"
+            )
         config = body.get("engine_config") or {}
-        args = config.get("args", {}) if isinstance(config, dict) else None
+        args = (config.get("args") or {}) if isinstance(config, dict) else None
         if not isinstance(args, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in args.items()):
             raise InvalidRequest('engine_config.args must be a map of strings ("" for a boolean flag)')
+        legacy = body.get("additional_config") or {}
+        if not isinstance(legacy, dict) or not all(isinstance(v, str) for v in legacy.values()):
+            raise InvalidRequest("additional_config must be a map of strings")
+        # AIBrix's legacy spelling of engine flags ("engine-arg:<flag>"; model_runtime.py, _engine_args)
+        args = {**args, **{k.removeprefix("engine-arg:"): v for k, v in legacy.items() if k.startswith("engine-arg:")}}
         if "--gpu-memory-utilization" in args:
             raise InvalidRequest("--gpu-memory-utilization is managed by the pool (kvcached); remove it")
         ref = body.get("claim_ref") or {}

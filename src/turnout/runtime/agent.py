@@ -1,15 +1,16 @@
-"""The runtime agent's HTTP API (`turnout agent`).
+"""The runtime agent's HTTP API (`turnout agent`), AIBrix's runtime API (see :mod:`turnout.runtime.wire`).
 
 ``POST /v1/runtime/models/activate|deactivate|kv-limit|sleep|wake``, ``GET /v1/runtime/models``,
-``GET /v1/runtime/snapshot``, ``GET /healthz``, ``GET /metrics``. Operations carrying an ``operation_id``
-are idempotent: a repeated id gets the first answer again. Errors: 400 invalid, 404 unknown model,
-409 the engine cannot do that now, or no port or IPC name is free.
+``GET /v1/runtime/snapshot``, ``GET /healthz``, ``GET /metrics``. ``kv-limit``, ``sleep`` and ``wake`` need an
+``operation_id`` (as AIBrix's runtime does); a repeated id is not carried out again and is answered
+``applied: false``. ``activate`` is idempotent by model name (an ``operation_id`` there, optional, gets the
+first answer again). Errors: 400 invalid, 404 unknown model, 409 the engine cannot do that now,
+or no port or IPC name is free.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,10 +26,12 @@ from turnout.core.runtime import ActivateRequest, EnginePhase, InvalidRequest, N
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
 from turnout.gateway.dialect import Dialect, error_response, json_response
 from turnout.redaction import handler_args
+from turnout.runtime.cache import cached_artifacts, write_served_marker
 from turnout.runtime.kvcached import apply_limit, read_usage
-from turnout.runtime.launch import cached_artifact_keys, cached_markers
+from turnout.runtime.mock import MockSupervisor
 from turnout.runtime.nvml import Nvml, group_pids
 from turnout.runtime.supervisor import EngineRecord, Supervisor
+from turnout.runtime.wire import activate_result, iso, list_entry, operation_result, snapshot_model
 
 __all__ = ["create_agent_app"]
 
@@ -75,19 +78,18 @@ async def engine_activity(supervisor: Supervisor, record: EngineRecord) -> dict[
 
 
 class _Operations:
-    """Remembered answers of operation ids (bounded)."""
+    """Operation ids already carried out, per operation and model (bounded), with the first answer."""
 
     def __init__(self) -> None:
-        self._done: OrderedDict[str, tuple[int, Any]] = OrderedDict()
+        self._done: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
 
-    def get(self, op: str | None) -> tuple[int, Any] | None:
-        return None if not op else self._done.get(op)
+    def get(self, key: tuple[str, str, str]) -> Any:
+        return self._done.get(key)
 
-    def put(self, op: str | None, status: int, body: Any) -> None:
-        if op:
-            self._done[op] = (status, body)
-            while len(self._done) > _OPS_KEPT:
-                self._done.popitem(last=False)
+    def put(self, key: tuple[str, str, str], body: Any) -> None:
+        self._done[key] = body
+        while len(self._done) > _OPS_KEPT:
+            self._done.popitem(last=False)
 
 
 def create_agent_app(
@@ -102,11 +104,13 @@ def create_agent_app(
     engine_python: dict[str, str] | None = None,
     engine_host: str = "127.0.0.1",
     state_poll_s: float = 5.0,
+    mock: bool = False,
 ) -> web.Application:
     """The agent's application. ``engine_host`` is where engines listen: the address the agent itself is bound
     to, so that what reaches the agent (the controller, the gateway) reaches its engines too. ``state_poll_s``:
-    how often the sleep state of a ready or sleeping engine is read (vLLM's ``/is_sleeping``)."""
-    supervisor = Supervisor(
+    how often the sleep state of a ready or sleeping engine is read (vLLM's ``/is_sleeping``). ``mock`` answers
+    the same API without launching engines (:mod:`turnout.runtime.mock`)."""
+    supervisor = (MockSupervisor if mock else Supervisor)(
         registry_path,
         log_dir,
         port_range=port_range,
@@ -142,17 +146,12 @@ def create_agent_app(
     def describe(
         record: EngineRecord, requests: dict[str, int | None] | None = None, per_pid: dict[int, int] | None = None
     ) -> dict[str, Any]:
-        usage = read_usage(record.ipc_name, shm_dir)
-        return {
-            **record.to_json(),
-            "alive": record.pid is not None,
-            "kv_used_bytes": None if usage is None else usage.used + usage.prealloc,
-            "kv_prealloc_bytes": None if usage is None else usage.prealloc,
-            "kv_capacity_bytes": None if usage is None else usage.total,
-            "hbm_peak_bytes": peak_of(record, per_pid if per_pid is not None else gpu.process_memory()),
-            "requests": requests or dict(_NO_ACTIVITY),
-            "cached_artifacts": [] if cache_dir is None else cached_markers(cache_dir, record.artifact_url),
-        }
+        return snapshot_model(
+            record,
+            read_usage(record.ipc_name, shm_dir),
+            requests or dict(_NO_ACTIVITY),
+            peak_of(record, per_pid if per_pid is not None else gpu.process_memory()),
+        )
 
     async def describe_all() -> list[dict[str, Any]]:
         records = list(supervisor.engines.values())
@@ -161,7 +160,7 @@ def create_agent_app(
         return [describe(r, a, per_pid) for r, a in zip(records, activity, strict=True)]
 
     def operation(
-        name: str, fn: Callable[[dict[str, Any]], Awaitable[Any]]
+        name: str, fn: Callable[[dict[str, Any], str | None], Awaitable[Any]], *, needs_id: bool = True
     ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handler(request: web.Request) -> web.StreamResponse:
             try:
@@ -171,11 +170,23 @@ def create_agent_app(
             if not isinstance(body, dict):
                 return error_response(Dialect.ADMIN, BadRequest("body must be a JSON object"))
             op = body.get("operation_id")
-            remembered = ops.get(op if isinstance(op, str) else None)
-            if remembered is not None:
-                return json_response(remembered[1], remembered[0])
+            if op is not None and not isinstance(op, str):
+                return error_response(Dialect.ADMIN, BadRequest("operation_id must be a string"))
+            if needs_id and not op:
+                return error_response(
+                    Dialect.ADMIN,
+                    BadRequest(f"operation_id is required for {name}: a unique string per operation (AIBrix API)"),
+                )
             try:
-                result = await fn(body)
+                key = (name, model_of(body), op) if op else None
+                remembered = None if key is None else ops.get(key)
+                if key is not None and remembered is not None:  # carried out already: not again
+                    lifecycle.labels(name, "skipped").inc()
+                    if not needs_id:
+                        return json_response(remembered)
+                    record = supervisor.engines[key[1]]
+                    return json_response(operation_result(record.model_name, key[2], False, record.phase))
+                result = await fn(body, op)
             except InvalidRequest as exc:
                 lifecycle.labels(name, "invalid").inc()
                 return error_response(Dialect.ADMIN, BadRequest(str(exc)))
@@ -192,7 +203,8 @@ def create_agent_app(
                 lifecycle.labels(name, "failed").inc()
                 return error_response(Dialect.ADMIN, Conflict(str(exc), code="engine_refused"))
             lifecycle.labels(name, "ok").inc()
-            ops.put(op if isinstance(op, str) else None, 200, result)
+            if key is not None:
+                ops.put(key, result)
             return json_response(result)
 
         return handler
@@ -203,59 +215,72 @@ def create_agent_app(
             raise InvalidRequest("model_name is required")
         return name
 
-    async def activate(body: dict[str, Any]) -> Any:
-        return describe(await supervisor.activate(ActivateRequest.parse(body)))
+    async def activate(body: dict[str, Any], op: str | None) -> Any:
+        record = await supervisor.activate(ActivateRequest.parse(body))
+        if cache_dir is not None:  # as AIBrix's runtime does: the weights stay cached after deactivation
+            write_served_marker(cache_dir, record.model_name, record.artifact_url)
+        return activate_result(record)
 
-    async def deactivate(body: dict[str, Any]) -> Any:
+    async def deactivate(body: dict[str, Any], op: str | None) -> Any:
         name = model_of(body)
+        mode = body.get("mode", "stop")
+        if mode != "stop":
+            raise InvalidRequest(f'mode must be "stop" (the only deactivation there is), got {mode!r}')
         await supervisor.deactivate(name)
         peaks.pop(name, None)  # a later engine of the same name starts its own peak
-        return {"model_name": name, "deactivated": True}
+        return {"status": "success", "model_name": name, "deactivated": True}
 
-    async def sleep(body: dict[str, Any]) -> Any:
+    async def sleep(body: dict[str, Any], op: str | None) -> Any:
         name = model_of(body)
         level = body.get("level", 1)
-        if level not in (1, 2):
+        if level not in (1, 2) or isinstance(level, bool):
             raise InvalidRequest("level must be 1 or 2")
         record = supervisor.engines[name]
         if record.phase not in (EnginePhase.ACTIVE.value, EnginePhase.SLEEPING.value):
             raise Conflict(f"{name} is {record.phase}; only an active engine can sleep", code="engine_not_active")
-        return describe(await supervisor.sleep(name, int(level)))
+        applied = record.phase != EnginePhase.SLEEPING.value
+        record = await supervisor.sleep(name, int(level))
+        return operation_result(name, str(op), applied, record.phase)
 
-    async def wake(body: dict[str, Any]) -> Any:
+    async def wake(body: dict[str, Any], op: str | None) -> Any:
         name = model_of(body)
         record = supervisor.engines[name]
         if record.phase == EnginePhase.FAILED.value:
             raise Conflict(
                 f"{name} failed ({record.last_error}); deactivate and activate it again", code="engine_failed"
             )
-        return describe(await supervisor.wake(name))
+        applied = record.phase == EnginePhase.SLEEPING.value
+        record = await supervisor.wake(name)
+        return operation_result(name, str(op), applied, record.phase)
 
-    async def kv_limit(body: dict[str, Any]) -> Any:
+    async def kv_limit(body: dict[str, Any], op: str | None) -> Any:
         name = model_of(body)
         limit = body.get("limit_bytes")
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise InvalidRequest("limit_bytes must be a non-negative integer")
         record = supervisor.engines[name]
-        usage = apply_limit(record.ipc_name, limit, shm_dir)
-        return {"model_name": name, "kv_capacity_bytes": usage.total, "kv_used_bytes": usage.used + usage.prealloc}
+        if isinstance(supervisor, MockSupervisor):
+            supervisor.kv_limits[name] = limit  # no kvcached segment: remembered, as AIBrix's MockKVController does
+        else:
+            apply_limit(record.ipc_name, limit, shm_dir)
+        return operation_result(name, str(op), True, record.phase)
 
     async def models(request: web.Request) -> web.Response:
-        return json_response({"models": await describe_all()})
+        return json_response({"models": [list_entry(m) for m in await describe_all()]})
 
     async def snapshot(request: web.Request) -> web.Response:
+        models = await describe_all()
         return json_response(
             {
-                "ts": time.time(),
-                "pid": os.getpid(),
-                "engines": await describe_all(),
+                "observed_at": iso(time.time()),
                 "accelerators": gpu.accelerators(),  # [] without NVML
-                "cached_artifacts": [] if cache_dir is None else cached_artifact_keys(cache_dir),
+                "models": models,
+                "cached_artifacts": [] if cache_dir is None else cached_artifacts(cache_dir),
             }
         )
 
     async def healthz(request: web.Request) -> web.Response:
-        return json_response({"status": "ok", "engines": len(supervisor.engines)})
+        return json_response({"status": "ok", "engines": len(supervisor.engines), "mock": mock})
 
     async def metrics(request: web.Request) -> web.Response:
         held = (EnginePhase.ACTIVE.value, EnginePhase.SLEEPING.value)
@@ -276,8 +301,8 @@ def create_agent_app(
     app = web.Application(handler_args=handler_args())  # server and access logs that never print a secret
     app[SUPERVISOR] = supervisor
     r = app.router
-    r.add_post("/v1/runtime/models/activate", operation("activate", activate))
-    r.add_post("/v1/runtime/models/deactivate", operation("deactivate", deactivate))
+    r.add_post("/v1/runtime/models/activate", operation("activate", activate, needs_id=False))
+    r.add_post("/v1/runtime/models/deactivate", operation("deactivate", deactivate, needs_id=False))
     r.add_post("/v1/runtime/models/sleep", operation("sleep", sleep))
     r.add_post("/v1/runtime/models/wake", operation("wake", wake))
     r.add_post("/v1/runtime/models/kv-limit", operation("kv-limit", kv_limit))

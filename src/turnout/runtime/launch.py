@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from turnout.core.runtime import engine_args, sleeps_in_place
 
-__all__ = ["Launch", "artifact_path", "cached_artifact_keys", "connect_host", "launch_command"]
+__all__ = ["Launch", "artifact_path", "connect_host", "launch_command"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,24 +136,3 @@ def launch_command(
         ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_requests_total"),
         health_timeout_s=SGLANG_HEALTH_TIMEOUT_S,
     )
-
-
-def cached_markers(cache_dir: Path, artifact_url: str) -> list[str]:
-    """Names of cache entries that look like this artifact (HF hub layout ``models--org--name``, or a path)."""
-    if not cache_dir.is_dir():
-        return []
-    ident = artifact_path(artifact_url)
-    hub = "models--" + ident.replace("/", "--")
-    return sorted(p.name for p in cache_dir.iterdir() if p.name in (hub, Path(ident).name))
-
-
-def cached_artifact_keys(cache_dir: Path) -> list[str]:
-    """Artifacts this pod has cached, as :func:`turnout.core.claims.artifact_key` names them: Hugging Face hub
-    entries ``models--ORG--NAME`` become ``hf://ORG/NAME`` (what the controller prefers when placing)."""
-    if not cache_dir.is_dir():
-        return []
-    keys = []
-    for entry in cache_dir.iterdir():
-        if entry.name.startswith("models--") and entry.is_dir():
-            keys.append("hf://" + entry.name.removeprefix("models--").replace("--", "/"))
-    return sorted(keys)

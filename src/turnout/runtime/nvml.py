@@ -33,6 +33,10 @@ class Nvml:
         return self._nv is not None
 
     def accelerators(self) -> list[dict[str, Any]]:
+        """Each visible GPU as AIBrix's ``RuntimeAcceleratorSnapshot``: ``{id, hbm_total_bytes,
+        hbm_free_bytes}``, the id being the device's UUID as AIBrix reports it (vllm-project/aibrix
+        ``python/aibrix/aibrix/runtime/model_runtime.py``, ``gpu_memory_observation``), or ``gpu-<index>``
+        where the driver gives none."""
         if self._nv is None:
             return []
         nv, out = self._nv, []
@@ -40,14 +44,15 @@ class Nvml:
             for index in range(nv.nvmlDeviceGetCount()):
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
                 memory = nv.nvmlDeviceGetMemoryInfo(handle)
-                name = nv.nvmlDeviceGetName(handle)
+                try:
+                    uuid = nv.nvmlDeviceGetUUID(handle)
+                except Exception:  # an old driver or binding without UUIDs
+                    uuid = f"gpu-{index}"
                 out.append(
                     {
-                        "index": index,
-                        "name": name.decode() if isinstance(name, bytes) else str(name),
+                        "id": uuid.decode() if isinstance(uuid, bytes) else str(uuid),
                         "hbm_total_bytes": int(memory.total),
                         "hbm_free_bytes": int(memory.free),
-                        "hbm_used_bytes": int(memory.used),
                     }
                 )
         except Exception as exc:  # a device that stops answering mid-read

@@ -12,6 +12,7 @@ routes them. The body is a fragment the page polls (``/admin/pools/fragment``).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from aiohttp import web
@@ -42,12 +43,22 @@ def _engine(engine: dict[str, Any]) -> dict[str, Any]:
         "phase": str(engine.get("phase", "")),
         "ready": bool(engine.get("ready")),
         "port": _int(engine.get("port")),
-        "restarts": _int(engine.get("restarts")) or 0,
+        "restarts": _int(engine.get("restart_count")) or 0,
         "last_error": engine.get("last_error"),
         "kv_used": _int(engine.get("kv_used_bytes")),
         "kv_capacity": _int(engine.get("kv_capacity_bytes")),
-        "since": engine.get("last_transition") if isinstance(engine.get("last_transition"), int | float) else None,
+        "since": _epoch(engine.get("last_transition")),
     }
+
+
+def _epoch(value: Any) -> float | None:
+    """An engine's ``last_transition`` (RFC 3339, as AIBrix's snapshot writes it) as a timestamp."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
 
 
 async def pools_state(request: web.Request) -> dict[str, Any]:
