@@ -494,3 +494,14 @@ def test_backup_restore_refuses_while_the_gateway_runs(tmp_path: Path) -> None:
         assert (tmp_path / "turnout-data" / "config.json").read_bytes() == before
     restored = run(["backup", "restore", "b.zip", "--config", "turnout-data/config.json"], tmp_path)
     assert restored.returncode == 0, restored.stderr
+
+
+def test_agent_engine_ports_default_to_aibrix_runtime_range() -> None:
+    """AIBrix's runtime takes engine ports from range(20000, 21000) (model_runtime.py, ModelRuntime)."""
+    import typer.main
+
+    from turnout.cli import app
+
+    agent = typer.main.get_command(app).commands["agent"]  # type: ignore[attr-defined]
+    (ports,) = [p for p in agent.params if p.name == "engine_ports"]
+    assert ports.default == "20000-20999"

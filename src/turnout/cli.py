@@ -313,7 +313,9 @@ def agent(
     registry: Annotated[Path, typer.Option(help="engines.json (in pods: /var/run/aibrix/engines.json)")] = Path(
         "turnout-data/engines.json"
     ),
-    engine_ports: Annotated[str, typer.Option(help="port range for engines, LOW-HIGH")] = "30000-30999",
+    engine_ports: Annotated[
+        str, typer.Option(help="port range for engines, LOW-HIGH (AIBrix runtime's range by default)")
+    ] = "20000-20999",
     cache_dir: Annotated[
         Path | None,
         typer.Option(
@@ -346,7 +348,7 @@ def agent(
     configure_logging(log_level)
     low, _, high = engine_ports.partition("-")
     if not (low.isdigit() and high.isdigit() and 0 < int(low) <= int(high) < 65536):
-        _fail(f"--engine-ports {engine_ports!r}: use LOW-HIGH, e.g. 30000-30999")
+        _fail(f"--engine-ports {engine_ports!r}: use LOW-HIGH, e.g. 20000-20999")
     pythons = {}
     for item in engine_python or []:
         engine, sep, exe = item.partition("=")

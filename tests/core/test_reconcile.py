@@ -42,7 +42,7 @@ def test_unbound_claim_is_placed_on_the_best_pod() -> None:
     actions = plan([ClaimState("qwen", SPEC)], [PodState(pod("p1", models=2)), PodState(pod("p2"))])
     assert Activate("qwen", "p2", SPEC) in actions
     assert statuses(actions) == [(ClaimPhase.SCHEDULING, "Scheduled")]
-    assert Annotate("p2", KEY, '{"model":"qwen","port":0,"state":"pending"}') in actions
+    assert Annotate("p2", KEY, '{"model":"qwen","port":0,"state":"activating"}') in actions
 
 
 def test_no_candidate_is_pending_with_the_reason() -> None:
@@ -57,22 +57,22 @@ def test_invalid_spec_fails() -> None:
 
 
 @pytest.mark.parametrize(
-    ("engine", "phase", "port"),
+    ("engine", "phase", "port", "state"),
     [
-        (EngineInfo("booting", False, 30001), ClaimPhase.LOADING, 0),
-        (EngineInfo("active", True, 30001), ClaimPhase.ACTIVE, 30001),
-        (EngineInfo("active", False, 30001), ClaimPhase.LOADING, 0),
-        (EngineInfo("sleeping", False, 30001), ClaimPhase.SLEEPING, 0),
-        (EngineInfo("restarting", False, 30001, "exit 1"), ClaimPhase.ACTIVATING, 0),
-        (EngineInfo("failed", False, 30001, "exit 1"), ClaimPhase.FAILED, 0),
+        (EngineInfo("booting", False, 30001), ClaimPhase.LOADING, 0, "activating"),
+        (EngineInfo("active", True, 30001), ClaimPhase.ACTIVE, 30001, "active"),
+        (EngineInfo("active", False, 30001), ClaimPhase.LOADING, 0, "activating"),
+        (EngineInfo("sleeping", False, 30001), ClaimPhase.SLEEPING, 0, "sleeping"),
+        (EngineInfo("restarting", False, 30001, "exit 1"), ClaimPhase.ACTIVATING, 0, "activating"),
+        (EngineInfo("failed", False, 30001, "exit 1"), ClaimPhase.FAILED, 0, "failed"),
     ],
 )
-def test_bound_claim_follows_its_engine(engine: EngineInfo, phase: ClaimPhase, port: int) -> None:
+def test_bound_claim_follows_its_engine(engine: EngineInfo, phase: ClaimPhase, port: int, state: str) -> None:
     actions = plan([ClaimState("qwen", SPEC, bound_pod="p1")], [PodState(pod(), {"qwen": engine})])
     [status] = [a for a in actions if isinstance(a, SetStatus)]
     assert status.phase is phase
     [note] = [a for a in actions if isinstance(a, Annotate)]
-    assert json.loads(note.value or "") == {"model": "qwen", "port": port, "state": engine.phase}
+    assert json.loads(note.value or "") == {"model": "qwen", "port": port, "state": state}
     assert not any(isinstance(a, Activate) for a in actions)
 
 
@@ -100,9 +100,21 @@ def test_deletion_deroutes_then_stops_then_releases() -> None:
     assert plan([ClaimState("qwen", SPEC, deleting=True)], []) == [ReleaseFinalizer("qwen")]
 
 
-def test_route_annotation() -> None:
-    assert route_annotation("m", EngineInfo("active", True, 9)) == '{"model":"m","port":9,"state":"active"}'
-    assert route_annotation("m", None) == '{"model":"m","port":0,"state":"pending"}'
+@pytest.mark.parametrize(
+    ("engine", "note"),
+    [
+        (EngineInfo("active", True, 9), '{"model":"m","port":9,"state":"active"}'),
+        (EngineInfo("active", False, 9), '{"model":"m","port":0,"state":"activating"}'),
+        (None, '{"model":"m","port":0,"state":"activating"}'),
+        (EngineInfo("booting", False, 9), '{"model":"m","port":0,"state":"activating"}'),
+        (EngineInfo("restarting", False, 9), '{"model":"m","port":0,"state":"activating"}'),
+        (EngineInfo("stopping", False, 9), '{"model":"m","port":0,"state":"activating"}'),
+        (EngineInfo("sleeping", False, 9), '{"model":"m","port":0,"state":"sleeping"}'),
+        (EngineInfo("failed", False, 9), '{"model":"m","port":0,"state":"failed"}'),
+    ],
+)
+def test_route_annotation_uses_aibrix_states(engine: EngineInfo | None, note: str) -> None:
+    assert route_annotation("m", engine) == note
 
 
 def launched(spec: object = SPEC) -> object:

@@ -33,6 +33,11 @@ def test_parse_route(note: str | None, expected: tuple[int, str | None]) -> None
         (ClaimPhase.SLEEPING, "booting", False, ClaimPhase.LOADING),  # waking: do not ask for another wake
         (ClaimPhase.ACTIVE, "active", True, ClaimPhase.ACTIVE),
         (ClaimPhase.PENDING, "pending", False, ClaimPhase.PENDING),
+        # AIBrix's states
+        (ClaimPhase.ACTIVE, "activating", False, ClaimPhase.ACTIVATING),  # crashed: de-routed, status lags
+        (ClaimPhase.SLEEPING, "activating", False, ClaimPhase.ACTIVATING),  # waking: do not ask for another wake
+        (ClaimPhase.LOADING, "activating", False, ClaimPhase.LOADING),  # on its way up: the status says more
+        (ClaimPhase.ACTIVE, "failed", False, ClaimPhase.FAILED),
         (ClaimPhase.FAILED, None, False, ClaimPhase.FAILED),
     ],
 )

@@ -36,6 +36,7 @@ __all__ = [
     "plan",
     "rejected",
     "route_annotation",
+    "route_state",
 ]
 
 ANNOTATION_PREFIX = "modelclaim.aibrix.ai/"
@@ -118,10 +119,22 @@ class ReleaseFinalizer:
 Action = SetStatus | Activate | Deactivate | Annotate | ReleaseFinalizer
 
 
+def route_state(engine: EngineInfo | None) -> str:
+    """AIBrix's routing states (``pkg/constants/model.go``, ``ModelClaimRoutingState*``): ``active`` (ready to
+    serve), ``sleeping``, ``failed``, and ``activating`` for everything on its way up (placed, booting,
+    restarting after a crash, active but not ready)."""
+    if engine is None:
+        return "activating"
+    if engine.phase == "active":
+        return "active" if engine.ready else "activating"
+    return engine.phase if engine.phase in ("sleeping", "failed") else "activating"
+
+
 def route_annotation(model: str, engine: EngineInfo | None) -> str:
-    """``{"model","port","state"}``; the port is 0 unless the engine is active and ready."""
-    state = "pending" if engine is None else engine.phase
-    port = engine.port if engine is not None and engine.phase == "active" and engine.ready else 0
+    """``{"model","port","state"}`` as AIBrix's controller writes it; the port is 0 unless the state is
+    ``active``."""
+    state = route_state(engine)
+    port = engine.port if engine is not None and state == "active" else 0
     return json.dumps({"model": model, "port": port, "state": state}, separators=(",", ":"))
 
 

@@ -55,18 +55,24 @@ class ClaimSource(Protocol):
 
 # The routing annotation is written before the status (it is what takes an engine off the route), so for a
 # moment the status can lag (Active while the engine sleeps, Sleeping while it wakes): trust the route.
+# States are AIBrix's (active, activating, sleeping, failed); "restarting" and "booting" are what earlier Turnout
+# controllers wrote, read the same way.
 _ROUTE_PHASES = {
     "sleeping": ClaimPhase.SLEEPING,
+    "failed": ClaimPhase.FAILED,
+    "activating": ClaimPhase.ACTIVATING,
     "restarting": ClaimPhase.ACTIVATING,
     "booting": ClaimPhase.LOADING,
-    "failed": ClaimPhase.FAILED,
 }
 
 
 def effective_phase(phase: ClaimPhase, route_state: str | None, routable: bool) -> ClaimPhase:
-    if not routable and route_state in _ROUTE_PHASES:
-        return _ROUTE_PHASES[route_state]
-    return phase
+    routed = None if routable else _ROUTE_PHASES.get(route_state or "")
+    if routed is None:
+        return phase
+    if routed in (ClaimPhase.ACTIVATING, ClaimPhase.LOADING) and phase not in (ClaimPhase.ACTIVE, ClaimPhase.SLEEPING):
+        return phase  # on its way up already (Scheduling, Loading...): the status says more than the route
+    return routed
 
 
 class LocalSource:

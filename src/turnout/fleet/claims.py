@@ -37,7 +37,7 @@ log = logging.getLogger("turnout.claims")
 # Claims whose model is not listed: nowhere to run (Pending) or given up (Failed).
 _UNLISTED = frozenset({ClaimPhase.PENDING, ClaimPhase.FAILED})
 SLEEPING_RETRY_S = 10
-ACTIVATING_RETRY_S = 5
+ACTIVATING_RETRY_S = 10  # as AIBrix's gateway answers every claim not yet routable (modelClaimRetryAfterSeconds)
 WAKE_KEY_TTL_S = 120
 
 
