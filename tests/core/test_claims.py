@@ -1,6 +1,14 @@
 import pytest
 
-from turnout.core.claims import POOL_LABEL, InvalidClaim, PodView, artifact_key, parse_claim_spec, rank_pods
+from turnout.core.claims import (
+    POOL_LABEL,
+    InvalidClaim,
+    PodView,
+    artifact_key,
+    candidates,
+    parse_claim_spec,
+    rank_pods,
+)
 
 BASE = {"podSelector": {"matchLabels": {"pool": "a"}}, "artifactURL": "hf://org/m"}
 
@@ -9,6 +17,7 @@ BASE = {"podSelector": {"matchLabels": {"pool": "a"}}, "artifactURL": "hf://org/
     ("spec", "fragment"),
     [
         ({"artifactURL": "hf://x"}, "podSelector is required"),
+        ({**BASE, "podSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}, "In needs at least one"),
         ({"podSelector": {"matchLabels": {"pool": "a"}}}, "artifactURL is required"),
         ({**BASE, "engine": "tgi"}, "engine must be one of"),
         ({**BASE, "replicas": 2}, "replicas must be 1"),
@@ -78,3 +87,19 @@ def test_null_flag_value_is_a_boolean_flag() -> None:
     """Some API servers hand "" back as null; the claim still means a flag without a value."""
     claim = parse_claim_spec("c", {**BASE, "engineConfig": {"args": {"--enforce-eager": None}}})
     assert claim.args == {"--enforce-eager": ""}
+
+
+def test_pod_selector_expressions_pick_pods() -> None:
+    spec = {
+        **BASE,
+        "podSelector": {
+            "matchLabels": {"pool": "a"},
+            "matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}],
+        },
+    }
+    claim = parse_claim_spec("c", spec)
+    h100 = pod("h100", labels={"pool": "a", POOL_LABEL: "true", "gpu": "h100"})
+    t4 = pod("t4", labels={"pool": "a", POOL_LABEL: "true", "gpu": "t4"})
+    ranked, _ = rank_pods(claim, [t4, h100])
+    assert [p.name for p in ranked] == ["h100"] and candidates(claim, [t4, h100]) == 1
+    assert candidates(claim, [t4]) == 0

@@ -64,6 +64,11 @@ async def test_claim_lifecycle(controller: tuple[LocalController, web.AppRunner]
     note = json.loads(ctl.annotations["cpu-0"]["modelclaim.aibrix.ai/tiny-claim"])
     assert note == {"model": "tiny", "port": status["tiny-claim"]["port"], "state": "active"}
     assert status["nowhere"]["phase"] == "Pending" and "podSelector" in status["nowhere"]["message"]
+    # AIBrix's ModelClaimStatus fields
+    tiny = status["tiny-claim"]
+    assert tiny["candidates"] == 1 and tiny["desiredReplicas"] == 1
+    assert tiny["instances"] == [{"pod": "cpu-0", "port": tiny["port"], "phase": "Active"}]
+    assert status["nowhere"]["candidates"] == 0 and status["nowhere"]["instances"] == []
 
     ctl.files.mark_deleted("tiny-claim")
     await tick_until(ctl, "tiny-claim", None)  # de-routed, engine stopped, then forgotten

@@ -27,7 +27,15 @@ from tests.conftest import GatewayFactory, eventually
 from tests.runtime.conftest import AgentStarter
 from tests.runtime.test_gateway_claims import through_the_transition, until_status
 from tests.support.kube import KubeServer
-from turnout.controller.kube import FINALIZER, GROUP, Kube, OperatorConfig, build_registry, kube_configuration
+from turnout.controller.kube import (
+    FINALIZER,
+    GROUP,
+    LEGACY_FINALIZERS,
+    Kube,
+    OperatorConfig,
+    build_registry,
+    kube_configuration,
+)
 from turnout.controller.metrics import ControllerMetrics
 from turnout.runtime.agent import SUPERVISOR
 
@@ -177,6 +185,10 @@ def test_manifests_apply_and_the_schema_refuses_bad_claims(
         {"podSelector": {"matchLabels": {"a": "b"}}, "artifactURL": "ftp://x"},  # unknown scheme
         {"podSelector": {"matchLabels": {"a": "b"}}, "artifactURL": "hf://x", "replicas": 2},
         {"podSelector": {"matchLabels": {"a": "b"}}, "artifactURL": "hf://x", "engine": "tgi"},
+        {
+            "podSelector": {"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]},
+            "artifactURL": "hf://x",
+        },
     ]
     for i, spec in enumerate(bad):
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelClaim", "metadata": {"name": f"bad{i}"}, "spec": spec}
@@ -228,7 +240,14 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
     apps.create_namespaced_deployment(NS, deployment)
     operator = RunningOperator(operator_kubeconfig)
     try:
-        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, claim("tiny", f"file://{tiny_model}"))
+        tiny_claim = claim("tiny", f"file://{tiny_model}")
+        # a full LabelSelector, as AIBrix's ModelClaimSpec has it; and the finalizer an earlier Turnout set
+        tiny_claim["spec"]["podSelector"]["matchExpressions"] = [
+            {"key": "app", "operator": "In", "values": ["pool", "other"]},
+            {"key": "spot", "operator": "DoesNotExist"},
+        ]
+        tiny_claim["metadata"]["finalizers"] = list(LEGACY_FINALIZERS)
+        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, tiny_claim)
         custom.create_namespaced_custom_object(
             GROUP, VERSION, NS, PLURAL, claim("broken", f"file://{tmp_path / 'missing.gguf'}")
         )
@@ -245,7 +264,10 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
         status = tiny["status"]
         assert status["pod"] == "pool-0" and status["port"] > 0 and status["readyReplicas"] == 1
         assert {c["type"]: c["status"] for c in status["conditions"]} == {"Scheduled": "True", "Ready": "True"}
-        assert FINALIZER in tiny["metadata"]["finalizers"]
+        assert FINALIZER == "model.aibrix.ai/modelclaim-finalizer" and FINALIZER in tiny["metadata"]["finalizers"]
+        # AIBrix's ModelClaimStatus fields
+        assert status["candidates"] == 1 and status["desiredReplicas"] == 1
+        assert status["instances"] == [{"pod": "pool-0", "port": status["port"], "phase": "Active"}]
 
         async def routed() -> bool:
             notes = core.read_namespaced_pod("pool-0", NS).metadata.annotations or {}
@@ -273,7 +295,7 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
         greedy = claim("greedy", "hf://org/m")
         greedy["spec"]["engineConfig"]["args"]["--gpu-memory-utilization"] = "0.9"
         nowhere = claim("nowhere", "hf://org/m")
-        nowhere["spec"]["podSelector"] = {"matchLabels": {"pool": "gpu"}}
+        nowhere["spec"]["podSelector"]["matchExpressions"] = [{"key": "app", "operator": "NotIn", "values": ["pool"]}]
         for extra in (greedy, nowhere):
             custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, extra)
 
@@ -284,7 +306,7 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
         await eventually(phases, "greedy Failed and nowhere Pending")
         assert get("greedy")["status"]["reason"] == "InvalidSpec"
         assert "gpu-memory-utilization" in get("greedy")["status"]["message"]
-        assert get("nowhere")["status"]["reason"] == "NoCandidatePod"
+        assert get("nowhere")["status"]["reason"] == "NoCandidatePod" and get("nowhere")["status"]["candidates"] == 0
         assert "podSelector" in get("nowhere")["status"]["message"]
 
         # A gateway in the cluster (read-only service account) routes to the claim the operator placed, and a
@@ -340,7 +362,8 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
             sample("aibrix_modelclaim_activation_total", {"namespace": NS, "model": "broken", "result": "failure"}) == 1
         )
 
-        # Deleting: the finalizer de-routes, stops the engine, and only then lets the object go.
+        # Deleting: the finalizer de-routes, stops the engine, and only then lets the object go (the earlier
+        # Turnout finalizer with it).
         custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "tiny")
 
         async def gone() -> bool:

@@ -2,8 +2,9 @@
 
 - ``ModelClaim`` (``modelclaims.model.aibrix.ai/v1alpha1``): a kopf timer reconciles each claim every
   ``interval_s`` (and at once when it appears): status through the status subresource, events on phase
-  changes, routing annotations on pool pods, agent calls. Deletion goes through a finalizer
-  (``modelclaim.aibrix.ai/finalizer``): de-route, stop the engine, then let the object go.
+  changes, routing annotations on pool pods, agent calls. Deletion goes through AIBrix's finalizer
+  (``model.aibrix.ai/modelclaim-finalizer``): de-route, stop the engine, then let the object go; the one earlier
+  Turnout operators set (``modelclaim.aibrix.ai/finalizer``) is removed at the same time.
 - Pool Deployments carrying ``pool.aibrix.ai/policy``: a loop lists them every ``interval_s`` and applies the
   policy to each Deployment's pods (idle sleep, KV limits); an invalid policy is disabled with one
   ``InvalidPoolPolicy`` warning per text. (Listed, not watched through kopf: kopf would patch its own
@@ -33,8 +34,8 @@ from kubernetes import config as k8s_config
 from turnout.controller.agents import Activity, AgentClient, AgentReport, engine_info, pod_view, spec_digest
 from turnout.controller.metrics import ControllerMetrics
 from turnout.controller.policy import PolicyRunner, PoolTarget
-from turnout.controller.status import now_iso, phase_of, rejection, render_status
-from turnout.core.claims import POOL_LABEL, ClaimPhase, ClaimSpec, InvalidClaim, parse_claim_spec
+from turnout.controller.status import bound_pod, now_iso, phase_of, rejection, render_status
+from turnout.core.claims import POOL_LABEL, ClaimPhase, ClaimSpec, InvalidClaim, candidates, parse_claim_spec
 from turnout.core.poolpolicy import PolicyError, parse_pool_policy
 from turnout.core.reconcile import (
     ANNOTATION_PREFIX,
@@ -50,15 +51,25 @@ from turnout.core.reconcile import (
     plan,
     rejected,
 )
+from turnout.core.selectors import InvalidSelector, LabelSelector, parse_label_selector
 from turnout.fleet.claim_sources import ClaimView, WakeTarget, effective_phase, sleeping_engine
 from turnout.upstream.client import UpstreamClient
 
-__all__ = ["GROUP", "KubeRoutes", "OperatorConfig", "build_registry", "kube_configuration"]
+__all__ = [
+    "FINALIZER",
+    "GROUP",
+    "LEGACY_FINALIZERS",
+    "KubeRoutes",
+    "OperatorConfig",
+    "build_registry",
+    "kube_configuration",
+]
 
 log = logging.getLogger("turnout.operator")
 
 GROUP, VERSION, PLURAL = "model.aibrix.ai", "v1alpha1", "modelclaims"
-FINALIZER = "modelclaim.aibrix.ai/finalizer"
+FINALIZER = "model.aibrix.ai/modelclaim-finalizer"  # AIBrix's (pkg/controller/modelclaim, ModelClaimFinalizer)
+LEGACY_FINALIZERS = ("modelclaim.aibrix.ai/finalizer",)  # what earlier Turnout operators set
 POLICY_ANNOTATION = "pool.aibrix.ai/policy"
 RUNTIME_PORT_NAME = "runtime"
 DEFAULT_RUNTIME_PORT = 8080
@@ -106,9 +117,8 @@ class Kube:
         items: list[dict[str, Any]] = (await self._get(call, *args, **kwargs))["items"]
         return items
 
-    async def pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-        return await self._items(self.core.list_namespaced_pod, namespace, label_selector=selector)
+    async def pods(self, namespace: str, selector: LabelSelector) -> list[dict[str, Any]]:
+        return await self._items(self.core.list_namespaced_pod, namespace, label_selector=selector.query())
 
     async def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -203,7 +213,7 @@ class Kube:
 
     async def pool_pods(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
         if namespaces:
-            return [p for ns in namespaces for p in await self.pods(ns, {POOL_LABEL: "true"})]
+            return [p for ns in namespaces for p in await self.pods(ns, LabelSelector({POOL_LABEL: "true"}))]
         return await self._items(self.core.list_pod_for_all_namespaces, label_selector=f"{POOL_LABEL}=true")
 
     async def claims(self, namespace: str) -> list[dict[str, Any]]:
@@ -266,7 +276,7 @@ class Operator:
             spec, invalid = None, str(exc)
         model = spec.model_name if spec is not None else name
         pods = await self.kube.pods(namespace, spec.pod_selector) if spec is not None else []
-        bound = status.get("pod")
+        bound = bound_pod(status)
         if bound and all(p["metadata"]["name"] != bound for p in pods):
             extra = await self.kube.pod(namespace, bound)  # the claim stays where it is if labels change
             pods += [extra] if extra is not None else []
@@ -277,9 +287,10 @@ class Operator:
         if refused is None and spec is not None and remembered is not None and remembered[0] == spec_digest(spec):
             refused = remembered[1]
         claim = ClaimState(name, spec, invalid, bound if bound in by_name else None, deleting, refused)
+        count = candidates(spec, [s.pod for s, _ in states]) if spec is not None else 0
         done = False
         for action in plan([claim], [s for s, _ in states]):
-            done |= await self._apply(action, body, patch, status, by_name, model, spec)
+            done |= await self._apply(action, body, patch, status, by_name, model, spec, count)
         if deleting and done:
             self.metrics.forget(namespace, model)
             self.refused.pop(str(meta.get("uid", "")), None)
@@ -294,12 +305,14 @@ class Operator:
         by_name: Mapping[str, dict[str, Any]],
         model: str,
         spec: ClaimSpec | None,
+        count: int,
     ) -> bool:
-        """Carry out one action of the plan; True for the finalizer's release."""
+        """Carry out one action of the plan; True for the finalizer's release. ``count``: the claim's
+        candidate pods (its status's ``candidates``)."""
         meta = body["metadata"]
         namespace = meta["namespace"]
         if isinstance(action, SetStatus):
-            await self._status(body, patch, status, action, model, spec)
+            await self._status(body, patch, status, action, model, spec, count)
         elif isinstance(action, Activate):
             ref = {"namespace": namespace, "name": meta["name"], "uid": str(meta.get("uid", ""))}
             url = agent_url(by_name[action.pod]) or ""
@@ -308,7 +321,7 @@ class Operator:
                 for step in rejected(action.claim, action.pod, action.spec.model_name, refusal.detail):
                     if isinstance(step, SetStatus):
                         self.refused[ref["uid"]] = (spec_digest(action.spec), step.message)
-                    await self._apply(step, body, patch, status, by_name, model, spec)
+                    await self._apply(step, body, patch, status, by_name, model, spec, count)
             elif refusal is not None:
                 await self.kube.event(body, "Warning", "ActivateFailed", refusal.message)
         elif isinstance(action, Deactivate):
@@ -336,9 +349,10 @@ class Operator:
         action: SetStatus,
         model: str,
         spec: ClaimSpec | None,
+        count: int,
     ) -> None:
         before = phase_of(status)
-        new = render_status(action, status, now_iso(time.time()), model, spec)
+        new = render_status(action, status, now_iso(time.time()), model, spec, candidates=count)
         if any(status.get(k) != v for k, v in new.items()):
             patch.status.update(new)
         status.update(new)  # a later action of this pass compares with what it will be
@@ -366,8 +380,11 @@ class Operator:
                     await self.kube.event(body, "Warning", "InvalidPoolPolicy", message)
             return
         self.reported_invalid.pop(uid, None)
-        selector = ((body.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
-        if not selector:
+        try:  # the Deployment's own selector, read by the same rule as a claim's podSelector
+            selector = parse_label_selector((body.get("spec") or {}).get("selector"), "spec.selector")
+        except InvalidSelector:
+            return
+        if not selector.match_labels and not selector.match_expressions:
             return
         pods = await self.kube.pods(namespace, selector)
         claims = {c["metadata"]["name"]: c for c in await self.kube.claims(namespace)}
@@ -380,7 +397,7 @@ class Operator:
             bound = {
                 str((c.get("status") or {}).get("model") or c["metadata"]["name"]): n
                 for n, c in claims.items()
-                if (c.get("status") or {}).get("pod") == pod_name and not c["metadata"].get("deletionTimestamp")
+                if bound_pod(c.get("status")) == pod_name and not c["metadata"].get("deletionTimestamp")
             }
             target = PoolTarget(
                 pod_name, url, state.pod.gpus, text, report.engines, bound, namespace, name, report.accelerators
@@ -446,7 +463,7 @@ class KubeRoutes:
             key = f"{meta['namespace']}/{meta['name']}"
             model = str(status.get("model") or (claim.get("spec") or {}).get("modelName") or meta["name"])
             phase = phase_of(status) or ClaimPhase.PENDING
-            pod = pods.get((meta["namespace"], status.get("pod") or ""))
+            pod = pods.get((meta["namespace"], bound_pod(status) or ""))
             route = None
             if pod is not None:
                 bound[key] = (pod, model)
@@ -472,6 +489,12 @@ class KubeRoutes:
         report = await self.agents.report(url, pod["metadata"]["name"])
         sleep_id = sleeping_engine(report.engines if report else [], model)
         return None if sleep_id is None else WakeTarget(url, pod["metadata"]["name"], model, sleep_id)
+
+
+def _drop_legacy_finalizers(body: Any) -> None:
+    meta = body.get("metadata") or {}
+    if "finalizers" in meta:
+        meta["finalizers"] = [f for f in meta["finalizers"] if f not in LEGACY_FINALIZERS]
 
 
 def build_registry(cfg: OperatorConfig, metrics: ControllerMetrics) -> kopf.OperatorRegistry:
@@ -524,5 +547,7 @@ def build_registry(cfg: OperatorConfig, metrics: ControllerMetrics) -> kopf.Oper
     async def claim_deleted(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         if not await operator().reconcile(body, patch, deleting=True):
             raise kopf.TemporaryError("de-routing and stopping the engine", delay=1)
+        if set(body.get("metadata", {}).get("finalizers") or []) & set(LEGACY_FINALIZERS):
+            patch.fns.append(_drop_legacy_finalizers)  # applied as kopf drops its own: a JSON patch, version-checked
 
     return registry

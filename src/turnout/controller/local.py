@@ -26,8 +26,8 @@ import yaml
 from turnout.controller.agents import Activity, AgentClient, AgentReport, engine_info, pod_view
 from turnout.controller.metrics import ControllerMetrics
 from turnout.controller.policy import PolicyRunner, PoolTarget
-from turnout.controller.status import now_iso, phase_of, rejection, render_status
-from turnout.core.claims import ClaimPhase, ClaimSpec, InvalidClaim, parse_claim_spec
+from turnout.controller.status import bound_pod, now_iso, phase_of, rejection, render_status
+from turnout.core.claims import ClaimPhase, ClaimSpec, InvalidClaim, candidates, parse_claim_spec
 from turnout.core.reconcile import (
     ANNOTATION_PREFIX,
     Activate,
@@ -181,6 +181,7 @@ class LocalController:
         self._events_dirty = False
         self.uids: dict[str, str] = {}
         self.specs: dict[str, ClaimSpec] = {}  # this tick's valid specs, by claim
+        self.candidates: dict[str, int] = {}  # claim -> pool pods it could run on, as of the last tick
 
     async def tick(self) -> None:
         docs = self.files.all()
@@ -198,7 +199,7 @@ class LocalController:
             if spec is not None:
                 self.specs[name] = spec
             status = self.statuses.get(name)
-            bound = (status or {}).get("pod")
+            bound = bound_pod(status)
             refused = rejection(status, spec)
             claims.append(ClaimState(name, spec, invalid, bound, bool(doc.get("deleting")), refused))
         pools = list(self.pools.values())
@@ -208,6 +209,8 @@ class LocalController:
             for p, r in zip(pools, reports, strict=True)
         }
         pods = [self._pod_state(p, r) for p, r in zip(pools, reports, strict=True)]
+        views = [p.pod for p in pods]
+        self.candidates = {c.name: candidates(c.spec, views) if c.spec is not None else 0 for c in claims}
         for action in plan(claims, pods):
             await self._apply(action, models)
         live = {c.name for c in claims if not c.deleting and c.spec is not None}
@@ -296,7 +299,9 @@ class LocalController:
             kind = event_type(action)
             self._event(f"ModelClaim/{action.claim}", kind, action.reason, action.message or action.phase.value)
         spec = self.specs.get(action.claim)
-        self.statuses[action.claim] = render_status(action, previous, now_iso(self.clock()), model, spec)
+        count = self.candidates.get(action.claim, 0)
+        now = now_iso(self.clock())
+        self.statuses[action.claim] = render_status(action, previous, now, model, spec, candidates=count)
         self.metrics.claim("local", model, before, action.phase)
 
     async def _apply(self, action: object, models: dict[str, str]) -> None:

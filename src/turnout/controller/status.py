@@ -13,7 +13,7 @@ from turnout.controller.agents import spec_digest
 from turnout.core.claims import ClaimPhase, ClaimSpec
 from turnout.core.reconcile import REJECTED, SetStatus, conditions
 
-__all__ = ["now_iso", "phase_of", "rejection", "render_status"]
+__all__ = ["bound_pod", "now_iso", "phase_of", "rejection", "render_status"]
 
 
 def now_iso(ts: float) -> str:
@@ -36,11 +36,32 @@ def rejection(status: Mapping[str, Any] | None, spec: ClaimSpec | None) -> str |
     return str(status.get("message") or REJECTED)
 
 
+def bound_pod(status: Mapping[str, Any] | None) -> str | None:
+    """The pod a claim is bound to: Turnout's ``pod``, else the first of AIBrix's ``instances[]`` (a claim an
+    AIBrix controller placed)."""
+    status = status or {}
+    pod = status.get("pod")
+    if isinstance(pod, str) and pod:
+        return pod
+    instances = status.get("instances")
+    first = instances[0] if isinstance(instances, list) and instances else None
+    pod = first.get("pod") if isinstance(first, Mapping) else None
+    return pod if isinstance(pod, str) and pod else None
+
+
 def render_status(
-    action: SetStatus, previous: Mapping[str, Any], now: str, model: str, spec: ClaimSpec | None = None
+    action: SetStatus,
+    previous: Mapping[str, Any],
+    now: str,
+    model: str,
+    spec: ClaimSpec | None = None,
+    *,
+    candidates: int = 0,
 ) -> dict[str, Any]:
     """The new status; transition times are kept from ``previous`` for whatever did not change. ``spec``: the
-    claim's spec, recorded as ``rejectedSpec`` when the status says its activation was refused."""
+    claim's spec, recorded as ``rejectedSpec`` when the status says its activation was refused. Besides
+    Turnout's fields it carries AIBrix's ``ModelClaimStatus`` ones (``candidates``: pool pods the claim could
+    run on; ``desiredReplicas``; ``instances[]``: ``{pod, port, phase}`` of its engine)."""
     old_conditions = {c.get("type"): c for c in previous.get("conditions") or [] if isinstance(c, dict)}
     rendered = []
     for kind, ok, reason, message in conditions(action):
@@ -60,6 +81,11 @@ def render_status(
         "pod": action.pod,
         "port": action.port,
         "readyReplicas": 1 if action.phase is ClaimPhase.ACTIVE else 0,
+        "candidates": candidates,
+        "desiredReplicas": 1,  # spec.replicas, which is always 1
+        "instances": []
+        if action.pod is None
+        else [{"pod": action.pod, "port": action.port, "phase": action.phase.value}],
         "lastTransitionTime": previous.get("lastTransitionTime", now) if same else now,
         "conditions": rendered,
         "rejectedSpec": refused,  # null otherwise (a merge patch removes it)

@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from turnout.core.runtime import ENGINES
+from turnout.core.selectors import InvalidSelector, LabelSelector, parse_label_selector
 
 __all__ = [
     "POOL_LABEL",
@@ -19,7 +20,7 @@ __all__ = [
     "InvalidClaim",
     "PodView",
     "artifact_key",
-    "matches_selector",
+    "candidates",
     "parse_claim_spec",
     "rank_pods",
 ]
@@ -44,7 +45,7 @@ class InvalidClaim(ValueError):
 @dataclass(frozen=True, slots=True)
 class ClaimSpec:
     model_name: str
-    pod_selector: Mapping[str, str]
+    pod_selector: LabelSelector
     artifact_url: str
     engine: str = "vllm"
     replicas: int = 1
@@ -77,10 +78,12 @@ def parse_claim_spec(name: str, spec: Any) -> ClaimSpec:
     model = spec.get("modelName") or name
     if not isinstance(model, str):
         raise InvalidClaim("spec.modelName must be a string")
-    selector = spec.get("podSelector")
-    labels = selector.get("matchLabels", selector) if isinstance(selector, dict) else None
-    if not isinstance(labels, dict) or not labels or not all(isinstance(v, str) for v in labels.values()):
-        raise InvalidClaim("spec.podSelector is required: {matchLabels: {label: value}}")
+    if spec.get("podSelector") is None:
+        raise InvalidClaim("spec.podSelector is required: {matchLabels: {label: value}, matchExpressions: [...]}")
+    try:
+        selector = parse_label_selector(spec["podSelector"], "spec.podSelector")
+    except InvalidSelector as exc:
+        raise InvalidClaim(str(exc)) from None
     artifact = spec.get("artifactURL")
     if not isinstance(artifact, str) or not artifact:
         raise InvalidClaim("spec.artifactURL is required")
@@ -101,7 +104,7 @@ def parse_claim_spec(name: str, spec: Any) -> ClaimSpec:
     dp = args.get("--data-parallel-size", "1")
     if dp != "1":
         raise InvalidClaim(f"--data-parallel-size must be 1 (got {dp}); use one claim per replica")
-    claim = ClaimSpec(model, dict(labels), artifact, engine, 1, dict(args))
+    claim = ClaimSpec(model, selector, artifact, engine, 1, dict(args))
     _ = claim.parallel_gpus  # validates the parallel sizes
     return claim
 
@@ -125,13 +128,15 @@ def artifact_key(url: str) -> str:
     return "hf://" + url.removeprefix("huggingface://") if url.startswith("huggingface://") else url
 
 
-def matches_selector(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
+def candidates(claim: ClaimSpec, pods: Sequence[PodView]) -> int:
+    """The claim's status ``candidates`` (AIBrix's ``ModelClaimStatus.Candidates``): pool pods that match its
+    selector, run with an address, and have the GPUs it needs."""
+    return len(rank_pods(claim, pods)[0])
 
 
 def rank_pods(claim: ClaimSpec, pods: Sequence[PodView]) -> tuple[list[PodView], str]:
     """Eligible pods best first, and when there are none, why (for the claim's status)."""
-    selected = [p for p in pods if matches_selector(p.labels, claim.pod_selector)]
+    selected = [p for p in pods if claim.pod_selector.matches(p.labels)]
     if not selected:
         return [], "no pod matches spec.podSelector"
     pooled = [p for p in selected if p.labels.get(POOL_LABEL) == "true"]
