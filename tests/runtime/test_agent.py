@@ -205,9 +205,9 @@ async def test_failed_engine_stays_failed_across_an_agent_restart(agent: AgentFa
     registry.write_text(json.dumps({"version": 1, "engines": [failed_record("broken")]}))
     a = await agent()
     engine = await a.engine("broken")
-    assert engine["phase"] == "failed" and engine["pid"] is None and engine["restarts"] == 5  # not relaunched
+    assert engine["phase"] == "failed" and engine["pid"] is None and engine["restart_count"] == 5  # not relaunched
     assert "no such file" in engine["last_error"]
-    status, body = await a.call("POST", "/v1/runtime/models/wake", {"model_name": "broken"})
+    status, body = await a.call("POST", "/v1/runtime/models/wake", {"model_name": "broken", "operation_id": "w"})
     assert status == 409 and "failed" in body["error"]["message"]
 
 

@@ -22,6 +22,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from tests.conftest import eventually, free_port, serve_app
+from tests.runtime.conftest import AgentStarter
 from tests.support.aibrix_runtime import AIBRIX_RUNTIME, REFUSED, aibrix_runtime_app
 from turnout.controller.local import ClaimFiles, LocalController, Pool, load_claim_documents
 from turnout.core.claims import POOL_LABEL, ClaimPhase
@@ -112,6 +113,40 @@ async def test_every_agent_answer_validates_with_aibrix_protocol_models(mock_age
     status, body = await a.call("POST", "/v1/runtime/models/deactivate", {"model_name": "llama", "mode": "stop"})
     assert status == 200 and body["status"] == "success"
     assert (await a.call("GET", "/v1/runtime/models"))[1] == {"models": []}
+
+
+async def test_real_engine_snapshot_validates_with_aibrix_models(start_agent: AgentStarter, tiny_model: Path) -> None:
+    """The same with a real llama.cpp engine behind the agent: booting, then active and serving."""
+    url, _ = await start_agent()
+    a = Agent(url)
+    ref = {"namespace": "local", "name": "tiny", "uid": "u1"}
+    body = {"model_name": "tiny", "artifact_url": f"file://{tiny_model}", "engine": "llamacpp", "claim_ref": ref}
+    body["engine_config"] = {"args": {"--n_ctx": "256"}}
+    status, answer = await a.call("POST", "/v1/runtime/models/activate", body)
+    assert status == 200 and answer["phase"] == "booting"
+
+    async def ready() -> Any:
+        _, snap = await a.call("GET", "/v1/runtime/snapshot")
+        return snap if snap["models"] and snap["models"][0]["ready"] else None
+
+    snap = await eventually(ready, "the engine to be ready", 60)
+    for model in snap["models"]:
+        aibrix_valid(aibrix.RuntimeSnapshotModel, model, MODEL_EXTENSIONS)
+    parsed = aibrix.RuntimeSnapshotResponse.model_validate(
+        {**snap, "models": [{k: v for k, v in m.items() if k not in MODEL_EXTENSIONS} for m in snap["models"]]}
+    )
+    (tiny,) = parsed.models
+    assert tiny.alive and tiny.phase == "active" and tiny.port > 0 and tiny.last_transition is not None
+    assert tiny.request_metrics_observed is False  # llama.cpp's server exports no metrics
+    status, listed = await a.call("GET", "/v1/runtime/models")
+    for m in listed["models"]:
+        aibrix.RuntimeModelInfo.model_validate(
+            {k: v for k, v in m.items() if k in aibrix.RuntimeModelInfo.model_fields}
+        )
+    status, slept = await a.call(
+        "POST", "/v1/runtime/models/sleep", {"model_name": "tiny", "level": 1, "operation_id": "s"}
+    )
+    assert status == 200 and aibrix_valid(aibrix.RuntimeOperationResponse, slept).phase == "sleeping"
 
 
 @pytest.mark.parametrize("path", ["sleep", "wake", "kv-limit"])

@@ -71,8 +71,11 @@ async def test_vllm_sleep_holds_across_monitor_ticks_and_an_agent_restart(
     active = await a.until("v", "active", limit_s=30)
     port = active["port"]
 
-    status, slept = await a.call("POST", "/v1/runtime/models/sleep", {"model_name": "v", "level": 1})
-    assert status == 200 and slept["phase"] == "sleeping" and slept["pid"] == active["pid"]  # in place
+    status, slept = await a.call(
+        "POST", "/v1/runtime/models/sleep", {"model_name": "v", "level": 1, "operation_id": "s1"}
+    )
+    assert status == 200 and slept["phase"] == "sleeping" and slept["applied"] is True
+    assert (await a.engine("v"))["pid"] == active["pid"]  # in place
     await stays_asleep(a, "v", port)  # /health is 200 all along: only /is_sleeping tells
     assert "aibrix:modelclaim_models_resident 1.0" in await agent_metrics(a)  # sleeping still holds the model
 
@@ -86,7 +89,7 @@ async def test_vllm_sleep_holds_across_monitor_ticks_and_an_agent_restart(
     await stays_asleep(b, "v", port)
 
     status, woken = await b.call("POST", "/v1/runtime/models/wake", {"model_name": "v", "operation_id": "w1"})
-    assert status == 200 and woken["phase"] == "booting" and woken["ready"] is False  # not routable yet
+    assert status == 200 and woken["phase"] == "booting" and woken["applied"] is True  # not routable yet
     await b.until("v", "active", limit_s=20)
     assert (await emulator(port))["calls"] == ["/sleep?level=1&mode=wait", "/wake_up"]
     status, answer = await chat(port, "v")
@@ -114,9 +117,11 @@ async def test_vllm_sleep_state_followed_and_level_two_wake_reloads_weights(
     assert await engine_post(port, "/wake_up") == 200
     await a.until("v", "active", limit_s=10)
 
-    status, slept = await a.call("POST", "/v1/runtime/models/sleep", {"model_name": "v", "level": 2})
-    assert status == 200 and slept["phase"] == "sleeping" and slept["sleep_level"] == 2
-    status, _ = await a.call("POST", "/v1/runtime/models/wake", {"model_name": "v"})
+    status, slept = await a.call(
+        "POST", "/v1/runtime/models/sleep", {"model_name": "v", "level": 2, "operation_id": "s2"}
+    )
+    assert status == 200 and slept["phase"] == "sleeping" and (await a.engine("v"))["sleep_level"] == 2
+    status, _ = await a.call("POST", "/v1/runtime/models/wake", {"model_name": "v", "operation_id": "w2"})
     assert status == 200
     await a.until("v", "active", limit_s=10)
     assert (await emulator(port))["calls"][-4:] == [
@@ -138,11 +143,14 @@ async def test_sglang_is_ready_through_its_slow_health_and_reports_activity(
     status, _ = await a.call("POST", "/v1/runtime/models/activate", body)
     assert status == 200
     engine = await a.until("s", "active", limit_s=30)  # its /health takes 3 s here (up to 20 s upstream)
-    assert engine["requests"] == {"running": 0, "waiting": 0, "success_total": 0}  # /metrics is served
+    assert engine["request_metrics_observed"] is True  # /metrics is served
+    assert (engine["requests_running"], engine["requests_waiting"], engine["request_success_total"]) == (0, 0, 0)
 
-    status, slept = await a.call("POST", "/v1/runtime/models/sleep", {"model_name": "s", "level": 1})
+    status, slept = await a.call(
+        "POST", "/v1/runtime/models/sleep", {"model_name": "s", "level": 1, "operation_id": "s"}
+    )
     assert status == 200 and slept["phase"] == "sleeping"
-    status, woken = await a.call("POST", "/v1/runtime/models/wake", {"model_name": "s"})
+    status, woken = await a.call("POST", "/v1/runtime/models/wake", {"model_name": "s", "operation_id": "w"})
     assert status == 200 and woken["phase"] == "booting"
     await a.until("s", "active", limit_s=30)
     assert (await emulator(engine["port"]))["calls"] == ["/release_memory_occupation", "/resume_memory_occupation"]

@@ -31,7 +31,7 @@ __all__ = [
 UNKNOWN = -1  # AIBrix's KV_UNKNOWN: the figure could not be read (no kvcached segment yet)
 
 # Fields a Turnout agent adds to each snapshot model (and list entry) beyond AIBrix's RuntimeSnapshotModel.
-MODEL_EXTENSIONS = ("engine", "args", "pid", "kv_prealloc_bytes")
+MODEL_EXTENSIONS = ("engine", "args", "pid", "kv_prealloc_bytes", "sleep_level")
 
 
 def iso(ts: float) -> str:
@@ -75,6 +75,7 @@ def snapshot_model(
         "args": dict(record.args),
         "pid": record.pid,
         "kv_prealloc_bytes": UNKNOWN if usage is None else usage.prealloc,
+        "sleep_level": record.sleep_level,
     }
 
 
