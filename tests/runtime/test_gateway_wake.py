@@ -5,6 +5,7 @@ itself, so the claim's status lags behind the engine exactly as long as the test
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,10 @@ async def tick_until(claims: ClaimBindings, model: str, phase: ClaimPhase) -> No
 async def sleep_engine(agent_url: str, model: str) -> None:
     async with (
         aiohttp.ClientSession() as http,
-        http.post(f"{agent_url}/v1/runtime/models/sleep", json={"model_name": model, "level": 1}) as r,
+        http.post(
+            f"{agent_url}/v1/runtime/models/sleep",
+            json={"model_name": model, "level": 1, "operation_id": uuid.uuid4().hex},
+        ) as r,
     ):
         assert r.status == 200
 
