@@ -155,3 +155,21 @@ async def test_a_credential_named_by_a_variable_of_the_gateway(page, gateway, em
     row = page.locator("tr[data-endpoint=mac]")
     await row.wait_for()
     assert await row.get_attribute("data-state") == "online"
+
+
+async def test_a_pasted_api_suffix_is_dropped_and_said(page, gateway, emulator) -> None:
+    mac = await emulator("mac")
+    gw = await gateway([], env=PRIVATE_OK)
+    await sign_in(page, gw)
+    await page.goto(f"{gw.url}/admin/endpoints")
+    await fill_form(page, "mac", f"{mac.url}/v1", api="openai")  # as LM Studio shows its address
+    await page.click("#ep-test")
+    await page.locator("#ep-url-warning").filter(has_text=f"Using {mac.url}").wait_for()
+    assert await page.input_value("#ep-url") == mac.url  # the URL the gateway uses, in the field
+    await page.click("#ep-save")
+    await page.locator("#secret-reveal").wait_for()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{gw.url}/admin/api/endpoints/mac", headers=ADMIN) as resp,
+    ):
+        assert (await resp.json())["url"] == mac.url

@@ -48,6 +48,16 @@
     }
   }
 
+  // The API dropped an API suffix from the URL (http://host:1234/v1 -> http://host:1234): show the URL it
+  // uses in the field, and say so under it.
+  function trimmedUrl(body) {
+    if (!body.url_note || !body.url) return;
+    el("ep-url").value = body.url;
+    var warning = el("ep-url-warning");
+    var note = fmt(msg.urlTrimmed, { url: body.url });
+    warning.textContent = warning.textContent ? note + " " + warning.textContent : note;
+  }
+
   function fail(err) {
     var field = err.field;
     if (!field && err.code === "endpoint_exists") field = "name";
@@ -91,6 +101,7 @@
       if (budget !== null) body.latency_budget_ms = budget;
       r = await turnout.api("POST", "/admin/api/endpoints/test", body);
       showTest(r.body.test, r.body);
+      trimmedUrl(r.body);
       if (editing() && credential === "" && form.dataset.storedCredential === "yes") {
         el("ep-result-summary").textContent += " " + msg.keepCredential;
       }
@@ -120,9 +131,10 @@
         if (el("ep-clear-credential").checked) changes.credential = null;
         else if (credential !== "") changes.credential = credential;
         if (variable !== "") changes.credential_env = variable;
-        await turnout.api("PATCH", "/admin/api/endpoints/" + encodeURIComponent(name), changes,
+        var changed = await turnout.api("PATCH", "/admin/api/endpoints/" + encodeURIComponent(name), changes,
           { etag: el("ep-etag").value });
-        turnout.toast(fmt(msg.saved, { name: name }));
+        turnout.toast(fmt(msg.saved, { name: name }) +
+          (changed.body.url_note ? " " + fmt(msg.urlTrimmed, { url: changed.body.endpoint.url }) : ""));
         resetForm();
       } else {
         var body = { name: name, url: el("ep-url").value.trim(), api: el("ep-api").value };
@@ -133,6 +145,7 @@
         var r = await turnout.api("POST", "/admin/api/endpoints", body);
         resetForm();
         if (r.body.test) showTest(r.body.test, r.body.endpoint);
+        if (r.body.url_note) turnout.toast(fmt(msg.urlTrimmed, { url: r.body.endpoint.url }));
         turnout.secret.show(r.body.key, fmt(msg.added, { name: name, prefix: r.body.key_prefix }));
       }
       refreshList();
@@ -233,7 +246,7 @@
     var d = form.dataset;
     msg = { ok: d.msgOk, failed: d.msgFailed, models: d.msgModels, noModels: d.msgNoModels,
       privateWarning: d.msgPrivate, nameTaken: d.msgNameTaken, saved: d.msgSaved, added: d.msgAdded,
-      stale: d.msgStale, testing: d.msgTesting, keepCredential: d.msgKeepCredential };
+      stale: d.msgStale, testing: d.msgTesting, keepCredential: d.msgKeepCredential, urlTrimmed: d.msgUrlTrimmed };
     form.addEventListener("submit", save);
     el("ep-test").addEventListener("click", runTest);
     el("ep-recheck").addEventListener("click", runTest);
