@@ -96,6 +96,9 @@ def test_cached_artifacts_from_hub_entries_and_served_markers(tmp_path: Path) ->
         "s3://bucket/llama-3-8b",
     ]
     assert cached_artifacts(tmp_path / "absent") == []
+    # AIBrix's default cache is HF_HOME (~/.cache/huggingface): the hub entries are in its hub/ directory
+    (tmp_path / "hub" / "models--org--in-hub").mkdir(parents=True)
+    assert {"hf://org/in-hub", "huggingface://org/in-hub"} <= set(cached_artifacts(tmp_path))
 
 
 async def test_snapshot_reports_accelerators_peak_and_cache(tmp_path: Path, process_group: tuple[int, int]) -> None:

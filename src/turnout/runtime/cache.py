@@ -26,16 +26,22 @@ SERVED_MARKERS = Path(".aibrix") / "served"
 
 def cached_artifacts(cache_dir: Path) -> list[str]:
     """Artifact URLs cached under ``cache_dir``: each served marker's ``artifact_url`` as written, and each hub
-    entry ``models--ORG--NAME`` as ``hf://ORG/NAME`` and ``huggingface://ORG/NAME`` (AIBrix's controller
-    compares a claim's ``artifactURL`` with these as plain strings)."""
+    entry ``models--ORG--NAME`` (in ``cache_dir`` or its ``hub/``) as ``hf://ORG/NAME`` and
+    ``huggingface://ORG/NAME`` (AIBrix's controller compares a claim's ``artifactURL`` with these as plain
+    strings)."""
     found: set[str] = set()
-    try:
-        for entry in cache_dir.iterdir():
+    for hub in (cache_dir, cache_dir / "hub"):  # HF_HUB_CACHE itself, or HF_HOME (AIBrix's default) above it
+        try:
+            entries = list(hub.iterdir())
+        except OSError:  # absent (yet), or not readable by this agent
+            continue
+        for entry in entries:
             if entry.name.startswith("models--") and entry.is_dir():
                 ident = entry.name.removeprefix("models--").replace("--", "/")
                 found.update((f"hf://{ident}", f"huggingface://{ident}"))
+    try:
         markers = sorted((cache_dir / SERVED_MARKERS).glob("*.json"))
-    except OSError:  # no cache directory (yet), or one this agent may not read
+    except OSError:
         return sorted(found)
     for marker in markers:
         try:
