@@ -120,7 +120,7 @@ class Engine:
         self.log.close()
 
 
-def _start_llama(model: Path, alias: str, log: Path, *extra: str) -> Engine:
+def start_llama(model: Path, alias: str, log: Path, *extra: str) -> Engine:
     port = free_port()
     out = log.open("wb")
     proc = subprocess.Popen(
@@ -165,7 +165,7 @@ def _start_llama(model: Path, alias: str, log: Path, *extra: str) -> Engine:
 def llama_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     """A real llama.cpp server (llama-cpp-python) serving the tiny model as `tiny`."""
     log = tmp_path_factory.mktemp("llama") / "server.log"
-    engine = _start_llama(tiny_model, "tiny", log, "--embedding", "true")
+    engine = start_llama(tiny_model, "tiny", log, "--embedding", "true")
     yield engine
     engine.stop()
 

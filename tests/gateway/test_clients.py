@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import ollama
 import openai
 import pytest
 
-from tests.conftest import EmulatorFactory, Engine, GatewayFactory, create_key, worker
+from tests.conftest import EmulatorFactory, Engine, GatewayFactory, create_key, start_llama, worker
 from tests.support.ollama_emulator import OllamaEmulator
 
 HI = [{"role": "user", "content": "hi"}]
@@ -34,11 +34,21 @@ class Setup:
     lms: OllamaEmulator
 
 
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """A llama.cpp engine of this module's own. The session engine keeps llama.cpp's prompt cache from one test
+    to the next; after these clients' requests it reported 7 completion tokens for max_tokens 6 in
+    test_llama_engine, so they stay off it and the order of modules changes nothing."""
+    started = start_llama(tiny_model, "tiny", tmp_path_factory.mktemp("llama-clients") / "server.log")
+    yield started
+    started.stop()
+
+
 @pytest.fixture
-async def setup(llama_engine: Engine, emulator: EmulatorFactory, gateway: GatewayFactory) -> AsyncIterator[Setup]:
+async def setup(engine: Engine, emulator: EmulatorFactory, gateway: GatewayFactory) -> AsyncIterator[Setup]:
     lms = await emulator("lms", ["qwen3:8b"])
     gw = await gateway(
-        [worker("llama", llama_engine.url, type="openai"), worker("lms", lms.url, type="openai")],
+        [worker("llama", engine.url, type="openai"), worker("lms", lms.url, type="openai")],
         auth={"open": False},
     )
     _, key = create_key(gw, app="clients")
