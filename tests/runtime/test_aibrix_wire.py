@@ -21,8 +21,10 @@ from aibrix.openapi import protocol as aibrix  # type: ignore[import-untyped]
 from aiohttp import web
 from pydantic import BaseModel
 
-from tests.conftest import eventually, free_port, serve_app
+from tests.conftest import GatewayFactory, eventually, free_port, serve_app
 from tests.runtime.conftest import AgentStarter
+from tests.runtime.test_gateway_claims import chat_code
+from tests.runtime.test_gateway_wake import paused_gateway, tick_until, wake_tasks_done
 from tests.support.aibrix_runtime import AIBRIX_RUNTIME, REFUSED, aibrix_runtime_app
 from turnout.controller.local import ClaimFiles, LocalController, Pool, load_claim_documents
 from turnout.core.claims import POOL_LABEL, ClaimPhase
@@ -253,6 +255,28 @@ def start_agent_process(port: int, tmp_path: Path, env: dict[str, str]) -> subpr
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+
+async def test_turnout_gateway_wakes_a_sleeping_model_on_aibrix_runtime(
+    aibrix_runtime: tuple[str, web.AppRunner], gateway: GatewayFactory
+) -> None:
+    """Put to sleep through AIBrix's own runtime API, then woken by a request to Turnout's gateway: the wake is
+    a request AIBrix's WakeRuntimeModelRequest accepts, sent once."""
+    url, runner = aibrix_runtime
+    runtime = runner.app[AIBRIX_RUNTIME]
+    gw, claims = await paused_gateway(gateway, url)
+    for doc in load_claim_documents(CLAIM.replace("pool: gpu", "pool: cpu")):
+        ClaimFiles(gw.settings.data_dir).apply(doc)
+    await tick_until(claims, "llama", ClaimPhase.ACTIVE)
+    assert runtime.sleep("llama", level=1, operation_id="aibrix-policy-1").applied
+    await tick_until(claims, "llama", ClaimPhase.SLEEPING)
+
+    answers = [await chat_code(gw, "llama") for _ in range(3)]
+    assert {(s, h.get("Retry-After"), c) for s, h, c in answers} == {(503, "10", "model_waking")}
+    await wake_tasks_done(claims)
+    assert claims.wakes_sent == 1 and runner.app[REFUSED] == []
+    assert [m.phase for m in runtime.list_models()] == ["active"]  # AIBrix's mock wakes at once
+    await tick_until(claims, "llama", ClaimPhase.ACTIVE)
 
 
 async def test_cli_agent_takes_aibrix_environment(tmp_path: Path) -> None:
