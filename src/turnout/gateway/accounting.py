@@ -32,6 +32,7 @@ __all__ = ["Accountant", "Outcome", "Ticket", "UsageBatcher"]
 log = logging.getLogger("turnout.accounting")
 
 _NEGATIVE_CACHE_S = 2.0
+_REFRESH_AFTER = 0.75  # share of a cached key lookup's life after which it is renewed in the background
 _MAX_PENDING_GROUPS = 100_000
 
 
@@ -119,8 +120,17 @@ class UsageBatcher:
             await self.flush()
 
 
+@dataclass(slots=True)
+class _Cached:
+    record: KeyRecord | None
+    until: float  # monotonic: after this, a request waits for a fresh lookup
+    refresh_at: float  # monotonic: from this, the first request starts a lookup in the background
+
+
 class Accountant:
-    def __init__(self, settings: Settings, keys: KeyStore, usage: UsageStore) -> None:
+    def __init__(
+        self, settings: Settings, keys: KeyStore, usage: UsageStore, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.settings = settings
         self.keys = keys
         self.open = settings.auth.open
@@ -128,7 +138,10 @@ class Accountant:
         self.limiter: TokenLimiter = (
             RedisLimiter(settings.storage.redis_url) if settings.storage.redis_url else LocalLimiter()
         )
-        self._cache: dict[str, tuple[KeyRecord | None, float]] = {}
+        self.clock = clock
+        self._cache: dict[str, _Cached] = {}
+        self._loading: dict[str, asyncio.Task[KeyRecord | None]] = {}  # one store lookup per token at a time
+        self._generation = 0  # bumped by forget(): a lookup begun before it never fills the cache
 
     # -- auth ------------------------------------------------------------------------------------
     async def authenticate(self, request: web.Request) -> KeyRecord | None:
@@ -156,26 +169,52 @@ class Accountant:
         raise Unauthorized(why, code="invalid_api_key")
 
     def forget(self) -> None:
-        """Drop cached lookups (after a revoke or rotate through the admin API)."""
+        """Drop cached lookups (after a revoke or rotate through the admin API): the next request of every
+        token reads the store, and a lookup already under way no longer fills the cache."""
         self._cache.clear()
+        self._loading.clear()
+        self._generation += 1
 
     async def _lookup(self, token: str) -> KeyRecord | None:
-        # Cached by the presented token itself (it is in this process's memory anyway): no hashing on a hit.
-        now = time.monotonic()
+        """Cached by the presented token itself (it is in this process's memory anyway): no hashing on a hit.
+
+        Single flight: concurrent requests for a token share one store lookup. Refresh ahead: in the last
+        quarter of an entry's life the first request starts a lookup in the background and is answered from
+        the cache, so a busy key's entry is renewed before it expires and no request waits for the store; an
+        entry is never used past ``auth.key_cache_s`` (a change written to the store reaches the gateway
+        within that time, as before)."""
         cached = self._cache.get(token)
         if cached is not None:
-            record, until = cached
-            if now < until:
-                return record
-        record = await asyncio.to_thread(self.keys.find, token)
+            now = self.clock()
+            if now < cached.until:
+                if now >= cached.refresh_at and token not in self._loading:
+                    self._load(token)
+                return cached.record
+        return await asyncio.shield(self._loading.get(token) or self._load(token))
+
+    def _load(self, token: str) -> asyncio.Task[KeyRecord | None]:
+        task = asyncio.create_task(self._fetch(token, self._generation))
+        self._loading[token] = task
+        task.add_done_callback(lambda t: _log_failed_refresh(t, self._cache.get(token) is not None))
+        return task
+
+    async def _fetch(self, token: str, generation: int) -> KeyRecord | None:
+        try:
+            record = await asyncio.to_thread(self.keys.find, token)
+        finally:
+            if generation == self._generation:
+                self._loading.pop(token, None)
+        if generation != self._generation:
+            return record  # forget() ran meanwhile: answer this lookup's waiters, cache nothing
         ttl = (
             self.settings.auth.key_cache_s
             if record is not None
             else min(_NEGATIVE_CACHE_S, self.settings.auth.key_cache_s)
         )
+        now = self.clock()
         if len(self._cache) > 100_000:
             self._cache.clear()
-        self._cache[token] = (record, now + ttl)
+        self._cache[token] = _Cached(record, now + ttl, now + ttl * _REFRESH_AFTER)
         return record
 
     @staticmethod
@@ -250,6 +289,14 @@ class Accountant:
     async def close(self) -> None:
         await self.usage.close()
         await self.limiter.close()
+
+
+def _log_failed_refresh(task: asyncio.Task[KeyRecord | None], background: bool) -> None:
+    """A background refresh that failed: its entry expires as usual and the next lookup retries (a request
+    waiting on a lookup gets the error itself)."""
+    error = None if task.cancelled() else task.exception()  # retrieved here, whoever else waits on it
+    if background and error is not None:
+        log.warning("could not refresh a cached API key lookup (the cached one is used until it expires): %s", error)
 
 
 def _max_tokens(call: Call) -> int | None:
