@@ -45,6 +45,11 @@ def test_key_commands_act_through_the_running_gateway(tmp_path: Path) -> None:
         [view] = [k for k in json.loads(run(["key", "list", "--json", *c], tmp_path).stdout) if k["app"] == "batch"][:1]
         assert view["state"] == "in_grace" and view["grace_until"] > time.time() + 3000
 
+        # talking to the gateway, `key list` leaves the database stack alone (issue 13: under 0.5 s)
+        profiled = run(["key", "list", *c], tmp_path, PYTHONPROFILEIMPORTTIME="1")
+        imported = {line.rsplit("|", 1)[1].strip() for line in profiled.stderr.splitlines() if "|" in line}
+        assert "turnout.cli_gateway" in imported and not imported & {"sqlalchemy", "alembic", "aiohttp"}
+
         actors = {e["actor"] for e in json.loads(run(["audit", "--json", *c], tmp_path).stdout)}
         assert all(a.startswith("cli:") for a in actors), actors
         wrong = run(["key", "list", *c], tmp_path, TURNOUT_ADMIN_TOKEN="not-the-token")

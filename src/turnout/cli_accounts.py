@@ -155,7 +155,6 @@ def key_create(
 ) -> None:
     """Create a key; it is printed once and only its hash is stored."""
     from turnout.admin.inputs import KeyCreate, parse_input
-    from turnout.store.keys import KeyStore, parse_scopes
 
     now = time.time()
     body = {
@@ -179,6 +178,8 @@ def key_create(
             return
         plaintext, view = answer["key"], answer["record"]
     else:
+        from turnout.store.keys import KeyStore, parse_scopes
+
         with open_store(settings) as (_, db):
             record, plaintext = KeyStore(db).create(
                 app=spec.app,
@@ -207,8 +208,6 @@ def key_list(
     """List keys: prefix, app, tenant, state, when it stops working (a rotated key: the end of its grace),
     last use, limits and models."""
     from turnout.admin.inputs import KeyListQuery, parse_input
-    from turnout.store.keys import KeyStore
-    from turnout.store.usage import UsageStore
 
     filters = {"tenant": tenant, "app": app, "endpoint": endpoint, "state": state}
     with cli_input():
@@ -224,6 +223,9 @@ def key_list(
             api_error(exc)
             return
     else:
+        from turnout.store.keys import KeyStore
+        from turnout.store.usage import UsageStore
+
         with open_store(settings) as (_, db):
             records = KeyStore(db).all()
             used = UsageStore(db).last_used()
@@ -275,7 +277,6 @@ def key_edit(
 ) -> None:
     """Change a key's scopes and limits (PATCH /admin/api/keys/{ref}); only the options given change."""
     from turnout.admin.inputs import KeyChange, parse_input
-    from turnout.store.keys import KeyStore
 
     body: dict[str, object] = {}
     if models is not None:
@@ -296,6 +297,8 @@ def key_edit(
         except GatewayError as exc:
             api_error(exc)
         return
+    from turnout.store.keys import KeyStore
+
     with open_store(settings) as (_, db):
         before, after = KeyStore(db).update(ref, now=now, **changes)
         cli_audit(
@@ -321,8 +324,6 @@ def key_revoke(
 ) -> None:
     """Revoke a key at once (through the running gateway: refused from its next request on). A key revoked
     already is left as it is: the command says so and exits 0, and nothing new is audited."""
-    from turnout.store.keys import KeyRevoked, KeyStore
-
     settings = load_config(config)
     admin = gateway(settings)
     if admin is not None:
@@ -334,6 +335,8 @@ def key_revoke(
             typer.echo(f"turnout: {exc.message}", err=True)
             return
     else:
+        from turnout.store.keys import KeyRevoked, KeyStore
+
         now = time.time()
         with open_store(settings) as (_, db):
             try:
@@ -363,7 +366,6 @@ def key_rotate(
 ) -> None:
     """Issue a replacement key; the old one keeps working for the grace period."""
     from turnout.admin.inputs import KeyRotate, parse_input
-    from turnout.store.keys import KeyStore
 
     now = time.time()
     with cli_input(grace_s="grace"):
@@ -378,6 +380,8 @@ def key_rotate(
             return
         plaintext, new, old = answer["key"], answer["record"], answer["old"]
     else:
+        from turnout.store.keys import KeyStore
+
         with open_store(settings) as (_, db):
             grace_s = settings.auth.rotate_grace_s if spec.grace_s is None else spec.grace_s
             old_record, new_record, plaintext = KeyStore(db).rotate(ref, grace_s=grace_s, now=now)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -44,9 +44,10 @@ from turnout.core.endpoint_rules import base_url
 from turnout.core.names import model_name_problem
 from turnout.core.patterns import PatternError, parse_pattern
 from turnout.errors import Unprocessable
-from turnout.store.audit import MAX_ENTRIES
-from turnout.store.endpoints import MAX_LATENCY_BUDGET_MS, MAX_URL
-from turnout.store.keys import MAX_INT, MAX_NAME, KeyRecord
+from turnout.store.bounds import MAX_AUDIT_ENTRIES, MAX_INT, MAX_LATENCY_BUDGET_MS, MAX_NAME, MAX_URL
+
+if TYPE_CHECKING:  # the store's SQLAlchemy stack is not needed to check inputs (a CLI call to a gateway skips it)
+    from turnout.store.keys import KeyRecord
 
 __all__ = [
     "MAX_AUDIT_LIMIT",
@@ -81,7 +82,7 @@ MAX_CREDENTIAL = 8192  # an endpoint's API key or token
 MAX_DURATION_S = 10 * 365 * 86_400  # 10 years: rotation grace, relative times such as 30d
 MAX_TIMESTAMP = 253_402_300_799.0  # 9999-12-31T23:59:59Z, the last instant datetime can show
 MAX_TIME_TEXT = 64  # characters of a time given as text
-MAX_AUDIT_LIMIT = MAX_ENTRIES  # audit entries per query
+MAX_AUDIT_LIMIT = MAX_AUDIT_ENTRIES  # audit entries per query
 DEFAULT_AUDIT_LIMIT = 100
 
 _TIME_HELP = "use 2026-12-31, an ISO timestamp, epoch seconds, or a duration such as 30m, 24h or 7d"

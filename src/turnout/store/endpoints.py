@@ -16,7 +16,7 @@ from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from turnout.core.names import model_name_problem
-from turnout.store.bounds import MAX_LATENCY_BUDGET_MS
+from turnout.store.bounds import MAX_LATENCY_BUDGET_MS, MAX_URL
 from turnout.store.db import Database, StoreError
 from turnout.store.keys import StaleRecord
 from turnout.store.schema import endpoints
@@ -39,7 +39,6 @@ class EndpointExists(StoreError):
 
 
 API_TYPES = ("openai", "ollama")
-MAX_URL = 2048  # the column's width
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
 
 

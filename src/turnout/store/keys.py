@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, CursorResult, RowMapping, func, insert, select, update
 
 from turnout.core.patterns import Pattern, parse_pattern
+from turnout.store.bounds import MAX_INT, MAX_NAME
 from turnout.store.db import Database, StoreError
 from turnout.store.schema import apps, keys, tenants
 
@@ -53,8 +54,6 @@ class StaleRecord(StoreError):
 
 KEY_PREFIX = "tk_"
 DEFAULT_TENANT = "default"
-MAX_INT = 2**31 - 1  # the largest value of the Integer columns (ids, rpm); daily_tokens is capped the same
-MAX_NAME = 128  # app and tenant names (column width)
 
 
 def hash_key(key: str) -> str:
