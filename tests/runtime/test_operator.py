@@ -176,6 +176,19 @@ def test_manifests_apply_and_the_schema_refuses_bad_claims(
         request(kube, "POST", f"/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}", doc)
     stored = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "qwen25-0-5b")
     assert stored["spec"]["engine"] == "vllm" and stored["spec"]["replicas"] == 1  # schema defaults
+    # a status as AIBrix's controller writes it (api/model/v1alpha1/modelclaim_types.go) is accepted as is
+    aibrix_status = {
+        "phase": "Unknown",
+        "candidates": 2,
+        "desiredReplicas": 1,
+        "readyReplicas": 0,
+        "instances": [{"pod": "warm-0", "port": 20000, "phase": "Activating"}],
+    }
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, "default", PLURAL, "qwen25-0-5b", {"status": aibrix_status}
+    )
+    stored = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "qwen25-0-5b")
+    assert {k: stored["status"][k] for k in aibrix_status} == aibrix_status
     flags = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "qwen3-0-6b")["spec"]
     assert flags["engineConfig"]["args"]["--enforce-eager"] == ""
     policy = k8s.AppsV1Api(admin).read_namespaced_deployment("warm-runtime-pool", "default").metadata.annotations
