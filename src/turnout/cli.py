@@ -13,6 +13,7 @@ import typer
 from turnout import __version__
 from turnout.cli_accounts import register as register_accounts
 from turnout.cli_backup import register as register_backup
+from turnout.cli_workers import worker_app
 from turnout.defaults import DEFAULT_CONFIG
 
 if TYPE_CHECKING:
@@ -618,6 +619,7 @@ def version() -> None:
 
 
 app.add_typer(config_app, name="config")
+app.add_typer(worker_app, name="worker")
 register_accounts(app)
 register_backup(app)
 app.add_typer(claim_app, name="claim")

@@ -43,10 +43,13 @@ __all__ = [
     "config_schema",
     "is_loopback",
     "load_settings",
+    "read_config_document",
+    "settings_from_document",
     "starter_config",
 ]
 
 ADMIN_TOKEN_ENV = "TURNOUT_ADMIN_TOKEN"
+STARTER_WORKER = "local"  # the starter config's worker: Ollama's default address on this machine
 
 
 class ConfigError(Exception):
@@ -426,7 +429,11 @@ def is_loopback(host: str) -> bool:
 
 def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
     """Read, parse and validate ``path``; never writes anything."""
-    env = os.environ if env is None else env
+    return settings_from_document(path, read_config_document(path), env)
+
+
+def read_config_document(path: Path) -> dict[str, Any]:
+    """The config file as parsed JSON, not yet validated (``turnout worker add`` edits this and writes it back)."""
     try:
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -439,6 +446,12 @@ def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
         raise ConfigError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a JSON object")
+    return data
+
+
+def settings_from_document(path: Path, data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Settings:
+    """Validate a config document that is (or is about to be) the file at ``path``."""
+    env = os.environ if env is None else env
     token = env.get(ADMIN_TOKEN_ENV) or None
     from_env = endpoint_env(env)  # its errors name the environment variable, not the file
     try:
@@ -478,11 +491,12 @@ def config_schema() -> dict[str, Any]:
 
 
 def starter_config() -> dict[str, Any]:
-    """What `turnout serve` writes on first start: embedded defaults and no workers yet."""
+    """What `turnout serve` writes on first start: embedded defaults and one worker, the Ollama on this machine
+    (down until one runs there; `turnout worker add|remove` changes the list)."""
     return {
         "listen": {"host": "127.0.0.1", "port": 8080},
         "storage": {"data_dir": ".", "model_placement_file": "model-placement.json"},
         "routing": {"max_concurrent": 256, "model_max_concurrent": {}, "queue_timeout_s": 30},
         "health": {"interval_s": 10, "timeout_s": 3},
-        "workers": [],
+        "workers": [{"name": STARTER_WORKER, "url": "http://127.0.0.1:11434", "type": "ollama"}],
     }

@@ -1,0 +1,175 @@
+"""`turnout worker add|list|remove`: the config file's workers, without editing JSON by hand.
+
+``add`` and ``remove`` read the file, change only its ``workers`` list, validate the whole result with the same
+model that loads it (so anything ``turnout serve`` would refuse is refused here, nothing written), and write it
+back with the atomic writer, keeping the file's mode. ``add`` also refuses a name a registered external endpoint
+already has (both are routed by name) when the store can be read, and says when it could not check. A gateway
+reads its config once, at start: both say whether one is running on the config's data dir and needs a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from turnout.cli_accounts import DEFAULT_CONFIG, ConfigOption, fail
+
+if TYPE_CHECKING:
+    from turnout.config import Settings
+
+__all__ = ["worker_app"]
+
+worker_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="The config file's workers (the servers Turnout polls and routes to).",
+)
+
+NameArgument = Annotated[str, typer.Argument(help="the worker's name (letters, digits, '.', '_', '-')")]
+_FLAGS = {"name": "NAME", "url": "--url", "type": "--type", "max_concurrent": "--max-concurrent"}
+
+
+def _read(config: Path) -> tuple[dict[str, Any], Settings]:
+    """The file's JSON document and its validated settings; exits 2 saying why when either cannot be had."""
+    from turnout.config import ConfigError, read_config_document, settings_from_document
+
+    if not config.exists():
+        fail(f"{config}: config file not found; `turnout serve` creates it on first start, or give --config PATH")
+    try:
+        document = read_config_document(config)
+        return document, settings_from_document(config, document)
+    except ConfigError as exc:
+        fail(f"{exc}\nfix the file first (turnout config check --config {config})")
+        raise  # unreachable: fail exits
+
+
+def _write(config: Path, document: dict[str, Any]) -> Settings:
+    """Validate ``document`` as the whole config, then replace the file atomically (same mode)."""
+    from turnout.config import ConfigError, settings_from_document
+    from turnout.state.atomic import write_atomic
+
+    try:
+        settings = settings_from_document(config, document)
+    except ConfigError as exc:
+        fail(f"not changed: {exc}")
+        raise  # unreachable: fail exits
+    mode = stat.S_IMODE(config.stat().st_mode)
+    write_atomic(config, (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode(), mode=mode)
+    return settings
+
+
+def _endpoint_named(settings: Settings, name: str) -> bool | str:
+    """True when a registered external endpoint has ``name``, False when none does, or why that is unknown."""
+    from turnout.store.db import Database, StoreError, database_url
+
+    if settings.storage.database_url is None and not (settings.data_dir / "turnout.db").exists():
+        return False  # no store yet, so no endpoint was ever registered
+    try:
+        db = Database(database_url(settings.storage.database_url, settings.data_dir))
+    except StoreError as exc:
+        return str(exc)
+    try:
+        from turnout.store.endpoints import EndpointStore
+
+        return EndpointStore(db).exists(name)
+    except StoreError as exc:
+        return str(exc)
+    finally:
+        db.close()
+
+
+def _restart_note(settings: Settings) -> str:
+    from turnout.state.running import gateway_running
+
+    if gateway_running(settings.data_dir):
+        return (
+            f"a gateway is running on {settings.data_dir} and reads its config only at start: restart it "
+            "(Ctrl-C, then turnout serve) for this to take effect"
+        )
+    return "no gateway is running on this data dir; the next `turnout serve` uses it"
+
+
+@worker_app.command("add")
+def add(
+    name: NameArgument,
+    url: Annotated[str, typer.Option(help="base URL, e.g. http://10.0.0.5:11434 (Ollama) or http://h:8000")],
+    worker_type: Annotated[str, typer.Option("--type", help="ollama or openai (OpenAI-compatible)")] = "ollama",
+    max_concurrent: Annotated[int | None, typer.Option(help="requests in flight on this worker")] = None,
+    config: ConfigOption = DEFAULT_CONFIG,
+) -> None:
+    """Add a worker to the config file (validated as `turnout serve` would)."""
+    from pydantic import ValidationError
+
+    from turnout.config import Worker, format_validation_error
+
+    document, settings = _read(config)
+    entry: dict[str, Any] = {"name": name, "url": url, "type": worker_type}
+    if max_concurrent is not None:
+        entry["max_concurrent"] = max_concurrent
+    try:
+        Worker.model_validate(entry)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        flag = _FLAGS.get(str(first["loc"][0]), "") if first["loc"] else ""
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if first["type"] == "string_pattern_mismatch":
+            message = "use letters, digits, '.', '_' and '-', starting with a letter or digit"
+        fail(f"{flag}: {message}" if flag else f"invalid worker:\n{format_validation_error(exc)}")
+    if settings.worker(name) is not None:
+        fail(f'{config} already has a worker "{name}"; remove it first (turnout worker remove {name}) or pick another')
+    clash = _endpoint_named(settings, name)
+    if clash is True:
+        fail(
+            f'"{name}" is the name of a registered endpoint (turnout endpoint list); workers and endpoints are '
+            "routed by name, so pick another worker name"
+        )
+    workers = document.get("workers")
+    document["workers"] = [*(workers if isinstance(workers, list) else []), entry]
+    written = _write(config, document)
+    typer.echo(f'added worker "{name}" ({worker_type}, {url}) to {config}')
+    if isinstance(clash, str):
+        typer.echo(f"turnout: could not check it against the registered endpoints' names: {clash}", err=True)
+    typer.echo(_restart_note(written))
+
+
+@worker_app.command("list")
+def list_workers(
+    config: ConfigOption = DEFAULT_CONFIG,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+) -> None:
+    """The config file's workers."""
+    _, settings = _read(config)
+    rows: list[dict[str, Any]] = [
+        {
+            "name": w.name,
+            "type": w.type.value,
+            "url": w.base_url,
+            "max_concurrent": w.max_concurrent,
+            "placement": w.model_placement.mode.value,
+        }
+        for w in settings.workers
+    ]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    width = max([4, *(len(r["name"]) for r in rows)])
+    typer.echo(f"{'NAME':{width}}  {'TYPE':6}  {'MAX':>5}  {'PLACEMENT':10}  URL")
+    for r in rows:
+        most = "-" if r["max_concurrent"] is None else r["max_concurrent"]
+        typer.echo(f"{r['name']:{width}}  {r['type']:6}  {most:>5}  {r['placement']:10}  {r['url']}")
+
+
+@worker_app.command("remove")
+def remove(name: NameArgument, config: ConfigOption = DEFAULT_CONFIG) -> None:
+    """Remove a worker from the config file."""
+    document, settings = _read(config)
+    if settings.worker(name) is None:
+        fail(f'{config} has no worker "{name}" (turnout worker list shows them)')
+    document["workers"] = [w for w in document["workers"] if not (isinstance(w, dict) and w.get("name") == name)]
+    written = _write(config, document)
+    typer.echo(f'removed worker "{name}" from {config}')
+    typer.echo(_restart_note(written))

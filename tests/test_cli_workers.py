@@ -1,0 +1,154 @@
+"""`turnout worker add|list|remove`: the real command on real config files, a real store, a real gateway."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+from tests.support.served import Served
+
+TURNOUT = [sys.executable, "-m", "turnout"]
+
+
+def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TURNOUT_")}
+    return subprocess.run([*TURNOUT, *args], cwd=cwd, capture_output=True, text=True, timeout=60, env={**clean, **env})
+
+
+CONFIG = {
+    "listen": {"host": "127.0.0.1", "port": 8080},
+    "storage": {"data_dir": "state"},
+    "routing": {"max_concurrent": 64, "model_max_concurrent": {"qwen3:*": 2}},
+    "workers": [
+        {
+            "name": "node-1",
+            "url": "http://10.10.11.10:11434",
+            "type": "ollama",
+            "model_placement": {"mode": "whitelist", "allowed_models": ["qwen3:*"], "denied_models": []},
+        }
+    ],
+}
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CONFIG, indent=4))
+    path.chmod(0o600)  # it may hold a worker's api_key
+    return path
+
+
+def test_add_list_remove_keep_the_rest_of_the_file(tmp_path: Path, config: Path) -> None:
+    c = ["--config", str(config)]
+    added = run(["worker", "add", "gpu-box", "--url", "http://10.0.0.5:8000", "--type", "openai", *c], tmp_path)
+    assert added.returncode == 0, added.stderr
+    assert 'added worker "gpu-box"' in added.stdout and "the next `turnout serve` uses it" in added.stdout
+    document = json.loads(config.read_text())
+    assert list(document) == list(CONFIG)  # same sections, same order
+    assert {k: v for k, v in document.items() if k != "workers"} == {k: v for k, v in CONFIG.items() if k != "workers"}
+    assert document["workers"] == [
+        *CONFIG["workers"],
+        {"name": "gpu-box", "url": "http://10.0.0.5:8000", "type": "openai"},
+    ]
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    assert run(["config", "check", *c], tmp_path).returncode == 0
+
+    listed = run(["worker", "list", *c], tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "TYPE", "MAX", "PLACEMENT", "URL"]
+    assert lines[1].split() == ["node-1", "ollama", "-", "whitelist", "http://10.10.11.10:11434"]
+    assert lines[2].split() == ["gpu-box", "openai", "-", "allow_all", "http://10.0.0.5:8000"]
+    as_json = json.loads(run(["worker", "list", "--json", *c], tmp_path).stdout)
+    assert [w["name"] for w in as_json] == ["node-1", "gpu-box"]
+
+    removed = run(["worker", "remove", "node-1", *c], tmp_path)
+    assert removed.returncode == 0, removed.stderr
+    document = json.loads(config.read_text())
+    assert [w["name"] for w in document["workers"]] == ["gpu-box"]
+    assert document["routing"] == CONFIG["routing"]
+    assert not list(tmp_path.glob(".config.json.*"))  # the atomic writer left no temporary file
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["add", "node-1", "--url", "http://h:11434"], 'already has a worker "node-1"'),
+        (["add", "x", "--url", "not a url"], "--url: "),
+        (["add", "x", "--url", "ftp://h"], "--url: "),
+        (["add", "x", "--url", "http://h", "--type", "grpc"], "--type: Input should be 'ollama' or 'openai'"),
+        (["add", "bad name", "--url", "http://h"], "NAME: use letters, digits"),
+        (["add", "x", "--url", "http://h", "--max-concurrent", "0"], "--max-concurrent: "),
+        (["remove", "nope"], 'has no worker "nope"'),
+    ],
+)
+def test_refused_changes_write_nothing(tmp_path: Path, config: Path, args: list[str], says: str) -> None:
+    before = config.read_bytes()
+    result = run(["worker", *args, "--config", str(config)], tmp_path)
+    assert result.returncode == 2, result.stdout
+    assert says in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert config.read_bytes() == before
+
+
+def test_a_broken_config_is_not_edited(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"workers": [{"name": "a", "url": "http://h", "model_placement": {"mode": "x"}}]}))
+    before = config.read_bytes()
+    result = run(["worker", "add", "b", "--url", "http://h2", "--config", str(config)], tmp_path)
+    assert result.returncode == 2 and "workers[0].model_placement.mode" in result.stderr
+    assert "turnout config check" in result.stderr
+    assert config.read_bytes() == before
+    missing = run(["worker", "list", "--config", str(tmp_path / "nope.json")], tmp_path)
+    assert missing.returncode == 2 and "turnout serve" in missing.stderr
+
+
+def test_a_registered_endpoint_name_is_refused(tmp_path: Path, config: Path) -> None:
+    c = ["--config", str(config)]
+    port = free_port()  # nothing listens: the registration is stored all the same
+    registered = run(
+        ["endpoint", "add", "mac", "--url", f"http://127.0.0.1:{port}", "--api", "ollama", *c],
+        tmp_path,
+        APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS="true",
+    )
+    assert registered.returncode in (0, 1), registered.stderr  # stored; the check of it may fail
+    before = config.read_bytes()
+    refused = run(["worker", "add", "mac", "--url", "http://h:11434", *c], tmp_path)
+    assert refused.returncode == 2 and "registered endpoint" in refused.stderr, refused.stderr
+    assert config.read_bytes() == before
+    assert run(["worker", "add", "studio", "--url", "http://h:11434", *c], tmp_path).returncode == 0
+
+
+def test_an_unreachable_store_is_said_and_the_worker_added(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    url = f"postgresql://turnout:x@127.0.0.1:{free_port()}/turnout"  # nothing listens there
+    config.write_text(json.dumps({"storage": {"data_dir": "state", "database_url": url}}))
+    result = run(["worker", "add", "gpu", "--url", "http://h:11434", "--config", str(config)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "could not check it against the registered endpoints' names" in result.stderr
+    assert "x@" not in result.stderr  # the password stays out of the message
+    assert [w["name"] for w in json.loads(config.read_text())["workers"]] == ["gpu"]
+
+
+def test_a_running_gateway_is_told_to_restart(tmp_path: Path, config: Path) -> None:
+    c = ["--config", str(config)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNOUT_")}
+    gateway = Served([*TURNOUT, "serve", *c, "--port", str(free_port())], tmp_path, env)
+    try:
+        gateway.wait_for("serving on")
+        added = run(["worker", "add", "gpu", "--url", "http://h:11434", *c], tmp_path)
+        assert added.returncode == 0, added.stderr
+        assert "a gateway is running" in added.stdout and "restart it" in added.stdout
+        removed = run(["worker", "remove", "gpu", *c], tmp_path)
+        assert "a gateway is running" in removed.stdout
+        assert gateway.stop() == 0
+    finally:
+        gateway.kill()
+    after = run(["worker", "add", "gpu", "--url", "http://h:11434", *c], tmp_path)
+    assert "no gateway is running" in after.stdout
