@@ -147,6 +147,16 @@ def _drain_timeout(value: float) -> float:
     return value
 
 
+MAX_PROCESSES = 256
+
+
+def _processes(value: str) -> str:
+    text = value.strip().lower()
+    if text != "auto" and not (text.isdigit() and int(text) <= MAX_PROCESSES):
+        raise typer.BadParameter(f"must be a number of processes from 1 to {MAX_PROCESSES}, or auto (or 0)")
+    return text
+
+
 @app.command()
 def serve(
     config: ConfigOption = None,
@@ -178,18 +188,30 @@ def serve(
             help="on Ctrl-C or SIGTERM, seconds the requests in flight get to finish before they are closed",
         ),
     ] = DRAIN_TIMEOUT_S,
+    workers: Annotated[
+        str,
+        typer.Option(
+            "--workers",
+            callback=_processes,
+            metavar="N|auto",
+            help="gateway processes sharing the port (SO_REUSEPORT), restarted when one ends; auto or 0: one per "
+            "core. Limits stay exact across them (counted in the store, or Redis). Not the upstream workers.",
+        ),
+    ] = "1",
 ) -> None:
     """Run the gateway (Ctrl-C or SIGTERM stops it after the requests in flight)."""
     import logging
 
     from turnout.config import ConfigError, is_loopback, load_settings
-    from turnout.gateway import server
+    from turnout.gateway import processes, server
     from turnout.gateway.app import create_app
+    from turnout.gateway.keys import DATABASE
     from turnout.redaction import configure_logging
     from turnout.state.data_dir import data_dir_problem
     from turnout.state.placement_store import PlacementFileError
     from turnout.store.db import StoreError
 
+    count = processes.cpu_count() if workers in ("auto", "0") else int(workers)
     configure_logging(log_level, log_format or "text")
     path = _resolve_config(config)
     try:
@@ -197,7 +219,7 @@ def serve(
     except ConfigError as exc:
         _fail(str(exc))
         return
-    configure_logging(log_level, log_format or settings.logging.format)
+    configure_logging(log_level, log_format or settings.logging.format, pid=count > 1)
     if access_log is None:
         access_log = settings.logging.access_log
     bind_host = host or settings.listen.host
@@ -205,11 +227,16 @@ def serve(
         _fail(f"auth.open is set but --host {bind_host} is not a loopback address; open access is loopback-only")
         return
     bind_port = port or settings.listen.port
-    try:
-        sockets = server.bind(bind_host, bind_port)  # before anything is written: a busy port changes nothing
+    problem = processes.processes_problem(settings, count)
+    if problem is not None:
+        _fail(problem)
+        return
+    try:  # before anything is written: a busy port changes nothing
+        groups = processes.bind_group(bind_host, bind_port, count) if count > 1 else [server.bind(bind_host, bind_port)]
     except server.BindError as exc:
         _fail(str(exc))
         return
+    sockets = [sock for group in groups for sock in group]
     problem = data_dir_problem(settings.data_dir)
     if problem is not None:
         _close(sockets)
@@ -219,7 +246,8 @@ def serve(
         )
         return
     try:
-        application = create_app(settings, admin_token=_admin_token(settings))
+        token = _admin_token(settings)
+        application = create_app(settings, admin_token=token)  # with --workers N: a check; each process builds its own
         _starter_key(application, settings)
     except PlacementFileError as exc:
         _close(sockets)
@@ -234,20 +262,27 @@ def serve(
         _fail(f"cannot use {exc.filename or settings.data_dir}: {exc.strerror or exc}; check its owner and mode")
         return
     where = f"[{bind_host}]" if ":" in bind_host else bind_host
-    drained = server.run(
-        application,
-        sockets,
-        drain_timeout_s=drain_timeout,
-        access_log=logging.getLogger("turnout.access") if access_log else None,
-        on_ready=lambda: typer.echo(
-            f"turnout {__version__}: serving on http://{where}:{bind_port} ({_count(len(settings.workers), 'worker')})"
-        ),
-        on_stopping=lambda n: typer.echo(
-            f"turnout: stopping: {_count(n, 'request')} in flight, waiting up to {drain_timeout:g} s for them to finish"
-            if n
-            else "turnout: stopping"
-        ),
-    )
+    serving = f"turnout {__version__}: serving on http://{where}:{bind_port} ({_count(len(settings.workers), 'worker')}"
+    logger = logging.getLogger("turnout.access") if access_log else None
+    if count > 1:
+        application[DATABASE].close()  # each process opens its own
+        drained = _serve_processes(
+            settings, token, groups, count, drain_timeout, logger, f"{serving}, {count} gateway processes)"
+        )
+    else:
+        drained = server.run(
+            application,
+            sockets,
+            drain_timeout_s=drain_timeout,
+            access_log=logger,
+            on_ready=lambda: typer.echo(f"{serving})"),
+            on_stopping=lambda n: typer.echo(
+                f"turnout: stopping: {_count(n, 'request')} in flight, waiting up to {drain_timeout:g} s for them "
+                "to finish"
+                if n
+                else "turnout: stopping"
+            ),
+        )
     if drained.closed:
         typer.echo(
             f"turnout: stopped; closed {_count(drained.closed, 'request')} still running after {drain_timeout:g} s"
@@ -256,6 +291,50 @@ def serve(
         typer.echo(f"turnout: stopped after the {_count(drained.in_flight, 'request')} in flight finished")
     else:
         typer.echo("turnout: stopped")
+
+
+def _serve_processes(
+    settings: Settings,
+    token: str,
+    groups: list[list[Any]],
+    count: int,
+    drain_timeout: float,
+    access_log: Any,
+    serving: str,
+) -> Any:
+    """`serve --workers N`: the supervisor's side (turnout.gateway.processes says how it works)."""
+    from turnout.gateway import processes, server
+    from turnout.gateway.app import create_app
+
+    def serve_one(index: int, report: Any) -> None:
+        application = create_app(processes.split_caps(settings, index, count), admin_token=token, processes=count)
+        drained = server.run(
+            application,
+            groups[index],
+            drain_timeout_s=drain_timeout,
+            access_log=access_log,
+            on_ready=lambda: report("ready"),
+            on_stopping=lambda _n: None,
+        )
+        report(f"done {drained.in_flight} {drained.closed}")
+
+    supervisor = processes.Supervisor(
+        count,
+        groups,
+        serve_one,
+        on_ready=lambda: typer.echo(serving),
+        on_stopping=lambda: typer.echo(
+            f"turnout: stopping {count} gateway processes; requests in flight get up to {drain_timeout:g} s to finish"
+        ),
+        on_restart=lambda index, pid, how, delay: typer.echo(
+            f"turnout: gateway process {index + 1} (pid {pid}) ended with {how}; starting it again in {delay:g} s",
+            err=True,
+        ),
+    )
+    code = supervisor.run()
+    if code:
+        raise typer.Exit(code)
+    return supervisor.drained
 
 
 def _count(n: int, noun: str) -> str:

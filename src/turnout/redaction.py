@@ -183,25 +183,28 @@ class _CliHandler(logging.StreamHandler):  # type: ignore[type-arg]  # generic o
     """The stderr handler :func:`configure_logging` installs (and replaces when called again)."""
 
 
-def _formatter(log_format: str) -> logging.Formatter:
+def _formatter(log_format: str, pid: bool = False) -> logging.Formatter:
     if log_format != "json":
+        if pid:  # `serve --workers N`: which process wrote the line
+            return logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
         return logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pythonjsonlogger.orjson import OrjsonFormatter  # imported only when asked for: the CLI starts fast
 
     # {"time": "2026-12-03T18:20:00.123+00:00", "level": "INFO", "logger": "turnout.access", "message": ...,
     #  plus the record's extra fields (the access log's: status, latency_ms, key, model, ...)}
     return OrjsonFormatter(
-        "{levelname}{name}{message}",
+        "{levelname}{name}{message}{process}" if pid else "{levelname}{name}{message}",
         style="{",
-        rename_fields={"levelname": "level", "name": "logger"},
+        rename_fields={"levelname": "level", "name": "logger", "process": "pid"},
         timestamp="time",
     )
 
 
-def configure_logging(level: str, log_format: str = "text") -> None:
+def configure_logging(level: str, log_format: str = "text", *, pid: bool = False) -> None:
     """The CLI's logging: one stderr handler at ``level`` whose records are redacted; ``log_format`` ``json``
     writes each record as one JSON object per line. Called again (once the config is read), it replaces its
-    own handler; handlers someone else installed on the root logger (a test runner's) are left as they are."""
+    own handler; handlers someone else installed on the root logger (a test runner's) are left as they are.
+    ``pid``: each line names the process that wrote it (`serve --workers N`)."""
     root = logging.getLogger()
     root.setLevel(level.upper())
     ours = [h for h in root.handlers if isinstance(h, _CliHandler)]
@@ -209,7 +212,7 @@ def configure_logging(level: str, log_format: str = "text") -> None:
         for old in ours:
             root.removeHandler(old)
         fresh = _CliHandler()
-        fresh.setFormatter(_formatter(log_format))
+        fresh.setFormatter(_formatter(log_format, pid))
         root.addHandler(fresh)
     for handler in root.handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):

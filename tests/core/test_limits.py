@@ -1,6 +1,6 @@
 import pytest
 
-from turnout.core.limits import DAY_S, KeyLimitState, estimate_tokens, seconds_to_next_day
+from turnout.core.limits import DAY_S, KeyLimitState, decide, estimate_tokens, process_share, seconds_to_next_day
 
 T0 = 1_800_000_000.0 - (1_800_000_000.0 % DAY_S) + 3600  # 01:00 UTC on some day
 
@@ -59,3 +59,38 @@ def test_estimate_and_day_boundary() -> None:
     assert estimate_tokens(400, None, 256) == 356
     assert estimate_tokens(0, 0, 10) == 11
     assert seconds_to_next_day(T0) == DAY_S - 3600
+
+
+@pytest.mark.parametrize(
+    ("cap", "processes", "shares"),
+    [
+        (256, 2, [128, 128]),
+        (5, 2, [3, 2]),
+        (7, 3, [3, 2, 2]),
+        (2, 2, [1, 1]),
+        (1, 2, [1, 0]),
+        (10, 1, [10]),
+    ],
+)
+def test_process_share_splits_a_cap_exactly(cap: int, processes: int, shares: list[int]) -> None:
+    assert [process_share(cap, i, processes) for i in range(processes)] == shares
+    assert sum(shares) == cap
+
+
+@pytest.mark.parametrize(
+    ("in_window", "oldest", "used", "allowed", "reason"),
+    [
+        (0, None, 0, True, ""),
+        (49, T0 - 30, 0, True, ""),
+        (50, T0 - 30, 0, False, "rate limit of 50 requests per minute reached"),
+        (0, None, 990, False, "daily token limit of 1000 reached (990 used or reserved, this request needs ~20)"),
+        (0, None, 980, True, ""),
+    ],
+)
+def test_decide_from_counts(in_window: int, oldest: float | None, used: int, allowed: bool, reason: str) -> None:
+    d = decide(T0, 50, 1000, 20, in_window=in_window, oldest=oldest, used=used)
+    assert d.allowed is allowed and d.reason == reason
+    if allowed:
+        assert d.rpm_remaining == 50 - in_window - 1 and d.tokens_remaining == 1000 - used - 20 and d.at == T0
+    elif oldest is not None:
+        assert d.retry_after == 30

@@ -15,7 +15,9 @@ __all__ = [
     "WINDOW_S",
     "Decision",
     "KeyLimitState",
+    "decide",
     "estimate_tokens",
+    "process_share",
     "seconds_to_next_day",
 ]
 
@@ -51,6 +53,61 @@ def estimate_tokens(body_bytes: int, max_tokens: int | None, default_completion:
     return max(1, body_bytes // 4) + completion
 
 
+def decide(
+    now: float,
+    rpm: int | None,
+    daily: int | None,
+    estimate: int,
+    *,
+    in_window: int,
+    oldest: float | None,
+    used: int,
+) -> Decision:
+    """Admit or refuse one request, given the subject's counts at ``now``: ``in_window`` admissions in the last
+    minute (the oldest at ``oldest``) and ``used`` tokens settled or reserved today. The caller records an
+    admission (window entry, ``used += estimate`` when ``daily`` is set) when the decision allows it.
+    :class:`KeyLimitState` (one process) and the store limiter (``turnout.gateway.store_limiter``, several
+    processes) both decide here."""
+    rpm_reset = (oldest + WINDOW_S - now) if oldest is not None else 0.0
+    day_reset = seconds_to_next_day(now)
+    if rpm is not None and in_window >= rpm:
+        return Decision(
+            False,
+            f"rate limit of {rpm} requests per minute reached",
+            max(1, math.ceil(rpm_reset)),
+            rpm,
+            0,
+            rpm_reset,
+            daily,
+            None if daily is None else max(daily - used, 0),
+            day_reset,
+        )
+    if daily is not None and used + estimate > daily:
+        return Decision(
+            False,
+            f"daily token limit of {daily} reached ({used} used or reserved, this request needs ~{estimate})",
+            max(1, math.ceil(day_reset)),
+            rpm,
+            None if rpm is None else rpm - in_window,
+            rpm_reset,
+            daily,
+            max(daily - used, 0),
+            day_reset,
+        )
+    used_after = used + estimate if daily is not None else used
+    return Decision(
+        allowed=True,
+        rpm_limit=rpm,
+        rpm_remaining=None if rpm is None else rpm - in_window - 1,
+        rpm_reset_s=rpm_reset or WINDOW_S,
+        tokens_limit=daily,
+        tokens_remaining=None if daily is None else daily - used_after,
+        tokens_reset_s=day_reset,
+        day=int(now // DAY_S),
+        at=now,
+    )
+
+
 @dataclass(slots=True)
 class KeyLimitState:
     admitted: deque[float] = field(default_factory=deque)  # admission times inside the window
@@ -63,46 +120,13 @@ class KeyLimitState:
         today = int(now // DAY_S)
         if today != self.day:
             self.day, self.used = today, 0
-        rpm_reset = (self.admitted[0] + WINDOW_S - now) if self.admitted else 0.0
-        day_reset = seconds_to_next_day(now)
-        if rpm is not None and len(self.admitted) >= rpm:
-            return Decision(
-                False,
-                f"rate limit of {rpm} requests per minute reached",
-                max(1, math.ceil(rpm_reset)),
-                rpm,
-                0,
-                rpm_reset,
-                daily,
-                None if daily is None else max(daily - self.used, 0),
-                day_reset,
-            )
-        if daily is not None and self.used + estimate > daily:
-            return Decision(
-                False,
-                f"daily token limit of {daily} reached ({self.used} used or reserved, this request needs ~{estimate})",
-                max(1, math.ceil(day_reset)),
-                rpm,
-                None if rpm is None else rpm - len(self.admitted),
-                rpm_reset,
-                daily,
-                max(daily - self.used, 0),
-                day_reset,
-            )
-        self.admitted.append(now)
-        if daily is not None:
-            self.used += estimate
-        return Decision(
-            allowed=True,
-            rpm_limit=rpm,
-            rpm_remaining=None if rpm is None else rpm - len(self.admitted),
-            rpm_reset_s=rpm_reset or WINDOW_S,
-            tokens_limit=daily,
-            tokens_remaining=None if daily is None else daily - self.used,
-            tokens_reset_s=day_reset,
-            day=today,
-            at=now,
-        )
+        oldest = self.admitted[0] if self.admitted else None
+        decision = decide(now, rpm, daily, estimate, in_window=len(self.admitted), oldest=oldest, used=self.used)
+        if decision.allowed:
+            self.admitted.append(now)
+            if daily is not None:
+                self.used += estimate
+        return decision
 
     def settle(self, day: int, reserved: int, actual: int) -> None:
         """Replace a reservation by the real count. A reservation from an earlier day is dropped: that
@@ -118,3 +142,9 @@ class KeyLimitState:
         if decision.at in self.admitted:
             self.admitted.remove(decision.at)
         self.refund(decision.day, reserved)
+
+
+def process_share(cap: int, index: int, processes: int) -> int:
+    """Process ``index``'s part of a concurrency cap split across ``processes`` processes: the parts differ
+    by at most one and add up to ``cap`` (a part is 0 when ``cap`` < ``processes``)."""
+    return cap // processes + (1 if index < cap % processes else 0)

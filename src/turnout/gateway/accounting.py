@@ -129,15 +129,21 @@ class _Cached:
 
 class Accountant:
     def __init__(
-        self, settings: Settings, keys: KeyStore, usage: UsageStore, *, clock: Callable[[], float] = time.monotonic
+        self,
+        settings: Settings,
+        keys: KeyStore,
+        usage: UsageStore,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        limiter: TokenLimiter | None = None,
     ) -> None:
         self.settings = settings
         self.keys = keys
         self.open = settings.auth.open
         self.usage = UsageBatcher(usage)
-        self.limiter: TokenLimiter = (
-            RedisLimiter(settings.storage.redis_url) if settings.storage.redis_url else LocalLimiter()
-        )
+        if limiter is None:
+            limiter = RedisLimiter(settings.storage.redis_url) if settings.storage.redis_url else LocalLimiter()
+        self.limiter: TokenLimiter = limiter
         self.clock = clock
         self._cache: dict[str, _Cached] = {}
         self._loading: dict[str, asyncio.Task[KeyRecord | None]] = {}  # one store lookup per token at a time

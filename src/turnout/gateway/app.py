@@ -7,6 +7,7 @@ Request flow: middleware (admin auth, error rendering, metrics) -> handler -> Ca
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -48,10 +49,14 @@ from turnout.gateway.keys import (
     SIGNINS,
     USAGE,
 )
+from turnout.gateway.limiter import LocalLimiter, RedisLimiter, TokenLimiter
+from turnout.gateway.peers import Peers
 from turnout.gateway.proxy import Proxy
 from turnout.gateway.routes import add_client_routes
+from turnout.gateway.store_limiter import StoreLimiter
 from turnout.metrics import Metrics
 from turnout.redaction import handler_args
+from turnout.state.changes import ChangeCounter
 from turnout.state.placement_store import PlacementStore
 from turnout.state.running import GatewayMark
 from turnout.store.audit import AuditLog
@@ -65,6 +70,9 @@ from turnout.upstream.client import UpstreamClient
 __all__ = ["create_app"]
 
 log = logging.getLogger("turnout.gateway")
+
+PEERS: web.AppKey[Peers] = web.AppKey("peers")  # only with `turnout serve --workers N`, N > 1
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def _dialect(path: str) -> Dialect:
@@ -86,10 +94,15 @@ async def _middleware(
     endpoint = resource.canonical if resource is not None else "unmatched"
     started = time.perf_counter()
     metrics.in_flight.inc()
+    peers = app.get(PEERS)
     try:
+        if peers is not None and peers.moved():
+            await peers.catch_up()  # another process changed keys, placement or endpoints: take them first
         if dialect is Dialect.ADMIN:
             await check_admin(request)  # Bearer token, or a browser session + CSRF; UI pages check their own
         response = await handler(request)
+        if peers is not None and dialect is Dialect.ADMIN and request.method not in _READS and response.status < 400:
+            peers.announce()  # before the answer leaves: the other processes re-read before their next request
     except TurnoutError as exc:
         response = error_response(dialect, exc)
     except web.HTTPException as exc:
@@ -118,7 +131,8 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _healthz(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     up = sum(1 for w in fleet.workers.values() if w.healthy)
-    return web.json_response({"status": "ok", "workers": len(fleet.workers), "healthy_workers": up})
+    # pid: which gateway process answered (`turnout serve --workers N` runs several on one port)
+    return web.json_response({"status": "ok", "workers": len(fleet.workers), "healthy_workers": up, "pid": os.getpid()})
 
 
 def _claim_bindings(settings: Settings, fleet: Fleet, client: UpstreamClient, metrics: Metrics) -> ClaimBindings | None:
@@ -150,15 +164,34 @@ def _claim_bindings(settings: Settings, fleet: Fleet, client: UpstreamClient, me
     return ClaimBindings(fleet, LocalSource(controller), settings.pools.interval_s, lock)
 
 
-def create_app(settings: Settings, *, admin_token: str) -> web.Application:
+def _limiter(settings: Settings, database: Database, processes: int) -> TokenLimiter:
+    """Redis when configured (any number of replicas), else the store when this gateway runs several processes
+    (`--workers N`), else memory: each is exact for the processes that share it."""
+    if settings.storage.redis_url:
+        return RedisLimiter(settings.storage.redis_url)
+    if processes > 1:
+        return StoreLimiter(database)
+    return LocalLimiter()
+
+
+async def _catch_up(app: web.Application) -> None:
+    """Re-read what another process of this gateway changed through its admin API."""
+    app[ACCOUNTANT].forget()
+    app[FLEET].placement.refresh()
+    await app[ENDPOINTS].sync()
+    app[DISPATCHER].wake_all()
+
+
+def create_app(settings: Settings, *, admin_token: str, processes: int = 1) -> web.Application:
     """Build the gateway. Raises PlacementFileError if the override file is unusable, StoreError if the
-    database cannot be opened or migrated."""
+    database cannot be opened or migrated. ``processes`` > 1: one of the processes of `turnout serve
+    --workers N` (limits counted in the store unless Redis is configured; admin changes shared)."""
     placement = PlacementStore(settings.placement_file)
     placement.load()
     database = Database(database_url(settings.storage.database_url, settings.data_dir))
     database.migrate()
     keys, usage = KeyStore(database), UsageStore(database)
-    accountant = Accountant(settings, keys, usage)
+    accountant = Accountant(settings, keys, usage, limiter=_limiter(settings, database, processes))
     secrets = SecretBox.load(settings.data_dir, settings.endpoint_env.secret_key)
     fleet = Fleet(settings, placement)
     metrics = Metrics(fleet)
@@ -202,6 +235,8 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
     if claims is not None:
         claims.on_change = dispatcher.wake_all
         app[PROXY].claims = claims
+    if processes > 1:
+        app[PEERS] = Peers(ChangeCounter(settings.data_dir), lambda: _catch_up(app))
     add_client_routes(app)
     add_admin_routes(app)
     add_account_routes(app)
@@ -228,6 +263,8 @@ def create_app(settings: Settings, *, admin_token: str) -> web.Application:
         await accountant.close()
         await client.close()
         database.close()
+        if processes > 1:
+            app[PEERS].close()
         mark.release()
 
     app.cleanup_ctx.append(lifecycle)

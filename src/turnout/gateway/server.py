@@ -46,8 +46,9 @@ _BIND_ADVICE = {
 }
 
 
-def bind(host: str, port: int) -> list[socket.socket]:
-    """Listening sockets for every address ``host`` resolves to (``localhost``: 127.0.0.1 and ::1)."""
+def bind(host: str, port: int, *, reuse_port: bool = False) -> list[socket.socket]:
+    """Listening sockets for every address ``host`` resolves to (``localhost``: 127.0.0.1 and ::1);
+    ``reuse_port``: with ``SO_REUSEPORT``, so that the processes of `turnout serve --workers N` share the port."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -64,6 +65,8 @@ def bind(host: str, port: int) -> list[socket.socket]:
             sock = socket.socket(family, socket.SOCK_STREAM)
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT, not one in use
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)

@@ -1,0 +1,63 @@
+"""Admission against per-key limits counted in the SQL store: the limiter of `turnout serve --workers N`.
+
+The processes of one gateway share the store, so the store counts (``turnout.store.limit_counters``, one
+transaction per admission): exact across the processes, with no Redis. One process alone counts in memory
+(:class:`turnout.gateway.limiter.LocalLimiter`); replicas on several machines use Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+
+from turnout.core.limits import Decision
+from turnout.errors import Unavailable
+from turnout.gateway.limiter import Subject, refusal
+from turnout.store.db import Database, StoreError
+from turnout.store.limit_counters import LimitCounters
+
+__all__ = ["StoreLimiter"]
+
+
+class StoreLimiter:
+    def __init__(self, database: Database) -> None:
+        self._counters = LimitCounters(database)
+
+    async def admit(self, subject: Subject, estimate: int) -> Decision:
+        try:
+            decision = await asyncio.to_thread(
+                self._counters.admit,
+                subject.id,
+                time.time(),
+                subject.rpm,
+                subject.daily_tokens,
+                estimate,
+                uuid.uuid4().hex,
+            )
+        except StoreError as exc:
+            raise Unavailable(f"limit store unavailable: {exc}", code="limits_unavailable", retry_after=5) from None
+        if not decision.allowed:
+            raise refusal(decision, subject.label)
+        return decision
+
+    async def settle(self, subject: Subject, decision: Decision, reserved: int, actual: int) -> None:
+        if subject.daily_tokens is None or actual == reserved:
+            return
+        # A lost settlement only errs on the strict side: the reservation stays counted.
+        with contextlib.suppress(StoreError):
+            await asyncio.to_thread(self._counters.settle, subject.id, decision.day, actual - reserved)
+
+    async def release(self, subject: Subject, decision: Decision, reserved: int) -> None:
+        with contextlib.suppress(StoreError):
+            await asyncio.to_thread(
+                self._counters.release,
+                subject.id,
+                decision.member,
+                decision.day,
+                reserved if subject.daily_tokens is not None else 0,
+            )
+
+    async def close(self) -> None:
+        pass
