@@ -23,13 +23,9 @@ import datetime as dt
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
-from alembic import command
-from alembic.config import Config as AlembicConfig
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, MetaData, Table, create_engine, inspect, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.types import JSON, DateTime, Integer, LargeBinary
@@ -37,6 +33,9 @@ from sqlalchemy.types import JSON, DateTime, Integer, LargeBinary
 import turnout.store.db as store_db
 from turnout.store.db import StoreError
 from turnout.store.schema import metadata
+
+if TYPE_CHECKING:
+    from alembic.script import ScriptDirectory
 
 __all__ = [
     "KEPT_TABLES",
@@ -60,7 +59,12 @@ class StoreExportError(Exception):
     """The store cannot be exported or loaded; the message says which part and why."""
 
 
+# Alembic is imported where it is used: the gateway imports this module (backup routes) but runs no migration
+# here, and Alembic with its templates is about 12 MB of resident memory.
 def _script() -> ScriptDirectory:
+    from alembic.config import Config as AlembicConfig
+    from alembic.script import ScriptDirectory
+
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(_MIGRATIONS))
     return ScriptDirectory.from_config(cfg)
@@ -77,6 +81,9 @@ def head_revision() -> str:
 
 
 def _upgrade(conn: Connection, revision: str) -> None:
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(_MIGRATIONS))
     cfg.attributes["connection"] = conn
@@ -84,6 +91,8 @@ def _upgrade(conn: Connection, revision: str) -> None:
 
 
 def current_revision(conn: Connection) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
     return MigrationContext.configure(conn).get_current_revision()
 
 
