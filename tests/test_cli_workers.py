@@ -97,6 +97,16 @@ def test_refused_changes_write_nothing(tmp_path: Path, config: Path, args: list[
     assert config.read_bytes() == before
 
 
+def test_a_pasted_api_suffix_is_dropped_and_said(tmp_path: Path, config: Path) -> None:
+    added = run(
+        ["worker", "add", "lmstudio", "--url", "http://10.0.0.7:1234/v1/", "--type", "openai", "-c", str(config)],
+        tmp_path,
+    )
+    assert added.returncode == 0, added.stderr
+    assert "dropped /v1/" in added.stdout
+    assert json.loads(config.read_text())["workers"][-1]["url"] == "http://10.0.0.7:1234"
+
+
 def test_a_broken_config_is_not_edited(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"workers": [{"name": "a", "url": "http://h", "model_placement": {"mode": "x"}}]}))

@@ -1,7 +1,8 @@
 """`turnout worker add|list|remove`: the config file's workers, without editing JSON by hand.
 
 ``add`` and ``remove`` read the file, change only its ``workers`` list, validate the whole result with the same
-model that loads it (so anything ``turnout serve`` would refuse is refused here, nothing written), and write it
+model that loads it (so anything ``turnout serve`` would refuse is refused here, nothing written; a pasted API
+suffix such as LM Studio's ``/v1`` is dropped as for endpoints, and said), and write it
 back with the atomic writer, keeping the file's mode. ``add`` also refuses a name a registered external endpoint
 already has (both are routed by name) when the store can be read, and says when it could not check. A gateway
 reads its config once, at start: both say whether one is running on the config's data dir and needs a restart.
@@ -105,8 +106,11 @@ def add(
     from pydantic import ValidationError
 
     from turnout.config import Worker, format_validation_error
+    from turnout.core.endpoint_rules import base_url, url_note
 
     document, settings = _read(config)
+    note = url_note(url)  # a pasted http://host:1234/v1: Turnout appends /v1/... itself
+    url = base_url(url).url
     entry: dict[str, Any] = {"name": name, "url": url, "type": worker_type}
     if max_concurrent is not None:
         entry["max_concurrent"] = max_concurrent
@@ -130,7 +134,7 @@ def add(
     workers = document.get("workers")
     document["workers"] = [*(workers if isinstance(workers, list) else []), entry]
     written = _write(config, document)
-    typer.echo(f'added worker "{name}" ({worker_type}, {url}) to {config}')
+    typer.echo(f'added worker "{name}" ({worker_type}, {url}) to {config}' + (f"; {note}" if note else ""))
     if isinstance(clash, str):
         typer.echo(f"turnout: could not check it against the registered endpoints' names: {clash}", err=True)
     typer.echo(_restart_note(written))

@@ -1,5 +1,6 @@
 """Rules for registering an external endpoint, decided here once for the admin API, the UI's form (a client
-of that API), the CLI and the gateway's own sync from the store.
+of that API), the CLI and the gateway's own sync from the store. ``turnout worker add`` uses :func:`base_url`
+for a worker's URL too (workers get the same routes appended).
 
 - :func:`base_url`: the URL a user pastes is often the one their server shows with its API suffix (LM Studio
   shows ``http://host:1234/v1``; Ollama users paste ``http://host:11434/api``). Turnout adds the routes
