@@ -151,3 +151,17 @@ async def test_an_endpoint_refused_by_the_ssrf_guard_says_so(
     (line,) = changes(caplog, "mac")
     assert line.startswith('endpoint "mac" is unreachable: SSRF guard: private address not allowed; ')
     assert "APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS=true" in line and mac.served() == 0
+
+
+async def test_a_worker_whose_requests_keep_failing_is_down_with_their_status(
+    emulator: EmulatorFactory, gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="turnout")
+    emu = await emulator("a", ["llama3:latest"], fail_status=500)  # its listings answer; inference says 500
+    gw = await gateway([worker("a", emu.url)], health={"interval_s": 3600, "request_failures_to_down": 2})
+    for _ in range(2):
+        assert (await chat(gw, "llama3"))[0] == 502
+    status, body = await chat(gw, "llama3")
+    assert status == 503
+    assert body["error"]["message"] == 'no healthy worker for "llama3": a down (requests failing: HTTP 500)'
+    assert changes(caplog, "a") == ['worker "a" is up', 'worker "a" is down: requests failing: HTTP 500']
