@@ -35,6 +35,11 @@ def test_endpoint_commands_act_through_the_running_gateway(tmp_path: Path, llama
         # the gateway's live state changed at once: the printed key reaches the endpoint's model
         status, body = call(f"{gateway_url(config)}/v1/models", key)
         assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == ["lab/tiny"]
+        # and at the endpoint's own URL, which the gateway's answer named, by the model's own name
+        own = f"{gateway_url(config)}/endpoints/lab/v1"
+        assert f"{own} (OpenAI)" in added.stderr
+        status, body = call(f"{own}/models", key)
+        assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == ["tiny"]
 
         listed = run(["endpoint", "list", *c], tmp_path)
         assert listed.returncode == 0, listed.stderr
