@@ -28,6 +28,7 @@ from tests.support.served import Served
 from tests.support.threaded_gateway import LoopThread
 
 TURNOUT = [sys.executable, "-m", "turnout"]
+CAPS = ("bounding-set", "inh-caps")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -124,6 +125,29 @@ def test_an_unusable_data_dir_is_one_line(tmp_path: Path, data_dir: str, problem
     config.write_text(json.dumps({"storage": {"data_dir": data_dir}}))
     line = one_line_error(run(["serve", "--config", str(config), "--port", str(free_port())], tmp_path))
     assert str(tmp_path / data_dir) in line and problem in line and "storage.data_dir" in line
+
+
+def test_an_unreadable_data_dir_is_one_line(tmp_path: Path) -> None:
+    # As root, file modes do not stop the process: drop the capabilities that bypass them (setpriv, util-linux)
+    # so that a mode-000 directory is as unreadable to this root process as to any other user.
+    as_user = [] if os.geteuid() != 0 else ["setpriv", *(f"--{s}=-dac_override,-dac_read_search" for s in CAPS)]
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0)
+    config = write_config(tmp_path)
+    try:
+        result = subprocess.run(
+            [*as_user, *TURNOUT, "serve", "--config", str(config), "--port", str(free_port())],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_env(),
+        )
+    finally:
+        state.chmod(0o755)
+    line = one_line_error(result)
+    assert str(state) in line and "permission denied" in line and "storage.data_dir" in line
 
 
 def test_first_start_says_where_the_turnout_command_is(tmp_path: Path) -> None:
