@@ -50,6 +50,14 @@ def test_key_commands_act_through_the_running_gateway(tmp_path: Path) -> None:
         imported = {line.rsplit("|", 1)[1].strip() for line in profiled.stderr.splitlines() if "|" in line}
         assert "turnout.cli_gateway" in imported and not imported & {"sqlalchemy", "alembic", "aiohttp"}
 
+        # usage and audit are read through the gateway too (its usage includes what it has not written yet)
+        listed = run(["audit", "--action", "key.revoke", *c], tmp_path)
+        assert listed.stderr == "" and listed.stdout.splitlines()[1].split()[3:] == ["key.revoke", f"key:{key[:10]}"]
+        used = run(["usage", "--json", *c], tmp_path)
+        assert used.returncode == 0 and used.stderr == "" and json.loads(used.stdout) == []
+        bad = run(["usage", "--series", "--since", "30d", "--bucket", "minute", *c], tmp_path)
+        assert bad.returncode == 2 and bad.stderr.startswith("turnout: --bucket: ")  # the API's 422, as a flag
+
         actors = {e["actor"] for e in json.loads(run(["audit", "--json", *c], tmp_path).stdout)}
         assert all(a.startswith("cli:") for a in actors), actors
         wrong = run(["key", "list", *c], tmp_path, TURNOUT_ADMIN_TOKEN="not-the-token")

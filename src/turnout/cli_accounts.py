@@ -3,8 +3,9 @@
 Key commands are the admin API's calls when the gateway named by the config runs (:mod:`turnout.cli_gateway`),
 so a revocation or a change takes effect at once there. When none runs, they say so in one line and work on
 the store directly (a gateway started later reads it). Either way the input models, store rules and audit
-entries are the admin API's. ``usage`` and ``audit`` read the store; all listings print a table by default
-and JSON with ``--json`` (:mod:`turnout.cli_tables`).
+entries are the admin API's. ``usage`` and ``audit`` read through the gateway the same way (its usage answer
+includes what it has not written to the store yet); all listings print a table by default and JSON with
+``--json`` (:mod:`turnout.cli_tables`).
 """
 
 from __future__ import annotations
@@ -418,31 +419,56 @@ def usage(
     """Usage per key, endpoint and worker (or, with --series, one total per bucket): a table with local times,
     latency p50/p95 and totals; JSON with --json, CSV with --format csv."""
     from turnout.admin.inputs import UsageQuery, parse_input
-    from turnout.store.keys import KeyStore
-    from turnout.store.usage import SERIES_COLUMNS, SUMMARY_COLUMNS, UsageFilter, UsageStore, to_csv
 
     now = time.time()
     shape = "json" if as_json else (output_format or "table")
     if shape not in ("table", "json", "csv"):
         fail(f"--format: must be table, json or csv, not {shape!r}")
+    given = {
+        "key": key,
+        "since": since,
+        "until": until,
+        "bucket": bucket,
+        "endpoint": endpoint,
+        "worker": worker,
+        "model": model,
+        "route": route,
+    }
     with cli_input():
-        query = parse_input(
-            UsageQuery,
-            {
-                "key": key,
-                "since": since,
-                "until": until,
-                "bucket": bucket,
-                "endpoint": endpoint,
-                "worker": worker,
-                "model": model,
-                "route": route,
-                "format": "csv" if shape == "csv" else "json",
-            },
-        )
+        query = parse_input(UsageQuery, {**given, "format": "csv" if shape == "csv" else "json"})
         since_ts = query.since_ts(now)
         until_ts = query.until_ts(now) if series or until is not None else None
-    with open_store(config) as (_, db):
+    settings = load_config(config)
+    admin = gateway(settings)
+    rows: list[dict[str, Any]]
+    if admin is not None:  # its answer includes what it has not written to the store yet
+        try:
+            answer = admin.call("GET", "/admin/api/usage" + ("/series" if series else ""), query=given)
+        except GatewayError as exc:
+            api_error(exc)
+            return
+        rows = answer["points" if series else "rows"]
+        since_ts, until_ts = answer["since"], answer["until"]
+    else:
+        rows = _usage_on_store(settings, query, series, since_ts, until_ts)
+    if shape == "csv":
+        from turnout.store.usage import SERIES_COLUMNS, SUMMARY_COLUMNS, to_csv
+
+        typer.echo(to_csv(rows, SERIES_COLUMNS if series else SUMMARY_COLUMNS), nl=False)
+    elif shape == "json":
+        echo_json(rows)
+    else:
+        render(usage_table(rows, series=series, since=since_ts, until=until_ts or now))
+
+
+def _usage_on_store(
+    settings: Settings, query: Any, series: bool, since_ts: float, until_ts: float | None
+) -> list[dict[str, Any]]:
+    from turnout.store.keys import KeyStore
+    from turnout.store.usage import UsageFilter, UsageStore
+
+    rows: list[dict[str, Any]] = []
+    with open_store(settings) as (_, db):
         key_id = KeyStore(db).get(query.key).id if query.key else None
         where = UsageFilter(
             key_id=key_id, endpoint=query.endpoint, worker=query.worker, model=query.model, route=query.route
@@ -456,12 +482,7 @@ def usage(
                 rows = store.summary(since=since_ts, bucket=query.bucket, where=where, until=until_ts)
         except ValueError as exc:
             fail(f"--bucket: {exc}")
-    if shape == "csv":
-        typer.echo(to_csv(rows, SERIES_COLUMNS if series else SUMMARY_COLUMNS), nl=False)
-    elif shape == "json":
-        echo_json(rows)
-    else:
-        render(usage_table(rows, series=series, since=since_ts, until=until_ts or now))
+    return rows
 
 
 def usage_table(rows: list[dict[str, Any]], *, series: bool, since: float, until: float) -> list[str]:
@@ -513,31 +534,40 @@ def audit(
 ) -> None:
     """The audit log, newest first: a table of local time, actor, action, target and what changed."""
     from turnout.admin.inputs import AuditQuery, parse_input
-    from turnout.store.audit import AuditLog
 
     now = time.time()
+    given = {"since": since, "until": until, "action": action, "actor": actor, "target": target, "limit": limit}
     with cli_input():
-        query = parse_input(
-            AuditQuery,
-            {"since": since, "until": until, "action": action, "actor": actor, "target": target, "limit": limit},
-        )
+        query = parse_input(AuditQuery, given)
         since_ts, until_ts = query.since_ts(now), query.until_ts(now)
-    with open_store(config) as (_, db):
-        entries = AuditLog(db).entries(
-            since=since_ts,
-            until=until_ts,
-            action=query.action,
-            actor=query.actor,
-            target=query.target,
-            limit=query.limit,
-        )
+    settings = load_config(config)
+    admin = gateway(settings)
+    if admin is not None:
+        try:
+            entries = admin.call("GET", "/admin/api/audit", query=given)["entries"]
+        except GatewayError as exc:
+            api_error(exc)
+            return
+    else:
+        from turnout.store.audit import AuditLog
+
+        with open_store(settings) as (_, db):
+            found = AuditLog(db).entries(
+                since=since_ts,
+                until=until_ts,
+                action=query.action,
+                actor=query.actor,
+                target=query.target,
+                limit=query.limit,
+            )
+        entries = [e.to_json() for e in found]
     if as_json:
-        echo_json([e.to_json() for e in entries])
+        echo_json(entries)
         return
     if not entries:
         typer.echo("no audit entries match")
         return
-    render(audit_table([e.to_json() for e in entries]))
+    render(audit_table(entries))
 
 
 def audit_table(entries: list[dict[str, Any]]) -> list[str]:
