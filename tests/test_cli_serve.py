@@ -234,6 +234,8 @@ def test_stop_closes_what_outlasts_the_drain_timeout(tmp_path: Path) -> None:
             conn.close()
     assert took < 10  # bounded: 1 s to finish, then closed (not the 20 s the answer would take)
     assert b'"done":true' not in rest.replace(b" ", b"")
+    last = json.loads(rest.splitlines()[-1])  # not a silent cut: the stream's last line says why (Ollama's error)
+    assert "gateway stopped" in last["error"], last
     assert gateway.lines[-1] == "turnout: stopped; closed 1 request still running after 1 s"
     assert not any("Traceback" in line for line in gateway.lines)
 

@@ -13,6 +13,7 @@ and the next candidate is tried (only before anything was sent to the client).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
@@ -191,6 +192,10 @@ class Proxy:
                 if not answered:
                     watch.finished = False
                     await self._stream_failed(resp, call.dialect, worker, exc, outcome, loop.time())
+            except asyncio.CancelledError:
+                if not answered:
+                    await _cut_short(resp, call.dialect)
+                raise
             finally:
                 if drain is not None:
                     drain.cancel()
@@ -400,6 +405,10 @@ class Proxy:
         except (UpstreamError, FrameError) as exc:
             if not answered:
                 await self._stream_failed(resp, Dialect.OLLAMA, worker, exc, outcome, loop.time())
+        except asyncio.CancelledError:
+            if not answered:
+                await _cut_short(resp, Dialect.OLLAMA)
+            raise
         finally:
             if drain is not None:
                 drain.cancel()
@@ -529,6 +538,16 @@ def _check_fallback(worker: WorkerState, status: int) -> None:
     ext = worker.external
     if ext is not None and ext.fallback_model and status >= 500:
         raise _NeedFallback(f"http_{status}")
+
+
+async def _cut_short(resp: web.StreamResponse, dialect: Dialect) -> None:
+    """A stream cancelled mid-way (the gateway stopping after its drain timeout, or the client gone) ends with
+    an error frame rather than silently; best effort, since the client may be the one that left."""
+    err = Unavailable(
+        "the gateway stopped before this answer was complete; send the request again", code="gateway_stopping"
+    )
+    with contextlib.suppress(Exception):
+        await resp.write(error_frame(dialect, err))
 
 
 def _stream_headers(call: Call) -> dict[str, str]:

@@ -4,7 +4,8 @@
 data dir has been touched; :func:`run` starts the app on those sockets, calls ``on_ready`` once the app's
 start-up has finished and the sockets accept (that is when "serving on" is printed), and on the first
 SIGINT or SIGTERM stops accepting, lets the requests in flight finish for up to ``drain_timeout_s``,
-closes the rest, runs the app's cleanup (usage flushed, store closed) and returns what happened. A second
+cancels the rest while their connections are open (the proxy ends a cancelled stream with an error frame),
+runs the app's cleanup (usage flushed, store closed) and returns what happened. A second
 signal while draining ends the process at once.
 
 The event loop is uvloop's where it is installed (a dependency on CPython outside Windows: it takes about a
@@ -21,10 +22,13 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
 __all__ = ["BindError", "Drained", "bind", "loop_factory", "run"]
+
+_CANCEL_WAIT_S = 5.0  # for cancelled requests to write their last frame and finish
 
 
 class BindError(Exception):
@@ -81,18 +85,27 @@ def bind(host: str, port: int, *, reuse_port: bool = False) -> list[socket.socke
 
 
 class _InFlight:
-    """Counts requests being handled, and those cancelled while stopping."""
+    """The requests being handled (their tasks), and how many were cancelled while stopping."""
 
     def __init__(self) -> None:
-        self.count = 0
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.idle = asyncio.Event()
+        self.idle.set()
         self.stopping = False
         self.closed = 0
+
+    @property
+    def count(self) -> int:
+        return len(self.tasks)
 
     @web.middleware
     async def middleware(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        self.count += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        self.idle.clear()
         try:
             return await handler(request)
         except asyncio.CancelledError:
@@ -100,7 +113,20 @@ class _InFlight:
                 self.closed += 1
             raise
         finally:
-            self.count -= 1
+            self.tasks.discard(task)
+            if not self.tasks:
+                self.idle.set()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the requests to finish, then cancel the rest while their connections are
+        still open, so that a stream can end with its error frame (the proxy writes it on cancellation)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.idle.wait(), timeout_s)
+        left = list(self.tasks)
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=_CANCEL_WAIT_S)
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
@@ -139,8 +165,8 @@ async def _serve(
 ) -> Drained:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    runner = web.AppRunner(
-        app, handle_signals=False, access_log=access_log, handler_cancellation=True, shutdown_timeout=drain_timeout_s
+    runner = web.AppRunner(  # the drain is done by in_flight.drain: the runner's own shutdown only tidies up
+        app, handle_signals=False, access_log=access_log, handler_cancellation=True, shutdown_timeout=_CANCEL_WAIT_S
     )
     await runner.setup()  # the app's start-up (store, pollers) runs here; sockets queue connections meanwhile
     drained = Drained()
@@ -158,8 +184,9 @@ async def _serve(
         drained.in_flight = in_flight.count
         in_flight.stopping = True
         on_stopping(in_flight.count)
+        await in_flight.drain(drain_timeout_s)
     finally:
-        await runner.cleanup()  # stop accepting, wait up to drain_timeout_s, cancel the rest, app cleanup
+        await runner.cleanup()  # close the idle connections, then the app's cleanup (usage flushed, store closed)
         for sock in sockets:
             with contextlib.suppress(OSError):
                 sock.close()
