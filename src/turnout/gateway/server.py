@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import logging
 import signal
 import socket
@@ -169,6 +170,9 @@ async def _serve(
         app, handle_signals=False, access_log=access_log, handler_cancellation=True, shutdown_timeout=_CANCEL_WAIT_S
     )
     await runner.setup()  # the app's start-up (store, pollers) runs here; sockets queue connections meanwhile
+    # Everything allocated so far (modules, the app, the store's engine) lives as long as the process: keep it
+    # out of the garbage collector's full passes, which otherwise walk it all while requests wait.
+    gc.freeze()
     drained = Drained()
     try:
         for sock in sockets:
