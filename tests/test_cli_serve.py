@@ -157,6 +157,10 @@ def test_first_start_says_where_the_turnout_command_is(tmp_path: Path) -> None:
         assert gateway.stop() == 0
     script = Path(sys.executable).parent / "turnout"
     assert script.exists()  # the test environment has the package installed, as ./scripts/serve does
+    assert any("turnout worker add NAME --url URL" in line for line in gateway.lines)  # the starter config's note
+    # the new store's migration is one line of ours, not Alembic's line per step and per plugin
+    assert [line for line in gateway.lines if "schema (new) -> " in line]
+    assert not [line for line in gateway.lines if "alembic" in line]
     hint = next(line for line in gateway.lines if "the turnout command is" in line)
     assert str(script) in hint
     if sys.prefix != sys.base_prefix:

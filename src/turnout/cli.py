@@ -113,7 +113,11 @@ def _resolve_config(path: Path | None) -> Path:
         return path
     if not DEFAULT_CONFIG.exists():
         write_atomic(DEFAULT_CONFIG, (json.dumps(starter_config(), indent=2) + "\n").encode())
-        typer.echo(f"turnout: wrote a starter config to {DEFAULT_CONFIG}; add your workers there", err=True)
+        typer.echo(
+            f"turnout: wrote a starter config to {DEFAULT_CONFIG}: it routes to the Ollama on this machine (worker "
+            "local); add yours with: turnout worker add NAME --url URL --type ollama|openai",
+            err=True,
+        )
         hint = _command_hint()
         if hint:
             typer.echo(f"turnout: {hint}", err=True)
@@ -220,6 +224,8 @@ def serve(
         _fail(str(exc))
         return
     configure_logging(log_level, log_format or settings.logging.format, pid=count > 1)
+    # Alembic logs each migration step and (1.16+) each of its plugins at INFO: one line of ours says it instead.
+    logging.getLogger("alembic").setLevel(logging.DEBUG if log_level == "debug" else logging.WARNING)
     if access_log is None:
         access_log = settings.logging.access_log
     bind_host = host or settings.listen.host

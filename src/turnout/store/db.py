@@ -7,6 +7,7 @@ CLI command on an up-to-date store (``turnout key list``) reads the revision and
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 __all__ = ["Database", "StoreError", "database_url"]
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
+log = logging.getLogger("turnout.store")
 
 
 class StoreError(Exception):
@@ -71,25 +73,30 @@ class Database:
 
         cfg = AlembicConfig()
         cfg.set_main_option("script_location", str(_MIGRATIONS))
+        before = self._revision()
         try:
             with self.engine.begin() as conn:
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, "head")
         except SQLAlchemyError as exc:
             raise StoreError(f"cannot migrate {self.safe_url}: {exc.__class__.__name__}: {exc}") from None
+        after = self._revision()
+        if after != before:  # Alembic's own lines (one per step, and its plugins) are at its loggers' levels
+            log.info("store %s: schema %s -> %s", self.safe_url, before or "(new)", after)
+
+    def _revision(self) -> str | None:
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+        except SQLAlchemyError:
+            return None
+        return ",".join(rows) or None
 
     def _at_head(self) -> bool:
         """True when the store's revision is the single head of the migration files; any doubt (no
         revision table, a file this cannot read, branches) says False and Alembic decides."""
         head = migration_head()
-        if head is None:
-            return False
-        try:
-            with self.engine.connect() as conn:
-                rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
-        except SQLAlchemyError:
-            return False
-        return list(rows) == [head]
+        return head is not None and self._revision() == head
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
