@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -19,13 +20,18 @@ from turnout.store.limit_counters import LimitCounters
 
 
 @pytest.fixture
-def counters(database_url: str) -> Iterator[list[LimitCounters]]:
+def counters(database_url: str, tmp_path: Path) -> Iterator[list[LimitCounters]]:
     first = Database(database_url)
     first.migrate()
     second = Database(database_url)
+    # SQLite: admissions queue on an flock of one file, as the gateway's processes do (PostgreSQL: row locks)
+    lock = tmp_path / "limits.lock" if first.dialect == "sqlite" else None
+    made = [LimitCounters(first, lock), LimitCounters(second, lock)]
     try:
-        yield [LimitCounters(first), LimitCounters(second)]
+        yield made
     finally:
+        for counter in made:
+            counter.close()
         first.close()
         second.close()
 

@@ -73,6 +73,7 @@ log = logging.getLogger("turnout.gateway")
 
 PEERS: web.AppKey[Peers] = web.AppKey("peers")  # only with `turnout serve --workers N`, N > 1
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
+LIMITS_LOCK = "limits.lock"  # SQLite: the processes' admissions queue on it (turnout.store.limit_counters)
 
 
 def _dialect(path: str) -> Dialect:
@@ -170,7 +171,8 @@ def _limiter(settings: Settings, database: Database, processes: int) -> TokenLim
     if settings.storage.redis_url:
         return RedisLimiter(settings.storage.redis_url)
     if processes > 1:
-        return StoreLimiter(database)
+        lock = settings.data_dir / LIMITS_LOCK if database.dialect == "sqlite" else None
+        return StoreLimiter(database, lock)
     return LocalLimiter()
 
 

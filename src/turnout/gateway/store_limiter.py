@@ -3,6 +3,10 @@
 The processes of one gateway share the store, so the store counts (``turnout.store.limit_counters``, one
 transaction per admission): exact across the processes, with no Redis. One process alone counts in memory
 (:class:`turnout.gateway.limiter.LocalLimiter`); replicas on several machines use Redis.
+
+With SQLite the processes' admissions take turns on a file lock. When it is free, the step (about 50 us)
+runs right here on the event loop; when it is taken, in a thread that waits for it. A hop to a thread for
+every admission cost about 300 us of CPU per request (two processes, c=32), six times the step itself.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
 from turnout.core.limits import Decision
 from turnout.errors import Unavailable
@@ -20,14 +27,25 @@ from turnout.store.limit_counters import LimitCounters
 
 __all__ = ["StoreLimiter"]
 
+T = TypeVar("T")
+
 
 class StoreLimiter:
-    def __init__(self, database: Database) -> None:
-        self._counters = LimitCounters(database)
+    def __init__(self, database: Database, lock_file: Path | None = None) -> None:
+        self._counters = LimitCounters(database, lock_file)
+
+    async def _run(self, step: Callable[..., T], *args: Any) -> T:
+        counters = self._counters
+        if counters.try_lock():
+            try:
+                return step(*args, locked=True)
+            finally:
+                counters.unlock()
+        return await asyncio.to_thread(step, *args)
 
     async def admit(self, subject: Subject, estimate: int) -> Decision:
         try:
-            decision = await asyncio.to_thread(
+            decision = await self._run(
                 self._counters.admit,
                 subject.id,
                 time.time(),
@@ -47,11 +65,11 @@ class StoreLimiter:
             return
         # A lost settlement only errs on the strict side: the reservation stays counted.
         with contextlib.suppress(StoreError):
-            await asyncio.to_thread(self._counters.settle, subject.id, decision.day, actual - reserved)
+            await self._run(self._counters.settle, subject.id, decision.day, actual - reserved)
 
     async def release(self, subject: Subject, decision: Decision, reserved: int) -> None:
         with contextlib.suppress(StoreError):
-            await asyncio.to_thread(
+            await self._run(
                 self._counters.release,
                 subject.id,
                 decision.member,
@@ -60,4 +78,4 @@ class StoreLimiter:
             )
 
     async def close(self) -> None:
-        pass
+        self._counters.close()

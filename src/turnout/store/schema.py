@@ -137,13 +137,14 @@ admin_sessions = Table(
 # Limit counters shared by the processes of `turnout serve --workers N` (turnout.gateway.store_limiter); one
 # process alone counts in memory, replicas on several machines in Redis.
 limit_budgets = Table(
-    # One row per limited subject (key chain "k<lineage>", tenant "t:<name>"): the row its admissions lock, and
-    # the tokens settled or reserved on ``day`` (UTC days since the epoch).
+    # One row per limited subject (key chain "k<lineage>", tenant "t:<name>"): the row its admissions lock, the
+    # tokens settled or reserved on ``day`` (UTC days since the epoch) and how many admissions the window holds.
     "limit_budgets",
     metadata,
     Column("subject", String(160), primary_key=True),
     Column("day", Integer, nullable=False),
     Column("used", BigInteger, nullable=False),
+    Column("in_window", Integer, nullable=False, server_default="0"),  # rows in limit_admissions (since 0007)
 )
 
 limit_admissions = Table(
