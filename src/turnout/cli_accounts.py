@@ -128,6 +128,18 @@ def cli_audit(db: Database, **entry: Any) -> None:
     AuditLog(db).record(actor=cli_actor(), **entry)
 
 
+def cli_audit_revocation(db: Database, before: Any, after: Any, now: float) -> None:
+    """The ``key.revoke`` entry of a key revoked from the command line (by ``key revoke`` or ``endpoint remove``)."""
+    cli_audit(
+        db,
+        action="key.revoke",
+        target=f"key:{after.prefix}",
+        before=before.to_json(now),
+        after=after.to_json(now),
+        now=now,
+    )
+
+
 def cli_actor() -> str:
     try:
         return f"cli:{getpass.getuser()}"
@@ -345,14 +357,7 @@ def key_revoke(
             except KeyRevoked as exc:
                 typer.echo(f"turnout: {exc}", err=True)
                 return
-            cli_audit(
-                db,
-                action="key.revoke",
-                target=f"key:{after.prefix}",
-                before=before.to_json(now),
-                after=after.to_json(now),
-                now=now,
-            )
+            cli_audit_revocation(db, before, after, now)
         prefix = after.prefix
     typer.echo(f"revoked {prefix}")
 

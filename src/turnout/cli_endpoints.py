@@ -24,6 +24,7 @@ from turnout.cli_accounts import (
     ConfigOption,
     api_error,
     cli_audit,
+    cli_audit_revocation,
     cli_input,
     fail,
     gateway,
@@ -414,14 +415,7 @@ def _remove_on_store(settings: Settings, name: str, keep_keys: bool) -> list[str
         revoked = revoked or []
         prefixes = [after.prefix for _, after in revoked]
         for before, after in revoked:
-            cli_audit(
-                db,
-                action="key.revoke",
-                target=f"key:{after.prefix}",
-                before=before.to_json(now),
-                after=after.to_json(now),
-                now=now,
-            )
+            cli_audit_revocation(db, before, after, now)
         cli_audit(
             db,
             action="endpoint.remove",
