@@ -6,7 +6,7 @@ py-spy. Each sample goes to the innermost frame that belongs to an area below (s
 frames count for the code that called them); what is left is the event loop itself.
 
     pip install py-spy    # once
-    python bench/profile.py [--stream] [-c 32] [--seconds 6] [--raw out.txt]
+    python bench/cpu_profile.py [--stream] [-c 32] [--seconds 6] [--raw out.txt]
 """
 
 from __future__ import annotations
