@@ -5,7 +5,7 @@ puts wrk load on it (``-c`` connections, non-stream or stream) and samples the g
 py-spy. Each sample goes to the innermost frame that belongs to an area below (so asyncio and contextlib
 frames count for the code that called them); what is left is the event loop itself.
 
-    pip install py-spy    # once
+    pip install py-spy    # once, if the dev extra is not installed
     python bench/cpu_profile.py [--stream] [-c 32] [--seconds 6] [--raw out.txt]
 """
 
