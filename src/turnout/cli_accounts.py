@@ -100,6 +100,15 @@ def api_error(exc: GatewayError, **flags: str) -> None:
 
 
 @contextmanager
+def admin_errors(**flags: str) -> Iterator[None]:
+    """Around admin API calls: an error answer exits as :func:`api_error` says it (``flags`` name the options)."""
+    try:
+        yield
+    except GatewayError as exc:
+        api_error(exc, **flags)
+
+
+@contextmanager
 def open_store(config: Path | Settings) -> Iterator[tuple[Settings, Database]]:
     from turnout.config import ConfigError, Settings, load_settings
     from turnout.core.patterns import PatternError
@@ -184,11 +193,8 @@ def key_create(
     settings = load_config(config)
     admin = gateway(settings)
     if admin is not None:
-        try:
+        with admin_errors():
             answer = admin.call("POST", "/admin/api/keys", {k: v for k, v in body.items() if v is not None})
-        except GatewayError as exc:
-            api_error(exc)
-            return
         plaintext, view = answer["key"], answer["record"]
     else:
         from turnout.store.keys import KeyStore, parse_scopes
@@ -230,11 +236,8 @@ def key_list(
     now = time.time()
     views: list[dict[str, Any]]
     if admin is not None:
-        try:
+        with admin_errors():
             views = admin.call("GET", "/admin/api/keys", query=filters)["keys"]
-        except GatewayError as exc:
-            api_error(exc)
-            return
     else:
         from turnout.store.keys import KeyStore
         from turnout.store.usage import UsageStore
@@ -305,10 +308,8 @@ def key_edit(
     settings = load_config(config)
     admin = gateway(settings)
     if admin is not None:
-        try:
+        with admin_errors():
             echo_json(admin.call("PATCH", _key_path(ref), body))
-        except GatewayError as exc:
-            api_error(exc)
         return
     from turnout.store.keys import KeyStore
 
@@ -379,11 +380,8 @@ def key_rotate(
     settings = load_config(config)
     admin = gateway(settings)
     if admin is not None:
-        try:
+        with admin_errors(grace_s="grace"):
             answer = admin.call("POST", _key_path(ref, "/rotate"), {"grace_s": spec.grace_s})
-        except GatewayError as exc:
-            api_error(exc, grace_s="grace")
-            return
         plaintext, new, old = answer["key"], answer["record"], answer["old"]
     else:
         from turnout.store.keys import KeyStore
@@ -447,11 +445,8 @@ def usage(
     admin = gateway(settings)
     rows: list[dict[str, Any]]
     if admin is not None:  # its answer includes what it has not written to the store yet
-        try:
+        with admin_errors():
             answer = admin.call("GET", "/admin/api/usage" + ("/series" if series else ""), query=given)
-        except GatewayError as exc:
-            api_error(exc)
-            return
         rows = answer["points" if series else "rows"]
         since_ts, until_ts = answer["since"], answer["until"]
     else:
@@ -548,11 +543,8 @@ def audit(
     settings = load_config(config)
     admin = gateway(settings)
     if admin is not None:
-        try:
+        with admin_errors():
             entries = admin.call("GET", "/admin/api/audit", query=given)["entries"]
-        except GatewayError as exc:
-            api_error(exc)
-            return
     else:
         from turnout.store.audit import AuditLog
 

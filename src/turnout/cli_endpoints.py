@@ -22,7 +22,7 @@ import typer
 from turnout.cli_accounts import (
     DEFAULT_CONFIG,
     ConfigOption,
-    api_error,
+    admin_errors,
     cli_audit,
     cli_audit_revocation,
     cli_input,
@@ -31,7 +31,7 @@ from turnout.cli_accounts import (
     load_config,
     open_store,
 )
-from turnout.cli_gateway import GatewayError, gateway_origin
+from turnout.cli_gateway import gateway_origin
 from turnout.cli_tables import echo_json, local_time, ms, render, table
 from turnout.core.endpoint_rules import name_clash, url_note
 from turnout.core.endpoint_urls import base_urls
@@ -141,11 +141,8 @@ def add(
     _note(url)
     admin = gateway(settings)
     if admin is not None:
-        try:
+        with admin_errors(**CREDENTIAL_FLAG, name=""):
             answer = admin.call("POST", "/admin/api/endpoints", {k: v for k, v in body.items() if v is not None})
-        except GatewayError as exc:
-            api_error(exc, **CREDENTIAL_FLAG, name="")
-            return
         key, prefix, result, urls = answer["key"], answer["key_prefix"], answer["test"], answer["urls"]
     else:
         key, prefix, result = _add_on_store(settings, spec, credential)
@@ -221,13 +218,10 @@ def test(
         _note(url)
         admin = gateway(settings)
         if admin is not None:
-            try:
+            with admin_errors(**CREDENTIAL_FLAG):
                 answer = admin.call(
                     "POST", "/admin/api/endpoints/test", {k: v for k, v in body.items() if v is not None}
                 )
-            except GatewayError as exc:
-                api_error(exc, **CREDENTIAL_FLAG)
-                return
             result = answer["test"]
         else:
             result = _probe(settings, spec.url, spec.api, spec.credential or None).to_json()
@@ -236,11 +230,8 @@ def test(
         assert name is not None
         admin = gateway(settings)
         if admin is not None:
-            try:
+            with admin_errors():
                 result = admin.call("POST", _path(name) + "/test")["test"]
-            except GatewayError as exc:
-                api_error(exc)
-                return
         else:
             from turnout.store.endpoints import EndpointStore
             from turnout.store.secrets import SecretBox
@@ -262,10 +253,8 @@ def show(name: NameArgument, config: ConfigOption = DEFAULT_CONFIG) -> None:
     settings = load_config(config)
     admin = gateway(settings)
     if admin is not None:
-        try:
+        with admin_errors():
             echo_json(admin.call("GET", _path(name)))
-        except GatewayError as exc:
-            api_error(exc)
         return
     from turnout.store.endpoints import EndpointStore
     from turnout.store.usage import UsageStore
@@ -284,11 +273,8 @@ def list_endpoints(config: ConfigOption = DEFAULT_CONFIG, as_json: JsonOption = 
     admin = gateway(settings)
     views: list[dict[str, Any]]
     if admin is not None:
-        try:
+        with admin_errors():
             views = admin.call("GET", "/admin/api/endpoints")["endpoints"]
-        except GatewayError as exc:
-            api_error(exc)
-            return
     else:
         from turnout.store.endpoints import EndpointStore
 
@@ -359,10 +345,8 @@ def set_endpoint(
     _note(url)
     admin = gateway(settings)
     if admin is not None:
-        try:
+        with admin_errors(**CREDENTIAL_FLAG):
             echo_json(admin.call("PATCH", _path(name), body)["endpoint"])
-        except GatewayError as exc:
-            api_error(exc, **CREDENTIAL_FLAG)
         return
     from turnout.admin.endpoints_api import change_audit
     from turnout.store.endpoints import EndpointStore
@@ -391,11 +375,8 @@ def remove(
     settings = load_config(config)
     admin = gateway(settings)
     if admin is not None:
-        try:
+        with admin_errors():
             answer = admin.call("DELETE", _path(name), query={"keep_keys": "true" if keep_keys else "false"})
-        except GatewayError as exc:
-            api_error(exc)
-            return
         prefixes = answer["revoked_keys"]
     else:
         prefixes = _remove_on_store(settings, name, keep_keys)
