@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("-c", type=int, default=32, help="wrk connections (default 32)")
     parser.add_argument("--seconds", type=float, default=6.0, help="load and sampling time (default 6)")
     parser.add_argument("--raw", type=Path, help="also keep py-spy's raw samples here")
+    parser.add_argument("--native", action="store_true", help="sample C frames too (py-spy --native)")
     args = parser.parse_args()
     spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if spy is None:
@@ -94,7 +95,11 @@ def main() -> None:
         target = bench.start_turnout("turnout", tmp / "turnout", mock_url, procs, None, cpus=pin)
         bench.wait_ready(target.url, target.proc, target.key)
         assert target.proc is not None
-        record = [spy, "record", "-r", "250", "-d", f"{args.seconds + 2:g}", "-f", "raw"]
+        # --nonblocking: a paused process stops at its next entry to the kernel, so pausing to sample would
+        # pile the samples onto the lines just after system calls (getpid in get_running_loop, socket writes)
+        record = [spy, "record", "-r", "250", "-d", f"{args.seconds + 2:g}", "-f", "raw", "--nonblocking"]
+        if args.native:
+            record.append("--native")
         sampler = subprocess.Popen(
             [*record, "-o", str(raw), "-p", str(target.proc.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
