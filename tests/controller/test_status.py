@@ -22,6 +22,36 @@ def test_status_carries_aibrix_fields() -> None:
 
 
 @pytest.mark.parametrize(
+    ("phase", "reason"),
+    [
+        (ClaimPhase.SCHEDULING, "Scheduled"),
+        (ClaimPhase.LOADING, "Loading"),
+        (ClaimPhase.ACTIVATING, "Restarting"),
+        (ClaimPhase.SLEEPING, "Sleeping"),
+        (ClaimPhase.FAILED, "EngineFailed"),
+    ],
+)
+def test_instances_carry_the_engine_port_before_it_is_routable(phase: ClaimPhase, reason: str) -> None:
+    """AIBrix records the engine's port on the instance from the activation on, in every phase
+    (pkg/controller/modelclaim/modelclaim_controller.go); only Turnout's ``port`` waits for Active."""
+    status = render_status(SetStatus("c", phase, reason, "", "pod-0", 0, 20001), {}, NOW, "m")
+    assert status["instances"] == [{"pod": "pod-0", "port": 20001, "phase": phase.value}]
+    assert status["port"] == 0 and status["readyReplicas"] == 0
+
+
+@pytest.mark.parametrize(
+    ("previous_pod", "port"),
+    [("pod-0", 20001), ("pod-1", 0)],  # the last known port, on the same pod only
+)
+def test_an_agent_that_does_not_answer_leaves_the_last_known_engine_port(previous_pod: str, port: int) -> None:
+    previous = render_status(SetStatus("c", ClaimPhase.LOADING, "Loading", "", previous_pod, 0, 20001), {}, NOW, "m")
+    unreachable = SetStatus("c", ClaimPhase.ACTIVATING, "AgentUnreachable", "", "pod-0", engine_port=None)
+    assert render_status(unreachable, previous, NOW, "m")["instances"] == [
+        {"pod": "pod-0", "port": port, "phase": "Activating"}
+    ]
+
+
+@pytest.mark.parametrize(
     ("status", "pod"),
     [
         ({"pod": "turnout-0"}, "turnout-0"),

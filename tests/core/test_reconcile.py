@@ -71,6 +71,7 @@ def test_bound_claim_follows_its_engine(engine: EngineInfo, phase: ClaimPhase, p
     actions = plan([ClaimState("qwen", SPEC, bound_pod="p1")], [PodState(pod(), {"qwen": engine})])
     [status] = [a for a in actions if isinstance(a, SetStatus)]
     assert status.phase is phase
+    assert (status.port, status.engine_port) == (port, 30001)  # routable only when Active; the engine's always
     [note] = [a for a in actions if isinstance(a, Annotate)]
     assert json.loads(note.value or "") == {"model": "qwen", "port": port, "state": state}
     assert not any(isinstance(a, Activate) for a in actions)
@@ -89,6 +90,8 @@ def test_pod_gone_reschedules() -> None:
 def test_unreachable_agent_keeps_the_binding() -> None:
     actions = plan([ClaimState("qwen", SPEC, bound_pod="p1")], [PodState(pod(), reachable=False)])
     assert statuses(actions) == [(ClaimPhase.ACTIVATING, "AgentUnreachable")]
+    [status] = [a for a in actions if isinstance(a, SetStatus)]
+    assert status.engine_port is None  # not known this tick: the status keeps the last known
 
 
 def test_deletion_deroutes_then_stops_then_releases() -> None:

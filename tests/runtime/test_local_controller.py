@@ -58,6 +58,13 @@ async def test_claim_lifecycle(controller: tuple[LocalController, web.AppRunner]
     ctl, agent = controller
     for doc in load_claim_documents(CLAIM.replace("MODEL", str(tiny_model))):
         ctl.files.apply(doc)
+    await ctl.tick()  # placed and activated: the engine boots
+    placed = ctl.files.statuses()["tiny-claim"]
+    engine_port = agent.app[SUPERVISOR].engines["tiny"].port
+    # as AIBrix does, the instance has the engine's port from the activation's answer on; `port` (routable)
+    # and the routing annotation stay 0 until the engine is ready
+    assert placed["phase"] == "Scheduling" and placed["port"] == 0
+    assert placed["instances"] == [{"pod": "cpu-0", "port": engine_port, "phase": "Scheduling"}]
     await tick_until(ctl, "tiny-claim", ClaimPhase.ACTIVE)
     status = ctl.files.statuses()
     assert status["tiny-claim"]["pod"] == "cpu-0" and status["tiny-claim"]["port"] > 0

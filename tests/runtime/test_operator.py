@@ -355,6 +355,10 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
 
         broken = await eventually(failed, "claim broken Failed")
         assert broken["status"]["reason"] == "EngineFailed" and "exited" in broken["status"]["message"]
+        # AIBrix's instances[] carries the engine's port in every phase, not only the routable one
+        broken_port = agent.app[SUPERVISOR].engines[broken["status"]["model"]].port
+        assert broken["status"]["port"] == 0 and broken_port > 0
+        assert broken["status"]["instances"] == [{"pod": "pool-0", "port": broken_port, "phase": "Failed"}]
 
         def events(name: str) -> list[Any]:
             return core.list_namespaced_event(NS, field_selector=f"involvedObject.name={name}").items

@@ -81,6 +81,11 @@ class AgentClient:
 
     async def call(self, agent_url: str, label: str, path: str, body: Mapping[str, Any]) -> Refusal | None:
         """POST an operation; None when it worked, else the :class:`Refusal`."""
+        result = await self._send(agent_url, label, path, body)
+        return result if isinstance(result, Refusal) else None
+
+    async def _send(self, agent_url: str, label: str, path: str, body: Mapping[str, Any]) -> Refusal | bytes:
+        """POST an operation; the answer's body when it worked, else the :class:`Refusal`."""
         try:
             async with self.client.request(
                 "POST",
@@ -92,15 +97,17 @@ class AgentClient:
             ) as r:
                 raw = await r.read()
                 if r.status < 300:
-                    return None
+                    return raw
                 refusal = Refusal(r.status, _message(raw))
         except UpstreamError as exc:
             refusal = Refusal(None, exc.message)
         log.warning("%s %s failed: %s", label, path, refusal.message)
         return refusal
 
-    async def activate(self, agent_url: str, pod: str, spec: ClaimSpec, claim_ref: Mapping[str, str]) -> Refusal | None:
-        """Start the claim's engine on the pod; a repeat is a no-op (activation is idempotent by model name)."""
+    async def activate(self, agent_url: str, pod: str, spec: ClaimSpec, claim_ref: Mapping[str, str]) -> Refusal | int:
+        """Start the claim's engine on the pod; a repeat is a no-op (activation is idempotent by model name).
+        The engine's port from the answer (AIBrix's ``ActivateRuntimeModelResponse.port``; 0 when it has none),
+        else the :class:`Refusal`."""
         body = {  # AIBrix's ActivateRuntimeModelRequest: an AIBrix runtime refuses any other field
             "model_name": spec.model_name,
             "artifact_url": spec.artifact_url,
@@ -109,12 +116,21 @@ class AgentClient:
             # AIBrix's RuntimeClaimRef needs namespace, name and uid
             "claim_ref": {k: str(claim_ref.get(k) or "") for k in ("namespace", "name", "uid")},
         }  # no operation_id: AIBrix's runtime has none for activation
-        return await self.call(agent_url, pod, "/v1/runtime/models/activate", body)
+        result = await self._send(agent_url, pod, "/v1/runtime/models/activate", body)
+        return result if isinstance(result, Refusal) else _port(result)
 
 
 def spec_digest(spec: ClaimSpec) -> str:
     raw = orjson.dumps([spec.model_name, *launch_key(spec)])
     return hashlib.sha256(raw).hexdigest()[:12]
+
+
+def _port(raw: bytes) -> int:
+    try:
+        port = orjson.loads(raw).get("port")
+    except (orjson.JSONDecodeError, AttributeError):
+        return 0
+    return port if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 else 0
 
 
 def _message(raw: bytes) -> str:

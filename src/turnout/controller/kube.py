@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,15 @@ import orjson
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from turnout.controller.agents import Activity, AgentClient, AgentReport, engine_info, pod_view, spec_digest
+from turnout.controller.agents import (
+    Activity,
+    AgentClient,
+    AgentReport,
+    Refusal,
+    engine_info,
+    pod_view,
+    spec_digest,
+)
 from turnout.controller.metrics import ControllerMetrics
 from turnout.controller.policy import PolicyRunner, PoolTarget
 from turnout.controller.status import bound_pod, now_iso, phase_of, rejection, render_status
@@ -289,8 +297,10 @@ class Operator:
         claim = ClaimState(name, spec, invalid, bound if bound in by_name else None, deleting, refused)
         count = candidates(spec, [s.pod for s, _ in states]) if spec is not None else 0
         done = False
+        last: SetStatus | None = None  # the status the plan gave before an Activate (its port comes after)
         for action in plan([claim], [s for s, _ in states]):
-            done |= await self._apply(action, body, patch, status, by_name, model, spec, count)
+            last = action if isinstance(action, SetStatus) else last
+            done |= await self._apply(action, body, patch, status, by_name, model, spec, count, last)
         if deleting and done:
             self.metrics.forget(namespace, model)
             self.refused.pop(str(meta.get("uid", "")), None)
@@ -306,9 +316,10 @@ class Operator:
         model: str,
         spec: ClaimSpec | None,
         count: int,
+        last: SetStatus | None = None,
     ) -> bool:
         """Carry out one action of the plan; True for the finalizer's release. ``count``: the claim's
-        candidate pods (its status's ``candidates``)."""
+        candidate pods (its status's ``candidates``); ``last``: the status this pass set so far."""
         meta = body["metadata"]
         namespace = meta["namespace"]
         if isinstance(action, SetStatus):
@@ -316,14 +327,16 @@ class Operator:
         elif isinstance(action, Activate):
             ref = {"namespace": namespace, "name": meta["name"], "uid": str(meta.get("uid", ""))}
             url = agent_url(by_name[action.pod]) or ""
-            refusal = await self.agents.activate(url, action.pod, action.spec, ref)
-            if refusal is not None and refusal.invalid:  # terminal: Failed, no retry (see core.reconcile)
-                for step in rejected(action.claim, action.pod, action.spec.model_name, refusal.detail):
+            result = await self.agents.activate(url, action.pod, action.spec, ref)
+            if isinstance(result, Refusal) and result.invalid:  # terminal: Failed, no retry (see core.reconcile)
+                for step in rejected(action.claim, action.pod, action.spec.model_name, result.detail):
                     if isinstance(step, SetStatus):
                         self.refused[ref["uid"]] = (spec_digest(action.spec), step.message)
                     await self._apply(step, body, patch, status, by_name, model, spec, count)
-            elif refusal is not None:
-                await self.kube.event(body, "Warning", "ActivateFailed", refusal.message)
+            elif isinstance(result, Refusal):
+                await self.kube.event(body, "Warning", "ActivateFailed", result.message)
+            elif result and last is not None and last.pod == action.pod:  # the engine's port, known from now on
+                await self._status(body, patch, status, replace(last, engine_port=result), model, spec, count)
         elif isinstance(action, Deactivate):
             url = agent_url(by_name[action.pod]) or ""
             await self.agents.post(url, action.pod, "/v1/runtime/models/deactivate", {"model_name": action.model})

@@ -16,14 +16,14 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 import yaml
 
-from turnout.controller.agents import Activity, AgentClient, AgentReport, engine_info, pod_view
+from turnout.controller.agents import Activity, AgentClient, AgentReport, Refusal, engine_info, pod_view
 from turnout.controller.metrics import ControllerMetrics
 from turnout.controller.policy import PolicyRunner, PoolTarget
 from turnout.controller.status import bound_pod, now_iso, phase_of, rejection, render_status
@@ -211,8 +211,11 @@ class LocalController:
         pods = [self._pod_state(p, r) for p, r in zip(pools, reports, strict=True)]
         views = [p.pod for p in pods]
         self.candidates = {c.name: candidates(c.spec, views) if c.spec is not None else 0 for c in claims}
+        last: dict[str, SetStatus] = {}  # claim -> the status this tick set so far (an activation's port follows)
         for action in plan(claims, pods):
-            await self._apply(action, models)
+            if isinstance(action, SetStatus):
+                last[action.claim] = action
+            await self._apply(action, models, last)
         live = {c.name for c in claims if not c.deleting and c.spec is not None}
         for pool, report in zip(pools, reports, strict=True):
             if report is not None:
@@ -247,8 +250,9 @@ class LocalController:
             sleeping = json.loads(value)["state"] == "sleeping"
             # the same status the plan gives a sleeping engine: the IdleSleep event is the policy's own
             phase, reason = (ClaimPhase.SLEEPING, "Sleeping") if sleeping else (ClaimPhase.ACTIVE, "Ready")
-            port = 0 if sleeping else int(self.reports[pool.name][models[claim]]["port"])
-            self._set_status(SetStatus(claim, phase, reason, "", pool.name, port), models[claim])
+            engine_port = int(self.reports[pool.name][models[claim]]["port"])
+            port = 0 if sleeping else engine_port
+            self._set_status(SetStatus(claim, phase, reason, "", pool.name, port, engine_port), models[claim])
             if self.on_route_change is not None:
                 self.on_route_change()
 
@@ -304,18 +308,21 @@ class LocalController:
         self.statuses[action.claim] = render_status(action, previous, now, model, spec, candidates=count)
         self.metrics.claim("local", model, before, action.phase)
 
-    async def _apply(self, action: object, models: dict[str, str]) -> None:
+    async def _apply(self, action: object, models: dict[str, str], last: dict[str, SetStatus] | None = None) -> None:
         if isinstance(action, SetStatus):
             self._set_status(action, models[action.claim])
         elif isinstance(action, Activate):
             pool = self.pools[action.pod]
             ref = {"namespace": "local", "name": action.claim, "uid": self.uids.get(action.claim, "")}
-            refusal = await self.agents.activate(pool.agent_url, pool.name, action.spec, ref)
-            if refusal is not None and refusal.invalid:  # terminal: Failed, no retry (see core.reconcile)
-                for step in rejected(action.claim, action.pod, action.spec.model_name, refusal.detail):
+            result = await self.agents.activate(pool.agent_url, pool.name, action.spec, ref)
+            placed = (last or {}).get(action.claim)
+            if isinstance(result, Refusal) and result.invalid:  # terminal: Failed, no retry (see core.reconcile)
+                for step in rejected(action.claim, action.pod, action.spec.model_name, result.detail):
                     await self._apply(step, models)
-            elif refusal is not None:
-                self._event(f"ModelClaim/{action.claim}", "Warning", "ActivateFailed", refusal.message)
+            elif isinstance(result, Refusal):
+                self._event(f"ModelClaim/{action.claim}", "Warning", "ActivateFailed", result.message)
+            elif result and placed is not None and placed.pod == action.pod:  # the engine's port, known from now on
+                self._set_status(replace(placed, engine_port=result), models[action.claim])
         elif isinstance(action, Deactivate):
             pool = self.pools[action.pod]
             await self.agents.post(

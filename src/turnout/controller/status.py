@@ -61,7 +61,8 @@ def render_status(
     """The new status; transition times are kept from ``previous`` for whatever did not change. ``spec``: the
     claim's spec, recorded as ``rejectedSpec`` when the status says its activation was refused. Besides
     Turnout's fields it carries AIBrix's ``ModelClaimStatus`` ones (``candidates``: pool pods the claim could
-    run on; ``desiredReplicas``; ``instances[]``: ``{pod, port, phase}`` of its engine)."""
+    run on; ``desiredReplicas``; ``instances[]``: ``{pod, port, phase}`` of its engine, with the engine's port
+    in every phase, as AIBrix reports it, where Turnout's ``port`` is the routable one)."""
     old_conditions = {c.get("type"): c for c in previous.get("conditions") or [] if isinstance(c, dict)}
     rendered = []
     for kind, ok, reason, message in conditions(action):
@@ -85,8 +86,20 @@ def render_status(
         "desiredReplicas": 1,  # spec.replicas, which is always 1
         "instances": []
         if action.pod is None
-        else [{"pod": action.pod, "port": action.port, "phase": action.phase.value}],
+        else [{"pod": action.pod, "port": _engine_port(action, previous), "phase": action.phase.value}],
         "lastTransitionTime": previous.get("lastTransitionTime", now) if same else now,
         "conditions": rendered,
         "rejectedSpec": refused,  # null otherwise (a merge patch removes it)
     }
+
+
+def _engine_port(action: SetStatus, previous: Mapping[str, Any]) -> int:
+    """The engine's port for ``instances[]``: as reported now, else (its agent did not answer) the last known
+    one on the same pod; AIBrix too keeps the instance's port when a snapshot fails."""
+    if action.engine_port is not None:
+        return action.engine_port or action.port
+    instances = previous.get("instances")
+    last = instances[0] if isinstance(instances, list) and instances else None
+    if isinstance(last, Mapping) and last.get("pod") == action.pod and isinstance(last.get("port"), int):
+        return int(last["port"])
+    return action.port

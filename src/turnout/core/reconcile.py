@@ -87,7 +87,10 @@ class SetStatus:
     reason: str
     message: str = ""
     pod: str | None = None
-    port: int = 0
+    port: int = 0  # where the claim is routable: 0 unless Active
+    # The engine's port as its agent reports it, whatever the phase (AIBrix's ``instances[].port``); None: the
+    # agent did not answer this time, so the last known port stands.
+    engine_port: int | None = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +223,7 @@ def plan(claims: Sequence[ClaimState], pods: Sequence[PodState]) -> list[Action]
                     "AgentUnreachable",
                     f"the runtime agent on {bound.pod.name} did not answer",
                     bound.pod.name,
+                    engine_port=None,
                 )
             )
             continue
@@ -248,17 +252,22 @@ def plan(claims: Sequence[ClaimState], pods: Sequence[PodState]) -> list[Action]
 
 
 def _status_for(claim: str, pod: str, engine: EngineInfo | None) -> SetStatus:
+    """The claim's status from its engine. The engine's port is reported in every phase, as AIBrix's controller
+    does (vllm-project/aibrix ``pkg/controller/modelclaim/modelclaim_controller.go``: an instance gets the
+    activation's port while Activating and then the snapshot's, whatever its phase); only ``port`` (and the
+    routing annotation) wait for Active."""
     if engine is None:
         return SetStatus(claim, ClaimPhase.LOADING, "Activating", "engine requested", pod)
+    at = engine.port
     if engine.phase == "active" and engine.ready:
-        return SetStatus(claim, ClaimPhase.ACTIVE, "Ready", "", pod, engine.port)
+        return SetStatus(claim, ClaimPhase.ACTIVE, "Ready", "", pod, engine.port, at)
     if engine.phase == "sleeping":
-        return SetStatus(claim, ClaimPhase.SLEEPING, "Sleeping", "", pod)
+        return SetStatus(claim, ClaimPhase.SLEEPING, "Sleeping", "", pod, engine_port=at)
     if engine.phase == "failed":
-        return SetStatus(claim, ClaimPhase.FAILED, "EngineFailed", engine.last_error or "", pod)
+        return SetStatus(claim, ClaimPhase.FAILED, "EngineFailed", engine.last_error or "", pod, engine_port=at)
     if engine.phase == "restarting":
-        return SetStatus(claim, ClaimPhase.ACTIVATING, "Restarting", engine.last_error or "", pod)
-    return SetStatus(claim, ClaimPhase.LOADING, "Loading", engine.phase, pod)
+        return SetStatus(claim, ClaimPhase.ACTIVATING, "Restarting", engine.last_error or "", pod, engine_port=at)
+    return SetStatus(claim, ClaimPhase.LOADING, "Loading", engine.phase, pod, engine_port=at)
 
 
 def _delete(claim: ClaimState, bound: PodState | None, key: str) -> list[Action]:
