@@ -5,6 +5,9 @@ and its /metrics exists only with --enable-metrics."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 from typing import Any
 
 import aiohttp
@@ -101,6 +104,53 @@ async def test_vllm_sleep_holds_across_monitor_ticks_and_an_agent_restart(
     assert status == 200
     text = await agent_metrics(b)
     assert 'model="v"' not in text and "aibrix:modelclaim_models_resident 0.0" in text
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def test_a_vllm_engine_that_exits_asleep_stays_asleep_until_woken(
+    start_agent: AgentStarter, emulator_python: str
+) -> None:
+    """Asleep in place, the engine had given its GPU memory back; restarting it awake would take it again behind
+    the controller's back. It stays asleep with no process (across an agent restart too) and starts on wake."""
+    url, runner = await start_agent(engine_python={"vllm": emulator_python})
+    a = Agent(url, runner)
+    await a.call("POST", "/v1/runtime/models/activate", VLLM)
+    active = await a.until("v", "active", limit_s=30)
+    port = active["port"]
+    status, _ = await a.call("POST", "/v1/runtime/models/sleep", {"model_name": "v", "level": 2, "operation_id": "s"})
+    assert status == 200
+    os.killpg(active["pid"], signal.SIGKILL)  # the engine dies in its sleep
+
+    async def exited() -> dict[str, Any] | None:
+        engine = await a.engine("v")
+        return engine if engine["last_error"] else None
+
+    crashed = await eventually(exited, "the agent to see the engine exit", 20)
+    assert crashed["phase"] == "sleeping" and crashed["alive"] is False and crashed["pid"] is None, crashed
+    assert crashed["ready"] is False and crashed["restart_count"] == 0 and crashed["port"] == port
+    assert not listening(port)  # nothing was started to take the memory back
+
+    # a new agent finds it asleep with no process and leaves it so
+    await runner.app[SUPERVISOR].close()
+    await runner.cleanup()
+    url, runner = await start_agent(engine_python={"vllm": emulator_python})
+    b = Agent(url, runner)
+    kept = await b.engine("v")
+    assert kept["phase"] == "sleeping" and kept["pid"] is None and kept["port"] == port, kept
+    assert not listening(port)
+
+    # a wake starts it: booting (not routable) until it answers, then active on the same port, awake
+    status, woken = await b.call("POST", "/v1/runtime/models/wake", {"model_name": "v", "operation_id": "w"})
+    assert status == 200 and woken["phase"] == "booting" and woken["applied"] is True
+    started = await b.until("v", "active", limit_s=30)
+    assert started["pid"] not in (None, active["pid"]) and started["port"] == port and started["sleep_level"] is None
+    assert (await emulator(port))["calls"] == []  # a fresh engine: no /wake_up to a process that is gone
+    status, answer = await chat(port, "v")
+    assert status == 200 and answer["choices"][0]["message"]["content"] == "hello"
 
 
 async def test_vllm_sleep_state_followed_and_level_two_wake_reloads_weights(

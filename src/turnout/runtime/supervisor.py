@@ -4,7 +4,9 @@ The registry (``engines.json``, 0600, written atomically) records intent before 
 agent can re-adopt engines whose PID is alive with the same ``/proc/<pid>/stat`` start time and whose health
 endpoint answers, keeping their port and IPC name; anything else is cleaned up and started again. A sleeping
 engine is re-adopted sleeping (vLLM says so at ``GET /is_sleeping``: its ``/health`` stays 200 while it sleeps)
-and a failed one stays failed. Records that do not parse are logged and skipped, never fatal.
+and a failed one stays failed. A sleeping engine whose process is gone (it sleeps by stopping, or it exited while
+asleep in place) stays asleep with no process and is started on wake: starting it at once would take back the
+memory its sleep gave up. Records that do not parse are logged and skipped, never fatal.
 """
 
 from __future__ import annotations
@@ -177,9 +179,11 @@ class Supervisor:
             if alive and record.pid is not None:
                 _kill_group(record.pid)
             record.pid = record.pid_start = None
-            if record.phase == EnginePhase.SLEEPING.value and not self.launch(record).sleep_api:
-                continue  # a sleeping llama.cpp engine has no process; it keeps its port and IPC name
             record.sleep_level = None
+            if record.phase == EnginePhase.SLEEPING.value:
+                # no process (llama.cpp sleeps by stopping; an engine asleep in place may have exited meanwhile):
+                # it stays asleep, keeps its port and IPC name, and starts on wake, not now with its memory
+                continue
             self._set(record, EnginePhase.BOOTING)
             await self._spawn(record)
         self.save()
@@ -274,7 +278,8 @@ class Supervisor:
     async def _wake(self, record: EngineRecord) -> EngineRecord:
         if record.phase != EnginePhase.SLEEPING.value:
             return record
-        if not self.launch(record).sleep_api:
+        if not self.launch(record).sleep_api or record.pid is None:  # asleep with no process: started again
+            record.sleep_level = None
             self._set(record, EnginePhase.BOOTING)
             await self._spawn(record)
         else:
@@ -375,6 +380,13 @@ class Supervisor:
         record.pid = record.pid_start = None
         record.ready, record.sleep_level = False, None
         record.last_error = f"engine exited (code {code})" + _tail(self.log_dir / f"{record.ipc_name}.log")
+        if record.phase == EnginePhase.SLEEPING.value:
+            # Asleep in place, it had given its GPU memory back: restarting it awake would take that memory again
+            # behind the controller's back (and may not find it free). It stays asleep with no process, as an
+            # engine that sleeps by stopping does, and starts again on wake.
+            log.warning("%s exited while asleep; it stays asleep and starts again on wake", record.model_name)
+            self.save()
+            return
         if record.restarts >= MAX_RESTARTS:  # the counter says restarts made: this crash gets none
             self._set(record, EnginePhase.FAILED)
             log.error("%s failed after %d restarts: %s", record.model_name, record.restarts, record.last_error)
