@@ -153,6 +153,33 @@ async def test_a_vllm_engine_that_exits_asleep_stays_asleep_until_woken(
     assert status == 200 and answer["choices"][0]["message"]["content"] == "hello"
 
 
+async def test_an_engine_still_booting_when_the_agent_restarts_is_adopted_and_waited_for(
+    start_agent: AgentStarter, emulator_python: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM refuses connections until its model is loaded; an agent restarting meanwhile adopts the live process
+    as booting and waits for it (restarting it would only start the loading over)."""
+    monkeypatch.setenv("EMULATOR_BOOT_S", "4")
+    url, runner = await start_agent(engine_python={"vllm": emulator_python})
+    a = Agent(url, runner)
+    status, _ = await a.call("POST", "/v1/runtime/models/activate", VLLM)
+    assert status == 200
+    booting = await a.engine("v")
+    assert booting["phase"] == "booting" and booting["pid"] is not None
+
+    await runner.app[SUPERVISOR].close()
+    await runner.cleanup()
+    url, runner = await start_agent(engine_python={"vllm": emulator_python})
+    b = Agent(url, runner)
+    adopted = await b.engine("v")
+    assert not listening(adopted["port"])  # re-adopted while the engine still boots
+    assert adopted["phase"] == "booting" and adopted["ready"] is False, adopted
+    assert adopted["pid"] == booting["pid"] and adopted["alive"] is True
+    active = await b.until("v", "active", limit_s=30)
+    assert active["pid"] == booting["pid"] and active["restart_count"] == 0  # the same process, never restarted
+    status, answer = await chat(active["port"], "v")
+    assert status == 200 and answer["choices"][0]["message"]["content"] == "hello"
+
+
 async def test_vllm_sleep_state_followed_and_level_two_wake_reloads_weights(
     start_agent: AgentStarter, emulator_python: str
 ) -> None:

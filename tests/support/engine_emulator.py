@@ -21,6 +21,10 @@ vLLM
   labels ``model_name`` (the served model name) and ``engine`` (vllm/v1/metrics/loggers.py).
 - ``EMULATOR_WAKE_LAG_S``: seconds ``is_sleeping`` stays true after ``/wake_up`` returned (upstream's
   "the wake-up command is sent but does not finish yet when we return a response").
+- Start-up: the port is bound at once, but only listened on once the engine is built
+  (vllm/entrypoints/openai/api_server.py: ``setup_server`` binds the socket "before the engine is set up",
+  ``build_async_engine_client`` loads the model, then ``serve_http`` starts serving on that socket), so while
+  it boots a connection is refused. ``EMULATOR_BOOT_S`` sets how long that takes here (default 0).
 
 SGLang (python/sglang/srt/entrypoints/http_server.py)
 - ``GET /health`` is 503 while the server starts, then runs a one-token generation and answers 200 once the
@@ -40,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import sys
 import time
 from typing import Any
@@ -224,8 +229,13 @@ def main(argv: list[str]) -> None:
     args, _ = parser.parse_known_args(argv[2:])  # engine flags the emulator does not model
     engine = Engine(kind, args.served_model_name or args.model, args.enable_sleep_mode, args.enable_metrics)
     app = build_app(engine, os.environ.get("VLLM_SERVER_DEV_MODE") == "1")
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))  # bound, not listening: connections are refused while the engine builds
     print(f"emulating {kind} for {engine.model} on {args.host}:{args.port}", flush=True)
-    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+    if kind == VLLM:
+        time.sleep(float(os.environ.get("EMULATOR_BOOT_S", "0")))  # loading the model, in the stand-in's own process
+    web.run_app(app, sock=sock, print=None, access_log=None)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Engine supervision: spawn one process group per model, watch it, restart it, persist the registry.
 
 The registry (``engines.json``, 0600, written atomically) records intent before each spawn, so a restarted
-agent can re-adopt engines whose PID is alive with the same ``/proc/<pid>/stat`` start time and whose health
-endpoint answers, keeping their port and IPC name; anything else is cleaned up and started again. A sleeping
+agent can re-adopt engines whose PID is alive with the same ``/proc/<pid>/stat`` start time, keeping their port
+and IPC name: active when the health endpoint answers, else booting until it does (an engine still loading its
+model is waited for, not restarted); an engine whose process is gone is started again. A sleeping
 engine is re-adopted sleeping (vLLM says so at ``GET /is_sleeping``: its ``/health`` stays 200 while it sleeps)
 and a failed one stays failed. A sleeping engine whose process is gone (it sleeps by stopping, or it exited while
 asleep in place) stays asleep with no process and is started on wake: starting it at once would take back the
@@ -172,12 +173,10 @@ class Supervisor:
                     record.last_error,
                 )
                 continue
-            alive = record.pid is not None and process_start_time(record.pid) == record.pid_start
-            if alive and await self._adopt(record):
+            if record.pid is not None and process_start_time(record.pid) == record.pid_start:
+                await self._adopt(record)
                 self._watch(record.model_name)
                 continue
-            if alive and record.pid is not None:
-                _kill_group(record.pid)
             record.pid = record.pid_start = None
             record.sleep_level = None
             if record.phase == EnginePhase.SLEEPING.value:
@@ -188,8 +187,12 @@ class Supervisor:
             await self._spawn(record)
         self.save()
 
-    async def _adopt(self, record: EngineRecord) -> bool:
-        """Take over a live engine of an earlier agent in the state it is in; False when it does not answer."""
+    async def _adopt(self, record: EngineRecord) -> None:
+        """Take over a live engine of an earlier agent in the state it is in: sleeping, active when it answers,
+        else booting (the monitor waits for it to answer, as for a fresh start). A live engine is never killed
+        here: one still loading its model does not answer yet, and restarting it would only start that over.
+        AIBrix's runtime does the same (vllm-project/aibrix ``python/aibrix/aibrix/runtime/model_runtime.py``,
+        ``re_adopt``: a live process is ``active`` when ready, else ``booting``)."""
         asleep = await self._sleep_state(record)
         if asleep is None and record.phase == EnginePhase.SLEEPING.value and self.launch(record).sleep_api:
             asleep = True  # an engine that cannot say (SGLang) is as the registry last saw it; never probed awake
@@ -198,13 +201,10 @@ class Supervisor:
             record.sleep_level = record.sleep_level or 1
             self._set(record, EnginePhase.SLEEPING)
             log.info("re-adopted %s sleeping (pid %s, port %s)", record.model_name, record.pid, record.port)
-            return True
-        if not await self._healthy(record):
-            return False
-        record.ready, record.sleep_level = True, None
-        self._set(record, EnginePhase.ACTIVE)
-        log.info("re-adopted %s (pid %s, port %s)", record.model_name, record.pid, record.port)
-        return True
+            return
+        record.ready, record.sleep_level = await self._healthy(record), None
+        self._set(record, EnginePhase.ACTIVE if record.ready else EnginePhase.BOOTING)
+        log.info("re-adopted %s %s (pid %s, port %s)", record.model_name, record.phase, record.pid, record.port)
 
     # -- operations --------------------------------------------------------------------------------
     async def activate(self, req: ActivateRequest) -> EngineRecord:
