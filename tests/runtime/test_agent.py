@@ -119,6 +119,31 @@ async def test_two_engines_restart_readopt_sleep(agent: AgentFactory, tiny_model
     assert wake_s < 30, f"llama.cpp wake took {wake_s:.1f}s"
 
 
+async def test_an_agent_restarted_on_another_address_adopts_engines_where_they_listen(
+    start_agent: AgentStarter, tiny_model: Path
+) -> None:
+    """Engines keep the address they were started on; the snapshot reports it (``listen_address``) and the new
+    agent probes them there, instead of taking them for booting (or dead) at its own new address."""
+    url, runner = await start_agent(engine_host="127.0.0.1")
+    a = Agent(url, runner)
+    await a.call("POST", "/v1/runtime/models/activate", activate_body("alpha", tiny_model))
+    alpha = await a.until("alpha", "active")
+    assert alpha["listen_address"] == f"127.0.0.1:{alpha['port']}"
+
+    await runner.app[SUPERVISOR].close()
+    await runner.cleanup()
+    url, runner = await start_agent(engine_host="::1")  # say the pod's address changed
+    b = Agent(url, runner)
+    adopted = await b.engine("alpha")
+    assert adopted["phase"] == "active" and adopted["ready"] is True and adopted["pid"] == alpha["pid"], adopted
+    assert adopted["listen_address"] == f"127.0.0.1:{alpha['port']}"
+    assert await chat(alpha["port"], "alpha") == 200
+
+    await b.call("POST", "/v1/runtime/models/activate", activate_body("beta", tiny_model))
+    beta = await b.until("beta", "active")
+    assert beta["listen_address"] == f"[::1]:{beta['port']}"  # what this agent starts listens where it does
+
+
 async def test_crashing_engine_fails_after_five_restarts(agent: AgentFactory, tmp_path: Path) -> None:
     a = await agent()
     await a.call("POST", "/v1/runtime/models/activate", activate_body("broken", tmp_path / "missing.gguf"))

@@ -151,6 +151,7 @@ async def test_agent_and_its_engines_listen_on_the_pod_address(
     status, _ = await agent.call("POST", "/v1/runtime/models/activate", activate_body("alpha", tiny_model))
     assert status == 200
     engine = (await agent.until(lambda e: e.get("alpha", {}).get("phase") == "active"))["alpha"]
+    assert engine["listen_address"] == f"[::1]:{engine['port']}"  # the snapshot says where it listens
     body = {"model": "alpha", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     url = f"http://[::1]:{engine['port']}/v1/chat/completions"
     async with aiohttp.ClientSession() as http, http.post(url, json=body) as r:

@@ -140,6 +140,14 @@ async def test_real_engine_snapshot_validates_with_aibrix_models(start_agent: Ag
     (tiny,) = parsed.models
     assert tiny.alive and tiny.phase == "active" and tiny.port > 0 and tiny.last_transition is not None
     assert tiny.request_metrics_observed is False  # llama.cpp's server exports no metrics
+    # Turnout's listen address (an extension: AIBrix's Go client, runtime_client.go, reads snapshots with
+    # json.Unmarshal, which skips unknown fields) is where the engine really serves
+    assert snap["models"][0]["listen_address"] == f"127.0.0.1:{tiny.port}"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://{snap['models'][0]['listen_address']}/v1/models") as r,
+    ):
+        assert r.status == 200
     status, listed = await a.call("GET", "/v1/runtime/models")
     for m in listed["models"]:
         aibrix.RuntimeModelInfo.model_validate(

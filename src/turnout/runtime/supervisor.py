@@ -31,7 +31,7 @@ from turnout.runtime.launch import Launch, connect_host, launch_command
 from turnout.state.atomic import write_atomic
 from turnout.upstream.client import UpstreamClient
 
-__all__ = ["EngineRecord", "Supervisor", "parse_registry", "process_start_time"]
+__all__ = ["EngineRecord", "Supervisor", "host_port", "parse_registry", "process_start_time"]
 
 log = logging.getLogger("turnout.agent")
 
@@ -64,6 +64,9 @@ class EngineRecord:
     last_transition: float = field(default_factory=time.time)
     ready: bool = False
     sleep_level: int | None = None  # the level an in-place sleep used (vLLM level 2 needs its weights reloaded)
+    # Where the engine listens: the agent's bind address when it was started (an agent restarted with another
+    # --host still reaches, and reports, the engines it adopts where they are).
+    host: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,9 +129,7 @@ class Supervisor:
         host: str = "127.0.0.1",
     ) -> None:
         self.engine_python = dict(engine_python or {})  # engine -> interpreter that has it installed
-        self.host = host  # where engines listen: the agent's own bind address
-        reach = connect_host(host)  # where the agent reaches them
-        self._base = f"http://[{reach}]" if ":" in reach else f"http://{reach}"
+        self.host = host  # where engines it starts listen: the agent's own bind address
         self.registry_path = registry_path
         self.log_dir = log_dir
         self.port_range = port_range
@@ -166,6 +167,7 @@ class Supervisor:
             log.error("%s: the original is kept as %s", self.registry_path, kept)
         for record in records:
             self.engines[record.model_name] = record
+            record.host = record.host or self.host  # an older agent's record: it started engines where it listened
             if record.phase == EnginePhase.FAILED.value:
                 log.warning(
                     "%s stays failed (%s); deactivate and activate it to start it again",
@@ -219,7 +221,7 @@ class Supervisor:
             port = pick_port(0, low, high, taken)
         ipc = ipc_name(req.ipc_name, req.model_name, [e.ipc_name for e in self.engines.values()])
         record = EngineRecord(
-            req.model_name, req.engine, req.artifact_url, port, ipc, dict(req.args), dict(req.claim_ref)
+            req.model_name, req.engine, req.artifact_url, port, ipc, dict(req.args), dict(req.claim_ref), host=self.host
         )
         self.engines[req.model_name] = record
         self.save()  # intent first: a crash right after spawning still knows this engine
@@ -320,6 +322,7 @@ class Supervisor:
         )
 
     async def _spawn(self, record: EngineRecord) -> None:
+        record.host = self.host  # started again by this agent: where it listens now
         launch = self.launch(record)
         env = {**os.environ, "ENABLE_KVCACHED": "true", "KVCACHED_AUTOPATCH": "1", "KVCACHED_IPC_NAME": record.ipc_name}
         if record.engine == "vllm":
@@ -433,7 +436,8 @@ class Supervisor:
         return not self._alive(record)
 
     def url(self, record: EngineRecord, path: str) -> str:
-        return f"{self._base}:{record.port}{path}"
+        reach = connect_host(record.host or self.host)  # a wildcard bind is reached on loopback
+        return f"http://{host_port(reach, record.port)}{path}"
 
     async def _healthy(self, record: EngineRecord) -> bool:
         launch = self.launch(record)
@@ -486,6 +490,11 @@ class Supervisor:
         if record.phase != phase.value:
             record.phase = phase.value
             record.last_transition = time.time()
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _spawn_session(argv: list[str], log_path: Path, env: dict[str, str]) -> int:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from turnout.runtime.kvcached import KvUsage
-from turnout.runtime.supervisor import EngineRecord
+from turnout.runtime.supervisor import EngineRecord, host_port
 
 __all__ = [
     "MODEL_EXTENSIONS",
@@ -31,7 +31,7 @@ __all__ = [
 UNKNOWN = -1  # AIBrix's KV_UNKNOWN: the figure could not be read (no kvcached segment yet)
 
 # Fields a Turnout agent adds to each snapshot model (and list entry) beyond AIBrix's RuntimeSnapshotModel.
-MODEL_EXTENSIONS = ("engine", "args", "pid", "kv_prealloc_bytes", "sleep_level")
+MODEL_EXTENSIONS = ("engine", "args", "pid", "kv_prealloc_bytes", "sleep_level", "listen_address")
 
 
 def iso(ts: float) -> str:
@@ -76,6 +76,7 @@ def snapshot_model(
         "pid": record.pid,
         "kv_prealloc_bytes": UNKNOWN if usage is None else usage.prealloc,
         "sleep_level": record.sleep_level,
+        "listen_address": host_port(record.host, record.port),
     }
 
 
