@@ -461,3 +461,57 @@ async def test_operator_fails_a_refused_activation_once_and_aggregates_events(
         await eventually(gone, "claim long-name deleted (nothing ran: the finalizer lets it go at once)")
     finally:
         operator.close()
+
+
+async def test_a_claim_deleted_under_the_earlier_finalizer_alone_is_still_released(
+    cluster: tuple[k8s.ApiClient, Path], start_agent: AgentStarter, tiny_model: Path
+) -> None:
+    """A claim an earlier Turnout operator placed carries only its finalizer (modelclaim.aibrix.ai/finalizer). Deleted
+    before this operator first added its own, it is not one kopf finishes (kopf handles only objects carrying its
+    finalizer), yet it is released all the same: de-routed, its engine stopped, then let go."""
+    admin, operator_kubeconfig = cluster
+    core, custom = k8s.CoreV1Api(admin), k8s.CustomObjectsApi(admin)
+    url, agent = await start_agent()
+    ports = [k8s.V1ContainerPort(name="runtime", container_port=int(url.rsplit(":", 1)[1]))]
+    pod = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="legacy-0", labels={"pool": "legacy", "pool.aibrix.ai/enabled": "true"}),
+        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="runtime", image="turnout", ports=ports)]),
+    )
+    core.create_namespaced_pod(NS, pod)
+    core.patch_namespaced_pod_status("legacy-0", NS, {"status": {"phase": "Running", "podIP": "127.0.0.1"}})
+    old = claim("old", f"file://{tiny_model}")
+    old["spec"]["podSelector"] = {"matchLabels": {"pool": "legacy"}}
+    old["metadata"]["finalizers"] = list(LEGACY_FINALIZERS)
+    uid = custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, old)["metadata"]["uid"]
+    # what the earlier operator left behind: the claim bound to the pod, its engine running there, its route
+    ref = {"namespace": NS, "name": "old", "uid": uid}
+    body = {"model_name": "old", "artifact_url": f"file://{tiny_model}", "engine": "llamacpp", "claim_ref": ref}
+    body["engine_config"] = {"args": {"--n_ctx": "256"}}
+    async with aiohttp.ClientSession() as http, http.post(f"{url}/v1/runtime/models/activate", json=body) as r:
+        assert r.status == 200
+        port = (await r.json())["port"]
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, NS, PLURAL, "old", {"status": {"phase": "Active", "model": "old", "pod": "legacy-0"}}
+    )
+    route = json.dumps({"model": "old", "port": port, "state": "active"})
+    core.patch_namespaced_pod("legacy-0", NS, {"metadata": {"annotations": {"modelclaim.aibrix.ai/old": route}}})
+    custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "old")  # while no operator runs
+    stuck = custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "old")
+    assert stuck["metadata"]["deletionTimestamp"] and stuck["metadata"]["finalizers"] == list(LEGACY_FINALIZERS)
+
+    operator = RunningOperator(operator_kubeconfig)
+    try:
+
+        async def gone() -> bool:
+            try:
+                custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "old")
+            except k8s.ApiException as exc:
+                return exc.status == 404
+            return False
+
+        await eventually(gone, "claim old released", 30)
+        assert "old" not in agent.app[SUPERVISOR].engines  # its engine stopped first
+        assert "modelclaim.aibrix.ai/old" not in (core.read_namespaced_pod("legacy-0", NS).metadata.annotations or {})
+    finally:
+        operator.close()
+        core.delete_namespaced_pod("legacy-0", NS, grace_period_seconds=0)

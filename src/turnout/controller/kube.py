@@ -4,7 +4,8 @@
   ``interval_s`` (and at once when it appears): status through the status subresource, events on phase
   changes, routing annotations on pool pods, agent calls. Deletion goes through AIBrix's finalizer
   (``model.aibrix.ai/modelclaim-finalizer``): de-route, stop the engine, then let the object go; the one earlier
-  Turnout operators set (``modelclaim.aibrix.ai/finalizer``) is removed at the same time.
+  Turnout operators set (``modelclaim.aibrix.ai/finalizer``) is removed at the same time. A claim deleted while it
+  carried only that earlier finalizer (kopf does not handle it) is finished by a periodic pass the same way.
 - Pool Deployments carrying ``pool.aibrix.ai/policy``: a loop lists them every ``interval_s`` and applies the
   policy to each Deployment's pods (idle sleep, KV limits); an invalid policy is disabled with one
   ``InvalidPoolPolicy`` warning per text. (Listed, not watched through kopf: kopf would patch its own
@@ -227,6 +228,27 @@ class Kube:
     async def claims(self, namespace: str) -> list[dict[str, Any]]:
         return await self._items(self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL)
 
+    async def set_claim_finalizers(self, namespace: str, name: str, finalizers: list[str], version: str) -> bool:
+        """Replace a claim's finalizers if it is still at ``version`` (a merge patch carrying the resourceVersion
+        is refused with 409 when the object changed meanwhile); False when it changed or is gone."""
+        body = {"metadata": {"finalizers": finalizers, "resourceVersion": version}}
+        try:
+            await asyncio.to_thread(
+                self.custom.patch_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                body,
+                _content_type="application/merge-patch+json",
+            )
+        except k8s.ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
 
 def agent_url(pod: Mapping[str, Any]) -> str | None:
     ip = (pod.get("status") or {}).get("podIP")
@@ -438,12 +460,32 @@ class Operator:
             except k8s.ApiException as exc:
                 log.warning("pool %s: %s", deployment["metadata"]["name"], exc.reason)
 
+    async def legacy_deletions(self) -> None:
+        """Finish claims deleted while they carried only the finalizer an earlier Turnout operator set.
+
+        kopf finishes only objects that carry its own finalizer (:data:`FINALIZER`): to it, an object being deleted
+        without it is free to go (kopf's ``Reason.FREE``: no handler runs). A claim deleted before this operator
+        first added its finalizer would so keep its engine, its route and the old finalizer forever. Each pass
+        does for these what the delete handler does (de-route, stop the engine), then drops the old finalizer."""
+        for claim in await self.kube.all_claims(self.cfg.namespaces):
+            meta = claim["metadata"]
+            held = list(meta.get("finalizers") or [])
+            if not meta.get("deletionTimestamp") or FINALIZER in held or not set(held) & set(LEGACY_FINALIZERS):
+                continue
+            if not await self.reconcile(claim, kopf.Patch(), deleting=True):
+                continue  # the engine is being stopped: the next pass looks again
+            kept = [f for f in held if f not in LEGACY_FINALIZERS]
+            if await self.kube.set_claim_finalizers(meta["namespace"], meta["name"], kept, meta["resourceVersion"]):
+                log.info("claim %s/%s: deleted under an earlier finalizer; released", meta["namespace"], meta["name"])
+
     async def pool_loop(self) -> None:
+        """Pool policies and claims deleted under an earlier operator's finalizer, every ``interval_s``."""
         while True:
-            try:
-                await self.pools()
-            except Exception:  # one failed pass must not end pool policies
-                log.exception("pool policy pass failed")
+            for name, step in (("pool policy", self.pools), ("legacy deletion", self.legacy_deletions)):
+                try:
+                    await step()
+                except Exception:  # one failed pass must not end the next ones
+                    log.exception("%s pass failed", name)
             await asyncio.sleep(self.cfg.interval_s)
 
     async def close(self) -> None:
