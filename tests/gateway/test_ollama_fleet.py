@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
+from collections.abc import AsyncIterator
 
 import aiohttp
 import ollama
@@ -280,6 +282,38 @@ async def test_bad_requests_in_dialect(
     message = payload["error"] if path.startswith("/api") else payload["error"]["message"]
     assert isinstance(message, str) and fragment in message
     assert emu.served() == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+async def test_the_body_limit_holds_where_the_size_is_known_only_once_read(
+    emulator: EmulatorFactory, gateway: GatewayFactory, path: str
+) -> None:
+    """A chunked body (no Content-Length) and a gzip-encoded one that decodes past the limit are refused like
+    an announced one; a small body sent either way is served."""
+    emu = await emulator("a", ["m:1"])
+    gw = await gateway([worker("a", emu.url)], limits={"max_body_bytes": 2048})
+    big = b'{"model": "m:1", "messages": [], "pad": "' + b"x" * 3000 + b'"}'
+    small = b'{"model": "m:1", "messages": [], "stream": false}'
+
+    async def chunks(data: bytes) -> AsyncIterator[bytes]:
+        for i in range(0, len(data), 500):
+            yield data[i : i + 500]
+
+    async with aiohttp.ClientSession() as http:
+        sent = [
+            (chunks(big), {}, 413),
+            (gzip.compress(big), {"Content-Encoding": "gzip"}, 413),  # about 60 bytes on the wire
+            (chunks(small), {}, 200),
+            (gzip.compress(small), {"Content-Encoding": "gzip"}, 200),
+        ]
+        for data, headers, status in sent:
+            async with http.post(f"{gw.url}{path}", data=data, headers=headers) as resp:
+                payload = await resp.json(content_type=None)
+                assert resp.status == status, payload
+                if status == 413:
+                    message = payload["error"] if path.startswith("/api") else payload["error"]["message"]
+                    assert "larger than the limit of 2048 bytes" in message
+    assert emu.served() == 2
 
 
 async def test_unknown_route_and_method(gateway: GatewayFactory) -> None:

@@ -59,10 +59,16 @@ async def read_call(
     so every later rule (scopes, limits, routing, usage, fallback) is the shared URL's."""
     if request.content_length is not None and request.content_length > max_body:
         raise _too_large(max_body)
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise _too_large(max_body) from None
+    content = request.content
+    if content.is_eof():  # the whole body has arrived (a usual request): taken as it is, without an await
+        body = content.read_nowait()
+        if len(body) > max_body:  # decoded (Content-Encoding) larger than its Content-Length said
+            raise _too_large(max_body)
+    else:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise _too_large(max_body) from None
     if not body:
         raise BadRequest('request body is empty; send a JSON object with at least "model"')
     try:
