@@ -226,16 +226,34 @@ class StreamWatch:
     def _dispatch(self, payload: bytes) -> bool:
         """Apply one SSE event's data. False when it ended the stream (``finished`` then says whether it is
         forwarded: an early ``[DONE]`` is withheld, the caller ends the stream with an error frame)."""
-        if payload[:1] != b"{" and payload.strip() == _DONE:
+        if payload[:1] == b"{":  # the usual frame: decoded here, and a JSON text that starts so is an object
+            try:
+                obj = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                raise FrameError("the worker sent a stream frame that is not valid JSON") from None
+        elif payload.strip() == _DONE:
             self.ended = True
             self.finished = self._finished_all()
             return False
-        obj = _frame(payload)
+        else:
+            obj = _frame(payload)
         if "error" in obj and "choices" not in obj:
             self.error = _message(obj["error"])
             self.ended = True
             return False
-        self._observe_choices(obj)
+        choices = obj.get("choices")
+        first = choices[0] if type(choices) is list and len(choices) == 1 else None
+        if type(first) is dict and not self._closed and first.get("index", 0) == 0:
+            # one choice, index 0, none finished yet: the usual token frame, decided without the general walk
+            self.events += 1
+            if first.get("finish_reason") in (None, ""):
+                self._open.add(0)
+            else:
+                self._closed.add(0)
+                self._open.discard(0)
+                self.finished = not self._open
+        else:
+            self._observe_choices(obj)
         if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
         if self.collect:
@@ -245,17 +263,6 @@ class StreamWatch:
     def _observe_choices(self, obj: dict[str, Any]) -> None:
         choices = obj.get("choices")
         if type(choices) is not list or not choices:
-            return
-        first = choices[0]
-        if len(choices) == 1 and type(first) is dict and first.get("index", 0) == 0 and not self._closed:
-            # one choice, index 0, none finished yet: the usual frame, decided without the general walk
-            self.events += 1
-            if first.get("finish_reason") in (None, ""):
-                self._open.add(0)
-            else:
-                self._closed.add(0)
-                self._open.discard(0)
-                self.finished = not self._open
             return
         content = False
         for position, choice in enumerate(choices):
