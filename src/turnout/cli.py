@@ -98,6 +98,10 @@ def _host(value: str | None) -> str | None:
 
 
 LogLevelOption = Annotated[str, typer.Option(callback=_log_level, help="debug, info, warning or error")]
+# The long-running commands other than serve (whose default comes from its config file): agent, controller, operator
+LogFormatOption = Annotated[
+    str, typer.Option(callback=_log_format, metavar="text|json", help="text, or json: one JSON object per line")
+]
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -422,6 +426,7 @@ def agent(
         typer.Option(help="ENGINE=PYTHON: the interpreter that has this engine installed (repeatable)"),
     ] = None,
     log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "text",
 ) -> None:
     """Run the runtime agent: one supervised engine process per model claim."""
     from aiohttp import web
@@ -431,7 +436,7 @@ def agent(
     from turnout.redaction import configure_logging
     from turnout.runtime.agent import create_agent_app
 
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     low, _, high = engine_ports.partition("-")
     if not (low.isdigit() and high.isdigit() and 0 < int(low) <= int(high) < 65536):
         _fail(f"--engine-ports {engine_ports!r}: use LOW-HIGH, e.g. 20000-20999")
@@ -586,6 +591,7 @@ def controller(
         ),
     ] = 0,
     log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "text",
 ) -> None:
     """Run the local ModelClaim controller against runtime agents."""
     import asyncio
@@ -594,7 +600,7 @@ def controller(
     from turnout.redaction import configure_logging
     from turnout.upstream.client import UpstreamClient
 
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     try:
         pool_list = load_pools(pools)
     except (OSError, ValueError, KeyError) as exc:
@@ -635,6 +641,7 @@ def operator(
         int, typer.Option(callback=_optional_port, help="kopf liveness endpoint /healthz on this port (0: off)")
     ] = 0,
     log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "text",
 ) -> None:
     """Run the Kubernetes ModelClaim operator (CRD modelclaims.model.aibrix.ai; manifests in deploy/)."""
     try:
@@ -649,7 +656,7 @@ def operator(
         return
     if not namespace and not all_namespaces:
         _fail("say which namespaces to watch: --namespace NS (repeatable) or --all-namespaces")
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     metrics = ControllerMetrics()
     if metrics_port:
         start_http_server(metrics_port, registry=metrics.registry)

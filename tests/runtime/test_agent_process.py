@@ -22,7 +22,7 @@ from tests.runtime.test_agent import activate_body, chat
 
 
 class AgentProcess:
-    def __init__(self, registry: Path, engine_ports: str, pod_ip: str | None = None) -> None:
+    def __init__(self, registry: Path, engine_ports: str, pod_ip: str | None = None, *extra: str) -> None:
         self.port = free_port()
         self.url = f"http://[{pod_ip}]:{self.port}" if pod_ip else f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if k != "POD_IP"}
@@ -39,6 +39,7 @@ class AgentProcess:
                 str(registry),
                 "--engine-ports",
                 engine_ports,
+                *extra,
             ],
             env={**env, "POD_IP": pod_ip} if pod_ip else env,
             stdout=self.log,
@@ -78,8 +79,8 @@ async def agents(tmp_path: Path) -> AsyncIterator[Callable[..., AgentProcess]]:
     low = free_port()
     started: list[AgentProcess] = []
 
-    def start(pod_ip: str | None = None) -> AgentProcess:
-        started.append(AgentProcess(registry, f"{low}-{low + 20}", pod_ip))
+    def start(pod_ip: str | None = None, *extra: str) -> AgentProcess:
+        started.append(AgentProcess(registry, f"{low}-{low + 20}", pod_ip, *extra))
         return started[-1]
 
     yield start
@@ -128,6 +129,20 @@ async def test_sigkilled_agent_is_replaced_and_engines_are_readopted(
     for name in ("alpha", "beta"):
         status, _ = await second.call("POST", "/v1/runtime/models/deactivate", {"model_name": name})
         assert status == 200
+
+
+async def test_agent_logs_one_json_object_a_line(agents: Callable[..., AgentProcess], tiny_model: Path) -> None:
+    """`turnout agent --log-format json` (as serve, the controller and the operator take it): a log collector in
+    the cluster reads every line as one record."""
+    agent = agents(None, "--mock", "--log-format", "json", "--log-level", "debug")
+    await agent.until(lambda engines: True, limit_s=30)
+    status, _ = await agent.call("POST", "/v1/runtime/models/activate", activate_body("alpha", tiny_model))
+    assert status == 200
+    await agent.until(lambda engines: engines.get("alpha", {}).get("phase") == "active")
+    agent.stop()
+    lines = (await asyncio.to_thread(Path(agent.log.name).read_text)).splitlines()
+    records = [json.loads(line) for line in lines]  # every line, not only some
+    assert records and all({"time", "level", "logger", "message"} <= set(r) for r in records), lines
 
 
 async def refused(host: str, port: int) -> bool:
