@@ -11,7 +11,7 @@ import ssl
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +210,19 @@ def test_manifests_apply_and_the_schema_refuses_bad_claims(
         assert caught.value.status == 422, spec
 
 
+def claim_gone(custom: k8s.CustomObjectsApi, name: str) -> Callable[[], Awaitable[bool]]:
+    """For eventually(): the claim ``name`` no longer exists."""
+
+    async def gone() -> bool:
+        try:
+            custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+        except k8s.ApiException as exc:
+            return exc.status == 404
+        return False
+
+    return gone
+
+
 async def test_operator_reconciles_claims_on_a_real_api_server(
     cluster: tuple[k8s.ApiClient, Path],
     kube: KubeServer,
@@ -383,14 +396,7 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
         # Turnout finalizer with it).
         custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "tiny")
 
-        async def gone() -> bool:
-            try:
-                get("tiny")
-            except k8s.ApiException as exc:
-                return exc.status == 404
-            return False
-
-        await eventually(gone, "claim tiny deleted")
+        await eventually(claim_gone(custom, "tiny"), "claim tiny deleted")
         assert "tiny" not in agent.app[SUPERVISOR].engines
         assert "modelclaim.aibrix.ai/tiny" not in (core.read_namespaced_pod("pool-0", NS).metadata.annotations or {})
     finally:
@@ -451,14 +457,9 @@ async def test_operator_fails_a_refused_activation_once_and_aggregates_events(
         assert first.last_timestamp >= first.first_timestamp and first.source.component == "turnout-operator"
         custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "long-name")
 
-        async def gone() -> bool:
-            try:
-                custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "long-name")
-            except k8s.ApiException as exc:
-                return exc.status == 404
-            return False
-
-        await eventually(gone, "claim long-name deleted (nothing ran: the finalizer lets it go at once)")
+        await eventually(
+            claim_gone(custom, "long-name"), "claim long-name deleted (nothing ran: the finalizer lets it go at once)"
+        )
     finally:
         operator.close()
 
@@ -501,15 +502,7 @@ async def test_a_claim_deleted_under_the_earlier_finalizer_alone_is_still_releas
 
     operator = RunningOperator(operator_kubeconfig)
     try:
-
-        async def gone() -> bool:
-            try:
-                custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "old")
-            except k8s.ApiException as exc:
-                return exc.status == 404
-            return False
-
-        await eventually(gone, "claim old released", 30)
+        await eventually(claim_gone(custom, "old"), "claim old released", 30)
         assert "old" not in agent.app[SUPERVISOR].engines  # its engine stopped first
         assert "modelclaim.aibrix.ai/old" not in (core.read_namespaced_pod("legacy-0", NS).metadata.annotations or {})
     finally:
