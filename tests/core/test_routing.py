@@ -1,5 +1,3 @@
-from dataclasses import replace
-
 import pytest
 
 from turnout.core.placement import PlacementRules
@@ -13,7 +11,7 @@ WL_OTHER = PlacementRules.parse("whitelist", ["qwen3:*"])
 
 def w(name: str, **kw: object) -> WorkerView:
     base = WorkerView(name=name, healthy=True, rules=ALLOW, inventory=frozenset({M}))
-    return replace(base, **kw)  # type: ignore[arg-type]
+    return base._replace(**kw)
 
 
 def pick(decision: Route | NoRoute) -> str:

@@ -125,7 +125,12 @@ class Verdict:
     exact: bool
 
 
+_BY_MODE = {mode: Verdict(allowed=mode is PlacementMode.ALLOW_ALL, rule="mode", exact=False) for mode in PlacementMode}
+
+
 def resolve_placement(rules: PlacementRules, model: str) -> Verdict:
+    if not rules.allowed and not rules.denied:  # no patterns (most workers): the mode decides
+        return _BY_MODE[rules.mode]
     best_allow = best_match(model, rules.allowed)
     best_deny = best_match(model, rules.denied)
     if best_deny is not None and (best_allow is None or best_deny.specificity >= best_allow.specificity):

@@ -93,8 +93,10 @@ class WorkerState:
 
     @property
     def vram_pressure(self) -> float | None:
-        known = [v for v in (self.offload, self.gpu_memory) if v is not None]
-        return max(known) if known else None
+        offload, memory = self.offload, self.gpu_memory  # read on every request: no list built
+        if offload is None:
+            return memory
+        return offload if memory is None else max(offload, memory)
 
     def observe_speed(self, model: str, rate: float | None) -> None:
         if rate is not None:

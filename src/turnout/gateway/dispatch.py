@@ -13,7 +13,7 @@ import asyncio
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from turnout.config import Routing, Tenant
 from turnout.core.fairness import WeightedRoundRobin
@@ -166,7 +166,7 @@ class Dispatcher:
 
     def locate(self, model: str) -> Route | NoRoute:
         """Route without taking or checking slots: for metadata calls such as ``/api/show``."""
-        views = [replace(v, max_concurrent=None) for v in self.fleet.views(model)]
+        views = [v._replace(max_concurrent=None) for v in self.fleet.views(model)]
         return route(model, views)
 
     def wake_all(self) -> None:
