@@ -83,6 +83,9 @@ class Capacity(NamedTuple):  # built on every request: a tuple, like WorkerView
     model_max: int | None = None
 
 
+NO_LIMITS = Capacity()  # nothing counted, nothing capped: route()'s default
+
+
 class Candidate(NamedTuple):  # one per eligible worker on every request: a tuple, like WorkerView
     worker: str
     model: str  # the name to send upstream (e.g. ``gemma4:latest`` for a request for ``gemma4``)
@@ -113,7 +116,7 @@ def installed_name(model: str, inventory: frozenset[str] | None) -> str | None:
 def route(
     model: str,
     workers: Sequence[WorkerView],
-    capacity: Capacity = Capacity(),
+    capacity: Capacity = NO_LIMITS,
     *,
     exclude: frozenset[str] = frozenset(),
     rotation: int = 0,

@@ -23,7 +23,6 @@ from turnout.upstream.http1 import (
     Pool,
     Resolver,
     encode_request,
-    iter_body,
     split_url,
     system_resolver,
 )
@@ -59,12 +58,21 @@ class UpstreamResponse:
         self._conn.close()
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive (for streams)."""
-        try:
-            async for chunk in iter_body(self._conn):
-                yield chunk
-        except UpstreamError as exc:
-            raise UpstreamError(f"{self._label}: stream broke: {exc.message}") from None
+        """Body bytes as they arrive (for streams); the connection's error, if any, after what arrived before it.
+        One generator, not one wrapping :func:`iter_body`: a stream of tokens takes one step per token."""
+        conn = self._conn
+        while True:
+            if conn.body:
+                yield conn.take()
+                continue
+            error = conn.error
+            if error is not None:
+                if isinstance(error, UpstreamError):
+                    raise UpstreamError(f"{self._label}: stream broke: {error.message}") from None
+                raise error
+            if conn.complete:
+                return
+            await conn.wait()
 
 
 class UpstreamClient:

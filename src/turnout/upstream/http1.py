@@ -26,7 +26,7 @@ import select
 import socket
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import cast
@@ -397,16 +397,3 @@ def encode_request(method: str, target: Target, headers: Mapping[str, str] | Non
         lines.append(f"Content-Length: {len(body)}")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     return head + body if body else head
-
-
-async def iter_body(conn: Connection) -> AsyncIterator[bytes]:
-    """Body chunks as they arrive; raises the connection's error, if any, after what arrived before it."""
-    while True:
-        if conn.body:
-            yield conn.take()
-            continue
-        if conn.error is not None:
-            raise conn.error
-        if conn.complete:
-            return
-        await conn.wait()
