@@ -60,6 +60,11 @@ class LimitCounters:
         # SQLite's write lock is taken by _LOCK itself; PostgreSQL's row lock by FOR UPDATE
         self._budget = sql(_BUDGET + (" FOR UPDATE" if postgres else ""))
 
+    @property
+    def file_locked(self) -> bool:
+        """Whether admissions queue on the lock file (SQLite), so that :meth:`try_lock` can take it."""
+        return self._lock_fd is not None
+
     def try_lock(self) -> bool:
         """Take the lock without waiting (then pass ``locked=True`` and call :meth:`unlock`); False when another
         thread or process holds it. Without a lock file there is nothing to take: False."""
