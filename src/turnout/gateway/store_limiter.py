@@ -5,12 +5,14 @@ transaction per admission): exact across the processes, with no Redis. One proce
 (:class:`turnout.gateway.limiter.LocalLimiter`); replicas on several machines use Redis.
 
 With SQLite the processes' admissions take turns on a file lock. When it is free, the step (about 50 us)
-runs right here on the event loop; when another process holds it, the lock is tried again after short pauses
-(0.1 to 5 ms, the loop serving other requests meanwhile), and only then waited for in a thread. A hop to a
+runs right here on the event loop. A process's own steps take turns on an asyncio lock, so only the other
+processes contend for the file lock; when one of them holds it, it is tried again after short pauses (0.1 to
+5 ms, the loop serving other requests meanwhile), and only after those waited for in a thread. A hop to a
 thread for every admission cost about 300 us of CPU per request (two processes, c=32), six times the step
-itself; with the pauses, streams with an rpm-limited key over two processes went from 665 to 507 us of CPU
-per request (`python -m bench.workers`), non-stream stayed about 520 us: the transaction itself dominates.
-PostgreSQL queues its row locks itself: there, every step runs in a thread.
+itself. With an rpm-limited key over two processes (`python -m bench.workers`), this took non-stream requests
+from 534 to 399 us of CPU each and streams from 665 to 549 (one process: about 175 and 325); what is left is
+mostly SQLite's, each process re-reading the pages the other one changed. PostgreSQL queues its row locks
+itself: there, every step runs in a thread.
 """
 
 from __future__ import annotations
@@ -41,10 +43,16 @@ _RETRY_PAUSES_S = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005)
 class StoreLimiter:
     def __init__(self, database: Database, lock_file: Path | None = None) -> None:
         self._counters = LimitCounters(database, lock_file)
+        self._turn = asyncio.Lock()
 
     async def _run(self, step: Callable[..., T], *args: Any) -> T:
         counters = self._counters
-        if counters.file_locked:
+        if not counters.file_locked:
+            return await asyncio.to_thread(step, *args)  # PostgreSQL queues its row locks itself
+        # This process's steps take turns here, on the loop, so that only the other processes contend for the
+        # file lock (a step waiting for it in a thread held the thread lock too, and the next steps then failed
+        # to take it and went to threads as well: under load most of them did).
+        async with self._turn:
             for pause in (*_RETRY_PAUSES_S, None):
                 if counters.try_lock():
                     try:
@@ -53,8 +61,8 @@ class StoreLimiter:
                         counters.unlock()
                 if pause is None:
                     break
-                await asyncio.sleep(pause)  # another process is in its step (about 50 us): serve others meanwhile
-        return await asyncio.to_thread(step, *args)  # PostgreSQL queues its row locks itself
+                await asyncio.sleep(pause)  # another process is in its step (about 50 us)
+            return await asyncio.to_thread(step, *args)  # held that long: wait for it without holding the loop
 
     async def admit(self, subject: Subject, estimate: int) -> Decision:
         try:
