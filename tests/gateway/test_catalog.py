@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -82,6 +83,23 @@ async def test_modified_at_is_the_models_not_the_requests(
         assert (await r.json())["modified_at"] == first["tiny"]["modified_at"]  # /api/show agrees with /api/tags
     models = {m["id"]: m for m in (await get(gw, "/v1/models"))["data"]}
     assert models["qwen3:8b"]["created"] == 1700000000
+
+
+async def test_modified_at_is_the_same_in_every_process_and_after_a_restart(
+    llama_engine: Engine, gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """The first listing of a model that reports no time is kept in the store: two gateways on one database
+    (the processes of `serve --workers 2`, or replicas) and a gateway started later give the same time."""
+    shared = {"database_url": f"sqlite:///{tmp_path / 'shared.db'}"}
+    fleet = [worker("llama", llama_engine.url, type="openai")]
+    a = await gateway(fleet, storage={**shared, "data_dir": str(tmp_path / "a")})
+    first = by_name(await get(a, "/api/tags"))["tiny"]["modified_at"]
+    b = await gateway(fleet, storage={**shared, "data_dir": str(tmp_path / "b")})  # b lists it only now
+    assert by_name(await get(b, "/api/tags"))["tiny"]["modified_at"] == first
+    c = await gateway(fleet, storage={**shared, "data_dir": str(tmp_path / "c")})  # a later start
+    assert by_name(await get(c, "/api/tags"))["tiny"]["modified_at"] == first
+    async with aiohttp.ClientSession() as http, http.post(f"{c.url}/api/show", json={"model": "tiny"}) as r:
+        assert (await r.json())["modified_at"] == first
 
 
 async def test_ps_lists_the_models_of_openai_style_workers(

@@ -13,6 +13,7 @@ Every change of a worker's health is logged once, with its reason (``worker "w1"
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,8 +227,10 @@ class Fleet:
         self.endpoints = 0  # how many external endpoints are in ``workers`` (kept by the endpoint manager)
         self.bindings: dict[str, WorkerState] = {}  # model name -> its claim's engine (kept by the claim bindings)
         # model name -> epoch it was first listed to a client: the stable ``modified_at`` of an OpenAI-style
-        # worker's model (kept by the gateway's catalog)
+        # worker's model (kept by the gateway's catalog; ``keep_listing`` records a new one where every process
+        # and restart sees it, the store, and answers the time recorded first)
         self.first_listed: dict[str, float] = {}
+        self.keep_listing: Callable[[str, float], float] | None = None
         # model name -> its /v1/models entry, for claimed models listed whether or not routable now (asleep)
         self.claim_listing: dict[str, dict[str, Any]] = {}
 

@@ -63,6 +63,7 @@ from turnout.store.audit import AuditLog
 from turnout.store.db import Database, database_url
 from turnout.store.endpoints import EndpointStore
 from turnout.store.keys import KeyStore
+from turnout.store.listings import ModelListings
 from turnout.store.secrets import SecretBox
 from turnout.store.usage import UsageStore
 from turnout.upstream.client import UpstreamClient
@@ -196,6 +197,9 @@ def create_app(settings: Settings, *, admin_token: str, processes: int = 1) -> w
     accountant = Accountant(settings, keys, usage, limiter=_limiter(settings, database, processes))
     secrets = SecretBox.load(settings.data_dir, settings.endpoint_env.secret_key)
     fleet = Fleet(settings, placement)
+    listings = ModelListings(database)
+    fleet.first_listed.update(listings.all())  # models listed before (by this process's siblings, or last run)
+    fleet.keep_listing = listings.keep
     metrics = Metrics(fleet)
     accountant.usage.on_dropped = metrics.usage_rows_dropped.inc
     client = UpstreamClient(

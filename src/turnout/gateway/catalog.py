@@ -24,6 +24,7 @@ What real clients rely on in these listings (each rule decided in one function h
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from turnout.config import WorkerType
 from turnout.core.endpoint_urls import own_name
 from turnout.core.placement import resolve_placement
 from turnout.fleet.state import Fleet, WorkerState
+from turnout.store.db import StoreError
 
 __all__ = [
     "NEVER_EXPIRES",
@@ -45,6 +47,8 @@ __all__ = [
     "openai_models",
     "unknown_details",
 ]
+
+log = logging.getLogger("turnout.gateway")
 
 
 Visible = Callable[[str], bool]
@@ -121,6 +125,12 @@ def _modified_epoch(fleet: Fleet, shared: str, entry: dict[str, Any], now: float
         created = entry.get("created")
         if isinstance(created, int | float) and not isinstance(created, bool) and created > 0:
             known = min(float(created), now)
+        elif fleet.keep_listing is not None:
+            try:  # once per model and process: the time the first process recorded, or this one
+                known = fleet.keep_listing(shared, now)
+            except StoreError as exc:
+                log.warning("could not record when %s was first listed (kept in this process only): %s", shared, exc)
+                known = now
         else:
             known = now
         fleet.first_listed[shared] = known
@@ -129,7 +139,8 @@ def _modified_epoch(fleet: Fleet, shared: str, entry: dict[str, Any], now: float
 
 def modified_at(fleet: Fleet, shared: str, entry: dict[str, Any], now: float) -> str:
     """``modified_at`` of an OpenAI-style worker's model: its ``created`` or the time this gateway first listed
-    it, whichever is earlier, decided once and kept (per gateway process)."""
+    it, whichever is earlier, decided once and kept (a first listing in the store, where the gateway has one:
+    the same in every process and after a restart)."""
     return iso_time(_modified_epoch(fleet, shared, entry, now))
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "limit_admissions",
     "limit_budgets",
     "metadata",
+    "model_listings",
     "tenants",
     "usage",
 ]
@@ -155,4 +156,13 @@ limit_admissions = Table(
     Column("subject", String(160), nullable=False),
     Column("at", Float, nullable=False),
     Index("ix_limit_admissions_subject_at", "subject", "at"),
+)
+
+model_listings = Table(
+    # When the gateway first listed a model that reports no time of its own (an OpenAI-style server without
+    # ``created``): its stable ``modified_at``, the same in every process and after a restart.
+    "model_listings",
+    metadata,
+    Column("name", String(600), primary_key=True),  # the shared name ("<endpoint>/<model>" for an endpoint's)
+    Column("first_listed", Float, nullable=False),  # epoch seconds
 )
