@@ -78,11 +78,7 @@ def main() -> None:
     spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if spy is None:
         sys.exit("py-spy is missing: pip install py-spy")
-    wrk_exe = bench.ensure_deb("wrk", "wrk")
-    cpus = sorted(os.sched_getaffinity(0))
-    pin = str(cpus[-1]) if len(cpus) > 1 else None
-    load = ",".join(str(c) for c in cpus if str(c) != pin) if pin else None
-    wrk = [wrk_exe] if load is None else ["taskset", "-c", load, wrk_exe]
+    wrk, pin, load = bench.pinned_wrk()
     tmp = Path(tempfile.mkdtemp(prefix="turnout-profile-"))
     raw = args.raw or tmp / "samples.txt"
     procs: list[subprocess.Popen[bytes]] = []

@@ -103,11 +103,7 @@ def main() -> None:
         kind, port = args.serve
         {"raw": serve_raw, "aiohttp": serve_aiohttp}[kind](int(port))
         return
-    wrk_exe = bench.ensure_deb("wrk", "wrk")
-    cpus = sorted(os.sched_getaffinity(0))
-    pin = str(cpus[-1]) if len(cpus) > 1 else None
-    load = ",".join(str(c) for c in cpus if str(c) != pin) if pin else None
-    wrk = [wrk_exe] if load is None else ["taskset", "-c", load, wrk_exe]
+    wrk, pin, load = bench.pinned_wrk()
     tmp = Path(tempfile.mkdtemp(prefix="turnout-floors-"))
     procs: list[Any] = []
     try:

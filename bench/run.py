@@ -79,6 +79,16 @@ def ensure_deb(exe: str, package: str) -> str:
     return _which(exe) or sys.exit(f"{package} installed but {exe} is not on the PATH")
 
 
+def pinned_wrk() -> tuple[list[str], str | None, str | None]:
+    """(the wrk command, the CPU a proxy is pinned to, the CPUs wrk and the mock get): the last CPU for the
+    proxy, the others for the load, as run.py's default (no pinning on one CPU)."""
+    wrk_exe = ensure_deb("wrk", "wrk")
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = str(cpus[-1]) if len(cpus) > 1 else None
+    load = ",".join(str(c) for c in cpus if str(c) != pin) if pin else None
+    return ([wrk_exe] if load is None else ["taskset", "-c", load, wrk_exe]), pin, load
+
+
 def ensure_portkey() -> Path:
     """Portkey's gateway from npm into bench/.cache-portkey (reused while the versions match)."""
     entry = PORTKEY_DIR / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
