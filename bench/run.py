@@ -315,10 +315,14 @@ def start_turnout(
     src: str | None,
     log_level: str = "warning",
     cpus: str | None = None,
+    *,
+    processes: int = 1,
+    rpm: int | None = None,
 ) -> Target:
     """A Turnout gateway with its own store and a scoped app key; ``src``: run that source tree instead
     (a checkout's ``src``, e.g. a git worktree of the previous commit) for a side-by-side baseline;
-    ``log_level`` ``info``: with its access log (one line per request)."""
+    ``log_level`` ``info``: with its access log (one line per request); ``processes``: `serve --workers N`;
+    ``rpm``: the key's requests-per-minute limit."""
     home.mkdir(parents=True)
     config = {
         "storage": {"data_dir": str(home / "data")},
@@ -341,6 +345,7 @@ def start_turnout(
             "bench",
             "--models",
             "model:mock",
+            *([] if rpm is None else ["--rpm", str(rpm)]),
             "--config",
             str(home / "config.json"),
         ],
@@ -361,6 +366,7 @@ def start_turnout(
         str(port),
         "--log-level",
         log_level,
+        *([] if processes == 1 else ["--workers", str(processes)]),
     ]
     procs.append(start(cmd, env=env, cpus=cpus))
     return Target(name, f"http://127.0.0.1:{port}", procs[-1], key)

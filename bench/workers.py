@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import statistics
@@ -26,64 +25,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.run import BENCH, ROOT, Target, ensure_deb, free_port, rss_mib, run_wrk, start, wait_ready
+from bench.run import BENCH, Target, ensure_deb, free_port, rss_mib, run_wrk, start, start_turnout, wait_ready
 
 __all__ = ["main"]
 
 
-def start_gateway(home: Path, mock_url: str, processes: int, rpm: int | None) -> tuple[Target, list[str]]:
-    home.mkdir(parents=True)
-    config = home / "config.json"
-    config.write_text(
-        json.dumps(
-            {
-                "storage": {"data_dir": str(home / "data")},
-                "routing": {"max_concurrent": 4096},
-                "workers": [{"name": "mock", "url": mock_url, "type": "openai"}],
-            }
-        )
-    )
-    env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "bench", "PYTHONPATH": str(ROOT / "src")}
-    limit = [] if rpm is None else ["--rpm", str(rpm)]
-    key = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "turnout",
-            "key",
-            "create",
-            "--app",
-            "bench",
-            "--models",
-            "model:mock",
-            *limit,
-            "--config",
-            str(config),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-    ).stdout.strip()
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "turnout",
-        "serve",
-        "--config",
-        str(config),
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--workers",
-        str(processes),
-    ]
-    proc = start(cmd, env=env)
+def start_gateway(
+    home: Path, mock_url: str, processes: int, rpm: int | None, procs: list[subprocess.Popen[bytes]]
+) -> tuple[Target, list[str]]:
     kind = "rpm key" if rpm is not None else "plain key"
     name = f"{processes} process{'es' if processes > 1 else ''}, {kind}"
-    return Target(name, f"http://127.0.0.1:{port}", proc, key), [kind, str(processes)]
+    target = start_turnout(name, home, mock_url, procs, None, processes=processes, rpm=rpm)
+    return target, [kind, str(processes)]
 
 
 def main() -> None:
@@ -98,7 +51,7 @@ def main() -> None:
     counts = [int(n) for n in args.processes.split(",")]
     wrk = [ensure_deb("wrk", "wrk")]
     tmp = Path(tempfile.mkdtemp(prefix="turnout-bench-workers-"))
-    procs = []
+    procs: list[subprocess.Popen[bytes]] = []
     try:
         mock_port = free_port()
         mock_url = f"http://127.0.0.1:{mock_port}"
@@ -107,8 +60,7 @@ def main() -> None:
         targets: list[tuple[Target, list[str]]] = []
         for rpm in [None] if args.no_limited else [None, 1_000_000_000]:
             for n in counts:
-                target, meta = start_gateway(tmp / f"g{len(targets)}", mock_url, n, rpm)
-                procs.append(target.proc)  # type: ignore[arg-type]
+                target, meta = start_gateway(tmp / f"g{len(targets)}", mock_url, n, rpm, procs)
                 targets.append((target, meta))
         for t, _ in targets:
             wait_ready(t.url, t.proc, t.key)
