@@ -137,15 +137,12 @@ def cli_audit(db: Database, **entry: Any) -> None:
     AuditLog(db).record(actor=cli_actor(), **entry)
 
 
-def cli_audit_revocation(db: Database, before: Any, after: Any, now: float) -> None:
-    """The ``key.revoke`` entry of a key revoked from the command line (by ``key revoke`` or ``endpoint remove``)."""
+def cli_audit_key(db: Database, action: str, before: Any, after: Any, now: float) -> None:
+    """The audit entry of a key changed from the command line (``key.change``, ``key.rotate``, ``key.revoke`` by
+    ``key revoke`` or ``endpoint remove``): the key as it was and as it is (a rotation's ``after`` is the new key;
+    the target is the key as it was)."""
     cli_audit(
-        db,
-        action="key.revoke",
-        target=f"key:{after.prefix}",
-        before=before.to_json(now),
-        after=after.to_json(now),
-        now=now,
+        db, action=action, target=f"key:{before.prefix}", before=before.to_json(now), after=after.to_json(now), now=now
     )
 
 
@@ -315,14 +312,7 @@ def key_edit(
 
     with open_store(settings) as (_, db):
         before, after = KeyStore(db).update(ref, now=now, **changes)
-        cli_audit(
-            db,
-            action="key.change",
-            target=f"key:{after.prefix}",
-            before=before.to_json(now),
-            after=after.to_json(now),
-            now=now,
-        )
+        cli_audit_key(db, "key.change", before, after, now)
     echo_json(after.to_json(now))
 
 
@@ -358,7 +348,7 @@ def key_revoke(
             except KeyRevoked as exc:
                 typer.echo(f"turnout: {exc}", err=True)
                 return
-            cli_audit_revocation(db, before, after, now)
+            cli_audit_key(db, "key.revoke", before, after, now)
         prefix = after.prefix
     typer.echo(f"revoked {prefix}")
 
@@ -389,14 +379,7 @@ def key_rotate(
         with open_store(settings) as (_, db):
             grace_s = settings.auth.rotate_grace_s if spec.grace_s is None else spec.grace_s
             old_record, new_record, plaintext = KeyStore(db).rotate(ref, grace_s=grace_s, now=now)
-            cli_audit(
-                db,
-                action="key.rotate",
-                target=f"key:{old_record.prefix}",
-                before=old_record.to_json(now),
-                after=new_record.to_json(now),
-                now=now,
-            )
+            cli_audit_key(db, "key.rotate", old_record, new_record, now)
         new, old = new_record.to_json(now), old_record.to_json(now)
     typer.echo(plaintext)
     until = old.get("grace_until") or old.get("expires_at")

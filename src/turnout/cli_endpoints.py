@@ -24,7 +24,7 @@ from turnout.cli_accounts import (
     ConfigOption,
     admin_errors,
     cli_audit,
-    cli_audit_revocation,
+    cli_audit_key,
     cli_input,
     fail,
     gateway,
@@ -396,7 +396,7 @@ def _remove_on_store(settings: Settings, name: str, keep_keys: bool) -> list[str
         revoked = revoked or []
         prefixes = [after.prefix for _, after in revoked]
         for before, after in revoked:
-            cli_audit_revocation(db, before, after, now)
+            cli_audit_key(db, "key.revoke", before, after, now)
         cli_audit(
             db,
             action="endpoint.remove",
