@@ -6,7 +6,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -17,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
-
-TURNOUT = [sys.executable, "-m", "turnout"]
+from tests.support.cli import TURNOUT
 
 
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:

@@ -14,10 +14,10 @@ import pytest
 import typer
 
 from tests.conftest import free_port
+from tests.support.cli import TURNOUT
 from turnout import __version__
 from turnout.cli import app
 
-TURNOUT = [sys.executable, "-m", "turnout"]
 HEAVY = ("sqlalchemy", "alembic", "aiohttp", "cryptography", "jinja2", "prometheus_client", "rich", "yaml")
 
 

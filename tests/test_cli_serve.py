@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import free_port
+from tests.support.cli import TURNOUT
 from tests.support.ollama_emulator import Behaviour, OllamaEmulator
 from tests.support.served import Served
 from tests.support.threaded_gateway import LoopThread
 
-TURNOUT = [sys.executable, "-m", "turnout"]
 CAPS = ("bounding-set", "inh-caps")
 
 

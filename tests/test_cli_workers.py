@@ -6,15 +6,13 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port
+from tests.support.cli import TURNOUT
 from tests.support.served import Served
-
-TURNOUT = [sys.executable, "-m", "turnout"]
 
 
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Engine, GatewayFactory, eventually, free_port
+from tests.support.cli import TURNOUT
 from turnout.redaction import REDACTED, RedactingFilter, ServerLog, redact
 
 KEY_SECRET = "Zq9SeCrEtKeYvAlUe0123456789abcdefghijklmnop"  # 43 URL-safe characters, like a real key's tail
@@ -89,7 +89,7 @@ def _serving(
     out = tmp_path / "serve.out"
     with log.open("wb") as err_file, out.open("wb") as out_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "turnout", "serve", "-c", str(path), "--port", str(port), *flags],
+            [*TURNOUT, "serve", "-c", str(path), "--port", str(port), *flags],
             cwd=tmp_path,
             stdout=out_file,
             stderr=err_file,

@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import EmulatorFactory, free_port
+from tests.support.cli import TURNOUT
 from tests.support.served import Served
 from turnout.config import Settings
 from turnout.gateway.processes import processes_problem, split_caps
@@ -68,19 +68,7 @@ def _key(tmp: Path, **limits: Any) -> str:
 @contextmanager
 def two_processes(config: Path, port: int, *extra: str) -> Iterator[Served]:
     gateway = Served(
-        [
-            sys.executable,
-            "-m",
-            "turnout",
-            "serve",
-            "--config",
-            str(config),
-            "--port",
-            str(port),
-            "--workers",
-            "2",
-            *extra,
-        ],
+        [*TURNOUT, "serve", "--config", str(config), "--port", str(port), "--workers", "2", *extra],
         config.parent,
         _env(),
     )
@@ -277,7 +265,7 @@ async def test_sigterm_drains_a_stream_in_flight_and_exits_0(emulator: EmulatorF
 
 def _refused(args: list[str], cwd: Path) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "turnout", "serve", *args],
+        [*TURNOUT, "serve", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -330,7 +318,7 @@ def test_a_busy_port_is_one_line_with_two_processes(tmp_path: Path) -> None:
 @pytest.mark.parametrize("value", ["-1", "two", "257"])
 def test_workers_is_checked(tmp_path: Path, value: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "turnout", "serve", "--workers", value],
+        [*TURNOUT, "serve", "--workers", value],
         cwd=tmp_path,
         capture_output=True,
         text=True,

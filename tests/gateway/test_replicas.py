@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +14,7 @@ from pathlib import Path
 import aiohttp
 
 from tests.conftest import EmulatorFactory, free_port
+from tests.support.cli import TURNOUT
 from turnout.store.db import Database
 from turnout.store.keys import KeyStore
 
@@ -24,18 +24,7 @@ def replica(config: Path) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "t"}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "turnout",
-            "serve",
-            "--config",
-            str(config),
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
+        [*TURNOUT, "serve", "--config", str(config), "--port", str(port), "--log-level", "warning"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=env,
