@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
 import shutil
 import subprocess
@@ -103,10 +102,7 @@ def main() -> None:
         got = bench.run_wrk(wrk, target, args.stream, args.c, args.seconds, tmp, mock_url)
         sampler.wait(args.seconds + 30)
     finally:
-        for proc in procs:
-            os.killpg(proc.pid, 15)
-        for proc in procs:
-            proc.wait(10)
+        bench.stop_all(procs)
     total, areas = summarise(raw)
     mode = "stream (64 SSE chunks)" if args.stream else "non-stream"
     print(f"\n{mode}, c={args.c}: {got['rps']:.0f} req/s, {bench._us(got):.0f} us CPU per request, {total} samples")

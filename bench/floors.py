@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import statistics
 import sys
@@ -127,10 +126,7 @@ def main() -> None:
                 cells[target.name].append(got)
                 print(f"  round {round_ + 1} {target.name:26} {bench._us(got):6.0f} us CPU/req", file=sys.stderr)
     finally:
-        for proc in procs:
-            os.killpg(proc.pid, 15)
-        for proc in procs:
-            proc.wait(10)
+        bench.stop_all(procs)
         shutil.rmtree(tmp, ignore_errors=True)
     full = statistics.median(bench._us(g) for g in cells[targets[-1].name])
     print(f"\nnon-stream, c={args.concurrency}, median of {args.rounds} rounds, each server pinned to CPU {pin}\n")

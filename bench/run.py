@@ -181,6 +181,19 @@ def start(
 _logs: dict[int, Any] = {}
 
 
+def stop_all(procs: list[subprocess.Popen[bytes]], wait_s: float = 10) -> None:
+    """SIGTERM every target's process group, then wait for each, SIGKILLing one that outlasts ``wait_s``."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+    for proc in procs:
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
 def _tail(proc: subprocess.Popen[bytes]) -> str:
     log = _logs.get(proc.pid)
     if log is None:
@@ -523,14 +536,7 @@ def main() -> None:
         memory = {t.name: rss_mib(t.proc) for t in targets}
         print_table(targets, results, levels, memory, args.duration, args.rounds, pin)
     finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 15)
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
+        stop_all(procs)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

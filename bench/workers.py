@@ -15,7 +15,6 @@ Needs wrk (installed with apt-get by bench/run.py's helper when missing).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import statistics
@@ -25,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.run import BENCH, Target, ensure_deb, free_port, rss_mib, run_wrk, start, start_turnout, wait_ready
+from bench.run import BENCH, Target, ensure_deb, free_port, rss_mib, run_wrk, start, start_turnout, stop_all, wait_ready
 
 __all__ = ["main"]
 
@@ -110,18 +109,7 @@ def main() -> None:
                         f"{vs_cpu} | {vs_rps} | {'-' if mib is None else f'{mib:.0f}'} |"
                     )
     finally:
-        for proc in procs:
-            if proc is None:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 15)
-        for proc in procs:
-            if proc is None:
-                continue
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
+        stop_all(procs, 30)  # a gateway of several processes drains them all
         shutil.rmtree(tmp, ignore_errors=True)
 
 
