@@ -311,6 +311,33 @@ async def test_a_worker_that_keeps_sending_after_the_end_loses_the_connection(st
     assert loop.time() - began < 4
 
 
+async def test_a_client_leaving_after_a_complete_stream_is_a_success(start: Start) -> None:
+    """The answer is complete at the terminal frame: a client that hangs up then (the worker still sending the
+    rest of its body) leaves a served request, counted with its tokens, not a failed one refunded."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    body = b"%x\r\n%s\r\n" % (len(FINISHED_SSE), FINISHED_SSE)
+    trickle = [b"5\r\njunk\n\r\n"] * 10  # a second more of bytes after [DONE]
+    gw, _ = await start("openai", Reply([head, body, *trickle], gap_s=0.1))
+    # a session closed at once after the answer: its connection goes with it, while the worker still sends
+    async with (
+        aiohttp.ClientSession() as once,
+        once.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True}) as r,
+    ):
+        assert r.status == 200 and await r.read() == FINISHED_SSE
+
+    async def recorded() -> list[dict[str, Any]] | None:
+        async with (
+            aiohttp.ClientSession(headers=gw.admin_headers) as admin,
+            admin.get(f"{gw.url}/admin/api/usage?since=1h") as r,
+        ):
+            rows: list[dict[str, Any]] = (await r.json())["rows"]
+        return rows or None
+
+    (row,) = await eventually(recorded, "the request's usage row", limit_s=5, every_s=0.1)
+    assert (row["requests"], row["errors"], row["statuses"]) == (1, 0, {"200": 1})
+    assert row["completion_tokens"] == 2  # the stream's two content events (the worker reported no usage)
+
+
 async def test_an_answer_over_the_size_bound_is_an_error(start: Start) -> None:
     gw, raw = await start("openai", Reply([http(200, b'{"a": "' + b"x" * 5000 + b'"}')]))
     client = UpstreamClient(connect_timeout_s=2, total_timeout_s=5)

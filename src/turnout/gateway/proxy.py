@@ -45,8 +45,9 @@ __all__ = ["Proxy"]
 _SHAPE_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError)
 # No-route answers that, for a claimed model, mean "in a transition" rather than what they say.
 _UNROUTABLE = frozenset({"no_healthy_worker", "no_workers", "model_not_found", "model_not_installed"})
-# After a stream's terminal frame the rest of the body is read for keep-alive, for at most this long; a
-# worker still sending then loses the connection (and no longer holds the request's slot).
+# After a stream's terminal frame the client's answer is complete and the request ends (its slot is freed, a
+# client that leaves now cancels nothing); the rest of the worker's body is read in the background, for keep-alive,
+# for at most this long, and a worker still sending then loses the connection.
 _DRAIN_S = 1.0
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -169,11 +170,8 @@ class Proxy:
             await resp.prepare(request)
             first: float | None = None
             answered = False  # the client's response is complete (eof written)
-            drain: asyncio.TimerHandle | None = None
             try:
                 async for chunk in up.chunks():
-                    if answered:
-                        continue  # the body after a terminal frame is read (for keep-alive), never forwarded
                     worker.record_progress(loop.time())
                     data = watch.feed(chunk)
                     if data:
@@ -182,8 +180,9 @@ class Proxy:
                         await resp.write(data)
                     if watch.ended:
                         answered = True
-                        drain = loop.call_later(_DRAIN_S, up.abandon)
+                        up.finish_later(_DRAIN_S)
                         await self._end_stream(resp, call.dialect, worker, watch, outcome, loop.time())
+                        break
                 if not answered:
                     watch.close()
                     answered = True
@@ -196,9 +195,6 @@ class Proxy:
                 if not answered:
                     await _cut_short(resp, call.dialect)
                 raise
-            finally:
-                if drain is not None:
-                    drain.cancel()
             if watch.finished:
                 final = watch.final if watch.final is not None else {"usage": watch.usage}
                 elapsed = time.perf_counter() - (first or started)
@@ -378,11 +374,8 @@ class Proxy:
         watch = StreamWatch(StreamKind.SSE, collect=True)
         first_ns = 0
         answered = False
-        drain: asyncio.TimerHandle | None = None
         try:
             async for chunk in up.chunks():
-                if answered:
-                    continue  # read to the end for keep-alive; nothing after the terminator counts
                 worker.record_progress(loop.time())
                 watch.feed(chunk)
                 lines: list[bytes] = []
@@ -395,9 +388,10 @@ class Proxy:
                         first_ns = time.perf_counter_ns() - started
                     await resp.write(b"".join(lines))
                 if watch.ended:
-                    drain = loop.call_later(_DRAIN_S, up.abandon)
+                    up.finish_later(_DRAIN_S)
                     await self._finish_translated(resp, call, worker, watch, translator, started, first_ns, outcome)
                     answered = True
+                    break
             if not answered:
                 watch.close()
                 await self._finish_translated(resp, call, worker, watch, translator, started, first_ns, outcome)
@@ -409,9 +403,6 @@ class Proxy:
             if not answered:
                 await _cut_short(resp, Dialect.OLLAMA)
             raise
-        finally:
-            if drain is not None:
-                drain.cancel()
         return resp
 
     async def _finish_translated(

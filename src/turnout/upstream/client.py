@@ -33,13 +33,20 @@ MAX_ANSWER_BYTES = 256 << 20  # a non-streamed answer is buffered whole: bounded
 
 
 class UpstreamResponse:
-    __slots__ = ("_conn", "_label", "content_type", "status")
+    __slots__ = ("_conn", "_label", "content_type", "settle_s", "status")
 
     def __init__(self, conn: Connection, label: str) -> None:
         self._conn = conn
         self._label = label
         self.status = conn.status
         self.content_type = conn.content_type
+        self.settle_s: float | None = None
+
+    def finish_later(self, limit_s: float) -> None:
+        """The caller has what it needs: when it leaves the request, the rest of the body is read (and dropped)
+        in the background for at most ``limit_s``, so that the connection can be reused, instead of being closed
+        at once; the caller does not wait for it."""
+        self.settle_s = limit_s
 
     async def read(self, limit: int = MAX_ANSWER_BYTES) -> bytes:
         """The whole body; an answer larger than ``limit`` bytes is an UpstreamError (and is not reused)."""
@@ -81,12 +88,31 @@ class UpstreamClient:
     ) -> None:
         self._total_timeout = total_timeout_s
         self._pool = Pool(connect_timeout_s, resolver)
+        self._settling: set[asyncio.Task[None]] = set()  # connections reading the rest of a body (finish_later)
 
     async def start(self) -> None:
         """Nothing to open up front; kept so the app lifecycle reads symmetrically."""
 
     async def close(self) -> None:
+        for task in list(self._settling):
+            task.cancel()
         self._pool.close()
+
+    async def _settle(self, conn: Connection, limit_s: float) -> None:
+        """Read the rest of a body nobody waits for, then pool the connection (closed unless it ended clean)."""
+        try:
+            async with asyncio.timeout(limit_s):
+                while not conn.complete and conn.error is None:
+                    if conn.body:
+                        conn.take()
+                    else:
+                        await conn.wait()
+        except TimeoutError:
+            pass  # still sending: release() closes it
+        except BaseException:
+            conn.close()
+            raise
+        self._pool.release(conn)
 
     @asynccontextmanager
     async def request(
@@ -140,14 +166,20 @@ class UpstreamClient:
             message = error.message if isinstance(error, UpstreamError) else str(error)
             code = error.code if isinstance(error, UpstreamError) else None
             raise UpstreamError(message if message.startswith(label) else f"{label}: {message}", code=code)
+        response = UpstreamResponse(conn, label)
         try:
-            yield UpstreamResponse(conn, label)
+            yield response
         except BaseException:
             conn.close()  # abandoned mid-body (client gone, error): never reuse the connection
             raise
         finally:
             timer.cancel()
-        self._pool.release(conn)
+        if response.settle_s is not None and not conn.complete and conn.error is None and not conn.lost:
+            task = asyncio.get_running_loop().create_task(self._settle(conn, response.settle_s))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+        else:
+            self._pool.release(conn)
 
     async def get_json(
         self, url: str, *, label: str, timeout_s: float, headers: Mapping[str, str] | None = None
