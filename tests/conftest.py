@@ -25,6 +25,7 @@ from tests.support.ollama_emulator import Behaviour, OllamaEmulator
 from tests.support.tiny_gguf import write_tiny_model
 from turnout.config import Settings, load_settings
 from turnout.gateway.app import create_app
+from turnout.gateway.server import start_runner
 
 ADMIN_TOKEN = "test-admin-token"
 
@@ -51,6 +52,16 @@ async def serve_app(app: web.Application, **runner_options: Any) -> tuple[str, w
     """Serve an aiohttp app on a free loopback port; the caller cleans the runner up."""
     runner = web.AppRunner(app, **runner_options)
     await runner.setup()
+    return await _site(runner)
+
+
+async def serve_gateway(app: web.Application) -> tuple[str, web.AppRunner]:
+    """Serve a gateway app as `turnout serve` does (its request handler, handler cancellation) on a free
+    loopback port; the caller cleans the runner up."""
+    return await _site(await start_runner(app, handler_cancellation=True))
+
+
+async def _site(runner: web.AppRunner) -> tuple[str, web.AppRunner]:
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     return f"http://127.0.0.1:{port}", runner
@@ -261,7 +272,7 @@ async def gateways(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
         path.write_text(json.dumps(config))
         settings = load_settings(path, env=env or {})
         app = create_app(settings, admin_token=ADMIN_TOKEN)
-        url, runner = await serve_app(app, handler_cancellation=True)
+        url, runner = await serve_gateway(app)
         gw = Gateway(url, app, settings, data_dir, runner)
         runners.append(gw)
         return gw

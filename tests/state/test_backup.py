@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import ADMIN_TOKEN, EmulatorFactory, Gateway, GatewayFactory, serve_app, worker
+from tests.conftest import ADMIN_TOKEN, EmulatorFactory, Gateway, GatewayFactory, serve_gateway, worker
 from turnout.config import load_settings
 from turnout.controller.local import ClaimFiles
 from turnout.gateway.app import create_app
@@ -76,7 +76,7 @@ def db_dump(url: str) -> dict[str, list[Any]]:
 async def start(config: Path, env: dict[str, str]) -> tuple[str, Any]:
     """A new gateway app on the config file as it is now (what a restart would run)."""
     app = create_app(load_settings(config, env=env), admin_token=ADMIN_TOKEN)
-    return await serve_app(app, handler_cancellation=True)
+    return await serve_gateway(app)
 
 
 async def populate(gw: Gateway, cloud_url: str) -> str:

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from turnout.config import load_settings
 from turnout.gateway.app import create_app
+from turnout.gateway.server import start_runner
 
 __all__ = ["Client", "LoopThread", "Response", "Started", "threaded_gateway"]
 
@@ -89,8 +90,7 @@ def threaded_gateway(
 
         async def serve() -> tuple[web.AppRunner, int]:
             app = create_app(settings, admin_token="fuzz-admin-token")
-            r = web.AppRunner(app, handler_cancellation=True)
-            await r.setup()
+            r = await start_runner(app, handler_cancellation=True)
             site = web.TCPSite(r, "127.0.0.1", 0)
             await site.start()
             server = site._server

@@ -11,7 +11,8 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.web_urldispatcher import AbstractRoute, PlainResource, UrlMappingMatchInfo
 
 from turnout.admin.accounts import AdminSignIns, add_account_routes
 from turnout.admin.api import add_admin_routes
@@ -53,6 +54,7 @@ from turnout.gateway.limiter import LocalLimiter, RedisLimiter, TokenLimiter
 from turnout.gateway.peers import Peers
 from turnout.gateway.proxy import Proxy
 from turnout.gateway.routes import add_client_routes
+from turnout.gateway.server import Handler
 from turnout.gateway.store_limiter import StoreLimiter
 from turnout.metrics import Metrics
 from turnout.redaction import handler_args
@@ -68,7 +70,7 @@ from turnout.store.secrets import SecretBox
 from turnout.store.usage import UsageStore
 from turnout.upstream.client import UpstreamClient
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "fixed_routes", "request_handler"]
 
 log = logging.getLogger("turnout.gateway")
 
@@ -89,11 +91,22 @@ def _dialect(path: str) -> Dialect:
 async def _middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    app = request.app
-    metrics = app[METRICS]
-    dialect = _dialect(request.path)
+    """The app's one middleware, for a request aiohttp's router resolved (see :func:`request_handler`)."""
     resource = request.match_info.route.resource
     endpoint = resource.canonical if resource is not None else "unmatched"
+    return await _respond(request, handler, _dialect(request.path), endpoint)
+
+
+async def _respond(
+    request: web.Request,
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    dialect: Dialect,
+    endpoint: str,
+) -> web.StreamResponse:
+    """Every request's frame: admin auth, errors in the route's dialect, metrics, and catching up with the
+    other processes of `turnout serve --workers N`."""
+    app = request.app
+    metrics = app[METRICS]
     started = time.perf_counter()
     metrics.in_flight.inc()
     peers = app.get(PEERS)
@@ -123,6 +136,53 @@ async def _middleware(
         metrics.in_flight.dec()
     metrics.request_done(dialect.value, endpoint, response.status, time.perf_counter() - started)
     return response
+
+
+def fixed_routes(app: web.Application) -> dict[tuple[str, str], tuple[AbstractRoute, Dialect, str]]:
+    """(method, path) -> (route, dialect, metrics label) for every request aiohttp's router would resolve to a
+    plain resource's route with that method: what :func:`request_handler` takes without the router."""
+    fixed: dict[tuple[str, str], tuple[AbstractRoute, Dialect, str]] = {}
+    any_method: set[str] = set()  # paths a "*" route took first: the router picks it for every method
+    for route in app.router.routes():  # in the order they were added, which is the order the router tries
+        resource = route.resource
+        if not isinstance(resource, PlainResource):
+            continue
+        path = resource.canonical
+        if route.method == hdrs.METH_ANY:
+            any_method.add(path)
+        elif path not in any_method:
+            fixed.setdefault((route.method, path), (route, _dialect(path), path))
+    return fixed
+
+
+def request_handler(app: web.Application) -> Handler:
+    """What the server calls for each request of ``app`` (``web.Server.request_handler``; see
+    :func:`turnout.gateway.server.start_runner`).
+
+    A request for one of the app's fixed paths (``POST /v1/chat/completions``, ``GET /v1/models``, ...: a
+    plain resource with a concrete method) goes straight to its handler inside :func:`_respond`, without
+    aiohttp's router walk and middleware chain, which cost about a twentieth of a proxied request's CPU
+    (bench/README.md). The rest (paths with variables or a query, percent-escapes, ``Expect``, unknown routes,
+    a method the path does not take) goes through ``app._handle`` as usual. Both end in the same handler and
+    the same :func:`_respond`, so the answer is the same either way (tests/gateway/test_request_handler.py).
+    ``app`` must be frozen (its runner set up): its routes no longer change."""
+    if tuple(app.middlewares) != (_middleware,):  # someone added a middleware: the router's way applies it
+        return app._handle  # type: ignore[return-value]  # aiohttp's server only makes web.Request
+    fixed = fixed_routes(app)
+    handle = app._handle
+
+    async def handle_request(request: web.BaseRequest) -> web.StreamResponse:
+        found = fixed.get((request.method, request.raw_path))
+        if found is None or hdrs.EXPECT in request.headers:
+            return await handle(request)  # type: ignore[arg-type]  # aiohttp's server only makes web.Request
+        route, dialect, endpoint = found
+        match_info = UrlMappingMatchInfo({}, route)
+        match_info.add_app(app)
+        match_info.freeze()
+        request._match_info = match_info  # type: ignore[attr-defined]  # what app._handle sets after resolving
+        return await _respond(request, route.handler, dialect, endpoint)  # type: ignore[arg-type]
+
+    return handle_request
 
 
 async def _metrics(request: web.Request) -> web.Response:

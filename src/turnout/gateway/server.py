@@ -27,7 +27,9 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["BindError", "Drained", "bind", "loop_factory", "run"]
+__all__ = ["BindError", "Drained", "Handler", "bind", "loop_factory", "run", "start_runner"]
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]  # web.Server's request_handler
 
 _CANCEL_WAIT_S = 5.0  # for cancelled requests to write their last frame and finish
 
@@ -99,24 +101,26 @@ class _InFlight:
     def count(self) -> int:
         return len(self.tasks)
 
-    @web.middleware
-    async def middleware(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        task = asyncio.current_task()
-        assert task is not None
-        self.tasks.add(task)
-        self.idle.clear()
-        try:
-            return await handler(request)
-        except asyncio.CancelledError:
-            if self.stopping:
-                self.closed += 1
-            raise
-        finally:
-            self.tasks.discard(task)
-            if not self.tasks:
-                self.idle.set()
+    def counting(self, handler: Handler) -> Handler:
+        """``handler`` with its requests counted: the outermost layer, so whatever the app does counts."""
+
+        async def counted(request: web.BaseRequest) -> web.StreamResponse:
+            task = asyncio.current_task()
+            assert task is not None
+            self.tasks.add(task)
+            self.idle.clear()
+            try:
+                return await handler(request)
+            except asyncio.CancelledError:
+                if self.stopping:
+                    self.closed += 1
+                raise
+            finally:
+                self.tasks.discard(task)
+                if not self.tasks:
+                    self.idle.set()
+
+        return counted
 
     async def drain(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for the requests to finish, then cancel the rest while their connections are
@@ -128,6 +132,23 @@ class _InFlight:
             task.cancel()
         if left:
             await asyncio.wait(left, timeout=_CANCEL_WAIT_S)
+
+
+async def start_runner(
+    app: web.Application, *, wrap: Callable[[Handler], Handler] | None = None, **options: Any
+) -> web.AppRunner:
+    """``app`` set up (its start-up run) for serving, with the gateway's own request handler
+    (:func:`turnout.gateway.app.request_handler`), ``wrap``-ped if given; ``options`` go to ``web.AppRunner``.
+    Add sites to the runner to serve; the tests serve the gateway through this too."""
+    from turnout.gateway.app import request_handler  # here: `turnout serve`'s supervisor only binds
+
+    runner = web.AppRunner(app, **options)
+    await runner.setup()
+    server = runner.server
+    assert server is not None
+    handler = request_handler(app)
+    server.request_handler = handler if wrap is None else wrap(handler)  # read by each connection as it opens
+    return runner
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
@@ -150,7 +171,6 @@ def run(
 ) -> Drained:
     """Serve ``app`` on ``sockets`` until SIGINT or SIGTERM, then drain (see the module docstring)."""
     in_flight = _InFlight()
-    app.middlewares.insert(0, in_flight.middleware)  # outermost: counts whatever the app's own middleware does
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(_serve(app, sockets, in_flight, drain_timeout_s, access_log, on_ready, on_stopping))
 
@@ -166,10 +186,16 @@ async def _serve(
 ) -> Drained:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    runner = web.AppRunner(  # the drain is done by in_flight.drain: the runner's own shutdown only tidies up
-        app, handle_signals=False, access_log=access_log, handler_cancellation=True, shutdown_timeout=_CANCEL_WAIT_S
+    # The app's start-up (store, pollers) runs here; sockets queue connections meanwhile. The drain is done by
+    # in_flight.drain: the runner's own shutdown only tidies up.
+    runner = await start_runner(
+        app,
+        wrap=in_flight.counting,
+        handle_signals=False,
+        access_log=access_log,
+        handler_cancellation=True,
+        shutdown_timeout=_CANCEL_WAIT_S,
     )
-    await runner.setup()  # the app's start-up (store, pollers) runs here; sockets queue connections meanwhile
     # Everything allocated so far (modules, the app, the store's engine) lives as long as the process: keep it
     # out of the garbage collector's full passes, which otherwise walk it all while requests wait.
     gc.freeze()
