@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
@@ -82,6 +81,58 @@ class UpstreamResponse:
             await conn.wait()
 
 
+class _Exchange:
+    """One ``async with client.request(...)`` block (a class, not ``asynccontextmanager``: it runs for every
+    proxied request, and a generator-based context manager costs several microseconds more)."""
+
+    __slots__ = (
+        "body",
+        "client",
+        "guard",
+        "headers",
+        "headers_timeout_s",
+        "label",
+        "method",
+        "response",
+        "timeout_s",
+        "timer",
+        "url",
+    )
+
+    def __init__(
+        self,
+        client: UpstreamClient,
+        method: str,
+        url: str,
+        label: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | None,
+        timeout_s: float | None,
+        guard: DialGuard | None,
+        headers_timeout_s: float | None,
+    ) -> None:
+        self.client = client
+        self.method = method
+        self.url = url
+        self.label = label
+        self.body = body
+        self.headers = headers
+        self.timeout_s = timeout_s
+        self.guard = guard
+        self.headers_timeout_s = headers_timeout_s
+        self.response: UpstreamResponse | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> UpstreamResponse:
+        self.response = await self.client._open(self)
+        return self.response
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        assert self.timer is not None and self.response is not None
+        self.timer.cancel()
+        self.client._close(self.response, kind is not None)
+
+
 class UpstreamClient:
     def __init__(
         self, *, connect_timeout_s: float, total_timeout_s: float, resolver: Resolver = system_resolver
@@ -114,8 +165,7 @@ class UpstreamClient:
             raise
         self._pool.release(conn)
 
-    @asynccontextmanager
-    async def request(
+    def request(
         self,
         method: str,
         url: str,
@@ -126,15 +176,21 @@ class UpstreamClient:
         timeout_s: float | None = None,
         guard: DialGuard | None = None,
         headers_timeout_s: float | None = None,
-    ) -> AsyncIterator[UpstreamResponse]:
-        """``guard``: SSRF policy for the dial. ``headers_timeout_s``: give up (UpstreamError, code
-        ``headers_timeout``) when no response headers arrived in time (fallback latency budgets)."""
-        target = split_url(url)
-        data = encode_request(method, target, headers, body)
+    ) -> _Exchange:
+        """``async with client.request(...) as response``: the response once its head arrived; leaving the block
+        releases the connection (pooled if its body was read to a clean end). ``guard``: SSRF policy for the
+        dial. ``headers_timeout_s``: give up (UpstreamError, code ``headers_timeout``) when no response headers
+        arrived in time (fallback latency budgets)."""
+        return _Exchange(self, method, url, label, body, headers, timeout_s, guard, headers_timeout_s)
+
+    async def _open(self, x: _Exchange) -> UpstreamResponse:
+        label, headers_timeout_s = x.label, x.headers_timeout_s
+        target = split_url(x.url)
+        data = encode_request(x.method, target, x.headers, x.body)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (timeout_s or self._total_timeout)
+        deadline = loop.time() + (x.timeout_s or self._total_timeout)
         while True:
-            conn, reused = await self._pool.connect(target, label, guard)
+            conn, reused = await self._pool.connect(target, label, x.guard)
             timer = loop.call_at(deadline, conn.timed_out, label)
             try:
                 assert conn.transport is not None
@@ -157,7 +213,8 @@ class UpstreamClient:
                 conn.close()
                 raise
             if conn.headers_done:
-                break
+                x.timer = timer
+                return UpstreamResponse(conn, label)
             timer.cancel()
             conn.close()
             if reused and not conn.received_any and loop.time() < deadline:
@@ -166,15 +223,14 @@ class UpstreamClient:
             message = error.message if isinstance(error, UpstreamError) else str(error)
             code = error.code if isinstance(error, UpstreamError) else None
             raise UpstreamError(message if message.startswith(label) else f"{label}: {message}", code=code)
-        response = UpstreamResponse(conn, label)
-        try:
-            yield response
-        except BaseException:
+
+    def _close(self, response: UpstreamResponse, failed: bool) -> None:
+        """The caller left the block: ``failed`` (an exception, the client gone) closes the connection; else it
+        is pooled, or read to its end in the background first (``finish_later``)."""
+        conn = response._conn
+        if failed:
             conn.close()  # abandoned mid-body (client gone, error): never reuse the connection
-            raise
-        finally:
-            timer.cancel()
-        if response.settle_s is not None and not conn.complete and conn.error is None and not conn.lost:
+        elif response.settle_s is not None and not conn.complete and conn.error is None and not conn.lost:
             task = asyncio.get_running_loop().create_task(self._settle(conn, response.settle_s))
             self._settling.add(task)
             task.add_done_callback(self._settling.discard)

@@ -116,6 +116,7 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.lost = False
         self.poisoned = False  # something arrived that belongs to no request: never reuse
+        self._poller: select.poll | None = None  # the socket's readability, checked before each reuse
         self._reset()
 
     def _reset(self) -> None:
@@ -154,11 +155,13 @@ class Connection(asyncio.Protocol):
         """For a pooled connection: still open and nothing waiting to be read (no stray bytes, no EOF)."""
         if self.lost or self.poisoned or self.transport is None or self.transport.is_closing():
             return False
-        sock = self.transport.get_extra_info("socket")
-        if sock is None:
-            return False
-        poller = select.poll()
-        poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        poller = self._poller
+        if poller is None:  # made once per connection: this runs before every reuse
+            sock = self.transport.get_extra_info("socket")
+            if sock is None:
+                return False
+            poller = self._poller = select.poll()
+            poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
         return not poller.poll(0)
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
