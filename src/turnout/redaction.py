@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -183,11 +184,30 @@ class _CliHandler(logging.StreamHandler):  # type: ignore[type-arg]  # generic o
     """The stderr handler :func:`configure_logging` installs (and replaces when called again)."""
 
 
+class _TextFormatter(logging.Formatter):
+    """logging's text formatter, with the time's text made once a second (not once a line: the access log
+    writes a line per request)."""
+
+    def __init__(self, fmt: str) -> None:
+        super().__init__(fmt)
+        self._second = -1
+        self._text = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        if second != self._second:
+            self._text = time.strftime(self.default_time_format, self.converter(record.created))
+            self._second = second
+        return f"{self._text},{int(record.msecs):03d}"  # logging's default_msec_format, "%s,%03d"
+
+
 def _formatter(log_format: str, pid: bool = False) -> logging.Formatter:
     if log_format != "json":
         if pid:  # `serve --workers N`: which process wrote the line
-            return logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
-        return logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+            return _TextFormatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+        return _TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pythonjsonlogger.orjson import OrjsonFormatter  # imported only when asked for: the CLI starts fast
 
     # {"time": "2026-12-03T18:20:00.123+00:00", "level": "INFO", "logger": "turnout.access", "message": ...,
