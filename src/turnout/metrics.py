@@ -36,6 +36,19 @@ class _FleetCollector(Collector):
         yield models
 
 
+class _InFlightCollector(Collector):
+    """Client requests being served: a plain count the request path keeps (``Metrics.requests_in_flight``),
+    read at scrape time; a Gauge takes a lock twice per request."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        yield GaugeMetricFamily(
+            "turnout_in_flight_requests", "client requests being served", value=self.metrics.requests_in_flight
+        )
+
+
 class Metrics:
     def __init__(self, fleet: Fleet) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -49,7 +62,8 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.in_flight = Gauge("turnout_in_flight_requests", "client requests being served", registry=self.registry)
+        self.requests_in_flight = 0  # exported as turnout_in_flight_requests
+        self.registry.register(_InFlightCollector(self))
         self.routing = Counter("turnout_routing_decisions", "routing outcomes", ["outcome"], registry=self.registry)
         self.queue_wait = Histogram(
             "turnout_queue_wait_seconds",

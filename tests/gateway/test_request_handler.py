@@ -84,6 +84,7 @@ async def test_a_fixed_path_is_answered_as_the_routers_way_answers_it(gw: Gatewa
     sample = r'turnout_requests_total\{api="openai",endpoint="/v1/chat/completions",status="200"\} (\S+)'
     line = re.search(sample, metrics)
     assert line is not None and float(line[1]) == 2  # once each way
+    assert "\nturnout_in_flight_requests 1.0\n" in metrics  # the scrape itself, counted on the fast way
 
 
 async def test_expect_continue_is_left_to_the_router(gw: Gateway) -> None:

@@ -139,7 +139,7 @@ class AccessLog(AbstractAccessLogger):
             if row.fallback_from is not None:
                 origin = fields["fallback_from"] = redact(row.fallback_from)
                 line += f" fallback_from={_value(origin)}"
-        code = response.get(ERROR_CODE)
+        code = response.get(ERROR_CODE) if status >= 400 else None  # only error answers have one
         if code is not None:
             fields["error"] = code
             line += f" error={_value(code)}"

@@ -74,7 +74,7 @@ __all__ = ["create_app", "fixed_routes", "request_handler"]
 
 log = logging.getLogger("turnout.gateway")
 
-PEERS: web.AppKey[Peers] = web.AppKey("peers")  # only with `turnout serve --workers N`, N > 1
+PEERS: web.AppKey[Peers | None] = web.AppKey("peers")  # None but with `turnout serve --workers N`, N > 1
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
 LIMITS_LOCK = "limits.lock"  # SQLite: the processes' admissions queue on it (turnout.store.limit_counters)
 
@@ -108,8 +108,8 @@ async def _respond(
     app = request.app
     metrics = app[METRICS]
     started = time.perf_counter()
-    metrics.in_flight.inc()
-    peers = app.get(PEERS)
+    metrics.requests_in_flight += 1
+    peers = app[PEERS]  # always set: .get() of a missing key costs an exception on every request
     try:
         if peers is not None and peers.moved():
             await peers.catch_up()  # another process changed keys, placement or endpoints: take them first
@@ -133,7 +133,7 @@ async def _respond(
         log.exception("unhandled error on %s %s", request.method, request.path)
         response = error_response(dialect, TurnoutError("internal error; see the gateway log"))
     finally:
-        metrics.in_flight.dec()
+        metrics.requests_in_flight -= 1
     metrics.request_done(dialect.value, endpoint, response.status, time.perf_counter() - started)
     return response
 
@@ -301,8 +301,7 @@ def create_app(settings: Settings, *, admin_token: str, processes: int = 1) -> w
     if claims is not None:
         claims.on_change = dispatcher.wake_all
         app[PROXY].claims = claims
-    if processes > 1:
-        app[PEERS] = Peers(ChangeCounter(settings.data_dir), lambda: _catch_up(app))
+    app[PEERS] = Peers(ChangeCounter(settings.data_dir), lambda: _catch_up(app)) if processes > 1 else None
     add_client_routes(app)
     add_admin_routes(app)
     add_account_routes(app)
@@ -329,8 +328,9 @@ def create_app(settings: Settings, *, admin_token: str, processes: int = 1) -> w
         await accountant.close()
         await client.close()
         database.close()
-        if processes > 1:
-            app[PEERS].close()
+        peers = app[PEERS]
+        if peers is not None:
+            peers.close()
         mark.release()
 
     app.cleanup_ctx.append(lifecycle)
