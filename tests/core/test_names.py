@@ -60,3 +60,15 @@ def test_bad_names(name: object, fragment: str) -> None:
 @pytest.mark.parametrize("name", ["llama3.2", "qwen3:8b", "hf.co/org/repo:Q4_K_M", "x" * MAX_MODEL_NAME, "modèle"])
 def test_good_names(name: str) -> None:
     assert model_name_problem(name) is None
+
+
+def test_exactly_the_control_characters_are_refused() -> None:
+    """Every code point: refused when it is a C0/C1 control, DEL or a line/paragraph separator, accepted
+    otherwise (non-printable but harmless ones too, such as a no-break space or a zero-width joiner)."""
+    for code in range(0x110000):
+        ch = chr(code)
+        control = code < 0x20 or 0x7F <= code <= 0x9F or code in (0x2028, 0x2029)
+        problem = model_name_problem(f"m{ch}x")
+        assert (problem is not None) is control, hex(code)
+        if control:
+            assert f"U+{code:04X}" in str(problem)

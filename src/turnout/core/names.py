@@ -56,6 +56,8 @@ def model_name_problem(name: object, field: str = "model") -> str | None:
         return f'"{field}" is empty: name the model to use'
     if len(name) > MAX_MODEL_NAME:
         return f'"{field}" is {len(name)} characters long; model names are at most {MAX_MODEL_NAME}'
+    if name.isprintable():  # at C speed: none of the characters below is printable
+        return None
     for ch in name:
         if ch < " " or ch == "\x7f" or "\x80" <= ch <= "\x9f" or ch in "\u2028\u2029":
             return f'"{field}" contains the control character U+{ord(ch):04X}; model names are printable text'
