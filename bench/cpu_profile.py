@@ -33,7 +33,7 @@ AREAS = [
     ),
     (
         "key, limits, usage accounting",
-        r"turnout/(gateway/(accounting|limiter|store_limiter)|store/|core/(latency|limits))",
+        r"turnout/(gateway/(accounting|limiter|shared_limits)|store/|core/(latency|limits))",
     ),
     ("metrics (prometheus)", r"(prometheus_client|turnout/metrics\.py)"),
     ("access log", r"turnout/(gateway/access|redaction)\.py|logging/__init__"),

@@ -315,9 +315,12 @@ def _serve_processes(
     """`serve --workers N`: the supervisor's side (turnout.gateway.processes says how it works)."""
     from turnout.gateway import processes, server
     from turnout.gateway.app import create_app
+    from turnout.gateway.shared_limits import LimitKeeper
 
-    def serve_one(index: int, report: Any) -> None:
-        application = create_app(processes.split_caps(settings, index, count), admin_token=token, processes=count)
+    def serve_one(index: int, report: Any, limits: Any) -> None:
+        application = create_app(
+            processes.split_caps(settings, index, count), admin_token=token, processes=count, limits=limits
+        )
         drained = server.run(
             application,
             groups[index],
@@ -332,6 +335,7 @@ def _serve_processes(
         count,
         groups,
         serve_one,
+        keeper=None if settings.storage.redis_url else LimitKeeper(),  # with Redis, Redis counts
         on_ready=lambda: typer.echo(serving),
         on_stopping=lambda: typer.echo(
             f"turnout: stopping {count} gateway processes; requests in flight get up to {drain_timeout:g} s to finish"

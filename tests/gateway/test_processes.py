@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import EmulatorFactory, free_port
+from tests.conftest import EmulatorFactory, eventually, free_port
 from tests.support.cli import TURNOUT
 from tests.support.served import Served
 from turnout.config import Settings
@@ -159,6 +159,34 @@ async def test_rpm_is_exact_across_two_processes(emulator: EmulatorFactory, tmp_
     per_process = Counter(pid for pid, _ in served)
     assert len(per_process) == 2, per_process  # both processes took requests, and together admitted 50
     assert gateway.lines[-1] == "turnout: stopped"
+
+
+async def test_the_counts_outlive_a_crashed_process(emulator: EmulatorFactory, tmp_path: Path) -> None:
+    """The supervisor keeps the limits: a process that crashes and is started again does not give the key its
+    minute back."""
+    emu = await emulator("a", ["qwen3:8b"])
+    config = _config(tmp_path, workers=[{"name": "a", "url": emu.url}])
+    key = _key(tmp_path, rpm=20)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    chat = f"{url}/v1/chat/completions"
+    with two_processes(config, port) as gateway:
+        await _started(gateway)
+        before = [(await _fresh("POST", chat, key, CHAT))[0] for _ in range(12)]
+        victim = min(await _pids(url))
+        os.kill(victim, signal.SIGKILL)
+        await asyncio.to_thread(gateway.wait_for, "starting it again", 30)
+
+        async def replaced() -> bool:
+            now = await _pids(url)
+            return len(now) == 2 and victim not in now
+
+        await eventually(replaced, "the crashed process's replacement", limit_s=30)
+        after = [(await _fresh("POST", chat, key, CHAT))[0] for _ in range(12)]
+        assert await _stop(gateway) == 0
+    assert before == [200] * 12
+    assert after == [200] * 8 + [429] * 4, after
+    assert emu.served("/v1/chat/completions") == 20
 
 
 # -- admin changes reach every process ------------------------------------------------------------------------

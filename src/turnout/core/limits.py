@@ -66,8 +66,8 @@ def decide(
     """Admit or refuse one request, given the subject's counts at ``now``: ``in_window`` admissions in the last
     minute (the oldest at ``oldest``) and ``used`` tokens settled or reserved today. The caller records an
     admission (window entry, ``used += estimate`` when ``daily`` is set) when the decision allows it.
-    :class:`KeyLimitState` (one process) and the store limiter (``turnout.gateway.store_limiter``, several
-    processes) both decide here."""
+    :class:`KeyLimitState` decides here, in one process or in the supervisor of `turnout serve --workers N`
+    (``turnout.gateway.shared_limits``)."""
     rpm_reset = (oldest + WINDOW_S - now) if oldest is not None else 0.0
     day_reset = seconds_to_next_day(now)
     if rpm is not None and in_window >= rpm:

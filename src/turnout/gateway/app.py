@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -55,7 +56,7 @@ from turnout.gateway.peers import Peers
 from turnout.gateway.proxy import Proxy
 from turnout.gateway.routes import add_client_routes
 from turnout.gateway.server import Handler
-from turnout.gateway.store_limiter import StoreLimiter
+from turnout.gateway.shared_limits import SharedLimiter
 from turnout.metrics import Metrics
 from turnout.redaction import handler_args
 from turnout.state.changes import ChangeCounter
@@ -76,7 +77,6 @@ log = logging.getLogger("turnout.gateway")
 
 PEERS: web.AppKey[Peers | None] = web.AppKey("peers")  # None but with `turnout serve --workers N`, N > 1
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
-LIMITS_LOCK = "limits.lock"  # SQLite: the processes' admissions queue on it (turnout.store.limit_counters)
 
 
 def _dialect(path: str) -> Dialect:
@@ -226,14 +226,15 @@ def _claim_bindings(settings: Settings, fleet: Fleet, client: UpstreamClient, me
     return ClaimBindings(fleet, LocalSource(controller), settings.pools.interval_s, lock)
 
 
-def _limiter(settings: Settings, database: Database, processes: int) -> TokenLimiter:
-    """Redis when configured (any number of replicas), else the store when this gateway runs several processes
-    (`--workers N`), else memory: each is exact for the processes that share it."""
+def _limiter(settings: Settings, processes: int, limits: socket.socket | None) -> TokenLimiter:
+    """Redis when configured (any number of replicas), else the supervisor of `--workers N` (``limits``: this
+    process's channel to it), else memory: each is exact for the processes that share it."""
     if settings.storage.redis_url:
         return RedisLimiter(settings.storage.redis_url)
-    if processes > 1:
-        lock = settings.data_dir / LIMITS_LOCK if database.dialect == "sqlite" else None
-        return StoreLimiter(database, lock)
+    if limits is not None:
+        return SharedLimiter(limits)
+    if processes > 1:  # counting in memory here would give each process the whole limit
+        raise ValueError("a process of `turnout serve --workers N` counts limits through its supervisor (limits=)")
     return LocalLimiter()
 
 
@@ -245,7 +246,9 @@ async def _catch_up(app: web.Application) -> None:
     app[DISPATCHER].wake_all()
 
 
-def create_app(settings: Settings, *, admin_token: str, processes: int = 1) -> web.Application:
+def create_app(
+    settings: Settings, *, admin_token: str, processes: int = 1, limits: socket.socket | None = None
+) -> web.Application:
     """Build the gateway. Raises PlacementFileError if the override file is unusable, StoreError if the
     database cannot be opened or migrated. ``processes`` > 1: one of the processes of `turnout serve
     --workers N` (limits counted in the store unless Redis is configured; admin changes shared)."""
@@ -254,7 +257,7 @@ def create_app(settings: Settings, *, admin_token: str, processes: int = 1) -> w
     database = Database(database_url(settings.storage.database_url, settings.data_dir))
     database.migrate()
     keys, usage = KeyStore(database), UsageStore(database)
-    accountant = Accountant(settings, keys, usage, limiter=_limiter(settings, database, processes))
+    accountant = Accountant(settings, keys, usage, limiter=_limiter(settings, processes, limits))
     secrets = SecretBox.load(settings.data_dir, settings.endpoint_env.secret_key)
     fleet = Fleet(settings, placement)
     listings = ModelListings(database)

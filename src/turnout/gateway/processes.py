@@ -15,7 +15,7 @@ passes the signal on once; each process drains as `turnout serve` alone does; a 
 too and ends them at once.
 
 What must be exact across the processes is counted where they all see it: rate windows and token budgets
-in the store (``turnout.gateway.store_limiter``) or Redis; admin changes through a shared change counter
+by the supervisor (``turnout.gateway.shared_limits``) or Redis; admin changes through a shared change counter
 (``turnout.gateway.peers``); concurrency caps are split between the processes (:func:`split_caps`). The
 in-process claims controller (``pools.agents``) cannot run N times and is refused.
 """
@@ -39,6 +39,7 @@ from turnout.config import Settings
 from turnout.core.limits import process_share
 from turnout.core.runtime import backoff_s
 from turnout.gateway.server import BindError, Drained, bind
+from turnout.gateway.shared_limits import LimitKeeper
 
 __all__ = ["Supervisor", "bind_group", "cpu_count", "processes_problem", "split_caps"]
 
@@ -146,10 +147,11 @@ class Supervisor:
 
     processes: int
     groups: list[list[socket.socket]]
-    serve: Callable[[int, Callable[[str], None]], None]
+    serve: Callable[[int, Callable[[str], None], socket.socket | None], None]
     on_ready: Callable[[], None]
     on_stopping: Callable[[], None]
     on_restart: Callable[[int, int, str, float], None]  # index, pid, how it ended, delay
+    keeper: LimitKeeper | None = None  # counts the limits of every process (its own socket pair each)
     children: dict[int, _Child] = field(default_factory=dict)
     drained: Drained = field(default_factory=Drained)
     _signals: list[int] = field(default_factory=list)
@@ -164,10 +166,20 @@ class Supervisor:
             self._spawn(index, 0)
         serving = stopping = False
         buffer = b""
+        due = 0.0  # the next round of the rest (reports, signals, ended processes, restarts)
         try:
             while self.children or (self._restarts and not stopping):
-                readable, _, _ = select.select([self._report_r], [], [], _POLL_S)
-                if readable:
+                keeper = {} if self.keeper is None else self.keeper.sockets
+                readable, _, _ = select.select([self._report_r, *keeper], [], [], _POLL_S)
+                for fd in readable:
+                    if fd in keeper:
+                        assert self.keeper is not None
+                        self.keeper.serve(keeper[fd])  # a process asks about its limits: answered at once
+                now = time.monotonic()
+                if self._report_r not in readable and not self._signals and now < due:
+                    continue  # woken for limits only: the rest waits for its round (up to _POLL_S)
+                due = now + _POLL_S
+                if self._report_r in readable:
                     buffer += os.read(self._report_r, 65536)
                     *lines, buffer = buffer.split(b"\n")
                     for line in lines:
@@ -191,13 +203,15 @@ class Supervisor:
                     self._stop_all()
                     return failed
                 now = time.monotonic()
-                for due in [r for r in self._restarts if r[0] <= now]:
-                    self._restarts.remove(due)
-                    self._spawn(due[1], due[2])
+                for restart in [r for r in self._restarts if r[0] <= now]:
+                    self._restarts.remove(restart)
+                    self._spawn(restart[1], restart[2])
         finally:
             self._close_sockets()
             os.close(self._report_r)
             os.close(self._report_w)
+            if self.keeper is not None:
+                self.keeper.close()
         return 0
 
     def _on_report(self, line: str) -> None:
@@ -234,6 +248,7 @@ class Supervisor:
     def _spawn(self, index: int, crashes: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
+        limits = None if self.keeper is None else self.keeper.connect()
         pid = os.fork()
         if pid == 0:  # the child: never returns
             code = 1
@@ -244,7 +259,7 @@ class Supervisor:
                 def report(line: str) -> None:
                     os.write(report_w, f"{os.getpid()} {line}\n".encode())
 
-                self.serve(index, report)
+                self.serve(index, report, limits)
                 code = 0
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
@@ -255,6 +270,8 @@ class Supervisor:
                     sys.stdout.flush()
                     sys.stderr.flush()
                 os._exit(code)
+        if limits is not None:
+            limits.close()  # the child's end
         self.children[pid] = _Child(index, pid, time.monotonic(), crashes)
 
     def _become_child(self, index: int) -> None:
@@ -263,6 +280,9 @@ class Supervisor:
         os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the supervisor, which passes it on once
         _die_with_parent()
         os.close(self._report_r)
+        if self.keeper is not None:
+            for sock in self.keeper.sockets.values():  # the supervisor's ends
+                sock.close()
         for i, group in enumerate(self.groups):
             if i != index:
                 for sock in group:

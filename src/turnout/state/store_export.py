@@ -50,7 +50,7 @@ __all__ = [
     "sqlite_revision",
 ]
 
-KEPT_TABLES = ("admin_sessions", "limit_budgets", "limit_admissions")  # the target's own: never exported or replaced
+KEPT_TABLES = ("admin_sessions",)  # the target's own: never exported or replaced
 _MIGRATIONS = Path(store_db.__file__).parent / "migrations"
 _BATCH = 1000
 

@@ -22,8 +22,6 @@ __all__ = [
     "audit",
     "endpoints",
     "keys",
-    "limit_admissions",
-    "limit_budgets",
     "metadata",
     "model_listings",
     "tenants",
@@ -133,29 +131,6 @@ admin_sessions = Table(
     Column("last_seen", Float, nullable=False),
     Column("remote", String(64), nullable=True),
     Index("ix_admin_sessions_last_seen", "last_seen"),
-)
-
-# Limit counters shared by the processes of `turnout serve --workers N` (turnout.gateway.store_limiter); one
-# process alone counts in memory, replicas on several machines in Redis.
-limit_budgets = Table(
-    # One row per limited subject (key chain "k<lineage>", tenant "t:<name>"): the row its admissions lock, the
-    # tokens settled or reserved on ``day`` (UTC days since the epoch) and how many admissions the window holds.
-    "limit_budgets",
-    metadata,
-    Column("subject", String(160), primary_key=True),
-    Column("day", Integer, nullable=False),
-    Column("used", BigInteger, nullable=False),
-    Column("in_window", Integer, nullable=False, server_default="0"),  # rows in limit_admissions (since 0007)
-)
-
-limit_admissions = Table(
-    # The requests admitted in the last minute, per subject (the sliding window).
-    "limit_admissions",
-    metadata,
-    Column("member", String(32), primary_key=True),
-    Column("subject", String(160), nullable=False),
-    Column("at", Float, nullable=False),
-    Index("ix_limit_admissions_subject_at", "subject", "at"),
 )
 
 model_listings = Table(

@@ -1,0 +1,263 @@
+"""Rate windows and token budgets of `turnout serve --workers N`, kept by its supervisor for every process.
+
+The supervisor holds one :class:`turnout.core.limits.KeyLimitState` per subject (a key's rotation chain, a
+tenant), as a single process does in memory, and each gateway process asks it over a socket pair made before
+the process was forked (:class:`LimitKeeper`, :class:`SharedLimiter`). One keeper decides every admission, so
+the limits are exact across the processes, and an admission costs the asking process a message and its answer
+(a few microseconds of CPU on each side) instead of a store transaction. Like a single process's counts, they
+start over when the gateway restarts (a crashed process's restart keeps them: the supervisor holds them);
+``storage.redis_url`` keeps them across restarts and replicas.
+
+Frames: a 4-byte big-endian length, then a JSON array. A process sends ``[n, "admit", subject, rpm, daily,
+estimate]`` and the keeper answers ``[n, <the Decision's fields>]``; ``[0, "settle", subject, day, reserved,
+actual]`` and ``[0, "release", subject, day, at, reserved]`` get no answer (they are applied in the order they
+were sent, after the admission they belong to). Admission times are the keeper's clock, so the window is one
+sequence whatever process asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import operator
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+import orjson
+
+from turnout.core.limits import Decision, KeyLimitState
+from turnout.errors import Unavailable
+from turnout.gateway.limiter import Subject, refusal
+
+__all__ = ["LimitKeeper", "SharedLimiter"]
+
+log = logging.getLogger("turnout.serve")
+
+_HEAD = struct.Struct("!I")
+_MAX_FRAME = 64 << 10  # a frame is a few hundred bytes: anything near this is a broken peer
+_ANSWER_S = 5.0  # an admission the keeper has not answered in this time is refused as "limits unavailable"
+_DECISION = operator.attrgetter(*(f.name for f in fields(Decision)))  # a Decision's fields, in order
+
+
+def _frame(message: list[Any]) -> bytes:
+    data = orjson.dumps(message)
+    return _HEAD.pack(len(data)) + data
+
+
+class _Frames:
+    """Splits a byte stream into frames (length, then that many bytes)."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The frames ``data`` completes. Raises ValueError for a length no peer of ours sends."""
+        if not self._buffer and len(data) > _HEAD.size:  # the usual read: exactly one frame
+            (size,) = _HEAD.unpack_from(data)
+            if len(data) == _HEAD.size + size and size <= _MAX_FRAME:
+                return [data[_HEAD.size :]]
+        buffer = self._buffer + data if self._buffer else data
+        out: list[bytes] = []
+        start = 0
+        while len(buffer) - start >= _HEAD.size:
+            (size,) = _HEAD.unpack_from(buffer, start)
+            if size > _MAX_FRAME:
+                raise ValueError(f"a frame of {size} bytes")
+            end = start + _HEAD.size + size
+            if end > len(buffer):
+                break
+            out.append(buffer[start + _HEAD.size : end])
+            start = end
+        self._buffer = buffer[start:]
+        return out
+
+
+class LimitKeeper:
+    """The supervisor's side: the limit states, and one socket per gateway process."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._states: dict[str, KeyLimitState] = {}
+        self._peers: dict[socket.socket, _Frames] = {}
+        self._fds: dict[int, socket.socket] = {}
+
+    def connect(self) -> socket.socket:
+        """A new socket pair (before a process is forked): the keeper keeps one end, the process gets the other."""
+        ours, theirs = socket.socketpair()
+        ours.settimeout(1.0)  # a process that stops reading its answers is dropped, not waited for
+        self._peers[ours] = _Frames()
+        self._fds[ours.fileno()] = ours
+        return theirs
+
+    @property
+    def sockets(self) -> dict[int, socket.socket]:
+        """The keeper's ends, by file descriptor (to select on)."""
+        return self._fds
+
+    def close(self) -> None:
+        for sock in self._peers:
+            sock.close()
+        self._peers.clear()
+        self._fds.clear()
+
+    def serve(self, sock: socket.socket) -> None:
+        """``sock`` is readable: apply what arrived and answer it; a closed or broken peer is dropped."""
+        frames = self._peers.get(sock)
+        if frames is None:
+            return
+        try:
+            data = sock.recv(1 << 16)
+            if not data:
+                raise ConnectionResetError("the gateway process closed its end")
+            answers = []
+            for frame in frames.feed(data):
+                answer = self._apply(frame)
+                if answer is not None:
+                    answers.append(answer)
+            if answers:
+                sock.sendall(answers[0] if len(answers) == 1 else b"".join(answers))
+        except (OSError, ValueError) as exc:  # the process ended (or misbehaved): its end is gone
+            if not isinstance(exc, ConnectionResetError):
+                log.warning("dropping a gateway process's limits channel: %s", exc)
+            self._peers.pop(sock, None)
+            self._fds.pop(sock.fileno(), None)
+            sock.close()
+
+    def _apply(self, frame: bytes) -> bytes | None:
+        message = orjson.loads(frame)
+        n, op, subject = message[0], message[1], message[2]
+        state = self._states.get(subject)
+        if state is None:
+            state = self._states[subject] = KeyLimitState()
+        if op == "admit":
+            _, _, _, rpm, daily, estimate = message
+            decision = state.admit(self._clock(), rpm, daily, estimate)
+            return _frame([n, *_DECISION(decision)])
+        if op == "settle":
+            _, _, _, day, reserved, actual = message
+            state.settle(day, reserved, actual)
+        elif op == "release":
+            _, _, _, day, at, reserved = message
+            state.release(Decision(True, day=day, at=at), reserved)
+        else:
+            raise ValueError(f"unknown operation {op!r}")
+        return None
+
+
+class SharedLimiter:
+    """A gateway process's side (a :class:`turnout.gateway.limiter.TokenLimiter`): asks the keeper over
+    ``sock``, its end of the pair the supervisor made for it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._frames = _Frames()
+        self._waiting: dict[int, asyncio.Future[list[Any]]] = {}
+        self._next = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._broken: str | None = None
+
+    def _send(self, message: list[Any]) -> None:
+        if self._loop is None:  # the first call, on the process's event loop
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self._sock.fileno(), self._on_readable)
+        if self._broken is not None:
+            raise self._unavailable()
+        try:
+            self._sock.sendall(_frame(message))  # a few hundred bytes into a local socket: it has room
+        except OSError as exc:  # BlockingIOError included: the keeper stopped reading
+            self._fail(f"cannot reach the supervisor: {exc}")
+            raise self._unavailable() from None
+
+    def _unavailable(self) -> Unavailable:
+        return Unavailable(
+            f"limits unavailable: {self._broken} (the supervisor of `turnout serve --workers` counts them)",
+            code="limits_unavailable",
+            retry_after=5,
+        )
+
+    def _on_readable(self) -> None:
+        try:
+            data = self._sock.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._fail(f"the supervisor's channel broke: {exc}")
+            return
+        if not data:
+            self._fail("the supervisor closed its channel")
+            return
+        try:
+            frames = self._frames.feed(data)
+        except ValueError as exc:
+            self._fail(f"the supervisor sent {exc}")
+            return
+        for frame in frames:
+            message = orjson.loads(frame)
+            future = self._waiting.pop(message[0], None)
+            if future is not None and not future.done():
+                future.set_result(message)
+
+    def _fail(self, why: str) -> None:
+        if self._broken is None:
+            self._broken = why
+            log.error("limits unavailable: %s", why)
+            if self._loop is not None:
+                self._loop.remove_reader(self._sock.fileno())
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(self._unavailable())
+        self._waiting.clear()
+
+    def _expire(self, n: int) -> None:
+        future = self._waiting.pop(n, None)
+        if future is not None and not future.done():
+            future.set_exception(
+                Unavailable(
+                    f"limits unavailable: the supervisor did not answer within {_ANSWER_S:g} s",
+                    code="limits_unavailable",
+                    retry_after=5,
+                )
+            )
+
+    async def admit(self, subject: Subject, estimate: int) -> Decision:
+        self._next += 1
+        n = self._next
+        self._send([n, "admit", subject.id, subject.rpm, subject.daily_tokens, estimate])
+        assert self._loop is not None
+        future: asyncio.Future[list[Any]] = self._loop.create_future()
+        self._waiting[n] = future
+        timer = self._loop.call_later(_ANSWER_S, self._expire, n)
+        try:
+            answer = await future
+        finally:
+            timer.cancel()
+            self._waiting.pop(n, None)
+        decision = Decision(*answer[1:])
+        if not decision.allowed:
+            raise refusal(decision, subject.label)
+        return decision
+
+    async def settle(self, subject: Subject, decision: Decision, reserved: int, actual: int) -> None:
+        if subject.daily_tokens is None or actual == reserved:
+            return
+        # A lost settlement only errs on the strict side: the reservation stays counted.
+        with contextlib.suppress(Unavailable):
+            self._send([0, "settle", subject.id, decision.day, reserved, actual])
+
+    async def release(self, subject: Subject, decision: Decision, reserved: int) -> None:
+        with contextlib.suppress(Unavailable):
+            reserve = reserved if subject.daily_tokens is not None else 0
+            self._send([0, "release", subject.id, decision.day, decision.at, reserve])
+
+    async def close(self) -> None:
+        if self._loop is not None and self._broken is None:
+            self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()
