@@ -7,9 +7,8 @@ that are not a JSON object, JSON nested deeper than :data:`MAX_JSON_DEPTH`, and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from aiohttp import web
@@ -39,8 +38,9 @@ class Endpoint(StrEnum):
         return self in (Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.GENERATE)
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(NamedTuple):
+    """What a client request asks for (a named tuple: one is made per request)."""
+
     dialect: Dialect
     endpoint: Endpoint
     path: str

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import time
 from contextlib import AbstractAsyncContextManager
-from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -94,7 +93,7 @@ class Proxy:
         origin = f"{endpoint.name}/{endpoint.external.upstream_name(call.model)}"  # type: ignore[union-attr]
         payload = {**call.payload, "model": fallback}
         outcome.fallback_from = origin
-        redirected = replace(call, model=fallback, payload=payload, body=orjson.dumps(payload), fallback_from=origin)
+        redirected = call._replace(model=fallback, payload=payload, body=orjson.dumps(payload), fallback_from=origin)
         return await self._serve_once(request, redirected, outcome, tenant)
 
     async def _serve_claimed(
