@@ -4,11 +4,12 @@
 
 Each row is a Turnout gateway on its full path (a scoped app key, limits, routing, placement, usage, metrics);
 "rpm key" rows use a key with a requests-per-minute limit high enough never to refuse, so that the limit is
-checked on every request: in memory with one process, in the store (one SQLite transaction per request) with
-several. Nothing is pinned: with two processes the gateway may use both cores, and wrk and the mock share them.
-On a 2-core machine that caps req/s, so the figure to judge is requests per proxy CPU-second: utime+stime of
-the whole gateway (supervisor and every process) from /proc over the measured seconds, divided into the
-requests wrk completed; "vs 1 process" compares it with the one-process row of the same key kind and cell.
+checked on every request: in memory with one process, by the supervisor (one message and its answer per
+request, turnout.gateway.shared_limits) with several. Nothing is pinned: with two processes the gateway may
+use both cores, and wrk and the mock share them. On a 2-core machine that caps req/s, so the figure to judge
+is requests per proxy CPU-second: utime+stime of the whole gateway (supervisor and every process) from /proc
+over the measured seconds, divided into the requests wrk completed; "vs 1 process" compares it with the
+one-process row of the same key kind and cell.
 Needs wrk (installed with apt-get by bench/run.py's helper when missing).
 """
 

@@ -1,0 +1,69 @@
+"""Two (or more) Turnout source trees side by side: CPU per request of each, in one run.
+
+Starts the mock upstream and one `turnout serve` per source tree (its ``src``, e.g. a `git worktree` of an
+earlier commit), each pinned to the same CPU as ``bench/run.py`` pins a proxy, and runs wrk against them in
+turn, round after round, so that the machine's drift hits every tree alike. Prints the median CPU per request
+(utime+stime from /proc over the requests wrk completed) and each round's figure; this is how the changes in
+bench/README.md were judged one by one.
+
+    git worktree add /tmp/base HEAD~1
+    python bench/ab.py /tmp/base/src src [--stream] [--rounds 5] [--level info] [-c 32] [-d 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import run as bench
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("srcs", nargs="+", type=Path, help="source trees (each a checkout's src directory)")
+    parser.add_argument("--stream", action="store_true", help="64-chunk SSE streams instead of plain answers")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds, the trees interleaved (default 5)")
+    parser.add_argument("--level", default="warning", help="--log-level of the gateways (info: access log on)")
+    parser.add_argument("-c", type=int, default=32, help="wrk connections (default 32)")
+    parser.add_argument("-d", type=float, default=3.0, help="seconds per run (default 3)")
+    args = parser.parse_args()
+    for src in args.srcs:
+        if not (src / "turnout" / "__init__.py").is_file():
+            sys.exit(f"{src} is not a source tree with turnout in it (give a checkout's src directory)")
+    wrk, pin, load = bench.pinned_wrk()
+    tmp = Path(tempfile.mkdtemp(prefix="turnout-ab-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        port = bench.free_port()
+        mock = bench.start([sys.executable, str(bench.BENCH / "mock_upstream.py"), str(port)], cpus=load)
+        procs.append(mock)
+        mock_url = f"http://127.0.0.1:{port}"
+        bench.wait_ready(mock_url, mock)
+        targets = []
+        for n, src in enumerate(args.srcs):
+            target = bench.start_turnout(f"tree {n}", tmp / f"t{n}", mock_url, procs, str(src), args.level, pin)
+            bench.wait_ready(target.url, target.proc, target.key)
+            targets.append(target)
+        results: list[list[float]] = [[] for _ in targets]
+        for _ in range(args.rounds):
+            for target, got in zip(targets, results, strict=True):
+                cell = bench.run_wrk(wrk, target, args.stream, args.c, args.d, tmp, mock_url)
+                if cell["errors"] or cell["reached"] < 0.99:
+                    sys.exit(f"{target.name}: {cell['errors']} errors, reached {cell['reached']:.2f}: not comparable")
+                got.append(bench._us(cell))
+    finally:
+        bench.stop_all(procs)
+    mode = "stream (64 SSE chunks)" if args.stream else "non-stream"
+    print(f"\n{mode}, c={args.c}, {args.rounds} rounds of {args.d:g} s, --log-level {args.level}\n")
+    for src, got in zip(args.srcs, results, strict=True):
+        print(f"{statistics.median(got):7.1f} us CPU/req  {src}  (rounds: {', '.join(f'{x:.0f}' for x in got)})")
+
+
+if __name__ == "__main__":
+    main()
