@@ -12,7 +12,7 @@ import contextlib
 import math
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from turnout.core.limits import DAY_S, Decision, KeyLimitState, seconds_to_next_day
@@ -175,7 +175,7 @@ class RedisLimiter:
                 f"this request needs ~{estimate})"
             )
             wait = day_reset
-        raise refusal(replace(decision, reason=reason, retry_after=max(1, math.ceil(wait))), subject.label)
+        raise refusal(decision._replace(reason=reason, retry_after=max(1, math.ceil(wait))), subject.label)
 
     async def settle(self, subject: Subject, decision: Decision, reserved: int, actual: int) -> None:
         import redis.exceptions

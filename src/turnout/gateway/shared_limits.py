@@ -20,12 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import operator
 import socket
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import fields
 from typing import Any
 
 import orjson
@@ -41,7 +39,6 @@ log = logging.getLogger("turnout.serve")
 _HEAD = struct.Struct("!I")
 _MAX_FRAME = 64 << 10  # a frame is a few hundred bytes: anything near this is a broken peer
 _ANSWER_S = 5.0  # an admission the keeper has not answered in this time is refused as "limits unavailable"
-_DECISION = operator.attrgetter(*(f.name for f in fields(Decision)))  # a Decision's fields, in order
 
 
 def _frame(message: list[Any]) -> bytes:
@@ -139,7 +136,7 @@ class LimitKeeper:
         if op == "admit":
             _, _, _, rpm, daily, estimate = message
             decision = state.admit(self._clock(), rpm, daily, estimate)
-            return _frame([n, *_DECISION(decision)])
+            return _frame([n, *decision])  # a named tuple: its fields in order
         if op == "settle":
             _, _, _, day, reserved, actual = message
             state.settle(day, reserved, actual)
@@ -160,6 +157,8 @@ class SharedLimiter:
         self._sock = sock
         self._frames = _Frames()
         self._waiting: dict[int, asyncio.Future[list[Any]]] = {}
+        self._asked: dict[int, float] = {}  # when each waiting admission was sent (loop time), oldest first
+        self._sweep: asyncio.TimerHandle | None = None  # expires the unanswered ones (one timer, not one each)
         self._next = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._broken: str | None = None
@@ -215,31 +214,45 @@ class SharedLimiter:
             if not future.done():
                 future.set_exception(self._unavailable())
         self._waiting.clear()
+        self._asked.clear()
 
-    def _expire(self, n: int) -> None:
-        future = self._waiting.pop(n, None)
-        if future is not None and not future.done():
-            future.set_exception(
-                Unavailable(
-                    f"limits unavailable: the supervisor did not answer within {_ANSWER_S:g} s",
-                    code="limits_unavailable",
-                    retry_after=5,
+    def _expire(self) -> None:
+        """Refuse the admissions the keeper has not answered in ``_ANSWER_S`` (checked a few times that long)."""
+        self._sweep = None
+        assert self._loop is not None
+        limit = self._loop.time() - _ANSWER_S
+        for n, asked in list(self._asked.items()):
+            if asked > limit:
+                break  # the rest were sent later
+            del self._asked[n]
+            future = self._waiting.pop(n, None)
+            if future is not None and not future.done():
+                future.set_exception(
+                    Unavailable(
+                        f"limits unavailable: the supervisor did not answer within {_ANSWER_S:g} s",
+                        code="limits_unavailable",
+                        retry_after=5,
+                    )
                 )
-            )
+        if self._asked:
+            self._sweep = self._loop.call_later(_ANSWER_S / 5, self._expire)
 
     async def admit(self, subject: Subject, estimate: int) -> Decision:
         self._next += 1
         n = self._next
         self._send([n, "admit", subject.id, subject.rpm, subject.daily_tokens, estimate])
         assert self._loop is not None
-        future: asyncio.Future[list[Any]] = self._loop.create_future()
+        loop = self._loop
+        future: asyncio.Future[list[Any]] = loop.create_future()
         self._waiting[n] = future
-        timer = self._loop.call_later(_ANSWER_S, self._expire, n)
+        self._asked[n] = loop.time()
+        if self._sweep is None:
+            self._sweep = loop.call_later(_ANSWER_S / 5, self._expire)
         try:
             answer = await future
         finally:
-            timer.cancel()
             self._waiting.pop(n, None)
+            self._asked.pop(n, None)
         decision = Decision(*answer[1:])
         if not decision.allowed:
             raise refusal(decision, subject.label)
@@ -258,6 +271,8 @@ class SharedLimiter:
             self._send([0, "release", subject.id, decision.day, decision.at, reserve])
 
     async def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
         if self._loop is not None and self._broken is None:
             self._loop.remove_reader(self._sock.fileno())
         self._sock.close()
