@@ -40,11 +40,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="turnout-ab-"))
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        port = bench.free_port()
-        mock = bench.start([sys.executable, str(bench.BENCH / "mock_upstream.py"), str(port)], cpus=load)
-        procs.append(mock)
-        mock_url = f"http://127.0.0.1:{port}"
-        bench.wait_ready(mock_url, mock)
+        mock_url = bench.start_mock(procs, load)
         targets = []
         for n, src in enumerate(args.srcs):
             target = bench.start_turnout(f"tree {n}", tmp / f"t{n}", mock_url, procs, str(src), args.level, pin)

@@ -82,11 +82,7 @@ def main() -> None:
     raw = args.raw or tmp / "samples.txt"
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        port = bench.free_port()
-        mock = bench.start([sys.executable, str(bench.BENCH / "mock_upstream.py"), str(port)], cpus=load)
-        procs.append(mock)
-        mock_url = f"http://127.0.0.1:{port}"
-        bench.wait_ready(mock_url, mock)
+        mock_url = bench.start_mock(procs, load)
         target = bench.start_turnout("turnout", tmp / "turnout", mock_url, procs, None, cpus=pin)
         bench.wait_ready(target.url, target.proc, target.key)
         assert target.proc is not None

@@ -106,10 +106,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="turnout-floors-"))
     procs: list[Any] = []
     try:
-        mock_port = bench.free_port()
-        procs.append(bench.start([sys.executable, str(bench.BENCH / "mock_upstream.py"), str(mock_port)], cpus=load))
-        mock_url = f"http://127.0.0.1:{mock_port}"
-        bench.wait_ready(mock_url, procs[-1])
+        mock_url = bench.start_mock(procs, load)
         targets = []
         for kind, name in (("raw", "raw asyncio + httptools"), ("aiohttp", "aiohttp web app")):
             port = bench.free_port()

@@ -181,6 +181,16 @@ def start(
 _logs: dict[int, Any] = {}
 
 
+def start_mock(procs: list[subprocess.Popen[bytes]], cpus: str | None = None) -> str:
+    """The mock upstream (bench/mock_upstream.py) on a free port, added to ``procs``, answering; its URL."""
+    port = free_port()
+    mock = start([sys.executable, str(BENCH / "mock_upstream.py"), str(port)], cpus=cpus)
+    procs.append(mock)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, mock)
+    return url
+
+
 def stop_all(procs: list[subprocess.Popen[bytes]], wait_s: float = 10) -> None:
     """SIGTERM every target's process group, then wait for each, SIGKILLing one that outlasts ``wait_s``."""
     for proc in procs:
@@ -469,12 +479,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="turnout-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        mock_port = free_port()
-        mock = start([sys.executable, str(BENCH / "mock_upstream.py"), str(mock_port)], cpus=load)
-        procs.append(mock)
-        mock_url = f"http://127.0.0.1:{mock_port}"
-        wait_ready(mock_url, mock)
-        targets = [Target("direct (mock)", mock_url, mock)]
+        mock_url = start_mock(procs, load)
+        targets = [Target("direct (mock)", mock_url, procs[-1])]
 
         port = free_port()
         procs.append(start([sys.executable, str(BENCH / "passthrough.py"), str(port), mock_url], cpus=pin))

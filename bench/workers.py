@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.run import BENCH, Target, ensure_deb, free_port, rss_mib, run_wrk, start, start_turnout, stop_all, wait_ready
+from bench.run import Target, ensure_deb, rss_mib, run_wrk, start_mock, start_turnout, stop_all, wait_ready
 
 __all__ = ["main"]
 
@@ -53,10 +53,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="turnout-bench-workers-"))
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        mock_port = free_port()
-        mock_url = f"http://127.0.0.1:{mock_port}"
-        procs.append(start([sys.executable, str(BENCH / "mock_upstream.py"), str(mock_port)]))
-        wait_ready(mock_url, procs[-1])
+        mock_url = start_mock(procs)
         targets: list[tuple[Target, list[str]]] = []
         for rpm in [None] if args.no_limited else [None, 1_000_000_000]:
             for n in counts:
