@@ -41,16 +41,15 @@ async def keeper() -> AsyncIterator[tuple[LimitKeeper, Clock, Processes]]:
 
     def processes(n: int) -> list[SharedLimiter]:
         for _ in range(n):
-            before = set(keeper.sockets)
+            before = set(keeper.fds)
             theirs = keeper.connect()
-            (fd,) = set(keeper.sockets) - before  # the end the keeper kept
-            ours = keeper.sockets[fd]
-            loop.add_reader(fd, keeper.serve, ours)
+            (fd,) = set(keeper.fds) - before  # the end the keeper kept
+            loop.add_reader(fd, keeper.serve, fd)
             made.append(SharedLimiter(theirs))
         return made[-n:]
 
     yield keeper, clock, processes
-    for fd in list(keeper.sockets):
+    for fd in list(keeper.fds):
         loop.remove_reader(fd)
     for limiter in made:
         await limiter.close()
@@ -134,7 +133,7 @@ async def test_a_supervisor_gone_refuses_at_once_with_503(keeper: tuple[LimitKee
     subject = Subject("k3", 5, None)
     await a.admit(subject, 1)
     loop = asyncio.get_running_loop()
-    for fd in list(owner.sockets):
+    for fd in list(owner.fds):
         loop.remove_reader(fd)
     owner.close()
     await asyncio.sleep(0.05)  # the process notices the closed channel
@@ -154,7 +153,7 @@ async def test_an_admission_not_answered_in_time_is_refused(
     (a,) = processes(1)
     monkeypatch.setattr(shared_limits, "_ANSWER_S", 0.05)
     loop = asyncio.get_running_loop()
-    for fd in list(owner.sockets):
+    for fd in list(owner.fds):
         loop.remove_reader(fd)  # a supervisor that stopped answering
     with pytest.raises(Unavailable, match="did not answer within"):
         await a.admit(Subject("k4", 5, None), 1)
@@ -168,7 +167,7 @@ async def test_a_process_that_sends_garbage_is_dropped_and_the_others_go_on(
     bad_sock = bad._sock
     bad_sock.sendall(struct.pack("!I", 1 << 30))  # a length no process sends
     await asyncio.sleep(0.05)
-    assert len(owner.sockets) == 1
+    assert len(owner.fds) == 1
     assert (await good.admit(Subject("k5", 5, None), 1)).allowed
     bad_sock.settimeout(1)
     assert bad_sock.recv(1) == b""  # the keeper closed its end
@@ -191,10 +190,10 @@ def test_frames_are_split_whatever_the_reads() -> None:
 def test_the_keepers_ends_are_what_it_selects_on() -> None:
     owner = LimitKeeper()
     theirs = [owner.connect() for _ in range(3)]
-    assert len(owner.sockets) == 3 and all(isinstance(s, socket.socket) for s in owner.sockets.values())
+    assert len(owner.fds) == 3 and all(isinstance(s, socket.socket) for s in theirs)
     theirs[0].close()
-    owner.serve(owner.sockets[min(owner.sockets)])  # reads the end of the closed one: dropped
-    assert len(owner.sockets) == 2
+    owner.serve(min(owner.fds))  # reads the end of the closed one: dropped
+    assert len(owner.fds) == 2
     owner.close()
     for sock in theirs[1:]:
         sock.close()

@@ -251,7 +251,8 @@ def create_app(
 ) -> web.Application:
     """Build the gateway. Raises PlacementFileError if the override file is unusable, StoreError if the
     database cannot be opened or migrated. ``processes`` > 1: one of the processes of `turnout serve
-    --workers N` (limits counted in the store unless Redis is configured; admin changes shared)."""
+    --workers N`: its rate and token limits are counted by the supervisor through ``limits`` (its end of the
+    supervisor's socket pair) unless Redis is configured; admin changes are shared."""
     placement = PlacementStore(settings.placement_file)
     placement.load()
     database = Database(database_url(settings.storage.database_url, settings.data_dir))

@@ -169,12 +169,12 @@ class Supervisor:
         due = 0.0  # the next round of the rest (reports, signals, ended processes, restarts)
         try:
             while self.children or (self._restarts and not stopping):
-                keeper = {} if self.keeper is None else self.keeper.sockets
-                readable, _, _ = select.select([self._report_r, *keeper], [], [], _POLL_S)
+                limits = () if self.keeper is None else self.keeper.fds
+                readable, _, _ = select.select([self._report_r, *limits], [], [], _POLL_S)
                 for fd in readable:
-                    if fd in keeper:
+                    if fd != self._report_r:
                         assert self.keeper is not None
-                        self.keeper.serve(keeper[fd])  # a process asks about its limits: answered at once
+                        self.keeper.serve(fd)  # a process asks about its limits: answered at once
                 now = time.monotonic()
                 if self._report_r not in readable and not self._signals and now < due:
                     continue  # woken for limits only: the rest waits for its round (up to _POLL_S)
@@ -281,8 +281,7 @@ class Supervisor:
         _die_with_parent()
         os.close(self._report_r)
         if self.keeper is not None:
-            for sock in self.keeper.sockets.values():  # the supervisor's ends
-                sock.close()
+            self.keeper.close()  # the supervisor's ends
         for i, group in enumerate(self.groups):
             if i != index:
                 for sock in group:
