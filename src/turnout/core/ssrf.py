@@ -1,13 +1,21 @@
 """SSRF policy for outbound dials to external endpoints: which resolved addresses may be connected to.
 
 Applied to the address actually dialed (after DNS), so spellings (decimal, octal, hex IPv4, trailing dots)
-and DNS answers that change between a check and the dial cannot slip past it.
+and DNS answers that change between a check and the dial cannot slip past it. Used by the upstream dialer
+(:mod:`turnout.upstream.http1`) and by the endpoint checks (:mod:`turnout.fleet.endpoints`).
 
-- always refused: link-local (169.254/16, fe80::/10), cloud metadata addresses, unspecified (0.0.0.0, ::),
-  multicast, and metadata host names;
-- refused unless private networks are allowed: loopback, RFC 1918, CGNAT 100.64/10, ULA fc00::/7, and other
-  non-global ranges;
-- IPv4-mapped and -compatible IPv6 addresses are judged as the IPv4 address they carry.
+- always refused: link-local (169.254/16, fe80::/10), cloud metadata addresses, unspecified and "this
+  network" (0.0.0.0/8, ::), multicast, and metadata host names;
+- refused unless private networks are allowed: loopback, RFC 1918, CGNAT 100.64/10, ULA fc00::/7, NAT64
+  local-use 64:ff9b:1::/48 and other non-global ranges;
+- an IPv6 address that carries an IPv4 address is judged by what it carries, because a translator or
+  tunnel on the path delivers it there: IPv4-mapped (::ffff:0:0/96), IPv4-compatible (::/96) and
+  IPv4-translated (::ffff:0:0:0/96) as that IPv4 address alone; NAT64 (64:ff9b::/96, RFC 6052), 6to4
+  (2002::/16, RFC 3056), Teredo (2001::/32, RFC 4380: its server and its client) and ISATAP interface ids
+  (RFC 5214) as the worst of the IPv6 address itself and each IPv4 address it may carry. A local-use NAT64
+  prefix (64:ff9b:1::/48, RFC 8215) does not say how long it is, so where the IPv4 address sits is unknown:
+  every RFC 6052 layout the address is valid for (its "u" octet and suffix zero) is read, and the worst
+  reading wins; an address valid for none cannot be judged and is always refused.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-__all__ = ["METADATA_HOSTS", "DialVerdict", "check_address", "check_hostname"]
+__all__ = ["METADATA_HOSTS", "DialVerdict", "check_address", "check_hostname", "embedded_ipv4"]
 
 METADATA_ADDRESSES = frozenset(
     ipaddress.ip_address(a)
@@ -32,8 +40,27 @@ METADATA_HOSTS = frozenset(
         "metadata.platformequinix.com",
     }
 )
+_THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")  # RFC 1122: Linux dials 0.0.0.0 as this host
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _ULA = ipaddress.ip_network("fc00::/7")
+# Spellings of one IPv4 address: the IPv6 address is only its wrapper, so the IPv4 address alone is judged.
+_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
+_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # RFC 2765 (SIIT)
+_COMPATIBLE = ipaddress.ip_network("::/96")  # RFC 4291, deprecated
+# Prefixes a translator or tunnel turns into an IPv4 destination.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052 well-known prefix
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215 local-use: non-global, any RFC 6052 length
+_SIXTOFOUR = ipaddress.ip_network("2002::/16")
+_TEREDO = ipaddress.ip_network("2001::/32")
+# RFC 6052 section 2.2, for the prefix lengths a local-use prefix inside a /48 can have: where the 32 bits of the
+# IPv4 address sit (byte offsets, skipping byte 8, the "u" octet, which must be zero) and where the suffix,
+# which must be zero too, begins.
+_RFC6052_LAYOUTS = {
+    48: ((6, 7, 9, 10), 11),
+    56: ((7, 9, 10, 11), 12),
+    64: ((9, 10, 11, 12), 13),
+    96: ((12, 13, 14, 15), 16),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +68,11 @@ class DialVerdict:
     allowed: bool
     reason: str = ""
     always: bool = False  # refused whatever the opt-in says
+
+    @property
+    def severity(self) -> int:
+        """0 allowed, 1 refused without the opt-in, 2 always refused: the worst of several verdicts wins."""
+        return 0 if self.allowed else 2 if self.always else 1
 
 
 def check_hostname(host: str) -> DialVerdict:
@@ -55,20 +87,65 @@ def check_address(address: str, *, allow_private: bool) -> DialVerdict:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return DialVerdict(False, f"{address!r} is not an IP address", always=True)
-    if isinstance(ip, ipaddress.IPv6Address):
-        mapped = ip.ipv4_mapped or _ipv4_compatible(ip)
-        if mapped is not None:
-            inner = check_address(str(mapped), allow_private=allow_private)
-            return DialVerdict(inner.allowed, inner.reason and f"{ip} carries {mapped}: {inner.reason}", inner.always)
+    if isinstance(ip, ipaddress.IPv4Address):
+        return _judge(ip, allow_private)
+    if ip != ipaddress.IPv6Address(0) and ip != ipaddress.IPv6Address(1):
+        for wrapper in (_MAPPED, _TRANSLATED, _COMPATIBLE):
+            if ip in wrapper:
+                inner = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+                return _carried(ip, inner, "", _judge(inner, allow_private))
+    carried = embedded_ipv4(ip)
+    if ip in _NAT64_LOCAL and not carried:
+        return DialVerdict(False, f"{ip} is a local-use NAT64 address in no valid RFC 6052 form", always=True)
+    verdicts = [_judge(ip, allow_private)]
+    for form, inner in carried:
+        verdicts.append(_carried(ip, inner, form, _judge(inner, allow_private)))
+    return max(verdicts, key=lambda verdict: verdict.severity)
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[tuple[str, ipaddress.IPv4Address]]:
+    """Every (form, IPv4 address) that ``ip`` may deliver to through a translator or tunnel (empty: none).
+    The plain spellings of an IPv4 address (mapped, compatible, translated) are not listed here:
+    :func:`check_address` judges them as that address."""
+    found: list[tuple[str, ipaddress.IPv4Address]] = []
+    packed = ip.packed
+    if ip in _NAT64:
+        found.append(("NAT64", ipaddress.IPv4Address(packed[12:16])))
+    elif ip in _NAT64_LOCAL and packed[8] == 0:
+        for length, (offsets, suffix) in _RFC6052_LAYOUTS.items():
+            if not any(packed[suffix:]):
+                found.append((f"local-use NAT64 /{length}", ipaddress.IPv4Address(bytes(packed[i] for i in offsets))))
+    if ip.sixtofour is not None:
+        found.append(("6to4", ip.sixtofour))
+    if ip in _TEREDO and ip.teredo is not None:
+        server, client = ip.teredo
+        found += [("Teredo server", server), ("Teredo client", client)]
+    # ISATAP: the interface id is 0000:5efe or 0200:5efe (the u and g bits may be set) and then the IPv4 address.
+    if (int.from_bytes(packed[8:12], "big") & 0xFCFFFFFF) == 0x00005EFE:
+        found.append(("ISATAP", ipaddress.IPv4Address(packed[12:16])))
+    return found
+
+
+def _carried(ip: ipaddress.IPv6Address, inner: ipaddress.IPv4Address, form: str, verdict: DialVerdict) -> DialVerdict:
+    if verdict.allowed:
+        return verdict
+    how = f" ({form})" if form else ""
+    return DialVerdict(False, f"{ip} carries {inner}{how}: {verdict.reason}", verdict.always)
+
+
+def _judge(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, allow_private: bool) -> DialVerdict:
+    """The verdict on one address as it is (what it may carry is :func:`check_address`'s part)."""
     if ip in METADATA_ADDRESSES:
         return DialVerdict(False, f"{ip} is a cloud metadata address", always=True)
     if ip.is_unspecified:
         return DialVerdict(False, f"{ip} is the unspecified address", always=True)
+    if isinstance(ip, ipaddress.IPv4Address) and ip in _THIS_NETWORK:
+        return DialVerdict(False, f"{ip} is in 0.0.0.0/8 ('this network')", always=True)
     if ip.is_link_local:
         return DialVerdict(False, f"{ip} is link-local", always=True)
     if ip.is_multicast:
         return DialVerdict(False, f"{ip} is multicast", always=True)
-    private = ip.is_loopback or ip.is_private or ip in _CGNAT or ip in _ULA or not ip.is_global
+    private = ip.is_loopback or ip.is_private or ip in _CGNAT or ip in _ULA or ip in _NAT64_LOCAL or not ip.is_global
     if private and not allow_private:
         kind = "loopback" if ip.is_loopback else "CGNAT" if ip in _CGNAT else "private"
         return DialVerdict(
@@ -76,11 +153,3 @@ def check_address(address: str, *, allow_private: bool) -> DialVerdict:
             f"{ip} is a {kind} address; set APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS=true to allow private networks",
         )
     return DialVerdict(True)
-
-
-def _ipv4_compatible(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """::a.b.c.d (deprecated IPv4-compatible form), excluding :: and ::1."""
-    value = int(ip)
-    if value >> 32 == 0 and value > 1:
-        return ipaddress.IPv4Address(value)
-    return None
