@@ -85,6 +85,9 @@ def test_relative_paths_follow_the_config_file(tmp_path: Path) -> None:
     assert settings.admin_token == "t0k"
 
 
+APP, LEGACY = "APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS", "APP_NOTIFY_ALLOW_PRIVATE_NETWORKS"
+
+
 @pytest.mark.parametrize(
     ("env", "allow", "interval", "hints"),
     [
@@ -93,6 +96,13 @@ def test_relative_paths_follow_the_config_file(tmp_path: Path) -> None:
         ({"TURNOUT_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "1"}, True, 20.0, 0),
         ({"APP_NOTIFY_ALLOW_PRIVATE_NETWORKS": "true"}, True, 20.0, 1),
         ({"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "false"}, False, 20.0, 0),
+        # an explicit specific setting wins over the legacy variable, whichever way it goes
+        ({APP: "false", LEGACY: "true"}, False, 20.0, 1),
+        ({"TURNOUT_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "0", LEGACY: "1"}, False, 20.0, 1),
+        ({APP: "true", LEGACY: "false"}, True, 20.0, 1),
+        ({APP: "yes", LEGACY: "on"}, True, 20.0, 0),
+        ({APP: " ", LEGACY: "true"}, True, 20.0, 1),
+        ({"APP_NOTIFY_ALLOW_PRIVATE_NETWORKS": "false"}, False, 20.0, 0),
         ({"APP_MODEL_ENDPOINT_HEALTH_INTERVAL": "0"}, False, 0.0, 0),
         ({"TURNOUT_MODEL_ENDPOINT_HEALTH_INTERVAL": "45"}, False, 45.0, 0),
     ],
@@ -102,6 +112,22 @@ def test_endpoint_environment(tmp_path: Path, env: dict[str, str], allow: bool, 
     assert settings.endpoint_env.allow_private is allow
     assert settings.endpoint_env.health_interval_s == interval
     assert len(settings.endpoint_env.hints) == hints
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "maybe"}, "APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS='maybe'"),
+        ({"APP_NOTIFY_ALLOW_PRIVATE_NETWORKS": "2"}, "APP_NOTIFY_ALLOW_PRIVATE_NETWORKS='2': must be true or false"),
+        (
+            {"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "true", "TURNOUT_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "0"},
+            "disagree",
+        ),
+    ],
+)
+def test_bad_private_network_setting(tmp_path: Path, env: dict[str, str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_settings(write(tmp_path, {}), env=env)
 
 
 @pytest.mark.parametrize("value", ["soon", "-5", "nan", "NaN", "inf", "-inf", "1e999", "86401"])

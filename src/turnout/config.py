@@ -173,20 +173,53 @@ class EndpointEnv(_Model):
 
 
 _TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_PRIVATE_NETWORK_VARIABLES = (
+    "APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS",
+    "TURNOUT_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS",
+)
+_LEGACY_PRIVATE_NETWORK_VARIABLE = "APP_NOTIFY_ALLOW_PRIVATE_NETWORKS"
+
+
+def _env_flag(env: Mapping[str, str], name: str) -> bool | None:
+    """A true/false variable: None when unset or empty; anything but a yes or no word is an error."""
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return None
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ConfigError(f"{name}={env[name]!r}: must be true or false (also 1/0, yes/no, on/off)")
+
+
+def _allow_private(env: Mapping[str, str], hints: list[str]) -> bool:
+    """The private-network opt-in: an explicit specific variable (true or false) decides; the legacy
+    APP_NOTIFY_ALLOW_PRIVATE_NETWORKS counts only when neither specific name is set."""
+    explicit = {name: flag for name in _PRIVATE_NETWORK_VARIABLES if (flag := _env_flag(env, name)) is not None}
+    if len(set(explicit.values())) > 1:
+        first, second = _PRIVATE_NETWORK_VARIABLES
+        raise ConfigError(f"{first} and {second} disagree: set one of them (they are the same setting)")
+    legacy = _env_flag(env, _LEGACY_PRIVATE_NETWORK_VARIABLE)
+    if explicit:
+        allow = next(iter(explicit.values()))
+        if legacy is not None and legacy != allow:
+            hints.append(
+                f"{_LEGACY_PRIVATE_NETWORK_VARIABLE} is ignored: {next(iter(explicit))} is set and decides "
+                f"(private endpoint networks {'allowed' if allow else 'refused'})"
+            )
+        return allow
+    if legacy:
+        hints.append(
+            f"{_LEGACY_PRIVATE_NETWORK_VARIABLE} enables private endpoint networks; prefer the specific "
+            "APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS=true"
+        )
+    return bool(legacy)
 
 
 def endpoint_env(env: Mapping[str, str]) -> EndpointEnv:
     hints: list[str] = []
-    allow = any(
-        env.get(n, "").strip().lower() in _TRUE
-        for n in ("APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS", "TURNOUT_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS")
-    )
-    if not allow and env.get("APP_NOTIFY_ALLOW_PRIVATE_NETWORKS", "").strip().lower() in _TRUE:
-        allow = True
-        hints.append(
-            "APP_NOTIFY_ALLOW_PRIVATE_NETWORKS enables private endpoint networks; prefer the specific "
-            "APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS=true"
-        )
+    allow = _allow_private(env, hints)
     interval = 20.0
     for name in ("APP_MODEL_ENDPOINT_HEALTH_INTERVAL", "TURNOUT_MODEL_ENDPOINT_HEALTH_INTERVAL"):
         raw = env.get(name)
@@ -236,7 +269,7 @@ class AgentEnv(_Model):
 def agent_env(env: Mapping[str, str] | None = None) -> AgentEnv:
     env = os.environ if env is None else env
     mock = env.get("AIBRIX_MODEL_RUNTIME_MOCK", "").strip().lower()
-    if mock and mock not in _TRUE | {"0", "false", "no", "off"}:
+    if mock and mock not in _TRUE | _FALSE:
         raise ConfigError(f"AIBRIX_MODEL_RUNTIME_MOCK={mock!r}: use 1 for the mock runtime, 0 (or unset) for engines")
     cache = env.get("AIBRIX_WEIGHT_CACHE_DIR", "").strip()
     return AgentEnv(mock=mock in _TRUE, weight_cache_dir=Path(cache).expanduser() if cache else None)
