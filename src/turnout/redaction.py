@@ -6,7 +6,8 @@ line or Content-Length) with a traceback whose exception text echoes the raw byt
 log that turns such a request into one line (no traceback, no request bytes: only the parser's reason), and
 an access log that writes method, path (secret query values redacted), status, size and time, never a
 header. :class:`RedactingFilter` is put on the CLI's log handlers so that every record, whoever logs it,
-has API keys (``tk_...``), bearer tokens and credential-like header or query values masked.
+has every credential masked.
+What is masked and how: :mod:`turnout.masking`.
 
 Used by :func:`turnout.gateway.app.create_app`, the runtime agent's app and the ``turnout serve|agent|controller``
 commands.
@@ -26,27 +27,22 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web import BaseRequest, StreamResponse
 
+from turnout.masking import REDACTED, SECRETS, SecretValues, redact, redact_target
+
 __all__ = [
     "REDACTED",
+    "SECRETS",
     "AccessLog",
     "Redacted",
     "RedactingFilter",
+    "SecretValues",
     "ServerLog",
     "configure_logging",
     "handler_args",
     "redact",
+    "redact_target",
 ]
 
-REDACTED = "[redacted]"
-_SECRET_HEADERS = r"authorization|proxy-authorization|x-api-key|api-key|x-auth-token|cookie|set-cookie"
-_SECRET_PARAMS = r"key|api[_-]?key|token|access[_-]?token|auth|password|secret"
-_PATTERNS = (
-    # a key is tk_ + 43 characters; its display prefix (tk_ + 7, as `turnout key list` shows it) stays readable
-    (re.compile(r"tk_[A-Za-z0-9_-]{8,}"), f"tk_{REDACTED}"),
-    (re.compile(r"(?i)\b(bearer|basic)(\s+|%20|\+)[^\s'\",;&]+"), rf"\1\2{REDACTED}"),
-    (re.compile(rf"(?i)\b({_SECRET_HEADERS})(\s*[:=]\s*)[^\r\n'\"]*"), rf"\1\2{REDACTED}"),
-    (re.compile(rf"(?i)([?&;]({_SECRET_PARAMS})=)[^&\s#'\"]*"), rf"\1{REDACTED}"),
-)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _MAX_REASON = 120
 _REASONS = (  # these quote request data in their message: a fixed text instead (most specific first)
@@ -61,21 +57,6 @@ _REASONS = (  # these quote request data in their message: a fixed text instead 
 )
 # aiohttp answers a request it could not parse through a placeholder request built from this message.
 _PLACEHOLDER = getattr(web_protocol, "ERROR", None)
-
-
-# Every pattern above needs one of these words (case-insensitive) to match: text without any is returned as it
-# is, without running the patterns (most log lines and request paths; the patterns cost tens of µs a line).
-_HINTS = ("tk_", "bearer", "basic", "auth", "key", "token", "cookie", "password", "secret")
-
-
-def redact(text: str) -> str:
-    """``text`` with API keys, bearer tokens and credential-like header and query values masked."""
-    low = text.lower()
-    if not any(hint in low for hint in _HINTS):
-        return text
-    for pattern, replacement in _PATTERNS:
-        text = pattern.sub(replacement, text)
-    return text
 
 
 class Redacted(str):
@@ -142,7 +123,7 @@ class AccessLog(AbstractAccessLogger):
             '%s "%s %s HTTP/%d.%d" %d %d %.3fs',
             _one_line(request.remote or "-", 64),
             _one_line(request.method, 16),
-            _one_line(redact(request.raw_path), 2048),
+            _one_line(redact_target(request.raw_path), 2048),
             version.major,
             version.minor,
             response.status,

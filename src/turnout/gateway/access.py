@@ -27,7 +27,7 @@ from aiohttp import web, web_protocol
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web import BaseRequest, StreamResponse
 
-from turnout.redaction import Redacted, redact
+from turnout.redaction import SECRETS, Redacted, redact, redact_target
 
 if TYPE_CHECKING:
     from turnout.store.keys import KeyRecord
@@ -80,7 +80,7 @@ def _cached(cache: dict[Any, Any], key: tuple[Any, ...], make: Any, text: str) -
 
 def _head(remote: str | None, method: str, raw_path: str, major: int, minor: int) -> tuple[str, str, str, str]:
     """(remote, method, path, the line's start) as written: one line each, the path redacted."""
-    who, verb, path = _one_line(remote or "-", 64), _one_line(method, 16), _one_line(redact(raw_path), 2048)
+    who, verb, path = _one_line(remote or "-", 64), _one_line(method, 16), _one_line(redact_target(raw_path), 2048)
     return who, verb, path, f'{who} "{verb} {path} HTTP/{major}.{minor}"'
 
 
@@ -107,10 +107,15 @@ class AccessLog(AbstractAccessLogger):
         self._heads: dict[tuple[Any, ...], tuple[str, str, str, str]] = {}
         self._callers: dict[tuple[str, str], str] = {}
         self._served: dict[tuple[str, str, str | None], tuple[str, str]] = {}
+        self._secrets = SECRETS.version
 
     def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
         if _PLACEHOLDER is not None and request.headers is _PLACEHOLDER.headers:
             return  # aiohttp's stand-in for a request it could not parse
+        if self._secrets != SECRETS.version:  # a credential came or went: what was redacted before is stale
+            self._heads.clear()
+            self._served.clear()
+            self._secrets = SECRETS.version
         version = request.version
         raw_path = request.raw_path
         remote, method, path, head = _cached(

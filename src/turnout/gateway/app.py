@@ -11,6 +11,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from urllib.parse import urlsplit
 
 from aiohttp import hdrs, web
 from aiohttp.web_urldispatcher import AbstractRoute, PlainResource, UrlMappingMatchInfo
@@ -57,6 +58,7 @@ from turnout.gateway.proxy import Proxy
 from turnout.gateway.routes import add_client_routes
 from turnout.gateway.server import Handler
 from turnout.gateway.shared_limits import SharedLimiter
+from turnout.masking import SECRETS
 from turnout.metrics import Metrics
 from turnout.redaction import handler_args
 from turnout.state.changes import ChangeCounter
@@ -315,8 +317,16 @@ def create_app(
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
 
+    # Credentials with no recognisable shape, masked by value in every log line and audit entry while it runs.
+    credentials = [admin_token, *(worker.api_key for worker in settings.workers)]
+    credentials += [
+        urlsplit(url).password for url in (settings.storage.database_url, settings.storage.redis_url) if url
+    ]
+
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         mark = GatewayMark(settings.data_dir)  # `turnout backup restore` refuses while a gateway runs here
+        for value in credentials:
+            SECRETS.add(value)
         await client.start()
         await accountant.start()
         await poller.poll_all()
@@ -335,6 +345,8 @@ def create_app(
         peers = app[PEERS]
         if peers is not None:
             peers.close()
+        for value in credentials:
+            SECRETS.discard(value)
         mark.release()
 
     app.cleanup_ctx.append(lifecycle)

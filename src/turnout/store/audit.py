@@ -1,4 +1,4 @@
-"""The audit log: append-only records of who changed what, when, with before/after.
+"""The audit log: append-only records of who changed what, when, with before/after; credentials masked.
 
 Read newest first, filtered by time range, action, actor (exact, or a prefix ending in ``*``: ``cli:*``) and
 target prefix (``key:tk_ab``, ``worker:a``); :meth:`AuditLog.facets` lists the actions and actors present
@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Select, insert, select
 
+from turnout.masking import redact
 from turnout.store.bounds import MAX_AUDIT_ENTRIES
 from turnout.store.db import Database, StoreError
 from turnout.store.schema import audit
@@ -24,6 +25,17 @@ MAX_ENTRIES = MAX_AUDIT_ENTRIES  # the most entries one query returns
 
 def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _masked(value: Any) -> Any:
+    """``value`` (text or JSON) with every credential in it masked (:func:`turnout.masking.redact`)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {_masked(k): _masked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,16 +80,17 @@ class AuditLog:
         detail: str | None = None,
     ) -> None:
         # The change is already made when it is audited: clip texts to their columns rather than lose the entry.
+        # No credential is ever written: a key, token or endpoint credential a caller passes in is masked here.
         with self.db.begin() as conn:
             conn.execute(
                 insert(audit).values(
                     ts=now,
-                    actor=_fit(actor, 128),
+                    actor=_fit(redact(actor), 128),
                     action=_fit(action, 64),
-                    target=_fit(target, 256),
-                    before=before,
-                    after=after,
-                    detail=detail,
+                    target=_fit(redact(target), 256),
+                    before=_masked(before),
+                    after=_masked(after),
+                    detail=None if detail is None else redact(detail),
                 )
             )
 

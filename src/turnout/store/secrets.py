@@ -6,6 +6,7 @@ from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
 
+from turnout.masking import SECRETS
 from turnout.state.atomic import write_atomic
 
 __all__ = ["SECRET_KEY_FILE", "SecretBox", "SecretError"]
@@ -36,11 +37,15 @@ class SecretBox:
             write_atomic(path, key + b"\n", mode=0o600)
             return cls(key)
 
+    # Every credential that passes through the box is masked in logs and audit entries from then on.
     def encrypt(self, plaintext: str) -> str:
+        SECRETS.keep(plaintext)
         return self._fernet.encrypt(plaintext.encode()).decode()
 
     def decrypt(self, token: str) -> str:
         try:
-            return self._fernet.decrypt(token.encode()).decode()
+            plaintext = self._fernet.decrypt(token.encode()).decode()
+            SECRETS.keep(plaintext)
+            return plaintext
         except InvalidToken:
             raise SecretError("a stored credential cannot be decrypted: was TURNOUT_SECRET_KEY changed?") from None

@@ -1,8 +1,9 @@
 """Server-side browser sessions of the admin UI, kept in the SQL store (table ``admin_sessions``).
 
-The browser holds a random token in an ``HttpOnly; SameSite=Strict`` cookie; the store keeps only its SHA-256,
-the session's CSRF token and when it was last used. A session unused for ``IDLE_S`` is gone (any replica sees
-the same table, so a load balancer may send each request elsewhere). Used by :mod:`turnout.admin.ui.security`.
+The browser holds a random token (``tses_`` + 43 characters, a shape logs recognise and mask) in an
+``HttpOnly; SameSite=Strict`` cookie; the store keeps only its SHA-256, the session's CSRF token and when it
+was last used. A session unused for ``IDLE_S`` is gone (any replica sees the same table, so a load balancer
+may send each request elsewhere). Used by :mod:`turnout.admin.ui.security`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = ["IDLE_S", "MAX_AGE_S", "TOUCH_EVERY_S", "Session", "SessionStore"]
 IDLE_S = 30 * 60.0  # a session unused this long is signed out
 MAX_AGE_S = 12 * 3600.0  # and none lives longer than this, used or not
 TOUCH_EVERY_S = 30.0  # last_seen is written at most this often (not on every request)
+TOKEN_PREFIX = "tses_"  # so that logs recognise a session token wherever it shows (turnout.masking)
 
 
 def _digest(token: str) -> str:
@@ -47,7 +49,7 @@ class SessionStore:
 
     def create(self, *, remote: str | None, now: float) -> tuple[str, Session]:
         """A new session: (cookie token, session). Expired sessions are swept on the way."""
-        token = secrets.token_urlsafe(32)
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         session = Session(_digest(token), secrets.token_urlsafe(32), now, now)
         with self.db.begin() as conn:
             conn.execute(delete(admin_sessions).where(admin_sessions.c.last_seen < now - IDLE_S))
