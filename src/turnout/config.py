@@ -128,8 +128,17 @@ class Health(_Model):
         5,
         ge=1,
         le=100,
-        description="consecutive failed proxied requests (5xx, broken streams, invalid answers) before a worker "
-        "is taken out of routing; the next successful poll brings it back",
+        description="consecutive failed proxied requests for one model on a worker (HTTP 5xx, invalid answers, "
+        "streams broken after they started) before that model is taken out on that worker (its other models "
+        "keep being served); and consecutive requests whose connection broke before any answer before the whole "
+        "worker is taken out (the next successful poll brings it back)",
+    )
+    model_retry_s: float = Field(
+        30,
+        gt=0,
+        le=MAX_WAIT_S,
+        description="seconds a model taken out on a worker stays out before requests try it again (doubled after "
+        "each further failure, up to 16x; one success brings it back)",
     )
 
 

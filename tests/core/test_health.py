@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from turnout.core.health import (
+    MAX_RETRY_FACTOR,
     Event,
     Health,
+    ModelHealth,
     ProbePolicy,
     ProbeResult,
     after,
     failure_reason,
+    model_after,
     probe_event,
     should_probe,
 )
@@ -141,3 +144,33 @@ def test_request_failures_have_their_own_threshold(before: Health, event: Event,
 )
 def test_failure_reason(code: str | None, status: int | None, expected: str) -> None:
     assert failure_reason(code, status) == expected
+
+
+_OUT = ModelHealth(5, 130.0, 1, "requests failing: HTTP 500")
+
+
+@pytest.mark.parametrize(
+    ("before", "failed", "now", "expected"),
+    [
+        (ModelHealth(), False, 100.0, ModelHealth()),
+        (ModelHealth(), True, 100.0, ModelHealth(1, None, 0, "r")),
+        (ModelHealth(3, None, 0, "r"), True, 100.0, ModelHealth(4, None, 0, "r")),
+        (ModelHealth(4, None, 0, "r"), True, 100.0, ModelHealth(5, 130.0, 1, "r")),  # the fifth: out for 30 s
+        (ModelHealth(4, None, 0, "r"), False, 100.0, ModelHealth()),  # one success clears the count
+        (_OUT, True, 110.0, ModelHealth(6, 130.0, 1, "r")),  # a failure while out (in flight): counted only
+        (_OUT, True, 131.0, ModelHealth(6, 191.0, 2, "r")),  # first failure after the time: out again, twice as long
+        (ModelHealth(9, 150.0, 3, "r"), True, 151.0, ModelHealth(10, 391.0, 4, "r")),  # 8x
+        (ModelHealth(20, 150.0, 9, "r"), True, 151.0, ModelHealth(21, 151.0 + 30 * MAX_RETRY_FACTOR, 10, "r")),
+        (_OUT, False, 131.0, ModelHealth()),  # back at its first success
+    ],
+)
+def test_model_after(before: ModelHealth, failed: bool, now: float, expected: ModelHealth) -> None:
+    assert model_after(before, failed, now, failures_to_out=5, retry_s=30.0, reason="r") == expected
+
+
+@pytest.mark.parametrize(
+    ("health", "now", "out"),
+    [(ModelHealth(), 0.0, False), (_OUT, 129.9, True), (_OUT, 130.0, False), (ModelHealth(7, None, 0), 1.0, False)],
+)
+def test_model_out_until_its_time(health: ModelHealth, now: float, out: bool) -> None:
+    assert health.out(now) is out

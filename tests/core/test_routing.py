@@ -32,18 +32,56 @@ def pick(decision: Route | NoRoute) -> str:
         ([w("a", healthy=False)], NoRouteReason.NO_HEALTHY, 'no healthy worker for "llama3:8b": a down'),
         ([w("a", rules=DENY_M)], NoRouteReason.BLOCKED, 'a: denied by rule "llama3:8b"'),
         ([w("a", rules=WL_OTHER)], NoRouteReason.BLOCKED, "a: not in its whitelist"),
-        ([w("a", rules=DENY_M), w("b", healthy=False)], NoRouteReason.BLOCKED, "blocked by placement"),
+        ([w("a", rules=DENY_M), w("b", healthy=False, rules=DENY_M)], NoRouteReason.BLOCKED, "blocked by placement"),
         # installed only where blocked
         (
             [w("a", rules=DENY_M), w("b", inventory=frozenset({"x"}))],
             NoRouteReason.NOT_INSTALLED,
             "not installed on any eligible worker",
         ),
-        # installed only on an unhealthy worker
+        # installed only on an unhealthy worker: down, not missing (a 503 naming it, never a 404)
         (
-            [w("a", healthy=False), w("b", inventory=frozenset({"x"}))],
+            [w("a", healthy=False, down_reason="timeout"), w("b", inventory=frozenset({"x"}))],
+            NoRouteReason.NO_HEALTHY,
+            'model "llama3:8b" is installed only on a, which is down (timeout)',
+        ),
+        (
+            [w("a", healthy=False), w("b", inventory=frozenset())],
+            NoRouteReason.NO_HEALTHY,
+            'model "llama3:8b" is installed only on a, which is down (not answering)',
+        ),
+        # ... or on a worker where this model is out: the same, with the model's reason
+        (
+            [w("a", model_out="requests failing: HTTP 500"), w("b", inventory=frozenset({"x"}))],
+            NoRouteReason.NO_HEALTHY,
+            'model "llama3:8b" is installed only on a, which is down (requests failing: HTTP 500)',
+        ),
+        (
+            [
+                w("a", model_out="requests failing: HTTP 500"),
+                w("b", healthy=False, down_reason="connection refused"),
+                w("c", inventory=frozenset({"x"})),
+            ],
+            NoRouteReason.NO_HEALTHY,
+            "installed only on a and b, which are down (a: requests failing: HTTP 500; b: connection refused)",
+        ),
+        # held by a down worker whose placement blocks it: that one would not serve it anyway
+        (
+            [w("a", healthy=False, rules=DENY_M), w("b", inventory=frozenset({"x"}))],
             NoRouteReason.NOT_INSTALLED,
             "not installed on any eligible worker",
+        ),
+        # held by a down worker, blocked on the healthy one: down, not blocked
+        (
+            [w("a", healthy=False, down_reason="timeout"), w("b", rules=DENY_M)],
+            NoRouteReason.NO_HEALTHY,
+            "installed only on a, which is down (timeout)",
+        ),
+        # the only holder's model is out and nothing else is up: every worker named
+        (
+            [w("a", model_out="requests failing: invalid answer")],
+            NoRouteReason.NO_HEALTHY,
+            'no healthy worker for "llama3:8b": a down for this model (requests failing: invalid answer)',
         ),
         # nowhere at all, every inventory known
         (
@@ -72,6 +110,8 @@ def test_no_route(workers: list[WorkerView], reason: NoRouteReason, fragment: st
     [
         # unhealthy dropped
         ([w("a", healthy=False), w("b")], "b"),
+        # a worker where this model is out is dropped for it, even when loaded
+        ([w("a", model_out="requests failing: HTTP 500", loaded=frozenset({M})), w("b")], "b"),
         # excluded like unhealthy (failed attempt)
         ([w("a"), w("b")], "a"),
         # blocked dropped even when better in every other way

@@ -153,7 +153,7 @@ async def test_an_endpoint_refused_by_the_ssrf_guard_says_so(
     assert "APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS=true" in line and mac.served() == 0
 
 
-async def test_a_worker_whose_requests_keep_failing_is_down_with_their_status(
+async def test_a_model_whose_requests_keep_failing_is_out_with_their_status(
     emulator: EmulatorFactory, gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="turnout")
@@ -163,5 +163,10 @@ async def test_a_worker_whose_requests_keep_failing_is_down_with_their_status(
         assert (await chat(gw, "llama3"))[0] == 502
     status, body = await chat(gw, "llama3")
     assert status == 503
-    assert body["error"]["message"] == 'no healthy worker for "llama3": a down (requests failing: HTTP 500)'
-    assert changes(caplog, "a") == ['worker "a" is up', 'worker "a" is down: requests failing: HTTP 500']
+    # the worker answered (badly): the model is out on it, the worker is not down
+    assert (
+        body["error"]["message"] == 'no healthy worker for "llama3": a down for this model (requests failing: HTTP 500)'
+    )
+    assert changes(caplog, "a") == ['worker "a" is up']
+    (line,) = [r.getMessage() for r in caplog.records if 'worker "a": model "llama3:latest" is out' in r.getMessage()]
+    assert "(requests failing: HTTP 500) after 2 failed requests in a row" in line

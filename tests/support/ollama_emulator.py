@@ -45,6 +45,11 @@ class Behaviour:
     tags_garbled: bool = False  # answer /api/tags and /v1/models 200 with a body that is not JSON
     ps_status: int | None = None  # answer /api/ps with this status and Ollama's error object
     version_hang_s: float = 0.0  # delay before /api/version answers (a machine too loaded to answer)
+    # Faults of single models (the name as listed), while the others answer: "http_500" (Ollama's error object,
+    # as its server answers a runner that crashed), "invalid_json" (200 with a body that is not JSON),
+    # "broken_stream" (the answer starts, then the connection closes mid-body), "reset" (the connection closes
+    # before any answer).
+    model_faults: dict[str, str] = field(default_factory=dict)
 
 
 class OllamaEmulator:
@@ -194,6 +199,9 @@ class OllamaEmulator:
             )
         if self.behaviour.fail_status:
             return web.json_response({"error": "emulated failure"}, status=self.behaviour.fail_status)
+        fault = await self._fault(request, model, body, openai=False)
+        if fault is not None:
+            return fault
         self._load(model)
         started = time.monotonic_ns()
         stream = body.get("stream", True)
@@ -228,6 +236,44 @@ class OllamaEmulator:
             raise
         finally:
             self.active -= 1
+
+    async def _fault(
+        self, request: web.Request, model: str, body: dict[str, Any], *, openai: bool
+    ) -> web.StreamResponse | None:
+        """The configured fault of ``model`` (``Behaviour.model_faults``), or None: answer normally."""
+        fault = self.behaviour.model_faults.get(model)
+        if fault is None:
+            return None
+        if fault == "http_500":
+            error: Any = (
+                {"message": "llama runner process has terminated", "type": "api_error"}
+                if openai
+                else ("llama runner process has terminated: exit status 2")
+            )
+            return web.json_response({"error": error}, status=500)
+        if fault == "invalid_json":
+            return web.Response(body=b"<html>upstream hiccup</html>", content_type="application/json")
+        if fault == "reset":
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response()  # never sent: the connection is gone
+        assert fault == "broken_stream", fault
+        if body.get("stream", not openai):
+            resp = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream" if openai else "application/x-ndjson"}
+            )
+            await resp.prepare(request)
+            chunk = {"model": model, "created_at": _now(), "message": {"role": "assistant", "content": "Hel"}}
+            await resp.write(
+                (b"data: " if openai else b"") + json.dumps(chunk).encode() + (b"\n\n" if openai else b"\n")
+            )
+        else:  # a body shorter than its Content-Length
+            resp = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "400"})
+            await resp.prepare(request)
+            await resp.write(b'{"model": "')
+        assert request.transport is not None
+        request.transport.close()
+        return resp
 
     async def embed(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -293,6 +339,9 @@ class OllamaEmulator:
             return web.json_response(
                 {"error": {"message": "emulated failure", "type": "api_error"}}, status=self.behaviour.fail_status
             )
+        fault = await self._fault(request, model, body, openai=True)
+        if fault is not None:
+            return fault
         self._load(model)
         words = self._words()
         kind = "chat.completion" if chat else "text_completion"

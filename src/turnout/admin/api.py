@@ -332,6 +332,8 @@ async def inventory(request: web.Request) -> web.Response:
                     "url": s.config.base_url,
                     "healthy": s.healthy,
                     "last_error": s.last_error,
+                    # models taken out here after their requests failed (the worker serves its others)
+                    "models_out": s.models_out(time.monotonic()),
                     "inventory_known": s.inventory is not None,
                     "installed": sorted(s.inventory) if s.inventory is not None else None,
                     "inventory_stale": s.inventory_stale,  # the last poll failed: "installed" is the one before

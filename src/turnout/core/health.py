@@ -23,6 +23,14 @@ evidence is free. Probes are not free:
 Either way, a probe that timed out or broke while the worker's requests were progressing says the
 worker is loaded, not dead: it does not count. A refused connection always counts.
 
+A failed proxied request is judged by whose failure it is. One that never reached an answer (refused,
+connect timeout, a connection reset before the first byte of the answer) is the worker's: it counts toward
+taking the whole worker out (:func:`after`). One the worker answered badly (an HTTP 5xx, an invalid answer,
+a stream broken after it started) is the model's: a worker that serves five models, one of them broken,
+keeps serving the other four. :func:`model_after` takes that model out on that worker, after
+``failures_to_out`` in a row, for ``retry_s`` (doubled after each further failure, up to 16x), then lets
+requests try it again; one success brings it back (Envoy's outlier ejection, per model).
+
 :func:`failure_reason` names a failure in a few words (``connection refused``, ``timeout``, ``HTTP 500``):
 the state-change log lines and the 503 that lists why each worker is down use it.
 """
@@ -33,12 +41,15 @@ from dataclasses import dataclass
 from enum import Enum
 
 __all__ = [
+    "MAX_RETRY_FACTOR",
     "Event",
     "Health",
+    "ModelHealth",
     "ProbePolicy",
     "ProbeResult",
     "after",
     "failure_reason",
+    "model_after",
     "probe_event",
     "should_probe",
 ]
@@ -121,6 +132,45 @@ def after(health: Health, event: Event, failures_to_down: int, request_failures_
     # only after ``request_failures_to_down`` in a row, as Envoy's consecutive-5xx outlier detection does
     count = health.request_failures + 1
     return Health(health.healthy and count < request_failures_to_down, health.probe_failures, count)
+
+
+MAX_RETRY_FACTOR = 16  # a model that keeps failing is tried again at most this many ``retry_s`` later
+
+
+@dataclass(frozen=True, slots=True)
+class ModelHealth:
+    """One model on one worker, as its proxied requests found it."""
+
+    failures: int = 0  # consecutive failed requests for the model (kept while out: the next failure counts)
+    out_until: float | None = None  # out of routing until then (monotonic seconds); None: never taken out
+    outs: int = 0  # times taken out since its last success: each doubles the next time out
+    reason: str | None = None  # the last failure in a few words (``HTTP 500``)
+
+    def out(self, now: float) -> bool:
+        """Taken out and not yet due for another try."""
+        return self.out_until is not None and now < self.out_until
+
+    @property
+    def ok(self) -> bool:
+        """Nothing against it: the state a success leaves."""
+        return self.failures == 0 and self.out_until is None
+
+
+def model_after(
+    health: ModelHealth, failed: bool, now: float, *, failures_to_out: int, retry_s: float, reason: str | None = None
+) -> ModelHealth:
+    """One proxied request's verdict on a model. A success clears everything. A failure counts; at
+    ``failures_to_out`` in a row the model is out until ``now + retry_s * 2**outs`` (at most
+    :data:`MAX_RETRY_FACTOR` times ``retry_s``). A failure while it is out (a request already in flight when
+    it was taken out) changes nothing but the count; the first failure after the time is up takes it out
+    again at once, for twice as long."""
+    if not failed:
+        return ModelHealth()
+    count = health.failures + 1
+    if health.out(now) or count < failures_to_out:
+        return ModelHealth(count, health.out_until, health.outs, reason or health.reason)
+    factor = min(2**health.outs, MAX_RETRY_FACTOR)
+    return ModelHealth(count, now + retry_s * factor, health.outs + 1, reason or health.reason)
 
 
 # What an upstream error code (the dialer's, the client's, an endpoint check's) means, in a few words.

@@ -3,12 +3,17 @@
 Pure decision over a snapshot of the fleet (``WorkerView``) and the current concurrency counts.
 The order is fixed and each step has its own failure:
 
-1. drop unhealthy workers (and those excluded by the caller after a failed attempt)  -> NO_HEALTHY, naming
+1. drop unhealthy workers, workers that took this model out after its requests failed there, and those
+   excluded by the caller after a failed attempt                                    -> NO_HEALTHY, naming
    each worker's reason (``no healthy worker for "m": w1 down (connection refused), w2 down (timeout)``)
 2. drop workers whose placement rules block the model                               -> BLOCKED / UNKNOWN_MODEL
 3. if some eligible worker's inventory is known to hold the model, keep only those; otherwise keep only
    the workers whose inventory is unknown (never fetched: fails open). A worker whose (last known, possibly
    stale) inventory lacks the model is never picked; when no worker is left            -> NOT_INSTALLED
+   Steps 2 and 3 never answer that a model is missing or blocked while a worker dropped in step 1 holds it
+   (and its placement allows it there): that is NO_HEALTHY, naming that worker and why (``model "m" is
+   installed only on w1, which is down (requests failing: HTTP 500)``). A 404 tells a client not to retry
+   and an operator that the model is missing; neither is true of a model whose worker is down.
 4. enforce the global, per-model and per-worker concurrency limits                  -> SATURATED
 5. score what is left by loaded affinity, load, learned tokens/s, GPU utilisation and
    VRAM pressure; an absent input is neutral (the mean of the known ones), never zero.
@@ -72,6 +77,7 @@ class WorkerView(NamedTuple):
     gpu_util: float | None = None  # 0..1
     vram_pressure: float | None = None  # 0..1, share of resident model bytes not in VRAM
     down_reason: str | None = None  # why an unhealthy worker is down (``connection refused``), when known
+    model_out: str | None = None  # why this model is out on this (healthy) worker (``requests failing: HTTP 500``)
 
 
 class Capacity(NamedTuple):  # built on every request: a tuple, like WorkerView
@@ -125,9 +131,9 @@ def route(
     if not workers:
         return NoRoute(NoRouteReason.NO_WORKERS, 'no workers are configured; add one under "workers" in the config')
 
-    healthy = [w for w in workers if w.healthy and w.name not in exclude]
+    healthy = [w for w in workers if w.healthy and w.model_out is None and w.name not in exclude]
     if not healthy:
-        down = ", ".join(_why_down(w) for w in workers)
+        down = ", ".join(_why_down(w, exclude) for w in workers)
         return NoRoute(NoRouteReason.NO_HEALTHY, f'no healthy worker for "{model}": {down}')
 
     eligible: list[tuple[WorkerView, str]] = []
@@ -144,6 +150,9 @@ def route(
         else:
             refusals.append(f"{worker.name}: {_why_blocked(verdict)}")
     if not eligible:
+        held = _held_by_dropped(model, workers, len(healthy), exclude)
+        if held is not None:
+            return held
         if _known_nowhere(model, workers):
             return _unknown_model(model)
         return NoRoute(
@@ -156,6 +165,9 @@ def route(
     else:
         eligible = [(w, n) for w, n in eligible if w.inventory is None]  # unknown inventory fails open
         if not eligible:
+            held = _held_by_dropped(model, workers, len(healthy), exclude)
+            if held is not None:
+                return held
             if _known_nowhere(model, workers):
                 return _unknown_model(model)
             return NoRoute(NoRouteReason.NOT_INSTALLED, _not_installed(model))
@@ -178,11 +190,50 @@ def route(
     return Route(_rank(free, rotation))
 
 
-def _why_down(worker: WorkerView) -> str:
-    """``w1 down (connection refused)``; a healthy worker here was excluded after failing this request."""
-    if worker.healthy:
-        return f"{worker.name} failed for this request"
-    return f"{worker.name} down ({worker.down_reason})" if worker.down_reason else f"{worker.name} down"
+def _why_down(worker: WorkerView, exclude: frozenset[str]) -> str:
+    """``w1 down (connection refused)``, ``w1 down for this model (requests failing: HTTP 500)``, or a
+    worker excluded after failing this request."""
+    return f"{worker.name} {_down(worker, exclude)}"
+
+
+def _down(worker: WorkerView, exclude: frozenset[str]) -> str:
+    if not worker.healthy:
+        return f"down ({worker.down_reason})" if worker.down_reason else "down"
+    if worker.model_out is not None:
+        return f"down for this model ({worker.model_out})"
+    return "failed for this request" if worker.name in exclude else "up"
+
+
+def _held_by_dropped(model: str, workers: Sequence[WorkerView], usable: int, exclude: frozenset[str]) -> NoRoute | None:
+    """NO_HEALTHY when workers dropped in step 1 are known to hold ``model`` and may serve it (placement),
+    naming them and why; None when there are none (the model is missing or blocked, as the caller says)."""
+    if usable == len(workers):
+        return None  # nothing was dropped: the common case, answered without a second walk
+    holders = []
+    for worker in workers:
+        if worker.healthy and worker.model_out is None and worker.name not in exclude:
+            continue
+        installed = installed_name(model, worker.inventory)
+        if installed is not None and resolve_placement(worker.rules, installed).allowed:
+            holders.append(worker)
+    if not holders:
+        return None
+    if len(holders) == 1:
+        where = f"{holders[0].name}, which is down ({_cause(holders[0], exclude)})"
+    else:
+        names = f"{', '.join(w.name for w in holders[:-1])} and {holders[-1].name}"
+        where = f"{names}, which are down ({'; '.join(f'{w.name}: {_cause(w, exclude)}' for w in holders)})"
+    return NoRoute(NoRouteReason.NO_HEALTHY, f'model "{model}" is installed only on {where}')
+
+
+def _cause(worker: WorkerView, exclude: frozenset[str]) -> str:
+    """Why a dropped worker cannot serve: its down reason, why the model is out there, or this request's
+    failure. A model out on its worker reads as down, as a client sees it."""
+    if not worker.healthy:
+        return worker.down_reason or "not answering"
+    if worker.model_out is not None:
+        return worker.model_out
+    return "failed for this request" if worker.name in exclude else "unknown"
 
 
 def _why_blocked(verdict: Verdict) -> str:

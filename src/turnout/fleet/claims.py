@@ -28,7 +28,7 @@ from turnout.config import Worker
 from turnout.core.claims import ClaimPhase
 from turnout.errors import TurnoutError, Unavailable
 from turnout.fleet.claim_sources import ClaimSource
-from turnout.fleet.state import Fleet, WorkerState
+from turnout.fleet.state import Fleet
 
 __all__ = ["ClaimBindings"]
 
@@ -119,7 +119,7 @@ class ClaimBindings:
             if current is None or current.base_url != url:
                 self._unbind(view.model)
                 worker = Worker.model_validate({"name": self.worker_name(view.key), "url": url, "type": "openai"})
-                state = WorkerState(worker, claim=view.key)
+                state = self.fleet.state_for(worker, claim=view.key)
                 state.inventory = state.loaded = frozenset({view.model})
                 state.tags = {view.model: {"id": view.model, "object": "model", "owned_by": f"claim/{view.key}"}}
                 self.fleet.workers[state.name] = state

@@ -33,6 +33,7 @@ from turnout.core.ssrf import check_address
 from turnout.errors import UpstreamError
 from turnout.fleet.poller import apply_openai_models, apply_tags
 from turnout.fleet.state import External, Fleet, WorkerState
+from turnout.masking import SECRETS
 from turnout.store.db import StoreError
 from turnout.store.endpoints import EndpointRecord, EndpointStore
 from turnout.store.secrets import SecretBox, SecretError
@@ -183,6 +184,7 @@ class EndpointManager:
 
     async def test_unsaved(self, url: str, api: str, credential: str | None) -> Probe:
         """Probe an endpoint that is not registered: nothing is stored and the fleet does not change."""
+        SECRETS.keep(credential)  # masked in logs from now on, saved or not
         return await probe(self.client, url, api, credential, self.guard, self.timeout_s)
 
     def configured_workers(self) -> set[str]:
@@ -240,7 +242,7 @@ class EndpointManager:
         config = Worker.model_validate(
             {"name": record.name, "url": record.url, "type": record.api, "api_key": self.credential(record)}
         )
-        return WorkerState(
+        return self.fleet.state_for(
             config,
             external=External(
                 prefix=shared_name(record.name, ""),

@@ -7,19 +7,23 @@ serving?) and inventory (what does it hold?) are kept apart, so a failed listing
 worker out of routing. ``views()`` freezes what the pure router needs for one request.
 
 Every change of a worker's health is logged once, with its reason (``worker "w1" is down: connection refused``,
-``worker "w1" is up again``), never once per poll; so is an endpoint or worker rejecting its credential.
+``worker "w1" is up again``), never once per poll; so is an endpoint or worker rejecting its credential, and a
+model taken out on one worker while the worker keeps serving its others (``worker "w1": model "m" is out
+(requests failing: HTTP 500) ...``, ``worker "w1": model "m" is back``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from turnout.config import Settings, Worker, WorkerType
 from turnout.core.endpoint_health import EndpointState
-from turnout.core.health import Event, Health, after
+from turnout.core.health import Event, Health, ModelHealth, after, model_after
+from turnout.core.names import lookup
 from turnout.core.placement import PlacementRules
 from turnout.core.routing import WorkerView
 from turnout.core.signals import smooth
@@ -57,9 +61,12 @@ class WorkerState:
     down_reason: str | None = None  # the last counted failure in a few words (``connection refused``)
     credential_rejected: int | None = None  # the HTTP status of its credential's last rejection (until a success)
     failures: int = 0  # consecutive probe failures that counted
-    request_failures: int = 0  # consecutive failed proxied requests
+    request_failures: int = 0  # consecutive proxied requests that broke before any answer
     failures_to_down: int = 1  # health.failures_to_down (set by the fleet)
     request_failures_to_down: int = 5  # health.request_failures_to_down (set by the fleet)
+    model_retry_s: float = 30.0  # health.model_retry_s (set by the fleet)
+    # model (as sent upstream) -> what its requests here found; only models with something against them
+    models: dict[str, ModelHealth] = field(default_factory=dict)
     last_progress: float | None = None  # monotonic time bytes last arrived for a proxied request
     inventory: frozenset[str] | None = None  # None until fetched once; then the last known, maybe stale
     inventory_stale: bool = False  # the last inventory poll failed; ``inventory`` is from an earlier one
@@ -130,20 +137,66 @@ class WorkerState:
         """Bytes arrived from the worker for a proxied request: it is working (probe timeouts won't count)."""
         self.last_progress = now
 
-    def record_success(self, now: float) -> None:
-        """A proxied request got a complete answer: alive, failure counts reset, healthy."""
+    def record_success(self, now: float, model: str | None = None) -> None:
+        """A proxied request got a complete answer: alive, failure counts reset, healthy; ``model`` (as sent
+        upstream) is back in if it was out."""
         self.last_progress = now
         self.record(Event.SERVED)
+        cleared = self.models.pop(model, None) if model is not None and self.models else None
+        if cleared is not None and cleared.out_until is not None:
+            log.info('%s: model "%s" is back (a request succeeded)', self.label, model)
         if self.credential_rejected is not None:
             self.credential_rejected = None
             log.info("%s accepts its credential again", self.label)
 
     def record_failure(self, error: str, now: float, reason: str | None = None) -> None:
-        """A proxied request failed for real (5xx, stream broke, invalid answer); ``request_failures_to_down``
-        in a row take the worker down. Connection failures are not this: they call :meth:`mark_down`.
-        ``reason``: the failure in a few words (``HTTP 500``); ``error`` when not given."""
+        """A proxied request broke before any answer (the connection reset or closed after the request was
+        sent): the worker's failure; ``request_failures_to_down`` in a row take it down. Connections that
+        could not be made call :meth:`mark_down`; answers that were bad are the model's
+        (:meth:`record_model_failure`). ``reason``: the failure in a few words; ``error`` when not given."""
         del now  # the count is what decides; the time is part of every event's signature
         self.record(Event.REQUEST_FAILED, error, f"requests failing: {reason or error}")
+
+    def record_model_failure(self, model: str, error: str, now: float, reason: str | None = None) -> None:
+        """The worker answered a request for ``model`` (as sent upstream) badly: an HTTP 5xx, an invalid
+        answer, a stream broken after it started. The model's failure, not the worker's (which answered, so
+        it is alive): ``request_failures_to_down`` in a row take that model out on this worker, and only it
+        (:func:`turnout.core.health.model_after`). ``now``: monotonic seconds."""
+        self.last_progress = now
+        self.last_error = error
+        before = self.models.get(model, ModelHealth())
+        health = model_after(
+            before,
+            True,
+            now,
+            failures_to_out=self.request_failures_to_down,
+            retry_s=self.model_retry_s,
+            reason=f"requests failing: {reason or error}",
+        )
+        self.models[model] = health
+        if health.out_until != before.out_until:
+            log.warning(
+                '%s: model "%s" is out (%s) after %d failed requests in a row; the %s keeps serving its other '
+                "models, and requests try this one again in %.0fs",
+                self.label,
+                model,
+                health.reason,
+                health.failures,
+                self.kind,
+                (health.out_until or now) - now,
+            )
+
+    def model_out(self, model: str, now: float) -> str | None:
+        """Why ``model`` (either spelling, ``m`` or ``m:latest``) is out on this worker now; None: it is in."""
+        if not self.models:
+            return None
+        name = lookup(model, self.models)
+        health = None if name is None else self.models[name]
+        return health.reason if health is not None and health.out(now) else None
+
+    def models_out(self, now: float) -> dict[str, str]:
+        """Every model out on this worker now, with why (the worker's card shows them)."""
+        return {m: h.reason or "requests failing" for m, h in sorted(self.models.items()) if h.out(now)}
 
     def reject_credential(self, status: int, detail: str, now: float) -> None:
         """It answered 401/403 to the gateway's credential for it: alive, and the operator's problem (logged
@@ -215,15 +268,7 @@ class Fleet:
     def __init__(self, settings: Settings, placement: PlacementStore) -> None:
         self.settings = settings
         self.placement = placement
-        health = settings.health
-        self.workers: dict[str, WorkerState] = {
-            w.name: WorkerState(
-                w,
-                failures_to_down=health.failures_to_down,
-                request_failures_to_down=health.request_failures_to_down,
-            )
-            for w in settings.workers
-        }
+        self.workers: dict[str, WorkerState] = {w.name: self.state_for(w) for w in settings.workers}
         self.endpoints = 0  # how many external endpoints are in ``workers`` (kept by the endpoint manager)
         self.bindings: dict[str, WorkerState] = {}  # model name -> its claim's engine (kept by the claim bindings)
         # model name -> epoch it was first listed to a client: the stable ``modified_at`` of an OpenAI-style
@@ -233,6 +278,18 @@ class Fleet:
         self.keep_listing: Callable[[str, float], float] | None = None
         # model name -> its /v1/models entry, for claimed models listed whether or not routable now (asleep)
         self.claim_listing: dict[str, dict[str, Any]] = {}
+
+    def state_for(self, config: Worker, **extra: Any) -> WorkerState:
+        """A new worker's state, with the ``health`` settings every worker takes: the config's workers, the
+        endpoints and the claims' engines alike (``extra``: ``external=...``, ``claim=...``)."""
+        health = self.settings.health
+        return WorkerState(
+            config,
+            failures_to_down=health.failures_to_down,
+            request_failures_to_down=health.request_failures_to_down,
+            model_retry_s=health.model_retry_s,
+            **extra,
+        )
 
     def rules(self, name: str) -> tuple[PlacementRules, str]:
         """Effective rules for a worker and their source: ``override`` or ``config``."""
@@ -252,6 +309,7 @@ class Fleet:
         else:
             candidates = list(self.workers.values())
         out = []
+        now = time.monotonic() if any(state.models for state in candidates) else 0.0
         for state in candidates:
             rules, _ = self.rules(state.name)
             out.append(
@@ -267,6 +325,7 @@ class Fleet:
                     gpu_util=state.gpu_util,
                     vram_pressure=state.vram_pressure,
                     down_reason=None if state.healthy else state.down_reason,
+                    model_out=state.model_out(model, now) if state.models else None,
                 )
             )
         return out

@@ -36,7 +36,7 @@ from turnout.gateway.catalog import iso_time, modified_at, unknown_details
 from turnout.gateway.dialect import Dialect, error_frame, error_response, json_response
 from turnout.gateway.dispatch import Dispatcher, Lease, no_route_error
 from turnout.metrics import Metrics
-from turnout.upstream.client import ConnectFailed, UpstreamClient, UpstreamResponse
+from turnout.upstream.client import ConnectFailed, NoAnswer, UpstreamClient, UpstreamResponse
 
 __all__ = ["Proxy"]
 
@@ -132,6 +132,11 @@ class Proxy:
                 self.dispatcher.wake_all()
                 exclude.add(lease.worker.name)
                 failure = exc
+            except NoAnswer as exc:  # sent, and the connection broke before an answer: the worker's failure
+                self.metrics.upstream_errors.labels(lease.worker.name, "no_answer").inc()
+                lease.worker.record_failure(exc.message, asyncio.get_running_loop().time(), failure_reason(exc.code))
+                self.dispatcher.wake_all()
+                raise
             finally:
                 lease.release()
         assert failure is not None
@@ -145,21 +150,22 @@ class Proxy:
         upstream = _upstream_name(worker, lease.model)
         if upstream != call.model:
             body = orjson.dumps({**call.payload, "model": upstream})
-        return await self._passthrough(request, call, worker, call.path, body, outcome)
+        return await self._passthrough(request, call, worker, lease.model, body, outcome)
 
     # -- same dialect ----------------------------------------------------------------------------
     async def _passthrough(
-        self, request: web.Request, call: Call, worker: WorkerState, path: str, body: bytes, outcome: Outcome
+        self, request: web.Request, call: Call, worker: WorkerState, model: str, body: bytes, outcome: Outcome
     ) -> web.StreamResponse:
+        """``model``: the name the worker knows it by (its failures and successes are counted under it)."""
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        async with self._post(worker, path, body) as up:
-            _check_fallback(worker, up.status)
+        async with self._post(worker, call.path, body) as up:
+            _check_fallback(worker, model, up.status)
             if up.status >= 300:
-                return self._upstream_error(call, worker, up.status, await up.read(), loop.time())
+                return self._upstream_error(call, worker, model, up.status, await up.read(), loop.time())
             if not _streaming(call, up):
                 data = await up.read()
-                answer = self._answer(worker, data, loop.time())
+                answer = self._answer(worker, model, data, loop.time())
                 self._learn(worker, call.model, answer, time.perf_counter() - started, outcome)
                 return _raw_json(data, up.status, call)
             kind = StreamKind.NDJSON if call.dialect is Dialect.OLLAMA else StreamKind.SSE
@@ -180,16 +186,16 @@ class Proxy:
                     if watch.ended:
                         answered = True
                         up.finish_later(_DRAIN_S)
-                        await self._end_stream(resp, call.dialect, worker, watch, outcome, loop.time())
+                        await self._end_stream(resp, call.dialect, worker, model, watch, outcome, loop.time())
                         break
                 if not answered:
                     watch.close()
                     answered = True
-                    await self._end_stream(resp, call.dialect, worker, watch, outcome, loop.time())
+                    await self._end_stream(resp, call.dialect, worker, model, watch, outcome, loop.time())
             except (UpstreamError, FrameError) as exc:
                 if not answered:
                     watch.finished = False
-                    await self._stream_failed(resp, call.dialect, worker, exc, outcome, loop.time())
+                    await self._stream_failed(resp, call.dialect, worker, model, exc, outcome, loop.time())
             except asyncio.CancelledError:
                 if not answered:
                     await _cut_short(resp, call.dialect)
@@ -205,6 +211,7 @@ class Proxy:
         resp: web.StreamResponse,
         dialect: Dialect,
         worker: WorkerState,
+        model: str,
         watch: StreamWatch,
         outcome: Outcome,
         now: float,
@@ -213,13 +220,13 @@ class Proxy:
         if watch.error is not None:
             outcome.failed = True
             self.metrics.upstream_errors.labels(worker.name, "stream").inc()
-            worker.record_failure(f"stream error frame: {watch.error}", now, "error frames in streams")
+            worker.record_model_failure(model, f"stream error frame: {watch.error}", now, "error frames in streams")
             await resp.write_eof()
         elif watch.truncated:
             exc = UpstreamError(f"{worker.name}: the stream ended before the model finished")
-            await self._stream_failed(resp, dialect, worker, exc, outcome, now)
+            await self._stream_failed(resp, dialect, worker, model, exc, outcome, now)
         else:
-            worker.record_success(now)
+            worker.record_success(now, model)
             await resp.write_eof()
 
     async def _stream_failed(
@@ -227,6 +234,7 @@ class Proxy:
         resp: web.StreamResponse,
         dialect: Dialect,
         worker: WorkerState,
+        model: str,
         exc: Exception,
         outcome: Outcome,
         now: float,
@@ -234,23 +242,23 @@ class Proxy:
         outcome.failed = True
         self.metrics.upstream_errors.labels(worker.name, "stream").inc()
         err = exc if isinstance(exc, UpstreamError) else UpstreamError(f"{worker.name}: {exc}")
-        worker.record_failure(err.message, now, "streams breaking")
+        worker.record_model_failure(model, err.message, now, "streams breaking")
         await resp.write(error_frame(dialect, err))
         await resp.write_eof()
 
-    def _answer(self, worker: WorkerState, data: bytes, now: float) -> dict[str, Any]:
+    def _answer(self, worker: WorkerState, model: str, data: bytes, now: float) -> dict[str, Any]:
         """A 2xx non-stream answer must be the JSON object its route promises; anything else is a 502."""
         try:
             answer = parse_object(data)
         except FrameError as exc:
             self.metrics.upstream_errors.labels(worker.name, "invalid_answer").inc()
-            worker.record_failure("invalid answer", now)
+            worker.record_model_failure(model, "invalid answer", now)
             raise UpstreamError(f"{worker.name}: the worker answered with {_what(data, exc)}") from None
-        worker.record_success(now)
+        worker.record_success(now, model)
         return answer
 
     def _upstream_error(
-        self, call: Call, worker: WorkerState, status: int, data: bytes, now: float
+        self, call: Call, worker: WorkerState, model: str, status: int, data: bytes, now: float
     ) -> web.StreamResponse:
         """A worker's error answer in the caller's dialect: 4xx keep their status and the worker's message;
         5xx (and nonsense statuses) become 502, 503 stays 503. A 401/403 is about the gateway's credential
@@ -259,9 +267,9 @@ class Proxy:
             return self._credential_rejected(call, worker, status, data, now)
         if status >= 500:
             self.metrics.upstream_errors.labels(worker.name, f"http_{status}").inc()
-            worker.record_failure(f"HTTP {status}", now)
+            worker.record_model_failure(model, f"HTTP {status}", now)
         else:
-            worker.record_success(now)  # it answered: alive
+            worker.record_success(now)  # it answered: alive (a 4xx says nothing about the model)
         if 400 <= status < 500:
             try:
                 parsed: dict[str, Any] | None = parse_object(data)
@@ -312,35 +320,36 @@ class Proxy:
         if alternate is not None and worker.name in self._json_object_schema:
             req, alternate = alternate, None  # this worker takes llama-cpp-python's form
         async with self._post(worker, path, orjson.dumps(req)) as up:
-            _check_fallback(worker, up.status)
+            _check_fallback(worker, lease.model, up.status)
             rejected = await up.read() if up.status >= 300 else b""
             # llama_cpp.server answers a response_format it does not know with 500 (a validation error its
             # handler reports as a server error): 400, 422 and 500 all earn one retry in the other form
             if up.status >= 300 and not (alternate is not None and up.status in (400, 422, 500)):
-                return self._upstream_error(call, worker, up.status, rejected, loop.time())
+                return self._upstream_error(call, worker, lease.model, up.status, rejected, loop.time())
             if up.status < 300:
-                return await self._translated_answer(request, call, worker, up, started, generate, outcome)
+                return await self._translated_answer(request, call, lease, up, started, generate, outcome)
         assert alternate is not None  # the worker refused OpenAI's json_schema form: try the one it may take
         del rejected
         async with self._post(worker, path, orjson.dumps(alternate)) as up:
             if up.status >= 300:  # refused in both forms: the worker's own answer to the second says why
-                return self._upstream_error(call, worker, up.status, await up.read(), loop.time())
+                return self._upstream_error(call, worker, lease.model, up.status, await up.read(), loop.time())
             self._json_object_schema.add(worker.name)
-            return await self._translated_answer(request, call, worker, up, started, generate, outcome)
+            return await self._translated_answer(request, call, lease, up, started, generate, outcome)
 
     async def _translated_answer(
         self,
         request: web.Request,
         call: Call,
-        worker: WorkerState,
+        lease: Lease,
         up: UpstreamResponse,
         started: int,
         generate: bool,
         outcome: Outcome,
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
+        worker = lease.worker
         if not _streaming(call, up):
-            parsed = self._answer(worker, await up.read(), loop.time())
+            parsed = self._answer(worker, lease.model, await up.read(), loop.time())
             timing = translate.Timing(iso_time(), time.perf_counter_ns() - started)
             try:
                 if call.endpoint in (Endpoint.EMBED, Endpoint.EMBED_LEGACY):
@@ -353,13 +362,14 @@ class Proxy:
                 raise UpstreamError(f"{worker.name}: the worker's answer has an unexpected shape ({exc})") from None
             self._observe(worker, call.model, out, outcome, reported=_obj(parsed.get("usage")))
             return _json(out, 200, call)
-        return await self._translate_stream(request, call, worker, up, started, generate, outcome)
+        return await self._translate_stream(request, call, worker, lease.model, up, started, generate, outcome)
 
     async def _translate_stream(
         self,
         request: web.Request,
         call: Call,
         worker: WorkerState,
+        model: str,
         up: UpstreamResponse,
         started: int,
         generate: bool,
@@ -388,16 +398,18 @@ class Proxy:
                     await resp.write(b"".join(lines))
                 if watch.ended:
                     up.finish_later(_DRAIN_S)
-                    await self._finish_translated(resp, call, worker, watch, translator, started, first_ns, outcome)
+                    await self._finish_translated(
+                        resp, call, worker, model, watch, translator, started, first_ns, outcome
+                    )
                     answered = True
                     break
             if not answered:
                 watch.close()
-                await self._finish_translated(resp, call, worker, watch, translator, started, first_ns, outcome)
+                await self._finish_translated(resp, call, worker, model, watch, translator, started, first_ns, outcome)
                 answered = True
         except (UpstreamError, FrameError) as exc:
             if not answered:
-                await self._stream_failed(resp, Dialect.OLLAMA, worker, exc, outcome, loop.time())
+                await self._stream_failed(resp, Dialect.OLLAMA, worker, model, exc, outcome, loop.time())
         except asyncio.CancelledError:
             if not answered:
                 await _cut_short(resp, Dialect.OLLAMA)
@@ -409,6 +421,7 @@ class Proxy:
         resp: web.StreamResponse,
         call: Call,
         worker: WorkerState,
+        model: str,
         watch: StreamWatch,
         translator: translate.ChatStreamTranslator,
         started: int,
@@ -427,7 +440,7 @@ class Proxy:
             raise UpstreamError(f"{worker.name}: the worker's stream has an unexpected shape ({exc})") from None
         await resp.write(b"".join(orjson.dumps(obj) + b"\n" for obj in final))
         self._observe(worker, call.model, final[-1], outcome, reported=translator.usage or {})
-        worker.record_success(now)
+        worker.record_success(now, model)
         await resp.write_eof()
 
     async def _show(self, call: Call) -> web.StreamResponse:
@@ -436,7 +449,7 @@ class Proxy:
             raise no_route_error(decision, int(self.settings.health.interval_s))
         worker = self.fleet.workers[decision.best.worker]
         if not self.fleet.is_openai(worker.name):
-            return await self._passthrough_show(call, worker, _upstream_name(worker, decision.best.model))
+            return await self._passthrough_show(call, worker, decision.best.model)
         entry = worker.tags.get(decision.best.model, {})
         return _json(
             {
@@ -450,14 +463,15 @@ class Proxy:
             }
         )
 
-    async def _passthrough_show(self, call: Call, worker: WorkerState, upstream: str) -> web.StreamResponse:
+    async def _passthrough_show(self, call: Call, worker: WorkerState, model: str) -> web.StreamResponse:
+        upstream = _upstream_name(worker, model)
         body = call.body if upstream == call.model else orjson.dumps({**call.payload, "model": upstream})
         async with self._post(worker, "/api/show", body) as up:
             now = asyncio.get_running_loop().time()
             if up.status >= 300:
-                return self._upstream_error(call, worker, up.status, await up.read(), now)
+                return self._upstream_error(call, worker, model, up.status, await up.read(), now)
             data = await up.read()
-            self._answer(worker, data, now)
+            self._answer(worker, model, data, now)
             return _raw_json(data, up.status, call)
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -524,9 +538,11 @@ def _dial_options(worker: WorkerState) -> dict[str, Any]:
     return {"guard": ext.guard, "headers_timeout_s": budget}
 
 
-def _check_fallback(worker: WorkerState, status: int) -> None:
+def _check_fallback(worker: WorkerState, model: str, status: int) -> None:
+    """An endpoint with a fallback model answered 5xx: counted against its model, then the fallback takes over."""
     ext = worker.external
     if ext is not None and ext.fallback_model and status >= 500:
+        worker.record_model_failure(model, f"HTTP {status}", asyncio.get_running_loop().time())
         raise _NeedFallback(f"http_{status}")
 
 

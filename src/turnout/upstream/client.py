@@ -19,6 +19,7 @@ from turnout.upstream.http1 import (
     Connection,
     DialGuard,
     DialRefused,
+    NoAnswer,
     Pool,
     Resolver,
     encode_request,
@@ -26,7 +27,15 @@ from turnout.upstream.http1 import (
     system_resolver,
 )
 
-__all__ = ["MAX_ANSWER_BYTES", "ConnectFailed", "DialGuard", "DialRefused", "UpstreamClient", "UpstreamResponse"]
+__all__ = [
+    "MAX_ANSWER_BYTES",
+    "ConnectFailed",
+    "DialGuard",
+    "DialRefused",
+    "NoAnswer",
+    "UpstreamClient",
+    "UpstreamResponse",
+]
 
 MAX_ANSWER_BYTES = 256 << 20  # a non-streamed answer is buffered whole: bounded (large embedding batches fit)
 
@@ -222,7 +231,10 @@ class UpstreamClient:
             error = conn.error
             message = error.message if isinstance(error, UpstreamError) else str(error)
             code = error.code if isinstance(error, UpstreamError) else None
-            raise UpstreamError(message if message.startswith(label) else f"{label}: {message}", code=code)
+            text = message if message.startswith(label) else f"{label}: {message}"
+            if code == "timeout":  # sent and waited for: slow, not broken
+                raise UpstreamError(text, code=code)
+            raise NoAnswer(text, code=code)
 
     def _close(self, response: UpstreamResponse, failed: bool) -> None:
         """The caller left the block: ``failed`` (an exception, the client gone) closes the connection; else it

@@ -42,6 +42,7 @@ __all__ = [
     "Connection",
     "DialGuard",
     "DialRefused",
+    "NoAnswer",
     "Pool",
     "Resolver",
     "Target",
@@ -55,6 +56,11 @@ _IDLE_PER_HOST = 512
 
 class ConnectFailed(UpstreamError):
     """The worker could not be reached at all; nothing was sent, another worker may be tried."""
+
+
+class NoAnswer(UpstreamError):
+    """The request was sent, and the connection broke (closed, reset, not HTTP) before the answer's head: the
+    worker's failure rather than the model's, but not safe to send elsewhere (the worker may have run it)."""
 
 
 class DialRefused(ConnectFailed):
