@@ -429,6 +429,15 @@ def agent(
         list[str] | None,
         typer.Option(help="ENGINE=PYTHON: the interpreter that has this engine installed (repeatable)"),
     ] = None,
+    boot_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            min=1,
+            help="seconds an engine may take to answer its health check after it starts or is re-adopted, then it "
+            "is killed and restarted (default: the engine's own: vLLM's VLLM_ENGINE_READY_TIMEOUT_S, 600; SGLang "
+            "720; llama.cpp 600)",
+        ),
+    ] = None,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "text",
 ) -> None:
@@ -462,6 +471,7 @@ def agent(
         engine_python=pythons,
         engine_host=host,
         mock=mock or env.mock,
+        boot_timeout_s=boot_timeout_s,
     )
     web.run_app(application, host=host, port=port, print=None, access_log=None)
 

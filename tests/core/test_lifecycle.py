@@ -29,9 +29,10 @@ def obs(
     kv: int | None = None,
     cap: int | None = None,
     in_place: bool = True,
+    engine: str = "vllm",
 ) -> EngineObservation:
     return EngineObservation(
-        f"claim-{model}", model, phase, phase == "active", kv, 0, cap, running, waiting, done, in_place
+        f"claim-{model}", model, phase, phase == "active", kv, 0, cap, running, waiting, done, in_place, engine
     )
 
 
@@ -163,41 +164,66 @@ BY_STOP = '{"lifecycle":{"sleepAfterSeconds":30,"sleepByStop":true}}'
 
 
 @pytest.mark.parametrize(
-    ("policy", "in_place", "accelerators", "sleeps"),
+    ("policy", "engine", "in_place", "accelerators", "sleeps"),
     [
-        (SLEEPY, True, 1, True),  # vLLM with sleep mode or SGLang on a single GPU (as the snapshot reports it)
-        (SLEEPY, False, 1, False),  # llama.cpp sleeps by stopping: Turnout's extension, off by default
-        (SLEEPY, True, 0, False),  # a CPU pod (no GPU in the snapshot), whatever the pod's limits say
-        (SLEEPY, True, 2, False),  # several GPUs
-        (BY_STOP, False, 1, True),
-        (BY_STOP, False, 0, True),  # llama.cpp on a CPU pool, as the runtime tests run it
-        (BY_STOP, True, 2, False),
+        (SLEEPY, "vllm", True, 1, True),  # the design: vLLM with sleep mode on one GPU (as the snapshot says)
+        (SLEEPY, "sglang", True, 1, False),  # SGLang sleeps in place, yet idles into sleep only with the switch
+        (SLEEPY, "llamacpp", False, 1, False),  # llama.cpp sleeps by stopping: Turnout's extension, off by default
+        (SLEEPY, "vllm", False, 1, False),  # vLLM with --no-enable-sleep-mode sleeps by stopping: the same
+        (SLEEPY, "vllm", True, 0, False),  # a CPU pod (no GPU in the snapshot), whatever the pod's limits say
+        (SLEEPY, "vllm", True, 2, False),  # several GPUs
+        (BY_STOP, "sglang", True, 1, True),
+        (BY_STOP, "llamacpp", False, 1, True),
+        (BY_STOP, "llamacpp", False, 0, True),  # llama.cpp on a CPU pool, as the runtime tests run it
+        (BY_STOP, "vllm", True, 2, False),
     ],
 )
-def test_idle_sleep_needs_in_place_sleep_on_one_gpu_or_the_switch(
-    policy: str, in_place: bool, accelerators: int, sleeps: bool
+def test_idle_sleep_is_vllm_on_one_gpu_or_the_switch(
+    policy: str, engine: str, in_place: bool, accelerators: int, sleeps: bool
 ) -> None:
-    ticks = [(0.0, [obs(in_place=in_place)]), (31.0, [obs(in_place=in_place)])]
+    ticks = [(0.0, [obs(in_place=in_place, engine=engine)]), (31.0, [obs(in_place=in_place, engine=engine)])]
     actions = run(policy, ticks, accelerators=accelerators)
     assert any(isinstance(a, SleepIdle) for a in actions[1]) is sleeps
 
 
-def test_kv_bases_that_do_not_fit_are_reported_once_per_run() -> None:
-    """Floors of 40% for three engines do not fit: no plan, one KvPlanUnfit event when it starts (not every
-    tick), and another one only after a plan fitted in between."""
-    floors = json.dumps({"reclaim": {"mode": "kv-first", "capacityBytes": 10 * P, "guaranteedFloorPercent": 40}})
+def test_kv_protected_pages_that_do_not_fit_are_reported_once_per_run() -> None:
+    """Used pages over the capacity: no plan, one KvPlanUnfit event when it starts (not every tick), and another
+    one only after a plan fitted in between."""
 
-    def tick(n: int, busy: bool = True) -> list[EngineObservation]:
-        return [obs(m, running=1 if busy else 0, kv=0, cap=3 * P) for m in "abc"[:n]]
+    def tick(used: int) -> list[EngineObservation]:
+        return [obs("a", running=1, kv=used * P, cap=5 * P), obs("b", running=1, kv=4 * P, cap=5 * P)]
 
-    # the first tick has no completion deltas yet (not observable); c is new again at 20 s
-    ticks = [(0.0, tick(3)), (5.0, tick(3)), (10.0, tick(3)), (15.0, tick(2)), (20.0, tick(3)), (25.0, tick(3))]
+    ticks = [(0.0, tick(7)), (5.0, tick(7)), (10.0, tick(7)), (15.0, tick(5)), (20.0, tick(7)), (25.0, tick(7))]
+    actions = run(KV, ticks)
+    events = [[a for a in acts if isinstance(a, PolicyEvent)] for acts in actions]
+    assert [len(e) for e in events] == [0, 1, 0, 0, 1, 0]
+    assert events[1][0].reason == "KvPlanUnfit" and "reclaim.capacityBytes" in events[1][0].message
+    assert not any(isinstance(a, SetKvLimit) for i in (0, 1, 2, 4, 5) for a in actions[i])
+    # at 15 s the 9 used pages fit: the free page goes by demand (equal: largest remainder, ties by name)
+    assert {a.model: a.limit_bytes for a in actions[3] if isinstance(a, SetKvLimit)} == {"a": 6 * P, "b": 4 * P}
+
+
+def test_kv_floors_that_do_not_fit_are_scaled_and_reported_once_per_run() -> None:
+    """Six engines at a 20 % floor with nothing used (120 % of the capacity): a plan all the same, with each
+    floor lowered to a sixth, and one KvFloorsScaled event when that starts, again only after a tick whose floors
+    fitted."""
+    floors = json.dumps({"reclaim": {"mode": "kv-first", "capacityBytes": 60 * P, "guaranteedFloorPercent": 20}})
+
+    def tick(n: int) -> list[EngineObservation]:
+        return [obs(m, running=1 if m == "a" else 0, kv=0, cap=5 * P) for m in "abcdef"[:n]]
+
+    # the first tick has no completion deltas yet (not observable); at 15 s four engines' floors fit; e and f
+    # are new again at 20 s (not observable yet)
+    ticks = [(0.0, tick(6)), (5.0, tick(6)), (10.0, tick(6)), (15.0, tick(4)), (20.0, tick(6)), (25.0, tick(6))]
     actions = run(floors, ticks)
     events = [[a for a in acts if isinstance(a, PolicyEvent)] for acts in actions]
     assert [len(e) for e in events] == [0, 1, 0, 0, 0, 1]
-    assert events[1][0].reason == "KvPlanUnfit" and "guaranteedFloorPercent" in events[1][0].message
-    assert not any(isinstance(a, SetKvLimit) for i in (0, 1, 2, 4, 5) for a in actions[i])
-    assert {a.model: a.limit_bytes for a in actions[3] if isinstance(a, SetKvLimit)} == {"a": 5 * P, "b": 5 * P}
+    assert events[1][0].reason == "KvFloorsScaled" and "guaranteedFloorPercent 20" in events[1][0].message
+    limits = {a.model: a.limit_bytes for a in actions[1] if isinstance(a, SetKvLimit)}
+    assert limits == {m: 10 * P for m in "abcdef"}
+    # four floors of 12 pages fit (48 of 60): the active engine gets the other 12
+    four = {a.model: a.limit_bytes for a in actions[3] if isinstance(a, SetKvLimit)}
+    assert four == {"a": 24 * P, "b": 12 * P, "c": 12 * P, "d": 12 * P}
 
 
 def test_no_kv_plan_until_a_model_is_observed_active() -> None:

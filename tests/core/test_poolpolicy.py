@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from turnout.core.poolpolicy import (
     KvDemand,
@@ -69,8 +71,9 @@ def d(model: str, used: int = 0, inflight: int | None = 0, done: int | None = 0,
 )
 def test_plan(capacity_pages: int, models: list[KvDemand], floor: float, expected_pages: dict[str, int]) -> None:
     plan = plan_kv(capacity_pages * P, models, floor)
-    assert plan is not None and {k: v // P for k, v in plan.items()} == expected_pages
-    assert sum(plan.values()) <= capacity_pages * P
+    assert plan is not None and {k: v // P for k, v in plan.limits.items()} == expected_pages
+    assert sum(plan.limits.values()) <= capacity_pages * P
+    assert plan.floors_scaled is None and plan.floor_bytes == capacity_pages * P * floor // 100
 
 
 @pytest.mark.parametrize(
@@ -91,29 +94,113 @@ def test_no_plan(models: list[KvDemand]) -> None:
     ("models", "floor"),
     [
         ([d("a", used=8, inflight=1), d("b", used=3)], 0),  # used pages exceed the capacity
-        ([d("a", inflight=1), d("b"), d("c")], 40),  # three 40% floors: not scaled down to fit
-        ([d("a", used=7, inflight=1), d("b")], 40),  # a's used pages and b's floor
+        ([d("a", used=8, inflight=1), d("b", used=2, prealloc=1)], 50),  # so do used + preallocated ones
     ],
 )
-def test_bases_that_do_not_fit_are_no_plan_with_a_reason(models: list[KvDemand], floor: float) -> None:
-    with pytest.raises(KvUnfit, match=r"reclaim\.guaranteedFloorPercent"):
+def test_protected_pages_that_do_not_fit_are_no_plan_with_a_reason(models: list[KvDemand], floor: float) -> None:
+    """Used + preallocated pages over the capacity are the one reason to refuse a plan."""
+    with pytest.raises(KvUnfit, match=r"used \+ preallocated.*over reclaim\.capacityBytes"):
         plan_kv(10 * P, models, floor)
 
 
+def test_protected_pages_are_counted_in_whole_pages() -> None:
+    """Half a page used is a whole page held: two models each 5.5 pages in use do not fit 11 pages."""
+    half = P // 2
+    models = [KvDemand("a", 5 * P + half, 0, 1, 0), KvDemand("b", 5 * P + half, 0, 1, 0)]
+    with pytest.raises(KvUnfit):
+        plan_kv(11 * P, models, 0)
+    plan = plan_kv(12 * P, models, 0)
+    assert plan is not None and plan.limits == {"a": 6 * P, "b": 6 * P}
+
+
+def test_six_models_at_a_twenty_percent_floor_get_a_plan_with_scaled_floors() -> None:
+    """The issue's case: six 20 % floors are 120 % of the capacity with nothing used. The floors are lowered
+    to the highest common floor that fits (the capacity split evenly) and the plan says so."""
+    models = [d(m, inflight=1 if m == "a" else 0) for m in "abcdef"]
+    plan = plan_kv(60 * P, models, 20)
+    assert plan is not None
+    assert plan.limits == {m: 10 * P for m in "abcdef"}
+    assert plan.floor_bytes == 10 * P
+    assert plan.floors_scaled is not None
+    assert "guaranteedFloorPercent 20" in plan.floors_scaled and "6 models" in plan.floors_scaled
+    assert f"{10 * P} bytes (16.7 %)" in plan.floors_scaled
+
+
 @pytest.mark.parametrize(
-    ("by_stop", "in_place", "accelerators", "sleeps"),
+    ("models", "floor", "expected_pages"),
     [
-        (False, True, 1, True),  # the design: in-place sleep on a single GPU
-        (False, False, 1, False),  # llama.cpp (sleep by stop) on a GPU: only with the switch
-        (False, True, 0, False),  # CPU pod: only with the switch
-        (False, False, 0, False),
-        (False, True, 2, False),  # several GPUs: never
-        (True, False, 1, True),
-        (True, True, 0, True),
-        (True, False, 0, True),
-        (True, True, 2, False),
-        (True, False, 4, False),
+        # three 40 % floors (12 of 10 pages) with nothing used: 10/3 pages each, leftover page by name
+        ([d("a", inflight=1), d("b"), d("c")], 40, {"a": 4, "b": 3, "c": 3}),
+        # a's 7 used pages are protected; b is lifted to what is left (3), not to its 40 % floor
+        ([d("a", used=7, inflight=1), d("b")], 40, {"a": 7, "b": 3}),
+        # b's 6 used pages are above any floor; a and c share the other 4 pages as their floor
+        ([d("a", inflight=1), d("b", used=6), d("c")], 30, {"a": 2, "b": 6, "c": 2}),
     ],
 )
-def test_which_engines_may_idle_into_sleep(by_stop: bool, in_place: bool, accelerators: int, sleeps: bool) -> None:
-    assert may_idle_sleep(PoolPolicy(sleep_after_s=30, sleep_by_stop=by_stop), in_place, accelerators) is sleeps
+def test_floors_that_do_not_fit_are_lowered_to_fit(
+    models: list[KvDemand], floor: float, expected_pages: dict[str, int]
+) -> None:
+    plan = plan_kv(10 * P, models, floor)
+    assert plan is not None and plan.floors_scaled is not None
+    assert {k: v // P for k, v in plan.limits.items()} == expected_pages
+
+
+@given(
+    capacity=st.integers(min_value=1, max_value=200),
+    floor=st.floats(min_value=0, max_value=100),
+    rows=st.lists(
+        st.tuples(st.integers(0, 40 * P), st.integers(0, 4 * P), st.integers(0, 100), st.integers(0, 2000)),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_a_plan_whenever_the_protected_pages_fit(
+    capacity: int, floor: float, rows: list[tuple[int, int, int, int]]
+) -> None:
+    """Whatever the floors: with protected pages that fit there is a plan (once a model is active), it stays
+    within the capacity, gives every model its protected pages, and every model at least the (possibly lowered)
+    common floor rounded down; with protected pages that do not fit, KvUnfit."""
+    models = [KvDemand(f"m{i}", used, pre, inflight, done) for i, (used, pre, inflight, done) in enumerate(rows)]
+    protected = {m.model: -(-(m.used_bytes + m.prealloc_bytes) // P) for m in models}
+    active = any(m.inflight or m.completions_delta for m in models)
+    if sum(protected.values()) > capacity:
+        if active:
+            with pytest.raises(KvUnfit):
+                plan_kv(capacity * P, models, floor)
+        return
+    plan = plan_kv(capacity * P, models, floor)
+    if not active:
+        assert plan is None
+        return
+    assert plan is not None
+    assert sum(plan.limits.values()) <= capacity * P
+    assert all(plan.limits[n] >= u * P for n, u in protected.items())
+    assert all(plan.limits[n] >= plan.floor_bytes // P * P for n in protected)
+    assert plan.floor_bytes <= capacity * P * floor / 100 + 1
+    assert (plan.floors_scaled is None) == (sum(max(capacity * floor / 100, u) for u in protected.values()) <= capacity)
+
+
+@pytest.mark.parametrize(
+    ("by_stop", "engine", "in_place", "accelerators", "sleeps"),
+    [
+        (False, "vllm", True, 1, True),  # the design: vLLM (with sleep mode) on a single GPU, and only that
+        (False, "sglang", True, 1, False),  # SGLang sleeps in place too, but idles into sleep only with the switch
+        (False, "", True, 1, False),  # an engine the snapshot does not name (an AIBrix runtime's)
+        (False, "vllm", False, 1, False),  # vLLM without sleep mode (sleeps by stopping): only with the switch
+        (False, "llamacpp", False, 1, False),  # llama.cpp (sleeps by stopping) on a GPU: only with the switch
+        (False, "vllm", True, 0, False),  # CPU pod: only with the switch
+        (False, "llamacpp", False, 0, False),
+        (False, "vllm", True, 2, False),  # several GPUs: never
+        (True, "sglang", True, 1, True),
+        (True, "llamacpp", False, 1, True),
+        (True, "vllm", True, 0, True),
+        (True, "llamacpp", False, 0, True),
+        (True, "vllm", True, 2, False),
+        (True, "sglang", True, 4, False),
+    ],
+)
+def test_which_engines_may_idle_into_sleep(
+    by_stop: bool, engine: str, in_place: bool, accelerators: int, sleeps: bool
+) -> None:
+    policy = PoolPolicy(sleep_after_s=30, sleep_by_stop=by_stop)
+    assert may_idle_sleep(policy, engine, in_place, accelerators) is sleeps

@@ -13,6 +13,7 @@ from turnout.core.reconcile import (
     PodState,
     ReleaseFinalizer,
     SetStatus,
+    announces,
     event_type,
     plan,
     rejected,
@@ -45,10 +46,34 @@ def test_unbound_claim_is_placed_on_the_best_pod() -> None:
     assert Annotate("p2", KEY, '{"model":"qwen","port":0,"state":"activating"}') in actions
 
 
-def test_no_candidate_is_pending_with_the_reason() -> None:
+def test_no_candidate_remains_scheduling_with_the_reason() -> None:
+    """A claim with zero candidate pods remains Scheduling (the design), unbound, with the reason; nothing is
+    activated or annotated, and it is placed on the first tick a pod can take it."""
     actions = plan([ClaimState("qwen", SPEC)], [PodState(pod(running=False))])
-    [status] = [a for a in actions if isinstance(a, SetStatus)]
-    assert status.phase is ClaimPhase.PENDING and "running" in status.message
+    [status] = actions
+    assert isinstance(status, SetStatus)
+    assert (status.phase, status.reason, status.pod) == (ClaimPhase.SCHEDULING, "NoCandidatePod", None)
+    assert "running" in status.message
+    placed = plan([ClaimState("qwen", SPEC)], [PodState(pod())])
+    assert statuses(placed) == [(ClaimPhase.SCHEDULING, "Scheduled")] and Activate("qwen", "p1", SPEC) in placed
+
+
+@pytest.mark.parametrize(
+    ("before", "before_reason", "status", "event"),
+    [
+        (None, None, SetStatus("q", ClaimPhase.SCHEDULING, "NoCandidatePod", "none"), True),
+        (ClaimPhase.SCHEDULING, "NoCandidatePod", SetStatus("q", ClaimPhase.SCHEDULING, "NoCandidatePod", "x"), False),
+        # placed at last: the phase stays Scheduling, yet that is news
+        (ClaimPhase.SCHEDULING, "NoCandidatePod", SetStatus("q", ClaimPhase.SCHEDULING, "Scheduled", "", "p1"), True),
+        (ClaimPhase.PENDING, "NoCandidatePod", SetStatus("q", ClaimPhase.SCHEDULING, "NoCandidatePod", "x"), True),
+        (ClaimPhase.LOADING, "Activating", SetStatus("q", ClaimPhase.LOADING, "Loading", "", "p1"), False),
+        (ClaimPhase.LOADING, "Loading", SetStatus("q", ClaimPhase.ACTIVE, "Ready", "", "p1"), True),
+    ],
+)
+def test_which_status_writes_are_events(
+    before: ClaimPhase | None, before_reason: str | None, status: SetStatus, event: bool
+) -> None:
+    assert announces(before, before_reason, status) is event
 
 
 def test_invalid_spec_fails() -> None:
@@ -162,7 +187,7 @@ def test_pods_whose_agent_is_silent_are_not_candidates() -> None:
     actions = plan([ClaimState("qwen", SPEC)], pods)
     assert Activate("qwen", "p2", SPEC) in actions  # the worse-ranked pod that answers
     [status] = [a for a in plan([ClaimState("qwen", SPEC)], pods[:1]) if isinstance(a, SetStatus)]
-    assert status.phase is ClaimPhase.PENDING and "p1 does not answer" in status.message
+    assert status.phase is ClaimPhase.SCHEDULING and "p1 does not answer" in status.message
 
 
 @pytest.mark.parametrize("bound", [None, "p1"])
@@ -199,7 +224,8 @@ def test_deleting_a_rejected_claim_lets_it_go() -> None:
         (ClaimPhase.FAILED, "EngineFailed", "Warning"),
         (ClaimPhase.FAILED, "InvalidSpec", "Warning"),
         (ClaimPhase.FAILED, REJECTED, "Warning"),
-        (ClaimPhase.PENDING, "NoCandidatePod", "Warning"),
+        (ClaimPhase.SCHEDULING, "NoCandidatePod", "Warning"),  # a claim no pod can take
+        (ClaimPhase.PENDING, "NoCandidatePod", "Warning"),  # as earlier Turnout wrote it
         (ClaimPhase.ACTIVATING, "Restarting", "Warning"),  # a crash
         (ClaimPhase.ACTIVATING, "AgentUnreachable", "Warning"),
         (ClaimPhase.ACTIVE, "Ready", "Normal"),

@@ -55,6 +55,10 @@ def test_warm_pool_sample_is_a_valid_pool() -> None:
     template = deployment["spec"]["template"]
     labels = template["metadata"]["labels"]
     assert labels[POOL_LABEL] == "true"
+    # the pool's name and switch on the Deployment's own metadata as well as on its pods (the design)
+    own = deployment["metadata"].get("labels") or {}
+    assert own.get("pool.aibrix.ai/name") == deployment["metadata"]["name"] == labels["pool.aibrix.ai/name"]
+    assert own.get(POOL_LABEL) == "true"
     assert all(labels.get(k) == v for k, v in deployment["spec"]["selector"]["matchLabels"].items())
     parse_pool_policy(deployment["metadata"]["annotations"]["pool.aibrix.ai/policy"])  # strict parse passes
     container = template["spec"]["containers"][0]

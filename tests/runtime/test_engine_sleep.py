@@ -5,9 +5,11 @@ and its /metrics exists only with --enable-metrics."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,7 +18,13 @@ import pytest
 from tests.conftest import eventually
 from tests.runtime.conftest import AgentStarter
 from tests.runtime.test_agent import Agent
+from tests.runtime.test_nvml_snapshot import FakeNvml
+from turnout.controller.local import ClaimFiles, LocalController, Pool, load_claim_documents
+from turnout.core.claims import POOL_LABEL, ClaimPhase
 from turnout.runtime.agent import SUPERVISOR
+from turnout.runtime.nvml import Nvml
+from turnout.runtime.supervisor import process_start_time
+from turnout.upstream.client import UpstreamClient
 
 VLLM = {"model_name": "v", "artifact_url": "hf://org/tiny", "engine": "vllm"}
 
@@ -231,3 +239,104 @@ async def test_sglang_is_ready_through_its_slow_health_and_reports_activity(
     assert status == 200 and woken["phase"] == "booting"
     await a.until("s", "active", limit_s=30)
     assert (await emulator(engine["port"]))["calls"] == ["/release_memory_occupation", "/resume_memory_occupation"]
+
+
+async def test_an_adopted_engine_that_never_answers_is_restarted_after_its_boot_timeout(
+    start_agent: AgentStarter, emulator_python: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-adoption checks the PID start time and the health endpoint: a live process that never answers is
+    booting only until the engine's own boot timeout (vLLM's VLLM_ENGINE_READY_TIMEOUT_S, read from the agent's
+    environment as the engine reads it), then killed and restarted like a crashed engine, the snapshot's
+    last_error saying why."""
+    monkeypatch.setenv("EMULATOR_BOOT_S", "3600")  # this process never gets to listening
+    url, runner = await start_agent(engine_python={"vllm": emulator_python})
+    a = Agent(url, runner)
+    status, _ = await a.call("POST", "/v1/runtime/models/activate", VLLM)
+    assert status == 200
+    stuck = await a.engine("v")
+    assert stuck["phase"] == "booting" and stuck["pid"] is not None
+    await runner.app[SUPERVISOR].close()
+    await runner.cleanup()
+
+    monkeypatch.setenv("EMULATOR_BOOT_S", "0")  # the engine started again boots at once
+    monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "2")
+    url, runner = await start_agent(engine_python={"vllm": emulator_python})
+    b = Agent(url, runner)
+    adopted = await b.engine("v")
+    assert adopted["phase"] == "booting" and adopted["pid"] == stuck["pid"] and adopted["alive"] is True
+    active = await b.until("v", "active", limit_s=30)
+    assert active["pid"] != stuck["pid"] and active["restart_count"] == 1 and active["port"] == stuck["port"]
+    assert process_start_time(stuck["pid"]) is None  # the stuck process is gone
+    _, snapshot = await b.call("GET", "/v1/runtime/snapshot")
+    [model] = snapshot["models"]
+    assert model["last_error"].startswith(
+        f"did not answer GET /health within 2 s of its re-adoption (pid {stuck['pid']}); killed"
+    ), model["last_error"]
+    assert "VLLM_ENGINE_READY_TIMEOUT_S" in model["last_error"]
+    status, answer = await chat(active["port"], "v")
+    assert status == 200 and answer["choices"][0]["message"]["content"] == "hello"
+
+
+async def test_an_engine_that_never_answers_fails_after_its_restarts(
+    start_agent: AgentStarter, emulator_python: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every boot has the deadline, not only an adopted one: an engine that never answers is killed at its boot
+    timeout (here ``--boot-timeout-s 1``) and restarted like a crashed one, and after the restarts it is failed."""
+    monkeypatch.setenv("EMULATOR_BOOT_S", "3600")
+    url, runner = await start_agent(engine_python={"vllm": emulator_python}, boot_timeout_s=1)
+    a = Agent(url, runner)
+    status, _ = await a.call("POST", "/v1/runtime/models/activate", VLLM)
+    assert status == 200
+    failed = await a.until("v", "failed", limit_s=60)
+    assert failed["restart_count"] == 5 and failed["alive"] is False and failed["pid"] is None
+    assert failed["last_error"].startswith("did not answer GET /health within 1 s of its start; killed")
+    assert "--boot-timeout-s" in failed["last_error"]
+
+
+GPU_CLAIMS = """
+kind: ModelClaim
+metadata: {name: v}
+spec: {podSelector: {matchLabels: {pool: gpu}}, artifactURL: "hf://org/tiny", engine: vllm}
+---
+kind: ModelClaim
+metadata: {name: s}
+spec: {podSelector: {matchLabels: {pool: gpu}}, artifactURL: "hf://org/tiny", engine: sglang}
+"""
+
+
+@pytest.mark.parametrize("by_stop", [False, True])
+async def test_idle_sleep_takes_vllm_on_one_gpu_and_sglang_only_with_the_switch(
+    start_agent: AgentStarter, emulator_python: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, by_stop: bool
+) -> None:
+    """The design's idle sleep is vLLM's: on a pod whose agent reports one GPU, an idle vLLM engine sleeps
+    without any switch, while an idle SGLang engine beside it sleeps only with ``lifecycle.sleepByStop``
+    (Turnout's extension). Idleness is read from each engine's own /metrics through the agent."""
+    monkeypatch.setenv("EMULATOR_HEALTH_S", "1")
+    url, runner = await start_agent(
+        engine_python={"vllm": emulator_python, "sglang": emulator_python}, nvml=Nvml(FakeNvml({}))
+    )
+    policy = json.dumps({"lifecycle": {"sleepAfterSeconds": 30, "sleepByStop": by_stop}})
+    pool = Pool("gpu-0", url, "127.0.0.1", 1, {"pool": "gpu", POOL_LABEL: "true"}, policy)
+    now = [1_000_000.0]
+    client = UpstreamClient(connect_timeout_s=2, total_timeout_s=30)
+    try:
+        ctl = LocalController(ClaimFiles(tmp_path / "data"), [pool], client, clock=lambda: now[0])
+        for doc in load_claim_documents(GPU_CLAIMS):
+            ctl.files.apply(doc)
+
+        async def both_active() -> bool:
+            await ctl.tick()
+            return ctl.phase("v") is ClaimPhase.ACTIVE and ctl.phase("s") is ClaimPhase.ACTIVE
+
+        await eventually(both_active, "both claims Active", limit_s=60)
+        for _ in range(3):  # idle observations 31 s apart (the controller's clock): asleep after the second
+            await ctl.tick()
+            now[0] += 31
+        engines = runner.app[SUPERVISOR].engines
+        assert engines["v"].phase == "sleeping" and ctl.phase("v") is ClaimPhase.SLEEPING
+        assert engines["s"].phase == ("sleeping" if by_stop else "active")
+        assert ctl.phase("s") is (ClaimPhase.SLEEPING if by_stop else ClaimPhase.ACTIVE)
+        slept = sorted(e["object"] for e in ctl.files.events() if e["reason"] == "IdleSleep")
+        assert slept == (["ModelClaim/s", "ModelClaim/v"] if by_stop else ["ModelClaim/v"])
+    finally:
+        await client.close()

@@ -130,3 +130,30 @@ async def test_claims_route_sleep_wake_and_fail(
         _, headers = await chat(gw, "broken")
     assert "Retry-After" not in headers
     assert agent.app[SUPERVISOR].engines["broken"].phase == "failed"
+
+
+async def test_a_claim_no_pool_takes_is_scheduling_unlisted_and_answered_activating(
+    start_agent: AgentStarter, gateway: GatewayFactory, tiny_model: Path
+) -> None:
+    """A claim with zero candidate pods remains Scheduling with no pod: the gateway answers it as one on its way
+    up (503 model_activating, Retry-After: 10) and does not list it (nothing runs it anywhere)."""
+    url, _ = await start_agent()
+    labels = {"pool": "cpu", "pool.aibrix.ai/enabled": "true"}
+    gw = await gateway([], pools={"agents": [{"name": "cpu-0", "agent_url": url, "labels": labels}], "interval_s": 0.1})
+    files = ClaimFiles(gw.settings.data_dir)
+    for doc in load_claim_documents(claim_yaml("nowhere", tiny_model).replace("pool: cpu", "pool: gpu")):
+        files.apply(doc)
+
+    async def scheduling() -> tuple[int, dict[str, str], str | None] | None:
+        answer = await chat_code(gw, "nowhere")
+        return answer if answer[2] == "model_activating" else None
+
+    status, headers, _ = await eventually(scheduling, "the claim's own activating answer", every_s=0.05)
+    assert status == 503 and headers["Retry-After"] == "10"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{gw.url}/admin/api/claims", headers=gw.admin_headers) as r:
+            [claim] = (await r.json())["claims"]
+        async with http.get(f"{gw.url}/v1/models") as r:
+            listed = [m["id"] for m in (await r.json())["data"]]
+    assert claim["claim"] == "nowhere" and claim["phase"] == "Scheduling" and claim["upstream"] is None
+    assert "nowhere" not in listed

@@ -55,3 +55,18 @@ def test_other_engines(engine: str, module: str, sleeps_in_place: bool) -> None:
 )
 def test_artifact_path(url: str, path: str) -> None:
     assert artifact_path(url) == path
+
+
+def test_each_engine_boots_within_its_own_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deadline for an engine to answer its health check is the engine's own boot timeout: vLLM's
+    VLLM_ENGINE_READY_TIMEOUT_S as the engine reads it from the environment it inherits (600 s by default),
+    SGLang's 120 s for its own server plus 600 s for its warmup, 600 s for llama.cpp (which has none)."""
+    monkeypatch.delenv("VLLM_ENGINE_READY_TIMEOUT_S", raising=False)
+    assert launch_command("vllm", "m", "hf://org/m", 30001, {}).boot_timeout_s == 600
+    monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "1800")
+    vllm = launch_command("vllm", "m", "hf://org/m", 30001, {})
+    assert vllm.boot_timeout_s == 1800 and "VLLM_ENGINE_READY_TIMEOUT_S" in vllm.boot_timeout_from
+    monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "not a number")  # vLLM itself would not start: the default
+    assert launch_command("vllm", "m", "hf://org/m", 30001, {}).boot_timeout_s == 600
+    assert launch_command("sglang", "m", "hf://org/m", 30001, {}).boot_timeout_s == 720
+    assert launch_command("llamacpp", "m", "file:///m.gguf", 30001, {}).boot_timeout_s == 600

@@ -70,7 +70,12 @@ async def test_claim_lifecycle(controller: tuple[LocalController, web.AppRunner]
     assert status["tiny-claim"]["pod"] == "cpu-0" and status["tiny-claim"]["port"] > 0
     note = json.loads(ctl.annotations["cpu-0"]["modelclaim.aibrix.ai/tiny-claim"])
     assert note == {"model": "tiny", "port": status["tiny-claim"]["port"], "state": "active"}
-    assert status["nowhere"]["phase"] == "Pending" and "podSelector" in status["nowhere"]["message"]
+    # no pool takes it: it remains Scheduling (the design), unbound, with the reason and one Warning event
+    nowhere = status["nowhere"]
+    assert (nowhere["phase"], nowhere["reason"], nowhere["pod"]) == ("Scheduling", "NoCandidatePod", None)
+    assert "podSelector" in nowhere["message"]
+    events = [(e["type"], e["reason"], e["count"]) for e in ctl.files.events() if e["object"] == "ModelClaim/nowhere"]
+    assert events == [("Warning", "NoCandidatePod", 1)]
     # AIBrix's ModelClaimStatus fields
     tiny = status["tiny-claim"]
     assert tiny["candidates"] == 1 and tiny["desiredReplicas"] == 1

@@ -327,12 +327,13 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
 
         async def phases() -> bool:
             got = {n: (get(n).get("status") or {}).get("phase") for n in ("greedy", "nowhere")}
-            return got == {"greedy": "Failed", "nowhere": "Pending"}
+            return got == {"greedy": "Failed", "nowhere": "Scheduling"}
 
-        await eventually(phases, "greedy Failed and nowhere Pending")
+        await eventually(phases, "greedy Failed and nowhere Scheduling")
         assert get("greedy")["status"]["reason"] == "InvalidSpec"
         assert "gpu-memory-utilization" in get("greedy")["status"]["message"]
         assert get("nowhere")["status"]["reason"] == "NoCandidatePod" and get("nowhere")["status"]["candidates"] == 0
+        assert get("nowhere")["status"].get("pod") is None and get("nowhere")["status"]["instances"] == []
         assert "podSelector" in get("nowhere")["status"]["message"]
 
         # A gateway in the cluster (read-only service account) routes to the claim the operator placed, and a
@@ -382,6 +383,9 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
         await eventually(engine_failed_event, "EngineFailed event")
         assert any(e.reason == "Ready" for e in events("tiny"))
         await asyncio.sleep(2)  # several pool-policy passes: still one event for one bad policy
+        # the claim no pod takes stays Scheduling: one Warning when that starts, not one per pass (as locally)
+        unplaced = [(e.type, e.reason, e.count or 1) for e in events("nowhere")]
+        assert unplaced == [("Warning", "NoCandidatePod", 1)], unplaced
         invalid = [e for e in events("pool") if e.reason == "InvalidPoolPolicy"]
         assert len(invalid) == 1 and (invalid[0].count or 1) == 1, invalid
         assert invalid[0].involved_object.kind == "Deployment" and "sleepAfter" in invalid[0].message

@@ -183,6 +183,7 @@ def observation(claim: str, engine: Mapping[str, Any], activity: Activity | None
         waiting=waiting,
         success_total=done,
         in_place_sleep=_sleeps_in_place(engine),
+        engine=str(engine.get("engine") or ""),
     )
 
 

@@ -55,6 +55,7 @@ from turnout.core.reconcile import (
     PodState,
     ReleaseFinalizer,
     SetStatus,
+    announces,
     event_type,
     parse_route,
     plan,
@@ -386,12 +387,12 @@ class Operator:
         spec: ClaimSpec | None,
         count: int,
     ) -> None:
-        before = phase_of(status)
+        before, before_reason = phase_of(status), status.get("reason")
         new = render_status(action, status, now_iso(time.time()), model, spec, candidates=count)
         if any(status.get(k) != v for k, v in new.items()):
             patch.status.update(new)
         status.update(new)  # a later action of this pass compares with what it will be
-        if before is not action.phase:
+        if announces(before, before_reason, action):
             await self.kube.event(body, event_type(action), action.reason, action.message or action.phase.value)
         self.metrics.claim(body["metadata"]["namespace"], model, before, action.phase)
 
@@ -527,7 +528,7 @@ class KubeRoutes:
                 ip = (pod.get("status") or {}).get("podIP")
                 route = (ip, port) if port and ip else None
                 phase = effective_phase(phase, state, route is not None)
-            views.append(ClaimView(key, model, phase, route))
+            views.append(ClaimView(key, model, phase, route, bound_pod(status) is not None))
         self._views, self._bound = views, bound
 
     def views(self) -> list[ClaimView]:

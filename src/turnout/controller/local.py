@@ -37,6 +37,7 @@ from turnout.core.reconcile import (
     PodState,
     ReleaseFinalizer,
     SetStatus,
+    announces,
     event_type,
     parse_route,
     plan,
@@ -298,7 +299,7 @@ class LocalController:
     def _set_status(self, action: SetStatus, model: str) -> None:
         previous = self.statuses.get(action.claim, {})
         before = phase_of(previous)
-        if before is not action.phase:
+        if announces(before, previous.get("reason"), action):
             log.info("claim %s: %s -> %s (%s)", action.claim, before, action.phase.value, action.reason)
             kind = event_type(action)
             self._event(f"ModelClaim/{action.claim}", kind, action.reason, action.message or action.phase.value)

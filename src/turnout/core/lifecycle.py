@@ -9,14 +9,15 @@ the returned memory for the next tick. Time comes in as ``now``; nothing here re
 - Idle sleep: an engine that is active and ready sleeps once every observation for ``sleepAfterSeconds``
   showed it completely idle (nothing running, nothing waiting, no new completions). An observation with any
   of those counts unknown is not an idle one. Which engines may idle into sleep at all is
-  :func:`turnout.core.poolpolicy.may_idle_sleep` (in-place sleep on a single GPU, as the agent's snapshot
+  :func:`turnout.core.poolpolicy.may_idle_sleep` (vLLM with sleep mode on a single GPU, as the agent's snapshot
   reports its accelerators; more only with ``lifecycle.sleepByStop``). The driver de-routes first, sleeps,
   and restores the route when the sleep fails (:class:`SleepIdle`).
 - KV redistribution (single-GPU pods, ``reclaim.capacityBytes`` set): :func:`turnout.core.poolpolicy.plan_kv`
   over every engine with a kvcached segment (one that is not serving keeps its pages and floor but has no
   demand); limits are only sent when they differ from the engine's current capacity, shrinking ones first so
-  the pool never holds more than its capacity in between. Bases that do not fit yield one ``KvPlanUnfit``
-  event when that starts (not every tick); it may be reported again once a plan fitted in between.
+  the pool never holds more than its capacity in between. Protected pages (used + preallocated) that do not fit
+  yield one ``KvPlanUnfit`` event when that starts (not every tick), floors lowered to fit one
+  ``KvFloorsScaled`` event when that starts; either may be reported again after a tick without it.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class EngineObservation:
     waiting: int | None = None
     success_total: int | None = None
     in_place_sleep: bool = False  # the engine sleeps in place (vLLM with sleep mode, SGLang), not by stopping
+    engine: str = ""  # vllm, sglang or llamacpp as the agent reports it ("" when it does not say)
 
     @property
     def observable(self) -> bool:
@@ -75,7 +77,8 @@ class PoolMemory:
     idle_since: Mapping[str, float] = field(default_factory=dict)  # model -> first idle observation of the run
     success: Mapping[str, int] = field(default_factory=dict)  # model -> success_total seen last tick
     reported_invalid: str | None = None  # annotation text already reported as invalid
-    kv_unfit: bool = False  # the last KV plan's bases did not fit (already reported)
+    kv_unfit: bool = False  # the last KV plan's protected pages did not fit (already reported)
+    kv_floors_scaled: bool = False  # the last KV plan lowered the floors to fit (already reported)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,14 +142,14 @@ def pool_step(
     if policy.sleep_after_s is not None:
         for e in engines:
             since = idle_since.get(e.model)
-            if since is None or not may_idle_sleep(policy, e.in_place_sleep, accelerators):
+            if since is None or not may_idle_sleep(policy, e.engine, e.in_place_sleep, accelerators):
                 continue
             if now - since >= policy.sleep_after_s:
                 actions.append(SleepIdle(pod, e.claim, e.model, now - since))
                 idle_since.pop(e.model)
-    kv, unfit = _kv_actions(pod, gpus, policy, engines, memory)
+    kv, unfit, scaled = _kv_actions(pod, gpus, policy, engines, memory)
     actions += kv
-    return PoolStep(actions, PoolMemory(idle_since, success, kv_unfit=unfit), True)
+    return PoolStep(actions, PoolMemory(idle_since, success, kv_unfit=unfit, kv_floors_scaled=scaled), True)
 
 
 def _idle_runs(engines: Sequence[EngineObservation], memory: PoolMemory, now: float) -> dict[str, float]:
@@ -164,15 +167,17 @@ def _idle_runs(engines: Sequence[EngineObservation], memory: PoolMemory, now: fl
 
 def _kv_actions(
     pod: str, gpus: int, policy: PoolPolicy, engines: Sequence[EngineObservation], memory: PoolMemory
-) -> tuple[list[PoolAction], bool]:
-    """The KV limits to send, and whether the bases did not fit this tick (kept in memory: one event a run)."""
+) -> tuple[list[PoolAction], bool, bool]:
+    """The KV limits to send, whether the protected pages did not fit this tick and whether the floors were
+    lowered to fit (both kept in memory: one event a run)."""
+    keep: tuple[list[PoolAction], bool, bool] = ([], memory.kv_unfit, memory.kv_floors_scaled)
     if policy.capacity_bytes is None or gpus != 1:
-        return [], False
+        return [], False, False
     # Every engine holding a segment takes part (a booting or sleeping one keeps its pages and floor, with no
     # demand); any serving engine without one makes KV use unobservable, so no plan.
     placed = [e for e in engines if e.kv_capacity_bytes is not None and e.kv_used_bytes is not None]
     if not placed or any(e.serving and e not in placed for e in engines):
-        return [], memory.kv_unfit
+        return keep
     demands = []
     for e in placed:
         previous = memory.success.get(e.model)
@@ -184,13 +189,16 @@ def _kv_actions(
         used = (e.kv_used_bytes or 0) - e.kv_prealloc_bytes
         demands.append(KvDemand(e.model, used, e.kv_prealloc_bytes, inflight, delta))
     try:
-        limits = plan_kv(policy.capacity_bytes, demands, policy.floor_percent)
+        plan = plan_kv(policy.capacity_bytes, demands, policy.floor_percent)
     except KvUnfit as exc:
-        return ([] if memory.kv_unfit else [PolicyEvent(pod, "KvPlanUnfit", str(exc))]), True
-    if limits is None:
-        return [], memory.kv_unfit
+        return ([] if memory.kv_unfit else [PolicyEvent(pod, "KvPlanUnfit", str(exc))]), True, False
+    if plan is None:
+        return keep
+    out: list[PoolAction] = []
+    if plan.floors_scaled is not None and not memory.kv_floors_scaled:
+        out.append(PolicyEvent(pod, "KvFloorsScaled", plan.floors_scaled))
     current = {e.model: e.kv_capacity_bytes for e in placed}
-    changes = [SetKvLimit(pod, m, limit) for m, limit in limits.items() if current[m] != limit]
+    changes = [SetKvLimit(pod, m, limit) for m, limit in plan.limits.items() if current[m] != limit]
     changes.sort(key=lambda a: a.limit_bytes - (current[a.model] or 0))  # shrink before grow
-    out: list[PoolAction] = list(changes)
-    return out, False
+    out += changes
+    return out, False, plan.floors_scaled is not None

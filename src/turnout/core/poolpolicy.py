@@ -1,17 +1,20 @@
 """Pool policy (the ``pool.aibrix.ai/policy`` annotation) and the KV capacity plan it drives.
 
 Parsing is strict: an unknown field or a bad value makes the whole policy invalid (the controller then
-disables it and raises an ``InvalidPoolPolicy`` event). ``lifecycle.sleepByStop`` is Turnout's extension to the
-design's idle sleep (see :func:`may_idle_sleep`). The KV plan is for single-GPU pods only:
+disables it and raises an ``InvalidPoolPolicy`` event). Which engines idle into sleep is
+:func:`may_idle_sleep` (the design's vLLM on one GPU; anything else only with ``lifecycle.sleepByStop``,
+Turnout's extension). The KV plan is for single-GPU pods only, in whole pages:
 
 1. no plan when any model's demand is not observable, or when no model was observed active (in flight or
    completed since the last plan): nothing to redistribute by;
-2. each model's base is max(floor, used + preallocated), the floor being ``guaranteedFloorPercent`` of the
-   capacity; bases that do not fit the capacity mean no plan (:class:`KvUnfit`, which the controller reports),
-   never silently scaled floors;
-3. the remainder goes to the active models by demand: bounded in-flight requests plus completions since the
+2. each model's protected pages are its used + preallocated ones; protected pages that do not fit the capacity
+   are the only reason to refuse a plan (:class:`KvUnfit`, which the controller reports);
+3. each model's base is max(floor, protected), the floor being ``guaranteedFloorPercent`` of the capacity.
+   Floors that do not all fit beside the protected pages (six models at 20 %) are lowered to the highest common
+   floor that does, and the plan says so (:attr:`KvPlan.floors_scaled`, which the controller reports);
+4. the remainder goes to the active models by demand: bounded in-flight requests plus completions since the
    last plan;
-4. round down to whole pages (never below the used pages) and hand the leftover pages out by largest
+5. round down to whole pages (never below the protected pages) and hand the leftover pages out by largest
    remainder, ties by name.
 """
 
@@ -21,7 +24,16 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["KvDemand", "KvUnfit", "PolicyError", "PoolPolicy", "may_idle_sleep", "parse_pool_policy", "plan_kv"]
+__all__ = [
+    "KvDemand",
+    "KvPlan",
+    "KvUnfit",
+    "PolicyError",
+    "PoolPolicy",
+    "may_idle_sleep",
+    "parse_pool_policy",
+    "plan_kv",
+]
 
 INFLIGHT_CAP = 64
 COMPLETIONS_CAP = 1024
@@ -36,17 +48,18 @@ class PoolPolicy:
     capacity_bytes: int | None = None
     floor_percent: float = 0.0
     sleep_after_s: float | None = None
-    sleep_by_stop: bool = False  # Turnout's extension: idle sleep also by stopping, and on CPU pods
+    sleep_by_stop: bool = False  # Turnout's extension: idle sleep beyond vLLM on one GPU (see may_idle_sleep)
 
 
-def may_idle_sleep(policy: PoolPolicy, in_place: bool, accelerators: int) -> bool:
-    """Whether idle sleep may put this engine to sleep. The design: only an engine that sleeps in place (vLLM
-    with sleep mode, SGLang) on a pod whose agent reports exactly one GPU. Turnout's extension, only with
-    ``lifecycle.sleepByStop``: engines that sleep by stopping (llama.cpp, vLLM without sleep mode) and pods
-    that report no GPU (CPU pools). Pods with several GPUs never idle into sleep."""
+def may_idle_sleep(policy: PoolPolicy, engine: str, in_place: bool, accelerators: int) -> bool:
+    """Whether idle sleep may put this engine to sleep: the one rule every driver goes by. The design: only
+    vLLM with sleep mode (it sleeps in place) on a pod whose agent reports exactly one GPU. Turnout's extension,
+    only with ``lifecycle.sleepByStop``: every other engine (SGLang, which sleeps in place too; llama.cpp and vLLM
+    without sleep mode, which sleep by stopping; an engine the snapshot does not name) and pods that report no
+    GPU (CPU pools). Pods with several GPUs never idle into sleep."""
     if accelerators > 1:
         return False
-    return (in_place and accelerators == 1) or policy.sleep_by_stop
+    return (engine == "vllm" and in_place and accelerators == 1) or policy.sleep_by_stop
 
 
 def _object(value: object, where: str, allowed: set[str]) -> dict[str, object]:
@@ -103,14 +116,23 @@ class KvDemand:
 
 
 class KvUnfit(ValueError):
-    """The bases (max(floor, used + preallocated)) exceed the capacity: no plan; the message is the event text."""
+    """The protected pages (used + preallocated) alone exceed the capacity: no plan; the message is the event
+    text."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvPlan:
+    limits: dict[str, int]  # model -> KV limit in bytes, whole pages, summing to at most the capacity
+    floor_bytes: int  # the floor each model was guaranteed in this plan
+    floors_scaled: str | None = None  # why the floors were lowered to fit (the event text); None: they fitted
 
 
 def plan_kv(
     capacity: int, models: Sequence[KvDemand], floor_percent: float, page_bytes: int = 2 << 20
-) -> dict[str, int] | None:
+) -> KvPlan | None:
     """Per-model KV limits summing to at most ``capacity``; None when there is nothing to plan by (demand not
-    observable, or no model active). Raises :class:`KvUnfit` when the bases do not fit."""
+    observable, or no model active). Raises :class:`KvUnfit` only when the protected pages do not fit; floors
+    that do not all fit are lowered to one common floor that does (:attr:`KvPlan.floors_scaled` says so)."""
     if not models or any(m.inflight is None or m.completions_delta is None for m in models):
         return None
     demand = {
@@ -119,26 +141,45 @@ def plan_kv(
     total = sum(demand.values())
     if total == 0:
         return None  # nobody was observed active
-    used = {m.model: m.used_bytes + m.prealloc_bytes for m in models}
-    floor = capacity * floor_percent / 100
-    base = {n: max(floor, u) for n, u in used.items()}
-    if sum(base.values()) > capacity:
-        parts = ", ".join(f"{n} {int(b)}" for n, b in sorted(base.items()))
+    pages_total = capacity // page_bytes
+    protected = {m.model: -(-(m.used_bytes + m.prealloc_bytes) // page_bytes) for m in models}  # whole pages
+    if sum(protected.values()) > pages_total:
+        parts = ", ".join(f"{n} {u * page_bytes}" for n, u in sorted(protected.items()))
         raise KvUnfit(
-            f"KV plan skipped: the bases max(floor, used + preallocated) ({parts}) sum to {int(sum(base.values()))}"
-            f" bytes, over reclaim.capacityBytes {capacity}; lower reclaim.guaranteedFloorPercent or raise"
-            " reclaim.capacityBytes"
+            f"KV plan skipped: the used + preallocated KV pages ({parts} bytes) sum to"
+            f" {sum(protected.values()) * page_bytes} bytes, over reclaim.capacityBytes {capacity}; raise"
+            " reclaim.capacityBytes or place fewer models on this pod"
         )
-    remainder = capacity - sum(base.values())
-    exact = {n: base[n] + remainder * demand[n] / total for n in used}
-    pages = {n: max(int(exact[n] // page_bytes), -(-used[n] // page_bytes)) for n in used}
-    spare = capacity // page_bytes - sum(pages.values())
-    order = sorted(used, key=lambda n: (-(exact[n] / page_bytes - int(exact[n] // page_bytes)), n))
-    for name in order:
-        if spare <= 0:
-            break
+    wanted = pages_total * floor_percent / 100
+    floor, scaled = wanted, None
+    if sum(max(wanted, u) for u in protected.values()) > pages_total:
+        floor = _fitting_floor(pages_total, list(protected.values()), wanted)
+        scaled = (
+            f"KV floors lowered: reclaim.guaranteedFloorPercent {floor_percent:g} of reclaim.capacityBytes"
+            f" {capacity} ({int(wanted * page_bytes)} bytes a model) does not fit {len(protected)} models"
+            f" beside their used + preallocated pages; each model's floor is {int(floor * page_bytes)} bytes"
+            f" ({100 * floor / pages_total:.1f} %) in this plan. Lower reclaim.guaranteedFloorPercent or raise"
+            " reclaim.capacityBytes to keep the whole floor"
+        )
+    base = {n: max(floor, float(u)) for n, u in protected.items()}
+    remainder = max(pages_total - sum(base.values()), 0.0)
+    exact = {n: base[n] + remainder * demand[n] / total for n in protected}
+    pages = {n: max(int(exact[n]), protected[n]) for n in protected}  # never below the protected pages
+    spare = pages_total - sum(pages.values())
+    order = sorted(protected, key=lambda n: (-(exact[n] - int(exact[n])), n))
+    for name in order[: max(spare, 0)]:
         pages[name] += 1
-        spare -= 1
-    if spare < 0:
-        return None  # rounding used pages up to whole pages does not fit
-    return {n: pages[n] * page_bytes for n in sorted(pages)}
+    return KvPlan({n: pages[n] * page_bytes for n in sorted(pages)}, int(floor * page_bytes), scaled)
+
+
+def _fitting_floor(total: int, protected: Sequence[int], wanted: float) -> float:
+    """The highest common floor f <= ``wanted`` for which sum(max(f, protected)) = ``total``: the models with the
+    fewest protected pages are lifted to it (the protected pages fit ``total``, so one exists)."""
+    ordered = sorted(protected)
+    rest = sum(ordered)  # the protected pages of the models not lifted to the floor
+    for k, u in enumerate(ordered, start=1):  # the k smallest are lifted to the floor
+        rest -= u
+        floor = (total - rest) / k
+        if k == len(ordered) or floor <= ordered[k]:
+            return min(max(floor, 0.0), wanted)
+    return 0.0  # no models

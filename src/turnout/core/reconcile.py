@@ -20,6 +20,7 @@ from turnout.core.claims import ClaimPhase, ClaimSpec, PodView, rank_pods
 
 __all__ = [
     "ANNOTATION_PREFIX",
+    "NO_CANDIDATE",
     "REJECTED",
     "Activate",
     "Annotate",
@@ -29,6 +30,7 @@ __all__ = [
     "PodState",
     "ReleaseFinalizer",
     "SetStatus",
+    "announces",
     "conditions",
     "event_type",
     "launch_key",
@@ -41,8 +43,10 @@ __all__ = [
 
 ANNOTATION_PREFIX = "modelclaim.aibrix.ai/"
 REJECTED = "ActivationRejected"  # the status reason of a claim whose activation the agent refused as invalid
-# Reasons that are Warning events whatever the phase: a crashed engine restarting, an agent not answering.
-_WARNING_REASONS = frozenset({"AgentUnreachable", "Restarting", "EngineFailed", REJECTED})
+NO_CANDIDATE = "NoCandidatePod"  # the status reason of a claim that stays Scheduling: no pod it could run on
+# Reasons that are Warning events whatever the phase: a crashed engine restarting, an agent not answering, a
+# claim no pod can take.
+_WARNING_REASONS = frozenset({"AgentUnreachable", "Restarting", "EngineFailed", REJECTED, NO_CANDIDATE})
 
 
 LaunchKey = tuple[str, str, tuple[tuple[str, str], ...]]  # (engine, artifact URL, sorted args)
@@ -143,10 +147,19 @@ def route_annotation(model: str, engine: EngineInfo | None) -> str:
 
 def event_type(status: SetStatus) -> str:
     """The Kubernetes event type of a phase change: ``Warning`` for failures, crashes, unreachable agents and
-    claims that cannot be placed; ``Normal`` otherwise."""
+    claims that cannot be placed (``NoCandidatePod``; ``Pending``, as earlier Turnout wrote it); ``Normal``
+    otherwise."""
     if status.phase in (ClaimPhase.FAILED, ClaimPhase.PENDING) or status.reason in _WARNING_REASONS:
         return "Warning"
     return "Normal"
+
+
+def announces(before: ClaimPhase | None, before_reason: str | None, status: SetStatus) -> bool:
+    """Whether a status write is an event (both drivers record one then): a phase change, or a claim that stays
+    ``Scheduling`` while it finds no pod (``NoCandidatePod``) and then is placed, or the other way round."""
+    if before is not status.phase:
+        return True
+    return (before_reason == NO_CANDIDATE) != (status.reason == NO_CANDIDATE)
 
 
 def rejected(claim: str, pod: str, model: str, why: str) -> list[Action]:
@@ -207,8 +220,8 @@ def plan(claims: Sequence[ClaimState], pods: Sequence[PodState]) -> list[Action]
             ranked = [p for p in ranked if by_name[p.name].reachable]
             if not ranked and silent:
                 why = f"the runtime agent on {', '.join(silent)} does not answer yet"
-            if not ranked:
-                actions.append(SetStatus(claim.name, ClaimPhase.PENDING, "NoCandidatePod", why))
+            if not ranked:  # it remains Scheduling (AIBrix's ModelClaim design), unbound, and is placed later
+                actions.append(SetStatus(claim.name, ClaimPhase.SCHEDULING, NO_CANDIDATE, why))
                 continue
             target = ranked[0].name
             actions.append(SetStatus(claim.name, ClaimPhase.SCHEDULING, "Scheduled", f"placed on {target}", target))

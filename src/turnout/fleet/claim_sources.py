@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from turnout.controller.agents import Activity, AgentClient
 from turnout.controller.local import LocalController
-from turnout.controller.status import phase_of
+from turnout.controller.status import bound_pod, phase_of
 from turnout.core.claims import ClaimPhase
 from turnout.core.reconcile import parse_route
 
@@ -22,6 +22,7 @@ class ClaimView:
     model: str
     phase: ClaimPhase
     route: tuple[str, int] | None  # (address, port) while the routing annotation has a port
+    placed: bool  # bound to a pod (a claim no pod can take stays Scheduling with none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +114,8 @@ class LocalSource:
             route = self.controller.route(claim)
             _, state = parse_route(self.controller.annotation(claim))
             phase = effective_phase(phase, state, route is not None)
-            out.append(ClaimView(claim, model, phase, None if route is None else (route[0].address, route[1])))
+            where = None if route is None else (route[0].address, route[1])
+            out.append(ClaimView(claim, model, phase, where, bound_pod(status) is not None))
         return out
 
     async def wake_target(self, key: str) -> WakeTarget | None:

@@ -34,7 +34,8 @@ __all__ = ["ClaimBindings"]
 
 log = logging.getLogger("turnout.claims")
 
-# Claims whose model is not listed: nowhere to run (Pending) or given up (Failed).
+# Claims whose model is not listed: given up (Failed), or nowhere to run (no pod: Scheduling without one, or
+# Pending as earlier Turnout wrote it).
 _UNLISTED = frozenset({ClaimPhase.PENDING, ClaimPhase.FAILED})
 SLEEPING_RETRY_S = 10
 ACTIVATING_RETRY_S = 10  # as AIBrix's gateway answers every claim not yet routable (modelClaimRetryAfterSeconds)
@@ -108,7 +109,7 @@ class ClaimBindings:
                 continue
             seen.add(view.model)
             self.phases[view.model] = (view.key, view.phase)
-            if view.phase not in _UNLISTED:
+            if view.placed and view.phase not in _UNLISTED:
                 listing[view.model] = {"id": view.model, "object": "model", "owned_by": f"claim/{view.key}"}
             if view.route is None:
                 self._unbind(view.model)

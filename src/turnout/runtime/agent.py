@@ -105,11 +105,14 @@ def create_agent_app(
     engine_host: str = "127.0.0.1",
     state_poll_s: float = 5.0,
     mock: bool = False,
+    boot_timeout_s: float | None = None,
 ) -> web.Application:
     """The agent's application. ``engine_host`` is where engines listen: the address the agent itself is bound
     to, so that what reaches the agent (the controller, the gateway) reaches its engines too. ``state_poll_s``:
     how often the sleep state of a ready or sleeping engine is read (vLLM's ``/is_sleeping``). ``mock`` answers
-    the same API without launching engines (:mod:`turnout.runtime.mock`)."""
+    the same API without launching engines (:mod:`turnout.runtime.mock`). ``boot_timeout_s``: how long an engine
+    may take to answer its health check after it starts (or is adopted) before it is killed and restarted; None:
+    each engine's own boot timeout (:class:`turnout.runtime.launch.Launch`)."""
     supervisor = (MockSupervisor if mock else Supervisor)(
         registry_path,
         log_dir,
@@ -118,6 +121,7 @@ def create_agent_app(
         engine_python=engine_python,
         host=engine_host,
         state_poll_s=state_poll_s,
+        boot_timeout_s=boot_timeout_s,
     )
     gpu = nvml if nvml is not None else Nvml()
     peaks: dict[str, int] = {}  # model -> highest device memory its process group was seen holding

@@ -3,20 +3,23 @@
 Upstream sources the details follow (cited where used): vLLM ``vllm/entrypoints/serve/dev/sleep/api_router.py``
 (``/sleep``, ``/wake_up``, ``/is_sleeping``, registered only with ``VLLM_SERVER_DEV_MODE=1``),
 ``vllm/entrypoints/serve/instrumentator/health.py`` (``/health`` is 503 only for a dead engine, 200 while it
-sleeps), ``vllm/v1/metrics/loggers.py`` (``model_name`` label); SGLang
+sleeps), ``vllm/v1/metrics/loggers.py`` (``model_name`` label), ``vllm/envs.py`` (``VLLM_ENGINE_READY_TIMEOUT_S``,
+its boot timeout); SGLang
 ``python/sglang/srt/entrypoints/http_server.py`` (``/health`` runs a one-token generation, polled every second for
-up to ``SGLANG_HEALTH_CHECK_TIMEOUT`` = 20 s; ``/metrics`` only with ``--enable-metrics``) and
+up to ``SGLANG_HEALTH_CHECK_TIMEOUT`` = 20 s; ``/metrics`` only with ``--enable-metrics``; its warmup kills the
+server when it fails) and
 ``python/sglang/srt/metrics/collector.py`` (``model_name`` label).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
 from turnout.core.runtime import engine_args, sleeps_in_place
 
-__all__ = ["Launch", "artifact_path", "connect_host", "launch_command"]
+__all__ = ["Launch", "artifact_path", "connect_host", "launch_command", "vllm_ready_timeout_s"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,10 @@ class Launch:
     activity: tuple[str, str, str] | None = None
     health_timeout_s: float = 2.0  # how long one readiness probe may take
     sleep_state_path: str | None = None  # GET answers {"is_sleeping": bool} (vLLM with sleep mode)
+    # How long it may take from its start to answering its health check: the engine's own boot timeout, after
+    # which the agent kills it and restarts it like a crashed one (also an engine a restarted agent adopts).
+    boot_timeout_s: float = 600.0
+    boot_timeout_from: str = "llama.cpp has none of its own: vLLM's default"
 
 
 def artifact_path(url: str) -> str:
@@ -39,6 +46,22 @@ def artifact_path(url: str) -> str:
         return url.removeprefix("file://")
     return url  # s3:// and gcs:// are handed over as is (the engine's loader or a sidecar fetches them)
 
+
+def vllm_ready_timeout_s() -> float:
+    """vLLM's own boot timeout: ``VLLM_ENGINE_READY_TIMEOUT_S`` (vllm/envs.py, default 600 s: how long its API
+    server waits for the engine core, which loads the model, before it gives up and exits). Engines inherit the
+    agent's environment, so this is the value the engine itself goes by."""
+    try:
+        value = float(os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S", "600"))
+    except ValueError:
+        return 600.0
+    return value if value > 0 else 600.0
+
+
+# SGLang kills itself when its warmup fails (python/sglang/srt/entrypoints/http_server.py,
+# _execute_server_warmup): up to 120 tries, a second apart, for its own HTTP server to answer, then a warmup
+# generation with a 600 s timeout.
+SGLANG_BOOT_TIMEOUT_S = 120.0 + 600.0
 
 # SGLang's /health waits for a one-token generation, checking every second for up to SGLANG_HEALTH_CHECK_TIMEOUT
 # (default 20 s) before it answers 503 (python/sglang/srt/entrypoints/http_server.py, health_generate): a probe
@@ -113,6 +136,8 @@ def launch_command(
             sleeps,
             ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:request_success_total"),
             sleep_state_path="/is_sleeping" if sleeps else None,
+            boot_timeout_s=vllm_ready_timeout_s(),
+            boot_timeout_from="vLLM's VLLM_ENGINE_READY_TIMEOUT_S",
         )
     return Launch(
         [
@@ -135,4 +160,6 @@ def launch_command(
         True,
         ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_requests_total"),
         health_timeout_s=SGLANG_HEALTH_TIMEOUT_S,
+        boot_timeout_s=SGLANG_BOOT_TIMEOUT_S,
+        boot_timeout_from="SGLang's startup limits: 120 s for its server, 600 s for its warmup",
     )

@@ -1,12 +1,13 @@
 """Engine supervision: spawn one process group per model, watch it, restart it, persist the registry.
 
-The registry (``engines.json``, 0600, written atomically) records intent before each spawn, so a restarted
-agent can re-adopt engines whose PID is alive with the same ``/proc/<pid>/stat`` start time, keeping their port
-and IPC name: active when the health endpoint answers, else booting until it does (an engine still loading its
-model is waited for, not restarted); an engine whose process is gone is started again. A sleeping
-engine is re-adopted sleeping (vLLM says so at ``GET /is_sleeping``: its ``/health`` stays 200 while it sleeps)
-and a failed one stays failed. A sleeping engine whose process is gone (it sleeps by stopping, or it exited while
-asleep in place) stays asleep with no process and is started on wake: starting it at once would take back the
+The registry (``engines.json``, 0600, written atomically) records intent before each spawn, so a restarted agent can
+re-adopt engines whose PID is alive with the same ``/proc/<pid>/stat`` start time, keeping their port and IPC name:
+active when the health endpoint answers, else booting until it does (an engine still loading its model is waited
+for, not restarted) or until its boot timeout has passed (then it is killed and restarted like a crashed engine,
+saying so in ``last_error``; every boot has that deadline); an engine whose process is gone is started again. A
+sleeping engine is re-adopted sleeping (vLLM says so at ``GET /is_sleeping``: its ``/health`` stays 200 while it
+sleeps) and a failed one stays failed. A sleeping engine whose process is gone (it sleeps by stopping, or it exited
+while asleep in place) stays asleep with no process and is started on wake: starting it at once would take back the
 memory its sleep gave up. Records that do not parse are logged and skipped, never fatal.
 """
 
@@ -127,8 +128,13 @@ class Supervisor:
         state_poll_s: float = 5.0,
         engine_python: dict[str, str] | None = None,
         host: str = "127.0.0.1",
+        boot_timeout_s: float | None = None,
     ) -> None:
         self.engine_python = dict(engine_python or {})  # engine -> interpreter that has it installed
+        # How long a boot may take before the engine is killed and restarted; None: each engine's own timeout.
+        self.boot_timeout_s = boot_timeout_s
+        self._boot_since: dict[str, float] = {}  # model -> monotonic time its current boot began
+        self._adopted: set[str] = set()  # engines adopted from an earlier agent and not started again since
         self.host = host  # where engines it starts listen: the agent's own bind address
         self.registry_path = registry_path
         self.log_dir = log_dir
@@ -194,7 +200,10 @@ class Supervisor:
         else booting (the monitor waits for it to answer, as for a fresh start). A live engine is never killed
         here: one still loading its model does not answer yet, and restarting it would only start that over.
         AIBrix's runtime does the same (vllm-project/aibrix ``python/aibrix/aibrix/runtime/model_runtime.py``,
-        ``re_adopt``: a live process is ``active`` when ready, else ``booting``)."""
+        ``re_adopt``: a live process is ``active`` when ready, else ``booting``). The wait has the engine's boot
+        timeout as its deadline, counted from when the registry saw it start booting (an engine the earlier agent
+        had ready gets the whole timeout from now): the monitor kills and restarts one that never answers."""
+        booting_since = record.last_transition if record.phase == EnginePhase.BOOTING.value else time.time()
         asleep = await self._sleep_state(record)
         if asleep is None and record.phase == EnginePhase.SLEEPING.value and self.launch(record).sleep_api:
             asleep = True  # an engine that cannot say (SGLang) is as the registry last saw it; never probed awake
@@ -206,6 +215,10 @@ class Supervisor:
             return
         record.ready, record.sleep_level = await self._healthy(record), None
         self._set(record, EnginePhase.ACTIVE if record.ready else EnginePhase.BOOTING)
+        if not record.ready:
+            self._adopted.add(record.model_name)
+            limit, _ = self.boot_limit(record)
+            self._boot_since[record.model_name] = time.monotonic() - min(max(time.time() - booting_since, 0), limit)
         log.info("re-adopted %s %s (pid %s, port %s)", record.model_name, record.phase, record.pid, record.port)
 
     # -- operations --------------------------------------------------------------------------------
@@ -246,6 +259,8 @@ class Supervisor:
         await self._stop_process(record)
         self.engines.pop(name, None)
         self._state_checked.pop(name, None)
+        self._boot_since.pop(name, None)
+        self._adopted.discard(name)
         self.save()
 
     async def sleep(self, name: str, level: int) -> EngineRecord:
@@ -330,6 +345,8 @@ class Supervisor:
         pid = _spawn_session(launch.argv, self.log_dir / f"{record.ipc_name}.log", env)
         record.pid, record.pid_start = pid, process_start_time(pid)
         record.ready = False
+        self._boot_since[record.model_name] = time.monotonic()
+        self._adopted.discard(record.model_name)
         self.save()
         self._watch(record.model_name)
 
@@ -349,40 +366,68 @@ class Supervisor:
             lock = self._locks.get(name)
             if lock is not None and lock.locked():
                 continue  # a sleep, wake or stop is under way and sets the phase itself
-            await self._observe(record)
+            if await self._observe(record):
+                await self._boot_timed_out(record)
+                return
 
-    async def _observe(self, record: EngineRecord) -> None:
-        """One monitor tick for a live engine: follow its sleep state and readiness. A settled engine's sleep
-        state is read every ``state_poll_s`` only (each probe is a line in the engine's access log)."""
+    async def _observe(self, record: EngineRecord) -> bool:
+        """One monitor tick for a live engine: follow its sleep state and readiness; True when it is booting
+        past its boot timeout. A settled engine's sleep state is read every ``state_poll_s`` only (each probe is
+        a line in the engine's access log)."""
         if record.phase == EnginePhase.SLEEPING.value or record.ready:
             now = time.monotonic()
             if now - self._state_checked.get(record.model_name, -self.state_poll_s) < self.state_poll_s:
-                return
+                return False
             self._state_checked[record.model_name] = now
         if record.phase == EnginePhase.SLEEPING.value:
             if await self._sleep_state(record) is False:  # woken by someone else: ready again once it answers
                 record.sleep_level = None
                 self._set(record, EnginePhase.BOOTING)
                 self.save()
-            return  # a sleeping engine stays sleeping: its /health says nothing about sleep
+            return False  # a sleeping engine stays sleeping: its /health says nothing about sleep
         if record.ready:
             if await self._sleep_state(record):  # put to sleep by someone else: not routable
                 record.ready, record.sleep_level = False, record.sleep_level or 1
                 self._set(record, EnginePhase.SLEEPING)
                 self.save()
-            return
+            return False
         if await self._healthy(record) and not await self._sleep_state(record):
             record.ready = True
             self._set(record, EnginePhase.ACTIVE)
+            self._adopted.discard(record.model_name)
             self.save()
+            return False
+        since = self._boot_since.setdefault(record.model_name, time.monotonic())
+        return time.monotonic() - since > self.boot_limit(record)[0]
 
-    async def _crashed(self, record: EngineRecord) -> None:
+    def boot_limit(self, record: EngineRecord) -> tuple[float, str]:
+        """How long the engine may boot (start to answering its health check), and where that comes from."""
+        if self.boot_timeout_s is not None:
+            return self.boot_timeout_s, "turnout agent --boot-timeout-s"
+        launch = self.launch(record)
+        return launch.boot_timeout_s, launch.boot_timeout_from
+
+    async def _boot_timed_out(self, record: EngineRecord) -> None:
+        """Kill an engine that did not answer its health check within its boot timeout (one a restarted agent
+        adopted, or one this agent started or woke) and restart it as a crashed engine is restarted."""
+        limit, source = self.boot_limit(record)
+        path = self.launch(record).health_path
+        started = f"its re-adoption (pid {record.pid})" if record.model_name in self._adopted else "its start"
+        why = f"did not answer GET {path} within {limit:g} s of {started}; killed (boot timeout: {source})"
+        log.warning("%s %s", record.model_name, why)
+        await self._stop_process(record)
+        self._adopted.discard(record.model_name)
+        await self._crashed(record, why)
+
+    async def _crashed(self, record: EngineRecord, why: str | None = None) -> None:
+        """Restart an engine whose process ended (or, with ``why``, that was killed for not booting in time)
+        after the backoff; after :data:`MAX_RESTARTS` restarts it is ``failed``."""
         code = self._exit_codes.pop(record.model_name, None)
         if record.pid is not None:
             _kill_group(record.pid)  # leftovers of the old group never outlive a relaunch
         record.pid = record.pid_start = None
         record.ready, record.sleep_level = False, None
-        record.last_error = f"engine exited (code {code})" + _tail(self.log_dir / f"{record.ipc_name}.log")
+        record.last_error = (why or f"engine exited (code {code})") + _tail(self.log_dir / f"{record.ipc_name}.log")
         if record.phase == EnginePhase.SLEEPING.value:
             # Asleep in place, it had given its GPU memory back: restarting it awake would take that memory again
             # behind the controller's back (and may not find it free). It stays asleep with no process, as an
@@ -490,6 +535,8 @@ class Supervisor:
         if record.phase != phase.value:
             record.phase = phase.value
             record.last_transition = time.time()
+            if phase is EnginePhase.BOOTING:  # a wake in place, or a restart: its boot timeout starts now
+                self._boot_since[record.model_name] = time.monotonic()
 
 
 def host_port(host: str, port: int) -> str:
