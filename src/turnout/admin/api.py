@@ -103,9 +103,14 @@ def worker_placement(fleet: Fleet, state: WorkerState) -> dict[str, Any]:
 def placement_cell(fleet: Fleet, state: WorkerState, model: str) -> dict[str, Any]:
     """One cell of the matrix: ``model`` on worker ``state``, decided by the router's rule (core ``decide``)."""
     rules, source = fleet.rules(state.name)
+    return _cell(state, rules, source, model)
+
+
+def _cell(state: WorkerState, rules: PlacementRules, source: str, model: str) -> dict[str, Any]:
     decision = decide(rules, model, state.baseline)
+    inventory = state.inventory
     return {
-        "installed": None if state.inventory is None else installed_name(model, state.inventory) is not None,
+        "installed": None if inventory is None else installed_name(model, inventory) is not None,
         "loaded": model in state.loaded,
         "allowed": decision.allowed,
         "rule": decision.rule,
@@ -123,12 +128,14 @@ def placement_matrix(fleet: Fleet) -> dict[str, Any]:
     for state in fleet.workers.values():  # a rule's model gets a row unless a row spells it another way
         models |= {n for n in fleet.rules(state.name)[0].exact_names() if lookup(n, models) is None}
     workers = []
+    ordered = sorted(models)
     for state in fleet.workers.values():
         row = worker_placement(fleet, state)
-        row["cells"] = {model: placement_cell(fleet, state, model) for model in sorted(models)}
+        rules, source = fleet.rules(state.name)
+        row["cells"] = {model: _cell(state, rules, source, model) for model in ordered}
         workers.append(row)
     return {
-        "models": sorted(models),
+        "models": ordered,
         "workers": workers,
         "override_file": {"path": str(fleet.placement.path), "error": fleet.placement.error},
     }

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from turnout.core.patterns import Pattern, best_match, parse_pattern
 
@@ -144,9 +145,9 @@ class Verdict:
     exact: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """A verdict with the origin of the rule (or mode) that decided it: what the matrix shows in a cell."""
+class Decision(NamedTuple):
+    """A verdict with the origin of the rule (or mode) that decided it: what the matrix shows in a cell (a
+    named tuple: the matrix makes one per cell, and a frozen dataclass costs several times as much to make)."""
 
     allowed: bool
     rule: str
@@ -174,10 +175,14 @@ def decide(rules: PlacementRules, model: str, baseline: PlacementRules | None) -
     ``baseline`` as for :func:`rule_origin`."""
     verdict = resolve_placement(rules, model)
     if verdict.rule == "mode":
-        origin = mode_origin(rules, baseline)
-    else:
-        origin = rule_origin(rules, baseline, parse_pattern(verdict.rule), denied=not verdict.allowed)
-    return Decision(allowed=verdict.allowed, rule=verdict.rule, exact=verdict.exact, origin=origin)
+        return _MODE_DECISIONS[verdict.allowed, mode_origin(rules, baseline)]
+    origin = rule_origin(rules, baseline, parse_pattern(verdict.rule), denied=not verdict.allowed)
+    return Decision(verdict.allowed, verdict.rule, verdict.exact, origin)
+
+
+_MODE_DECISIONS = {
+    (allowed, origin): Decision(allowed, "mode", False, origin) for allowed in (False, True) for origin in RuleOrigin
+}
 
 
 def toggle_rule(rules: PlacementRules, model: str, *, baseline: PlacementRules | None = None) -> PlacementRules:
