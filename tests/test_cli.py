@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import stat
@@ -17,6 +18,8 @@ import pytest
 
 from tests.conftest import free_port
 from tests.support.cli import TURNOUT
+from turnout.store.audit import AuditLog
+from turnout.store.db import Database, database_url
 
 
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -311,6 +314,20 @@ def test_claim_commands(tmp_path: Path) -> None:
     assert run(["claim", "delete", "qwen", *d], tmp_path).returncode == 0
     assert "Deleting" in run(["claim", "list", *d], tmp_path).stdout
     assert run(["claim", "delete", "nope", *d], tmp_path).returncode == 2
+    # both changes are audited, with the actor, in the data dir's store; the refused ones are not
+    db = Database(database_url(None, tmp_path / "data"))
+    try:
+        entries = list(reversed(AuditLog(db).entries(target="claim:")))
+    finally:
+        db.close()
+    assert [(e.action, e.target, e.actor) for e in entries] == [
+        ("claim.apply", "claim:qwen", f"cli:{getpass.getuser()}"),
+        ("claim.delete", "claim:qwen", f"cli:{getpass.getuser()}"),
+    ]
+    applied_entry, deleted_entry = entries
+    assert applied_entry.before is None and applied_entry.after["spec"]["artifactURL"] == "hf://Qwen/Qwen3-8B"
+    assert deleted_entry.before["deleting"] is False and deleted_entry.after["deleting"] is True
+    assert deleted_entry.after["metadata"]["uid"] == applied_entry.after["metadata"]["uid"]
 
 
 def test_claim_commands_use_the_configs_data_dir(tmp_path: Path) -> None:

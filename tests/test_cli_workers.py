@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import stat
@@ -133,15 +134,44 @@ def test_a_registered_endpoint_name_is_refused(tmp_path: Path, config: Path) -> 
     assert run(["worker", "add", "studio", "--url", "http://h:11434", *c], tmp_path).returncode == 0
 
 
-def test_an_unreachable_store_is_said_and_the_worker_added(tmp_path: Path) -> None:
+def test_an_unreachable_store_refuses_the_change(tmp_path: Path) -> None:
+    """Every change to routing is audited: a change whose audit entry cannot be written is not made."""
     config = tmp_path / "config.json"
     url = f"postgresql://turnout:x@127.0.0.1:{free_port()}/turnout"  # nothing listens there
     config.write_text(json.dumps({"storage": {"data_dir": "state", "database_url": url}}))
+    before = config.read_bytes()
     result = run(["worker", "add", "gpu", "--url", "http://h:11434", "--config", str(config)], tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "could not check it against the registered endpoints' names" in result.stderr
-    assert "x@" not in result.stderr  # the password stays out of the message
-    assert [w["name"] for w in json.loads(config.read_text())["workers"]] == ["gpu"]
+    assert result.returncode == 2, result.stderr
+    assert "not changed: every change to the workers is audited" in result.stderr, result.stderr
+    assert "x@" not in result.stderr and "Traceback" not in result.stderr  # the password stays out of it
+    assert config.read_bytes() == before
+
+
+def test_add_and_remove_are_audited_with_the_actor(tmp_path: Path, config: Path) -> None:
+    c = ["--config", str(config)]
+    added = run(
+        ["worker", "add", "gpu-box", "--url", "http://u:secret@10.0.0.5:8000", "--type", "openai", *c], tmp_path
+    )
+    assert added.returncode == 0, added.stderr
+    document = json.loads(config.read_text())
+    document["workers"][0]["api_key"] = "sk-worker-secret"  # as an operator would put it there by hand
+    config.write_text(json.dumps(document))
+    removed = run(["worker", "remove", "node-1", *c], tmp_path)
+    assert removed.returncode == 0, removed.stderr
+    audit = run(["audit", "--json", "--target", "worker:", *c], tmp_path)
+    assert audit.returncode == 0, audit.stderr
+    entries = {e["action"]: e for e in json.loads(audit.stdout)}
+    assert set(entries) == {"worker.add", "worker.remove"}
+    user = getpass.getuser()
+    add, remove = entries["worker.add"], entries["worker.remove"]
+    assert (add["actor"], add["target"], add["before"]) == (f"cli:{user}", "worker:gpu-box", None)
+    assert add["after"] == {"name": "gpu-box", "url": "http://u:***@10.0.0.5:8000", "type": "openai"}
+    assert (remove["actor"], remove["target"], remove["after"]) == (f"cli:{user}", "worker:node-1", None)
+    assert remove["before"]["name"] == "node-1" and remove["before"]["api_key_set"] is True
+    assert "secret" not in audit.stdout  # neither the key nor the URL's password
+    # a refused change is not audited
+    assert run(["worker", "remove", "nope", *c], tmp_path).returncode == 2
+    assert len(json.loads(run(["audit", "--json", "--target", "worker:", *c], tmp_path).stdout)) == 2
 
 
 def test_a_running_gateway_is_told_to_restart(tmp_path: Path, config: Path) -> None:

@@ -498,13 +498,39 @@ def _claims_dir(config: Path | None, data_dir: Path | None) -> Path:
         raise  # unreachable: _fail exits
 
 
+def _claims_database(config: Path | None, data_dir: Path | None) -> str | None:
+    """The database URL the config names, where claim changes are audited (None: SQLite in the claims' data
+    dir, as for a gateway on it)."""
+    from turnout.config import ConfigError, load_settings
+
+    if config is None and (data_dir is not None or not DEFAULT_CONFIG.exists()):
+        return None
+    try:
+        return load_settings(config or DEFAULT_CONFIG).storage.database_url
+    except ConfigError as exc:
+        _fail(str(exc))
+        raise  # unreachable: _fail exits
+
+
+def _claim_doc(files: Any, name: str) -> Any:
+    """A claim's stored document (None: there is none), for the audit entry's ``before``."""
+    import orjson
+
+    path = files.dir / f"{name}.json"
+    try:
+        return orjson.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
 @claim_app.command("apply")
 def claim_apply(
     file: Annotated[Path, typer.Option("-f", "--file", help="ModelClaim YAML or JSON (several documents allowed)")],
     config: ConfigOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Create or update claims; refused whole (nothing written) when any document is invalid."""
+    """Create or update claims; refused whole (nothing written) when any document is invalid. Audited."""
+    from turnout.cli_changes import audit_log, audited_claim, record
     from turnout.controller.local import ClaimFiles, load_claim_documents
     from turnout.core.claims import InvalidClaim
 
@@ -513,9 +539,22 @@ def claim_apply(
     except (OSError, InvalidClaim, ValueError) as exc:
         _fail(f"{file}: {exc}")
         return
-    files = ClaimFiles(_claims_dir(config, data_dir))
-    for doc in docs:
-        typer.echo(f"modelclaim/{files.apply(doc)} configured")
+    where = _claims_dir(config, data_dir)
+    files = ClaimFiles(where)
+    with audit_log(_claims_database(config, data_dir), where, "claims") as db:
+        for doc in docs:
+            before = _claim_doc(files, doc["metadata"]["name"])
+            name = files.apply(doc)
+            after = _claim_doc(files, name)
+            record(
+                db,
+                str(files.dir / f"{name}.json"),
+                action="claim.apply",
+                target=f"claim:{name}",
+                before=audited_claim(before),
+                after=audited_claim(after),
+            )
+            typer.echo(f"modelclaim/{name} configured")
 
 
 @claim_app.command("list")
@@ -580,12 +619,26 @@ def claim_delete(
     config: ConfigOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Mark a claim deleted; the controller de-routes it, stops its engine, then forgets it."""
+    """Mark a claim deleted; the controller de-routes it, stops its engine, then forgets it. Audited."""
+    from turnout.cli_changes import audit_log, audited_claim, record
     from turnout.controller.local import ClaimFiles
 
     where = _claims_dir(config, data_dir)
-    if not ClaimFiles(where).mark_deleted(name):
+    files = ClaimFiles(where)
+    if _claim_doc(files, name) is None:
         _fail(f'no claim "{name}" in {where}')
+    with audit_log(_claims_database(config, data_dir), where, "claims") as db:
+        before = _claim_doc(files, name)
+        if not files.mark_deleted(name):
+            _fail(f'no claim "{name}" in {where}')
+        record(
+            db,
+            str(files.dir / f"{name}.json"),
+            action="claim.delete",
+            target=f"claim:{name}",
+            before=audited_claim(before),
+            after=audited_claim(_claim_doc(files, name)),
+        )
     typer.echo(f"modelclaim/{name} deleting")
 
 

@@ -4,8 +4,12 @@
 model that loads it (so anything ``turnout serve`` would refuse is refused here, nothing written; a pasted API
 suffix such as LM Studio's ``/v1`` is dropped as for endpoints, and said), and write it
 back with the atomic writer, keeping the file's mode. ``add`` also refuses a name a registered external endpoint
-already has (both are routed by name) when the store can be read, and says when it could not check. A gateway
-reads its config once, at start: both say whether one is running on the config's data dir and needs a restart.
+already has (both are routed by name). A gateway reads its config once, at start: both say whether one is
+running on the config's data dir and needs a restart.
+
+Both change routing, so both are audited (``worker.add``, ``worker.remove``; actor ``cli:<user>``) in the
+store the config names (:mod:`turnout.cli_changes`): the store is opened first, and a change that could not be
+audited is not made.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from turnout.cli_accounts import DEFAULT_CONFIG, ConfigOption, fail
+from turnout.cli_changes import audit_log, audited_worker, record
 
 if TYPE_CHECKING:
     from turnout.config import Settings
+    from turnout.store.db import Database
 
 __all__ = ["worker_app"]
 
@@ -63,24 +69,11 @@ def _write(config: Path, document: dict[str, Any]) -> Settings:
     return settings
 
 
-def _endpoint_named(settings: Settings, name: str) -> bool | str:
-    """True when a registered external endpoint has ``name``, False when none does, or why that is unknown."""
-    from turnout.store.db import Database, StoreError, database_url
+def _endpoint_named(db: Database, name: str) -> bool:
+    """Whether a registered external endpoint has ``name``."""
+    from turnout.store.endpoints import EndpointStore
 
-    if settings.storage.database_url is None and not (settings.data_dir / "turnout.db").exists():
-        return False  # no store yet, so no endpoint was ever registered
-    try:
-        db = Database(database_url(settings.storage.database_url, settings.data_dir))
-    except StoreError as exc:
-        return str(exc)
-    try:
-        from turnout.store.endpoints import EndpointStore
-
-        return EndpointStore(db).exists(name)
-    except StoreError as exc:
-        return str(exc)
-    finally:
-        db.close()
+    return EndpointStore(db).exists(name)
 
 
 def _restart_note(settings: Settings) -> str:
@@ -125,18 +118,24 @@ def add(
         fail(f"{flag}: {message}" if flag else f"invalid worker:\n{format_validation_error(exc)}")
     if settings.worker(name) is not None:
         fail(f'{config} already has a worker "{name}"; remove it first (turnout worker remove {name}) or pick another')
-    clash = _endpoint_named(settings, name)
-    if clash is True:
-        fail(
-            f'"{name}" is the name of a registered endpoint (turnout endpoint list); workers and endpoints are '
-            "routed by name, so pick another worker name"
-        )
-    workers = document.get("workers")
-    document["workers"] = [*(workers if isinstance(workers, list) else []), entry]
-    written = _write(config, document)
+    from turnout.store.db import StoreError
+
+    with audit_log(settings.storage.database_url, settings.data_dir, "the workers") as db:
+        try:
+            clash = _endpoint_named(db, name)
+        except StoreError as exc:
+            fail(f"not changed: cannot check the name against the registered endpoints: {exc}")
+            raise  # unreachable: fail exits
+        if clash:
+            fail(
+                f'"{name}" is the name of a registered endpoint (turnout endpoint list); workers and endpoints are '
+                "routed by name, so pick another worker name"
+            )
+        workers = document.get("workers")
+        document["workers"] = [*(workers if isinstance(workers, list) else []), entry]
+        written = _write(config, document)
+        record(db, str(config), action="worker.add", target=f"worker:{name}", after=audited_worker(entry))
     typer.echo(f'added worker "{name}" ({worker_type}, {url}) to {config}' + (f"; {note}" if note else ""))
-    if isinstance(clash, str):
-        typer.echo(f"turnout: could not check it against the registered endpoints' names: {clash}", err=True)
     typer.echo(_restart_note(written))
 
 
@@ -173,7 +172,10 @@ def remove(name: NameArgument, config: ConfigOption = DEFAULT_CONFIG) -> None:
     document, settings = _read(config)
     if settings.worker(name) is None:
         fail(f'{config} has no worker "{name}" (turnout worker list shows them)')
-    document["workers"] = [w for w in document["workers"] if not (isinstance(w, dict) and w.get("name") == name)]
-    written = _write(config, document)
+    before = next(w for w in document["workers"] if isinstance(w, dict) and w.get("name") == name)
+    with audit_log(settings.storage.database_url, settings.data_dir, "the workers") as db:
+        document["workers"] = [w for w in document["workers"] if w is not before]
+        written = _write(config, document)
+        record(db, str(config), action="worker.remove", target=f"worker:{name}", before=audited_worker(before))
     typer.echo(f'removed worker "{name}" from {config}')
     typer.echo(_restart_note(written))

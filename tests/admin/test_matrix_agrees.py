@@ -1,5 +1,6 @@
 """The placement matrix, the router and discovery decide with one function: checked on every cell of
-generated fleets (rules with and without tags, prefixes, overrides, known and unknown inventories)."""
+generated fleets (rules with and without tags, prefixes, config baselines with and without overrides, known and
+unknown inventories), and every click on any cell flips what the matrix shows and what the router does."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnout.admin.api import placement_matrix
-from turnout.config import load_settings
-from turnout.core.placement import ConfigRuleError, PlacementRules, toggle_rule
+from turnout.config import Worker, load_settings
+from turnout.core.placement import PlacementRules, toggle_rule
 from turnout.core.routing import NoRoute, NoRouteReason, Route, route
-from turnout.fleet.state import Fleet
-from turnout.gateway.catalog import ollama_tags
+from turnout.fleet.state import Fleet, WorkerState
+from turnout.gateway.catalog import ollama_tags, openai_models
 from turnout.state.placement_store import PlacementStore
 
 BASES = ["gemma4", "qwen3", "org/m"]
@@ -30,10 +31,12 @@ rulesets = st.builds(
 )
 # Ollama lists tagged names; OpenAI-style workers list whatever ids they serve
 inventories = st.one_of(st.none(), st.frozensets(st.sampled_from(NAMES), max_size=4))
-fleets = st.lists(st.tuples(rulesets, inventories, st.booleans()), min_size=1, max_size=4)
+# per worker: its config baseline, its override (None: none), its inventory
+fleets = st.lists(st.tuples(rulesets, st.one_of(st.none(), rulesets), inventories), min_size=1, max_size=4)
+Spec = list[tuple[PlacementRules, PlacementRules | None, frozenset[str] | None]]
 
 
-def build(spec: list[tuple[PlacementRules, frozenset[str] | None, bool]], root: Path) -> Fleet:
+def build(spec: Spec, root: Path) -> Fleet:
     config = {
         "storage": {"data_dir": str(root)},
         "workers": [{"name": f"w{i}", "url": f"http://127.0.0.1:{9000 + i}"} for i in range(len(spec))],
@@ -44,15 +47,14 @@ def build(spec: list[tuple[PlacementRules, frozenset[str] | None, bool]], root: 
     store = PlacementStore(root / "model-placement.json")
     store.load()
     fleet = Fleet(settings_, store)
-    for i, (rules, inventory, override) in enumerate(spec):
+    for i, (baseline, override, inventory) in enumerate(spec):
         state = fleet.workers[f"w{i}"]
         state.healthy = True
         state.inventory = inventory
         state.tags = {n: {"name": n} for n in inventory or ()}
-        if override:
-            store.put(state.name, rules)
-        else:
-            state.baseline = rules
+        state.baseline = baseline
+        if override is not None:
+            store.put(state.name, override)
     return fleet
 
 
@@ -80,7 +82,7 @@ def check_cells(fleet: Fleet) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(fleets)
-def test_every_cell_agrees_with_the_router(spec: list[tuple[PlacementRules, frozenset[str] | None, bool]]) -> None:
+def test_every_cell_agrees_with_the_router(spec: Spec) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         fleet = build(spec, Path(tmp))
         check_cells(fleet)
@@ -102,44 +104,70 @@ def test_every_cell_agrees_with_the_router(spec: list[tuple[PlacementRules, froz
                     assert cell["allowed"] and cell["installed"] is not False, (model, candidate, cell)
 
 
-@settings(max_examples=60, deadline=None)
+def cell(fleet: Fleet, worker: str, model: str) -> dict[str, object] | None:
+    return next(r for r in placement_matrix(fleet)["workers"] if r["name"] == worker)["cells"].get(model)
+
+
+@settings(max_examples=80, deadline=None)
 @given(fleets, st.data())
-def test_a_toggle_flips_the_cell_and_the_route(
-    spec: list[tuple[PlacementRules, frozenset[str] | None, bool]], data: st.DataObject
-) -> None:
+def test_a_toggle_flips_the_cell_and_the_route(spec: Spec, data: st.DataObject) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         fleet = build(spec, Path(tmp))
-        matrix = placement_matrix(fleet)
-        model = data.draw(st.sampled_from(matrix["models"] or ["gemma4"]))
+        model = data.draw(st.sampled_from(placement_matrix(fleet)["models"] or NAMES))
         worker = data.draw(st.sampled_from(sorted(fleet.workers)))
-        before = next(r for r in matrix["workers"] if r["name"] == worker)["cells"].get(model)
+        baseline = fleet.workers[worker].baseline
+        before = cell(fleet, worker, model)
         rules, source = fleet.rules(worker)
-        baseline = fleet.workers[worker].baseline if source == "override" else rules  # as the API does
-        try:
-            toggled = toggle_rule(rules, model, baseline=baseline)
-        except ConfigRuleError:  # only a cell decided by an exact config deny
-            assert before is not None and before["exact"] and not before["allowed"] and before["origin"] == "config"
-            return
+        toggled = toggle_rule(rules, model, baseline=baseline)  # as the API does
         fleet.placement.put(worker, toggled)
-        after = next(r for r in placement_matrix(fleet)["workers"] if r["name"] == worker)["cells"].get(model)
-        if before is not None and after is not None and not (before["exact"] and before["origin"] == "ui"):
-            assert after["allowed"] is not before["allowed"]  # a new exception flips the verdict
-            assert after["exact"] and after["origin"] == "ui"
-            # and the second click removes exactly that exception
-            assert (
-                toggle_rule(toggled, model, baseline=fleet.workers[worker].baseline if source == "override" else rules)
-                == rules
-            )
+        after = cell(fleet, worker, model)
+        if before is not None and after is not None:
+            # every cell can be clicked, whatever decides it (an exact config rule too), and the click flips it
+            assert after["allowed"] is not before["allowed"], (before, after)
+            assert after["source"] == "override"
+        check_cells(fleet)
+        # the second click flips it back; on a worker without an override before, it restores the rules exactly
+        again = toggle_rule(toggled, model, baseline=baseline)
+        fleet.placement.put(worker, again)
+        if before is not None and (last := cell(fleet, worker, model)) is not None:
+            assert last["allowed"] is before["allowed"]
+        if source == "config":
+            assert again == rules == baseline
         check_cells(fleet)
 
 
 def test_tagless_rule_is_one_row_and_blocks_what_it_shows() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rules = PlacementRules.parse("allow_all", [], ["gemma4"])
-        fleet = build([(rules, frozenset({"gemma4:latest"}), True)], Path(tmp))
+        fleet = build([(PlacementRules(), rules, frozenset({"gemma4:latest"}))], Path(tmp))
         matrix = placement_matrix(fleet)
         assert matrix["models"] == ["gemma4:latest"]
         assert matrix["workers"][0]["cells"]["gemma4:latest"]["allowed"] is False
         decision = route("gemma4", fleet.views("gemma4"))
         assert isinstance(decision, NoRoute) and decision.reason is NoRouteReason.BLOCKED
         assert ollama_tags(fleet)["models"] == []
+
+
+def test_a_claimed_model_blocked_on_its_engine_is_not_listed() -> None:
+    """A claim's engine is a column of the matrix while it serves: a block there blocks it (the router asks only
+    that column) and hides it from discovery, though claimed models are otherwise listed whatever their phase."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fleet = build([(PlacementRules(), None, frozenset({"gemma4:latest"}))], Path(tmp))
+        engine = WorkerState(
+            Worker.model_validate({"name": "claim-qwen", "url": "http://127.0.0.1:9100", "type": "openai"}),
+            claim="qwen",
+        )  # as the claim bindings make it (turnout.fleet.claims)
+        engine.healthy = True
+        engine.inventory = engine.loaded = frozenset({"qwen3:8b"})
+        engine.tags = {"qwen3:8b": {"id": "qwen3:8b", "object": "model"}}
+        fleet.workers[engine.name] = engine
+        fleet.bindings["qwen3:8b"] = engine
+        fleet.claim_listing = {"qwen3:8b": {"id": "qwen3:8b", "object": "model", "owned_by": "claim/qwen"}}
+        assert "qwen3:8b" in {m["name"] for m in ollama_tags(fleet)["models"]}
+        fleet.placement.put(engine.name, PlacementRules.parse("allow_all", [], ["qwen3:8b"]))
+        row = next(r for r in placement_matrix(fleet)["workers"] if r["name"] == engine.name)
+        assert row["cells"]["qwen3:8b"]["allowed"] is False
+        decision = route("qwen3:8b", fleet.views("qwen3:8b"))
+        assert isinstance(decision, NoRoute) and decision.reason is NoRouteReason.BLOCKED
+        assert "qwen3:8b" not in {m["name"] for m in ollama_tags(fleet)["models"]}
+        assert "qwen3:8b" not in {m["id"] for m in openai_models(fleet)["data"]}

@@ -8,8 +8,9 @@ from typing import Any
 import aiohttp
 import pytest
 from multidict import CIMultiDict
+from ollama import ResponseError
 
-from tests.conftest import EmulatorFactory, Gateway, GatewayFactory, worker
+from tests.conftest import Clients, EmulatorFactory, Gateway, GatewayFactory, worker
 from turnout.gateway.keys import FLEET
 
 SEED = {"mode": "allow_all", "allowed_models": ["gemma4:latest"], "denied_models": ["gemma4:*"]}
@@ -43,35 +44,54 @@ async def test_matrix_shows_baseline_override_and_origins(fleet: Gateway) -> Non
     assert a["exact_rules"] == [{"model": "gemma4:latest", "list": "allowed", "origin": "config"}]
     assert a["cells"]["gemma4:latest"]["origin"] == "config" and a["cells"]["qwen3:8b"]["origin"] == "config"
     assert headers["ETag"].startswith('"')
-    # a click on a config-decided exact cell adds a UI exception; the config rule stays
+    # a click on a config-decided exact cell writes the opposite exact rule into the override, in its place
     status, toggled, _ = await call(fleet, "POST", "/admin/api/placement/workers/a/toggle", {"model": "gemma4:latest"})
     assert status == 200 and toggled["allowed"] is False and toggled["origin"] == "ui"
-    assert toggled["rules"]["allowed_models"] == ["gemma4:latest"]
+    assert toggled["rules"]["allowed_models"] == []
     _, matrix, _ = await call(fleet, "GET", "/admin/api/placement")
     a = row(matrix, "a")
-    assert a["override"] == {"mode": "allow_all", "allowed_models": ["gemma4:latest"],
-                             "denied_models": ["gemma4:*", "gemma4:latest"]}  # fmt: skip
+    assert a["override"] == {"mode": "allow_all", "allowed_models": [], "denied_models": ["gemma4:*", "gemma4:latest"]}
     assert a["baseline"] == SEED and a["mode_origin"] == "config"
-    assert {(r["model"], r["list"], r["origin"]) for r in a["exact_rules"]} == {
-        ("gemma4:latest", "allowed", "config"),
-        ("gemma4:latest", "denied", "ui"),
-    }
+    assert a["exact_rules"] == [{"model": "gemma4:latest", "list": "denied", "origin": "ui"}]
     cell = a["cells"]["gemma4:latest"]
     assert cell["allowed"] is False and cell["origin"] == "ui" and cell["source"] == "override"
+    assert cell["rule"] == "gemma4:latest" and cell["exact"] is True
     assert a["cells"]["gemma4:2b"]["origin"] == "config"  # the prefix rule copied from the baseline
-    # the second click removes only the UI exception
+    # the second click removes the UI exception: the config rule is in force again
     _, toggled, _ = await call(fleet, "POST", "/admin/api/placement/workers/a/toggle", {"model": "gemma4:latest"})
     assert toggled["allowed"] is True and toggled["origin"] == "config" and toggled["rules"] == SEED
 
 
-async def test_toggle_refuses_to_outvote_an_exact_config_deny(
-    emulator: EmulatorFactory, gateway: GatewayFactory
+async def test_a_click_outvotes_an_exact_config_deny_and_the_next_restores_it(
+    emulator: EmulatorFactory, gateway: GatewayFactory, clients: Clients
 ) -> None:
     emu = await emulator("a", ["x:1"])
     gw = await gateway([worker("a", emu.url, model_placement={"mode": "allow_all", "denied_models": ["x:1"]})])
+    client = clients.ollama(gw.url)
+    with pytest.raises(ResponseError):  # blocked by the config's exact deny
+        await client.chat(model="x:1", messages=[])
+    _, matrix, _ = await call(gw, "GET", "/admin/api/placement")
+    cell = row(matrix, "a")["cells"]["x:1"]
+    assert (cell["allowed"], cell["rule"], cell["exact"], cell["origin"]) == (False, "x:1", True, "config")
+
     status, body, _ = await call(gw, "POST", "/admin/api/placement/workers/a/toggle", {"model": "x:1"})
-    assert status == 409 and body["error"]["code"] == "config_rule" and "exact config rule" in body["error"]["message"]
-    assert not gw.settings.placement_file.exists()
+    assert status == 200, body
+    assert (body["allowed"], body["rule"], body["exact"], body["origin"]) == (True, "x:1", True, "ui")
+    assert body["rules"] == {"mode": "allow_all", "allowed_models": ["x:1"], "denied_models": []}
+    _, matrix, _ = await call(gw, "GET", "/admin/api/placement")
+    cell = row(matrix, "a")["cells"]["x:1"]
+    assert (cell["allowed"], cell["rule"], cell["source"], cell["origin"]) == (True, "x:1", "override", "ui")
+    assert (await client.chat(model="x:1", messages=[])).message.content.startswith("[a]")  # the router obeys
+    assert "x:1" in {m.model for m in (await client.list()).models}  # and discovery lists it
+
+    status, body, _ = await call(gw, "POST", "/admin/api/placement/workers/a/toggle", {"model": "x:1"})
+    assert status == 200 and (body["allowed"], body["origin"]) == (False, "config")
+    assert body["rules"] == {"mode": "allow_all", "allowed_models": [], "denied_models": ["x:1"]}
+    with pytest.raises(ResponseError):
+        await client.chat(model="x:1", messages=[])
+    assert "x:1" not in {m.model for m in (await client.list()).models}
+    _, audit, _ = await call(gw, "GET", "/admin/api/audit?action=placement.toggle")
+    assert [e["target"] for e in audit["entries"]] == ["worker:a model:x:1"] * 2
 
 
 async def test_worker_view_and_etag(fleet: Gateway) -> None:

@@ -2,9 +2,9 @@ import pytest
 
 from turnout.core.patterns import parse_pattern
 from turnout.core.placement import (
-    ConfigRuleError,
     PlacementRules,
     RuleOrigin,
+    decide,
     exact_rules,
     mode_origin,
     resolve_placement,
@@ -100,9 +100,20 @@ def test_toggle_twice_restores() -> None:
 @pytest.mark.parametrize(
     ("baseline", "override", "model", "after_allowed", "after_denied", "verdict"),
     [
-        # a cell decided by an exact config allow: a UI deny is added, the config rule stays
-        (SEED, None, "gemma4:latest", ["gemma4:latest"], ["gemma4:*", "gemma4:latest"], False),
-        # ... and the second click removes only that UI deny
+        # a cell decided by an exact config allow: the opposite exact rule replaces it in the override
+        (SEED, None, "gemma4:latest", [], ["gemma4:*", "gemma4:latest"], False),
+        # ... and the second click removes that exception and puts the config rule back
+        (
+            SEED,
+            rules("allow_all", [], ["gemma4:*", "gemma4:latest"]),
+            "gemma4:latest",
+            ["gemma4:latest"],
+            ["gemma4:*"],
+            True,
+        ),
+        # the same rule in another spelling is the same UI exception
+        (SEED, rules("allow_all", [], ["gemma4:*", "gemma4"]), "gemma4:latest", ["gemma4:latest"], ["gemma4:*"], True),
+        # an exception written beside a config rule (as older versions did): both go, the config rule comes back
         (
             SEED,
             rules("allow_all", ["gemma4:latest"], ["gemma4:*", "gemma4:latest"]),
@@ -111,17 +122,21 @@ def test_toggle_twice_restores() -> None:
             ["gemma4:*"],
             True,
         ),
-        # the same rule in another spelling is the same UI exception
-        (
-            SEED,
-            rules("allow_all", ["gemma4:latest"], ["gemma4:*", "gemma4"]),
-            "gemma4:latest",
-            ["gemma4:latest"],
-            ["gemma4:*"],
-            True,
-        ),
-        # a UI exception beside a config rule in the other list: only the exception goes
         (rules("allow_all", ["x"]), rules("allow_all", ["x"], ["x"]), "x", ["x"], [], True),
+        # a cell decided by an exact config deny: outvoted by the override, and back on the second click
+        (rules("allow_all", [], ["x"]), None, "x", ["x"], [], True),
+        (rules("allow_all", [], ["x"]), rules("allow_all", ["x"], []), "x", [], ["x"], False),
+        (
+            rules("allow_all", [], ["y", "x", "z"]),
+            rules("allow_all", ["x:latest"], ["y", "z"]),
+            "x",
+            [],
+            ["y", "x", "z"],
+            False,
+        ),
+        # a baseline that both allows and denies exactly: one click allows, the next brings both back
+        (rules("allow_all", ["x"], ["x"]), None, "x", ["x"], [], True),
+        (rules("allow_all", ["x"], ["x"]), rules("allow_all", ["x"], []), "x", ["x"], ["x"], False),
         # a prefix-decided cell: an exception is added, and removed again
         (SEED, None, "gemma4:2b", ["gemma4:latest", "gemma4:2b"], ["gemma4:*"], True),
         (
@@ -140,6 +155,10 @@ def test_toggle_twice_restores() -> None:
         (rules("allow_all"), rules("whitelist"), "x", ["x"], [], True),
         # a config prefix rule the override also has is never touched
         (rules("whitelist", ["q:*"]), rules("whitelist", ["q:*"], ["q:1"]), "q:1", ["q:*"], [], True),
+        # an override that dropped the config's exact rule (a PUT): removing the exception brings it back
+        (rules("allow_all", [], ["x"]), rules("whitelist", ["x"]), "x", [], ["x"], False),
+        # ... unless that would not flip the cell: then the opposite exact rule replaces them all
+        (rules("allow_all", [], ["x"]), rules("allow_all", ["x"], ["x", "y"]), "x", ["x"], ["y"], True),
     ],
 )
 def test_toggle_knows_the_baseline(
@@ -150,45 +169,60 @@ def test_toggle_knows_the_baseline(
     after_denied: list[str],
     verdict: bool,
 ) -> None:
-    after = toggle_rule(override or baseline, model, baseline=baseline)
+    source = override or baseline
+    after = toggle_rule(source, model, baseline=baseline)
     assert [p.text for p in after.allowed] == after_allowed
     assert [p.text for p in after.denied] == after_denied
-    assert resolve_placement(after, model).allowed is verdict
-    source = override or baseline  # a config rule present before the click is still there after it
-    assert all(p in after.allowed for p in baseline.allowed if p in source.allowed)
-    assert all(p in after.denied for p in baseline.denied if p in source.denied)
+    assert resolve_placement(after, model).allowed is verdict is not resolve_placement(source, model).allowed
+    # prefix rules and the mode are never touched
+    assert [p for p in after.allowed if not p.exact] == [p for p in source.allowed if not p.exact]
+    assert [p for p in after.denied if not p.exact] == [p for p in source.denied if not p.exact]
+    assert after.mode is source.mode
 
 
 @pytest.mark.parametrize("model", ["x", "x:latest"])
-def test_toggle_never_removes_an_exact_config_deny(model: str) -> None:
+def test_a_click_outvotes_an_exact_config_deny_and_the_next_restores_it(model: str) -> None:
     baseline = rules("allow_all", [], ["x"])
-    with pytest.raises(ConfigRuleError, match='exact config rule "x"'):
-        toggle_rule(baseline, model, baseline=baseline)
-    # without a baseline (old callers, or rules that are all UI) the exact deny is an exception
+    once = toggle_rule(baseline, model, baseline=baseline)
+    assert decide(once, model, baseline) == decide(once, "x:latest", baseline)
+    first = decide(once, model, baseline)
+    assert (first.allowed, first.exact, first.origin) == (True, True, RuleOrigin.UI)
+    twice = toggle_rule(once, model, baseline=baseline)
+    assert twice == baseline
+    second = decide(twice, model, baseline)
+    assert (second.allowed, second.rule, second.origin) == (False, "x", RuleOrigin.CONFIG)
+    # without a baseline (every exact rule an exception) the exact deny is removed
     assert toggle_rule(baseline, model).denied == ()
 
 
 def test_toggle_twice_with_baseline_restores() -> None:
-    for model in ("gemma4:latest", "gemma4:2b", "qwen3:8b", "gemma4"):
-        once = toggle_rule(SEED, model, baseline=SEED)
-        assert toggle_rule(once, model, baseline=SEED) == SEED, model
+    baselines = [SEED, rules("whitelist", ["a", "b:*"], ["b:1", "c"]), rules("allow_all", ["x"], ["x", "y*"])]
+    for baseline in baselines:
+        for model in ("gemma4:latest", "gemma4:2b", "qwen3:8b", "gemma4", "a", "b:1", "b:2", "c", "x", "y1"):
+            once = toggle_rule(baseline, model, baseline=baseline)
+            assert resolve_placement(once, model).allowed is not resolve_placement(baseline, model).allowed
+            assert toggle_rule(once, model, baseline=baseline) == baseline, (baseline, model)
 
 
 @pytest.mark.parametrize(
-    ("baseline", "pattern", "denied", "origin"),
+    ("rules_", "baseline", "pattern", "denied", "origin"),
     [
-        (None, "x", False, RuleOrigin.CONFIG),
-        (SEED, "gemma4:latest", False, RuleOrigin.CONFIG),
-        (SEED, "gemma4", False, RuleOrigin.CONFIG),  # another spelling of the config rule
-        (SEED, "gemma4:latest", True, RuleOrigin.UI),  # same pattern, other list
-        (SEED, "gemma4:*", True, RuleOrigin.CONFIG),
-        (SEED, "gemma4:*", False, RuleOrigin.UI),
-        (SEED, "gemma4*", True, RuleOrigin.UI),  # a different prefix
-        (SEED, "qwen3:8b", False, RuleOrigin.UI),
+        (SEED, None, "x", False, RuleOrigin.CONFIG),
+        (SEED, SEED, "gemma4:latest", False, RuleOrigin.CONFIG),
+        (rules("allow_all", ["gemma4"]), SEED, "gemma4", False, RuleOrigin.CONFIG),  # another spelling
+        (rules("allow_all", [], ["gemma4:latest"]), SEED, "gemma4:latest", True, RuleOrigin.UI),  # other list
+        (rules("allow_all", ["gemma4"], ["gemma4"]), SEED, "gemma4", False, RuleOrigin.UI),  # one beside it
+        (rules("allow_all", ["x"]), rules("allow_all", ["x"], ["x"]), "x", False, RuleOrigin.UI),  # one gone
+        (SEED, SEED, "gemma4:*", True, RuleOrigin.CONFIG),
+        (rules("allow_all", ["gemma4:*"]), SEED, "gemma4:*", False, RuleOrigin.UI),
+        (rules("allow_all", [], ["gemma4*"]), SEED, "gemma4*", True, RuleOrigin.UI),  # a different prefix
+        (rules("allow_all", ["qwen3:8b"]), SEED, "qwen3:8b", False, RuleOrigin.UI),
     ],
 )
-def test_rule_origin(baseline: PlacementRules | None, pattern: str, denied: bool, origin: RuleOrigin) -> None:
-    assert rule_origin(baseline, parse_pattern(pattern), denied=denied) is origin
+def test_rule_origin(
+    rules_: PlacementRules, baseline: PlacementRules | None, pattern: str, denied: bool, origin: RuleOrigin
+) -> None:
+    assert rule_origin(rules_, baseline, parse_pattern(pattern), denied=denied) is origin
 
 
 def test_exact_rules_and_mode_origin() -> None:
@@ -200,6 +234,25 @@ def test_exact_rules_and_mode_origin() -> None:
     ]
     assert mode_origin(override, SEED) is RuleOrigin.UI and mode_origin(SEED, SEED) is RuleOrigin.CONFIG
     assert mode_origin(override, None) is RuleOrigin.CONFIG
+
+
+@pytest.mark.parametrize(
+    ("rules_", "model", "expected"),
+    [
+        (SEED, "gemma4:latest", (True, "gemma4:latest", True, RuleOrigin.CONFIG)),
+        (SEED, "gemma4:2b", (False, "gemma4:*", False, RuleOrigin.CONFIG)),
+        (SEED, "qwen3:8b", (True, "mode", False, RuleOrigin.CONFIG)),
+        (rules("whitelist", [], ["gemma4:*"]), "qwen3:8b", (False, "mode", False, RuleOrigin.UI)),
+        (rules("allow_all", [], ["gemma4:*", "gemma4"]), "gemma4", (False, "gemma4", True, RuleOrigin.UI)),
+    ],
+)
+def test_decide_is_the_verdict_with_its_origin(
+    rules_: PlacementRules, model: str, expected: tuple[bool, str, bool, RuleOrigin]
+) -> None:
+    decision = decide(rules_, model, SEED)
+    verdict = resolve_placement(rules_, model)
+    assert (decision.allowed, decision.rule, decision.exact) == (verdict.allowed, verdict.rule, verdict.exact)
+    assert (decision.allowed, decision.rule, decision.exact, decision.origin) == expected
 
 
 def test_toggle_rejects_pattern() -> None:

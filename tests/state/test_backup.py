@@ -55,7 +55,7 @@ def snapshot(*roots: Path) -> dict[str, str]:
     for root in roots:
         paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
         for p in paths:
-            if p.name.endswith(("-wal", "-shm")) or p.name == "gateway.lock":
+            if p.name.endswith(("-wal", "-shm")) or p.name in ("gateway.lock", "model-placement.json.lock"):
                 continue
             out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out

@@ -80,19 +80,33 @@ async def test_toggle_a_cell_twice_and_it_survives_reload(page, gateway, emulato
     assert [(e.action, e.actor) for e in toggles] == [("placement.toggle", "admin-ui")] * 2  # not a script's
 
 
-async def test_a_config_rule_is_never_removed_by_a_click(page, gateway, emulator) -> None:
+async def test_a_click_outvotes_an_exact_config_rule_and_the_next_restores_it(page, gateway, emulator) -> None:
     w1 = await emulator("w1", models=["llama3.2:latest", "qwen3:8b"])
     gw = await gateway([worker("w1", w1.url, model_placement={"mode": "allow_all", "denied_models": ["qwen3:8b"]})])
     await sign_in(page, gw)
     await page.goto(f"{gw.url}/admin/placement")
     target = await cell_at(page, "qwen3:8b", "w1")
     assert await target.inner_text() == "↳⛔"
-    assert "exact rule “qwen3:8b” (from the config file)" in await explanation(target)
+    said = await explanation(target)
+    assert "exact rule “qwen3:8b” (from the config file)" in said and "Click to allow it here" in said
+    assert "outrank the config file" in said
+
     detail = await toggled(page, target)
-    assert "error" in detail
-    await page.wait_for_selector("#toast.show.error")
+    assert detail == {"worker": "w1", "model": "qwen3:8b"}
+    assert await target.inner_text() == "↳✓"
+    said = await explanation(target)
+    assert "exact rule “qwen3:8b” (UI exception)" in said and "Click to remove this exception" in said
+    rules, source = gw.app[FLEET].rules("w1")
+    assert source == "override" and resolve_placement(rules, "qwen3:8b").allowed  # what the router uses
+    assert "UI rules" in await page.inner_text('#matrix thead th[data-worker="w1"]')
+
+    await toggled(page, target)
     assert await target.inner_text() == "↳⛔"
-    assert gw.app[FLEET].rules("w1")[1] == "config"
+    assert "(from the config file)" in await explanation(target)
+    rules, _ = gw.app[FLEET].rules("w1")
+    assert rules == gw.app[FLEET].workers["w1"].baseline  # the config's own rule, in force again
+    await page.reload()
+    assert await (await cell_at(page, "qwen3:8b", "w1")).inner_text() == "↳⛔"
 
 
 async def test_matrix_keyboard_navigation(page, gateway, emulator) -> None:

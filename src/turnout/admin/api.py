@@ -8,12 +8,20 @@ baseline); every placement write takes ``If-Match`` with that tag and is refused
 client changed the worker in between (:mod:`turnout.admin.concurrency`). The matrix's own ``ETag`` header
 validates the whole answer (``If-None-Match`` -> 304); writes compare against the worker's tag only, so two
 tabs editing different workers never conflict.
+
+Every placement write is decided and written inside one transaction of the override file
+(:meth:`~turnout.state.placement_store.PlacementStore.transaction`: its lock held, the file re-read), so the
+ETag check and the change start from the last write of any process on the data dir, and no write of another
+process is lost. Each cell of the matrix is :func:`turnout.core.placement.decide`: the router's
+``resolve_placement`` and the origin of the deciding rule.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -23,15 +31,7 @@ from turnout.admin.accounts import audit_change
 from turnout.admin.concurrency import check_if_match, etag_of, if_match
 from turnout.admin.inputs import OnlyInstalled, PlacementToggle, check_model_names, parse_input
 from turnout.core.names import lookup, model_name_problem
-from turnout.core.placement import (
-    ConfigRuleError,
-    PlacementRules,
-    exact_rules,
-    mode_origin,
-    resolve_placement,
-    rule_origin,
-    toggle_rule,
-)
+from turnout.core.placement import PlacementRules, decide, exact_rules, mode_origin, toggle_rule
 from turnout.core.routing import installed_name
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError, Unprocessable
 from turnout.fleet.state import Fleet, WorkerState
@@ -39,7 +39,14 @@ from turnout.gateway.dialect import json_response
 from turnout.gateway.keys import DISPATCHER, FLEET, PROXY
 from turnout.state.placement_store import PlacementFileError, parse_rules_body
 
-__all__ = ["MAX_RULES", "add_admin_routes", "placement_etag", "placement_matrix", "worker_placement"]
+__all__ = [
+    "MAX_RULES",
+    "add_admin_routes",
+    "placement_cell",
+    "placement_etag",
+    "placement_matrix",
+    "worker_placement",
+]
 
 MAX_RULES = 1000  # patterns per list in one worker's placement override
 
@@ -72,15 +79,6 @@ def placement_etag(fleet: Fleet, name: str) -> str:
     )
 
 
-def _origins(rules: PlacementRules, baseline: PlacementRules | None) -> dict[tuple[bool, str], str]:
-    """(denied?, rule text) -> origin, for every rule of a worker (the matrix looks each cell's rule up)."""
-    table: dict[tuple[bool, str], str] = {}
-    for denied, patterns in ((False, rules.allowed), (True, rules.denied)):
-        for p in patterns:
-            table.setdefault((denied, p.text), rule_origin(baseline, p, denied=denied).value)
-    return table
-
-
 def worker_placement(fleet: Fleet, state: WorkerState) -> dict[str, Any]:
     """One worker's placement: effective rules and their source, baseline, override, exact rules with
     their origin, inventory status and the ETag writes must match."""
@@ -102,6 +100,26 @@ def worker_placement(fleet: Fleet, state: WorkerState) -> dict[str, Any]:
     }
 
 
+def placement_cell(fleet: Fleet, state: WorkerState, model: str) -> dict[str, Any]:
+    """One cell of the matrix: ``model`` on worker ``state``, decided by the router's rule (core ``decide``)."""
+    rules, source = fleet.rules(state.name)
+    return _cell(state, rules, source, model)
+
+
+def _cell(state: WorkerState, rules: PlacementRules, source: str, model: str) -> dict[str, Any]:
+    decision = decide(rules, model, state.baseline)
+    inventory = state.inventory
+    return {
+        "installed": None if inventory is None else installed_name(model, inventory) is not None,
+        "loaded": model in state.loaded,
+        "allowed": decision.allowed,
+        "rule": decision.rule,
+        "source": source,
+        "exact": decision.exact,
+        "origin": decision.origin.value,
+    }
+
+
 def placement_matrix(fleet: Fleet) -> dict[str, Any]:
     fleet.placement.refresh()
     models: set[str] = set()
@@ -110,29 +128,14 @@ def placement_matrix(fleet: Fleet) -> dict[str, Any]:
     for state in fleet.workers.values():  # a rule's model gets a row unless a row spells it another way
         models |= {n for n in fleet.rules(state.name)[0].exact_names() if lookup(n, models) is None}
     workers = []
+    ordered = sorted(models)
     for state in fleet.workers.values():
         row = worker_placement(fleet, state)
         rules, source = fleet.rules(state.name)
-        baseline = state.baseline if source == "override" else None
-        origins = _origins(rules, baseline)
-        by_mode = row["mode_origin"]
-        cells = {}
-        for model in sorted(models):
-            held = installed_name(model, state.inventory)
-            verdict = resolve_placement(rules, model)
-            cells[model] = {
-                "installed": None if state.inventory is None else held is not None,
-                "loaded": model in state.loaded,
-                "allowed": verdict.allowed,
-                "rule": verdict.rule,
-                "source": source,
-                "exact": verdict.exact,
-                "origin": by_mode if verdict.rule == "mode" else origins[(not verdict.allowed, verdict.rule)],
-            }
-        row["cells"] = cells
+        row["cells"] = {model: _cell(state, rules, source, model) for model in ordered}
         workers.append(row)
     return {
-        "models": sorted(models),
+        "models": ordered,
         "workers": workers,
         "override_file": {"path": str(fleet.placement.path), "error": fleet.placement.error},
     }
@@ -164,22 +167,36 @@ async def get_worker_placement(request: web.Request) -> web.Response:
     return _with_etag(row, row["etag"])
 
 
-def _precondition(request: web.Request, fleet: Fleet, state: WorkerState) -> None:
-    """Refuse (412) a write whose If-Match is not this worker's current placement ETag. Called with no
-    await between it and the write, after picking up a hand edit of the override file."""
-    fleet.placement.refresh()
-    check_if_match(request.headers, placement_etag(fleet, state.name), f'the placement of worker "{state.name}"')
+@contextmanager
+def _transaction(fleet: Fleet, request: web.Request, state: WorkerState) -> Iterator[None]:
+    """The override file's transaction (lock held, file re-read) with the worker's If-Match checked in it:
+    412 when another client changed the worker since the tag was read, 409 when the file is broken."""
+    try:
+        with fleet.placement.transaction():
+            check_if_match(
+                request.headers, placement_etag(fleet, state.name), f'the placement of worker "{state.name}"'
+            )
+            yield
+    except PlacementFileError as exc:
+        raise Conflict(str(exc), code="placement_file_broken") from None
+    except OSError as exc:
+        raise TurnoutError(f"cannot write {fleet.placement.path}: {exc.strerror}") from None
+
+
+Change = Callable[[PlacementRules], PlacementRules]  # the worker's effective rules -> its new override
 
 
 async def _write(
-    request: web.Request, state: WorkerState, action: str, rules: PlacementRules, detail: str | None = None
+    request: web.Request, state: WorkerState, action: str, change: Change, detail: str | None = None
 ) -> tuple[PlacementRules, str]:
-    """Check If-Match, store ``rules`` as the worker's override, wake waiting requests, audit."""
+    """In one transaction: check If-Match, decide the new override from the current rules, store it; then wake
+    waiting requests and audit. No await until the file is written."""
     fleet = request.app[FLEET]
-    _precondition(request, fleet, state)
-    before = fleet.rules(state.name)
-    _store(fleet, lambda: fleet.placement.put(state.name, rules))
-    etag = placement_etag(fleet, state.name)  # before any await: the tag of this write, not of a later one
+    with _transaction(fleet, request, state):
+        before = fleet.rules(state.name)
+        rules = change(before[0])
+        fleet.placement.put(state.name, rules)
+        etag = placement_etag(fleet, state.name)  # the tag of this write, not of a later one
     request.app[DISPATCHER].wake_all()
     await _audit_rules(request, action, state.name, before, detail=detail, after=(rules, "override"))
     return rules, etag
@@ -196,38 +213,35 @@ async def put_placement(request: web.Request) -> web.Response:
         rules = parse_rules_body(body)
     except ValueError as exc:
         raise Unprocessable(f"invalid placement rules for {state.name}: {exc}", code="invalid_rules") from None
-    _, etag = await _write(request, state, "placement.put", rules)
+    _, etag = await _write(request, state, "placement.put", lambda _: rules)
     return _with_etag({"worker": state.name, "source": "override", "rules": rules.to_json(), "etag": etag}, etag)
 
 
 async def toggle_placement(request: web.Request) -> web.Response:
+    """One click on a cell: the exact rule for the opposite verdict, or a UI exception removed (core
+    ``toggle_rule``); decided from the rules as they are in the file now, inside the write's transaction."""
     fleet = request.app[FLEET]
     state = _worker(fleet, request)
     body = await _body(request)
     if not isinstance(body, dict):
         raise BadRequest('body must be {"model": "<exact model name>"}')
     model = parse_input(PlacementToggle, body).model
-    _precondition(request, fleet, state)
-    current, source = fleet.rules(state.name)
-    try:
-        updated = toggle_rule(current, model, baseline=state.baseline if source == "override" else current)
-    except ConfigRuleError as exc:
-        raise Conflict(f'worker "{state.name}": {exc}', code="config_rule") from None
-    _, etag = await _write(request, state, "placement.toggle", updated, detail=model)
-    verdict = resolve_placement(updated, model)
-    origin = (
-        mode_origin(updated, state.baseline)
-        if verdict.rule == "mode"
-        else _origins(updated, state.baseline)[(not verdict.allowed, verdict.rule)]
+    updated, etag = await _write(
+        request,
+        state,
+        "placement.toggle",
+        lambda current: toggle_rule(current, model, baseline=state.baseline),
+        detail=model,
     )
+    decision = decide(updated, model, state.baseline)
     return _with_etag(
         {
             "worker": state.name,
             "model": model,
-            "allowed": verdict.allowed,
-            "rule": verdict.rule,
-            "exact": verdict.exact,
-            "origin": origin,
+            "allowed": decision.allowed,
+            "rule": decision.rule,
+            "exact": decision.exact,
+            "origin": decision.origin.value,
             "rules": updated.to_json(),
             "exact_rules": exact_rules(updated, state.baseline),
             "etag": etag,
@@ -263,7 +277,7 @@ async def only_installed(request: web.Request) -> web.Response:
     if len(names) > MAX_RULES:
         raise Conflict(f'worker "{state.name}" lists {len(names)} models, more than {MAX_RULES} rules', code="too_many")
     rules = PlacementRules.parse("whitelist", names, [])
-    _, etag = await _write(request, state, "placement.only_installed", rules)
+    _, etag = await _write(request, state, "placement.only_installed", lambda _: rules)
     return _with_etag(
         {
             "worker": state.name,
@@ -280,11 +294,11 @@ async def only_installed(request: web.Request) -> web.Response:
 async def delete_placement(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     state = _worker(fleet, request)
-    _precondition(request, fleet, state)
-    before = fleet.rules(state.name)
-    removed = _store(fleet, lambda: fleet.placement.delete(state.name))
-    rules, source = fleet.rules(state.name)
-    etag = placement_etag(fleet, state.name)  # before any await: the tag of this write
+    with _transaction(fleet, request, state):
+        before = fleet.rules(state.name)
+        removed = fleet.placement.delete(state.name)
+        rules, source = fleet.rules(state.name)
+        etag = placement_etag(fleet, state.name)  # before any await: the tag of this write
     request.app[DISPATCHER].wake_all()
     if removed:
         await _audit_rules(request, "placement.delete", state.name, before, after=(rules, source))
@@ -310,15 +324,6 @@ async def _audit_rules(
         before={"source": before[1], "rules": before[0].to_json()},
         after={"source": after[1], "rules": after[0].to_json()},
     )
-
-
-def _store(fleet: Fleet, action: Any) -> Any:
-    try:
-        return action()
-    except PlacementFileError as exc:
-        raise Conflict(str(exc), code="placement_file_broken") from None
-    except OSError as exc:
-        raise TurnoutError(f"cannot write {fleet.placement.path}: {exc.strerror}") from None
 
 
 async def inventory(request: web.Request) -> web.Response:

@@ -10,10 +10,17 @@ At equal specificity a deny rule wins over an allow rule. Names compare canonica
 ``:latest``, :mod:`turnout.core.names`), so every spelling of one model gets one verdict: the placement
 matrix, the router, discovery lists and the toggle all call :func:`resolve_placement`.
 
-Origins: a worker's effective rules are its UI override (when one exists) or its config baseline. A rule of
-the override that the baseline also has (same list, same pattern in any spelling) comes from the config;
-any other rule is a UI exception (:func:`rule_origin`). The toggle (:func:`toggle_rule`) removes only UI
-exceptions, never a config rule, so a second click undoes the first and nothing else.
+Origins: a worker's effective rules are its UI override (when one exists) or its config baseline, and the
+override outranks the baseline whole. Each rule of an override has an origin, ``config`` or ``ui``
+(:func:`rule_origin`): a prefix rule is ``config`` when the baseline has it in the same list; the exact rules
+for one model are ``config`` when they are exactly the baseline's exact rules for that model (same lists, any
+spelling), else ``ui`` (an exception made through the admin API or UI). :func:`decide` gives a cell its
+verdict (from :func:`resolve_placement`) with the origin of the deciding rule.
+
+The toggle (:func:`toggle_rule`) always flips the cell. Over a UI exception it removes the exception and the
+baseline's exact rules for the model apply again; anywhere else it writes the exact rule for the opposite
+verdict into the override, in place of any exact rule the override holds for that model (a config rule,
+copied): so a click outvotes an exact config rule too, and the second click brings it back.
 """
 
 from __future__ import annotations
@@ -21,15 +28,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from turnout.core.patterns import Pattern, best_match, parse_pattern
 
 __all__ = [
-    "ConfigRuleError",
+    "Decision",
     "PlacementMode",
     "PlacementRules",
     "RuleOrigin",
     "Verdict",
+    "decide",
     "exact_rules",
     "mode_origin",
     "resolve_placement",
@@ -84,19 +93,30 @@ class RuleOrigin(StrEnum):
     UI = "ui"  # an exception added by the admin API / UI (only in the override)
 
 
-class ConfigRuleError(ValueError):
-    """The toggle cannot flip a verdict decided by an exact config deny (deny wins at equal specificity)."""
-
-
 def _key(pattern: Pattern) -> tuple[bool, str]:
     return pattern.exact, pattern.prefix
 
 
-def rule_origin(baseline: PlacementRules | None, pattern: Pattern, *, denied: bool) -> RuleOrigin:
-    """Where one rule of a worker's effective rules comes from. ``baseline`` None: the rules are the
-    baseline itself (no override), so every rule is a config rule."""
+def _exact_lists(rules: PlacementRules, name: str) -> tuple[bool, bool]:
+    """Whether ``rules`` allow and whether they deny the canonical ``name`` by an exact rule."""
+    return (
+        any(p.exact and p.prefix == name for p in rules.allowed),
+        any(p.exact and p.prefix == name for p in rules.denied),
+    )
+
+
+def rule_origin(
+    rules: PlacementRules, baseline: PlacementRules | None, pattern: Pattern, *, denied: bool
+) -> RuleOrigin:
+    """Where one rule of a worker's effective ``rules`` comes from. ``baseline`` None: the rules are the
+    baseline itself (no override), so every rule is a config rule. An exact rule is a config rule when the
+    exact rules for its model are the baseline's (so an exact rule that replaced the config's, or sits beside
+    it, is an exception); a prefix rule when the baseline has it in the same list."""
     if baseline is None:
         return RuleOrigin.CONFIG
+    if pattern.exact:
+        same = _exact_lists(rules, pattern.prefix) == _exact_lists(baseline, pattern.prefix)
+        return RuleOrigin.CONFIG if same else RuleOrigin.UI
     same_list = baseline.denied if denied else baseline.allowed
     return RuleOrigin.CONFIG if any(_key(p) == _key(pattern) for p in same_list) else RuleOrigin.UI
 
@@ -111,7 +131,7 @@ def exact_rules(rules: PlacementRules, baseline: PlacementRules | None) -> list[
     for denied, patterns in ((False, rules.allowed), (True, rules.denied)):
         for p in patterns:
             if p.exact:
-                origin = rule_origin(baseline, p, denied=denied)
+                origin = rule_origin(rules, baseline, p, denied=denied)
                 out.append({"model": p.text, "list": "denied" if denied else "allowed", "origin": origin.value})
     return out
 
@@ -123,6 +143,16 @@ class Verdict:
     allowed: bool
     rule: str
     exact: bool
+
+
+class Decision(NamedTuple):
+    """A verdict with the origin of the rule (or mode) that decided it: what the matrix shows in a cell (a
+    named tuple: the matrix makes one per cell, and a frozen dataclass costs several times as much to make)."""
+
+    allowed: bool
+    rule: str
+    exact: bool
+    origin: RuleOrigin
 
 
 _BY_MODE = {mode: Verdict(allowed=mode is PlacementMode.ALLOW_ALL, rule="mode", exact=False) for mode in PlacementMode}
@@ -140,38 +170,62 @@ def resolve_placement(rules: PlacementRules, model: str) -> Verdict:
     return Verdict(allowed=rules.mode is PlacementMode.ALLOW_ALL, rule="mode", exact=False)
 
 
-def toggle_rule(rules: PlacementRules, model: str, *, baseline: PlacementRules | None = None) -> PlacementRules:
-    """The UI toggle: drop the UI exceptions (exact rules) for ``model`` if there are any, else add an exact
-    rule that flips the verdict.
+def decide(rules: PlacementRules, model: str, baseline: PlacementRules | None) -> Decision:
+    """:func:`resolve_placement` for ``model`` (the router's verdict) and where its deciding rule comes from;
+    ``baseline`` as for :func:`rule_origin`."""
+    verdict = resolve_placement(rules, model)
+    if verdict.rule == "mode":
+        return _MODE_DECISIONS[verdict.allowed, mode_origin(rules, baseline)]
+    origin = rule_origin(rules, baseline, parse_pattern(verdict.rule), denied=not verdict.allowed)
+    return Decision(verdict.allowed, verdict.rule, verdict.exact, origin)
 
-    ``rules`` are the worker's effective rules; ``baseline`` is its config baseline when ``rules`` are an
-    override (None: ``rules`` are the baseline, or no baseline is known and every exact rule counts as an
-    exception). A rule the baseline has (:func:`rule_origin` says ``config``) is never removed: a click on
-    a cell decided by an exact config rule adds an exception instead. An exact config deny cannot be
-    outvoted (deny wins at equal specificity): :class:`ConfigRuleError` says to edit the ruleset instead."""
+
+_MODE_DECISIONS = {
+    (allowed, origin): Decision(allowed, "mode", False, origin) for allowed in (False, True) for origin in RuleOrigin
+}
+
+
+def toggle_rule(rules: PlacementRules, model: str, *, baseline: PlacementRules | None = None) -> PlacementRules:
+    """The UI toggle: the rules after one click on ``model``'s cell, whose verdict is always the opposite.
+
+    ``rules`` are the worker's effective rules; ``baseline`` its config baseline (None: no baseline is known,
+    and every exact rule counts as an exception). Over a UI exception (the exact rules for ``model`` differ
+    from the baseline's) the click removes the exception and puts the baseline's exact rules for ``model``
+    back, where that flips the verdict. Otherwise (and where it would not) the exact rule for the opposite
+    verdict replaces whatever exact rules ``rules`` hold for ``model``: an exact config rule is outvoted by
+    the override, as any config rule is."""
     target = parse_pattern(model)
     if not target.exact:
         raise ValueError(f"toggle needs an exact model name, got pattern {model!r}")
-
-    def removable(p: Pattern, denied: bool) -> bool:
-        # an exact rule for the same model in another spelling ("gemma4" for "gemma4:latest") is the same rule
-        if not (p.exact and p.prefix == target.prefix):
-            return False
-        return baseline is None or rule_origin(baseline, p, denied=denied) is RuleOrigin.UI
-
-    allowed = tuple(p for p in rules.allowed if not removable(p, False))
-    denied = tuple(p for p in rules.denied if not removable(p, True))
-    if len(allowed) != len(rules.allowed) or len(denied) != len(rules.denied):
-        return PlacementRules(mode=rules.mode, allowed=allowed, denied=denied)
-    verdict = resolve_placement(rules, model)
-    if verdict.allowed:
+    name = target.prefix
+    theirs = (False, False) if baseline is None else _exact_lists(baseline, name)
+    allowed, denied = _without_exact(rules.allowed, name), _without_exact(rules.denied, name)
+    before = resolve_placement(rules, model)
+    if _exact_lists(rules, name) not in ((False, False), theirs):  # a UI exception: undo it
+        if baseline is not None:
+            allowed, denied = _restore(allowed, baseline.allowed, name), _restore(denied, baseline.denied, name)
+        undone = PlacementRules(mode=rules.mode, allowed=allowed, denied=denied)
+        if resolve_placement(undone, model).allowed is not before.allowed:
+            return undone
+        allowed, denied = _without_exact(allowed, name), _without_exact(denied, name)
+    if before.allowed:
         return PlacementRules(mode=rules.mode, allowed=allowed, denied=(*denied, target))
-    if verdict.exact:
-        raise ConfigRuleError(
-            f'"{model}" is denied by the exact config rule "{verdict.rule}"; a UI exception cannot allow it '
-            "(a deny wins at equal specificity): change the worker's ruleset instead"
-        )
     return PlacementRules(mode=rules.mode, allowed=(*allowed, target), denied=denied)
+
+
+def _without_exact(patterns: tuple[Pattern, ...], name: str) -> tuple[Pattern, ...]:
+    """``patterns`` without the exact rules for the canonical ``name`` (every spelling of the model)."""
+    return tuple(p for p in patterns if not (p.exact and p.prefix == name))
+
+
+def _restore(kept: tuple[Pattern, ...], baseline: tuple[Pattern, ...], name: str) -> tuple[Pattern, ...]:
+    """``kept`` with the baseline's exact rules for ``name`` back in their baseline places (where ``kept`` is
+    the baseline's list without them, the result is that list again)."""
+    out = list(kept)
+    for index, p in enumerate(baseline):
+        if p.exact and p.prefix == name:
+            out.insert(min(index, len(out)), p)
+    return tuple(out)
 
 
 def _dedupe(patterns: Iterable[Pattern]) -> tuple[Pattern, ...]:

@@ -77,7 +77,7 @@ __all__ = ["create_app", "fixed_routes", "request_handler"]
 
 log = logging.getLogger("turnout.gateway")
 
-PEERS: web.AppKey[Peers | None] = web.AppKey("peers")  # None but with `turnout serve --workers N`, N > 1
+PEERS: web.AppKey[Peers | None] = web.AppKey("peers")  # None only where the data dir has no change counter
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -243,9 +243,26 @@ def _limiter(settings: Settings, processes: int, limits: socket.socket | None) -
 async def _catch_up(app: web.Application) -> None:
     """Re-read what another process of this gateway changed through its admin API."""
     app[ACCOUNTANT].forget()
-    app[FLEET].placement.refresh()
+    app[FLEET].placement.refresh(force=True)
     await app[ENDPOINTS].sync()
     app[DISPATCHER].wake_all()
+
+
+def _peers(settings: Settings, processes: int, reload: Callable[[], Awaitable[None]]) -> Peers | None:
+    """The other gateway processes on this data dir (`serve --workers N`, or replicas sharing the dir): their
+    admin changes picked up at the start of the next request, ours announced. A single process on a data dir
+    it cannot write goes without (others there then see its changes at their next poll round)."""
+    try:
+        return Peers(ChangeCounter(settings.data_dir), reload)
+    except OSError as exc:
+        if processes > 1:
+            raise
+        log.warning(
+            "cannot share admin changes with other gateways on %s (%s): they see them at their next poll round",
+            settings.data_dir,
+            exc.strerror or exc,
+        )
+        return None
 
 
 def create_app(
@@ -307,7 +324,7 @@ def create_app(
     if claims is not None:
         claims.on_change = dispatcher.wake_all
         app[PROXY].claims = claims
-    app[PEERS] = Peers(ChangeCounter(settings.data_dir), lambda: _catch_up(app)) if processes > 1 else None
+    app[PEERS] = _peers(settings, processes, lambda: _catch_up(app))
     add_client_routes(app)
     add_admin_routes(app)
     add_account_routes(app)

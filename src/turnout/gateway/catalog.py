@@ -95,8 +95,12 @@ def _visible(fleet: Fleet, allowed: Visible, endpoint: str | None) -> list[_List
                 out[shared] = _Listed(name, shared, state, entry, openai)
     if endpoint is None:  # claimed models whose engine is asleep or waking stay listed
         for shared, entry in fleet.claim_listing.items():
-            if shared not in out and allowed(shared):
-                out[shared] = _Listed(shared, shared, None, entry, True)
+            if shared in out or not allowed(shared):
+                continue
+            bound = fleet.bindings.get(shared)  # its engine's column in the matrix: a block there hides it
+            if bound is not None and not resolve_placement(fleet.rules(bound.name)[0], shared).allowed:
+                continue
+            out[shared] = _Listed(shared, shared, None, entry, True)
     return sorted(out.values(), key=lambda m: m.name)
 
 

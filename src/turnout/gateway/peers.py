@@ -1,5 +1,5 @@
-"""The other processes of this gateway (`turnout serve --workers N`): their admin changes picked up, ours
-announced.
+"""The other gateway processes on this data dir (`turnout serve --workers N`, replicas sharing the dir): their
+admin changes picked up, ours announced.
 
 A process that changes placement, keys or endpoints through the admin API announces it on the shared
 :class:`~turnout.state.changes.ChangeCounter` before answering; every process checks the counter at the start

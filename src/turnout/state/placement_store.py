@@ -8,13 +8,22 @@ The file is loaded whole or not at all. If it is unreadable or invalid at start,
 :class:`PlacementFileError` (the gateway refuses to start and says which file and why). If it breaks
 while running (edited by hand), the last good overrides stay in force, the error is shown by the admin
 API, and writes are refused until the file is fixed or deleted, so a hand edit is never overwritten.
+
+Several processes write the file (the processes of `turnout serve --workers N`, replicas on one data dir,
+a restore): every write is a read-modify-write under an exclusive ``flock`` on ``<file>.lock`` beside it
+(:meth:`PlacementStore.transaction`), which re-reads the file first, so a write never puts back what
+another process's write replaced, and the file itself is replaced atomically (:mod:`turnout.state.atomic`).
+Other processes pick the change up at their next refresh (each admin request announces its change on the
+gateway's change counter, :mod:`turnout.state.changes`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +31,7 @@ from turnout.core.patterns import PatternError
 from turnout.core.placement import PlacementRules
 from turnout.state.atomic import write_atomic
 
-__all__ = ["FILE_VERSION", "PlacementFileError", "PlacementStore"]
+__all__ = ["FILE_VERSION", "PlacementFileError", "PlacementStore", "lock_path", "locked"]
 
 FILE_VERSION = 1
 _RULE_KEYS = {"mode", "allowed_models", "denied_models"}
@@ -30,6 +39,28 @@ _RULE_KEYS = {"mode", "allowed_models", "denied_models"}
 
 class PlacementFileError(Exception):
     """The override file cannot be used; the message names the file and the problem."""
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file every writer of the override file ``path`` holds while it reads, changes and replaces it."""
+    return path.with_name(path.name + ".lock")
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold the override file's lock (exclusive ``flock``, waits for the holder; dropped by the kernel however
+    the holder ends). Raises PlacementFileError when the lock file cannot be opened."""
+    lock = lock_path(path)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise PlacementFileError(f"{lock}: cannot open the lock file: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +78,7 @@ class PlacementStore:
         self._overrides: dict[str, PlacementRules] = {}
         self._stamp: _Stamp | None = None
         self.error: str | None = None
+        self._writing = False  # inside transaction(): the lock is held and the file was just re-read
 
     # -- reading ---------------------------------------------------------------------------------
     def load(self) -> None:
@@ -54,14 +86,17 @@ class PlacementStore:
         self._overrides, self._stamp = self._read()
         self.error = None
 
-    def refresh(self) -> None:
-        """Pick up a hand edit. A broken file keeps the last good overrides and records the error."""
+    def refresh(self, *, force: bool = False) -> None:
+        """Pick up a change made by hand or by another process. A broken file keeps the last good overrides
+        and records the error. Without ``force`` an unchanged stamp (mtime, size, inode) skips the read; a
+        writer, and a process told of a change, read anyway (a replaced file can have the stamp of one it
+        replaced: an inode is reused, and a write within one clock tick keeps the mtime)."""
         try:
             stamp = self._current_stamp()
         except OSError as exc:
             self.error = f"{self.path}: cannot stat: {exc.strerror}"
             return
-        if stamp == self._stamp:
+        if stamp == self._stamp and not force:
             return
         try:
             self._overrides, self._stamp = self._read()
@@ -76,19 +111,37 @@ class PlacementStore:
         return dict(self._overrides)
 
     # -- writing ---------------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Hold the file's lock, with the overrides re-read from the file as it is now: a change decided
+        inside (from :meth:`get`, by a caller that does not await) and written with :meth:`put` or
+        :meth:`delete` starts from every other process's last write. Raises PlacementFileError when the file
+        is broken (a hand edit is never overwritten). Re-entrant: an inner one joins the outer one."""
+        if self._writing:
+            yield
+            return
+        with locked(self.path):
+            self.refresh(force=True)
+            if self.error is not None:
+                raise PlacementFileError(f"refusing to overwrite a broken override file: {self.error}")
+            self._writing = True
+            try:
+                yield
+            finally:
+                self._writing = False
+
     def put(self, worker: str, rules: PlacementRules) -> None:
-        self._write({**self._overrides, worker: rules})
+        with self.transaction():
+            self._write({**self._overrides, worker: rules})
 
     def delete(self, worker: str) -> bool:
-        if worker not in self._overrides:
-            return False
-        self._write({k: v for k, v in self._overrides.items() if k != worker})
-        return True
+        with self.transaction():
+            if worker not in self._overrides:
+                return False
+            self._write({k: v for k, v in self._overrides.items() if k != worker})
+            return True
 
     def _write(self, overrides: dict[str, PlacementRules]) -> None:
-        self.refresh()
-        if self.error is not None:
-            raise PlacementFileError(f"refusing to overwrite a broken override file: {self.error}")
         document = {
             "version": FILE_VERSION,
             "workers": {name: rules.to_json() for name, rules in sorted(overrides.items())},
@@ -107,10 +160,12 @@ class PlacementStore:
 
     def _read(self) -> tuple[dict[str, PlacementRules], _Stamp | None]:
         try:
-            stamp = self._current_stamp()
-            if stamp is None:
-                return {}, None
-            raw = self.path.read_bytes()
+            with self.path.open("rb") as handle:  # the stamp of the very file read, even if it is replaced now
+                st = os.fstat(handle.fileno())
+                raw = handle.read()
+            stamp = _Stamp(st.st_mtime_ns, st.st_size, st.st_ino)
+        except FileNotFoundError:
+            return {}, None
         except OSError as exc:
             raise PlacementFileError(f"{self.path}: cannot read: {exc.strerror}") from None
         return parse_overrides(raw, self.path), stamp

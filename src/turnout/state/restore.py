@@ -43,7 +43,7 @@ from turnout.state.backup import (
     open_backup,
     read_optional,
 )
-from turnout.state.placement_store import PlacementFileError, parse_overrides
+from turnout.state.placement_store import PlacementFileError, locked, parse_overrides
 from turnout.state.running import gateway_running
 from turnout.state.store_export import (
     StoreExportError,
@@ -225,7 +225,8 @@ def restore_backup(
                 step.prepare()
             if paths.sqlite is not None:
                 staged_db = _stage_sqlite(archive, manifest, paths.sqlite)
-            _commit(steps, lambda: _commit_store(archive, manifest, paths, staged_db, result))
+            with _placement_locked(paths.placement):  # no placement write of a gateway interleaves, nor is undone
+                _commit(steps, lambda: _commit_store(archive, manifest, paths, staged_db, result))
         finally:
             for step in steps:
                 step.cleanup()
@@ -329,6 +330,17 @@ def _commit_store(
 
     result.rows = postgres_restore(paths.database_url, manifest.schema_revision, manifest.tables, member)
     result.restored.append("store (PostgreSQL)")
+
+
+@contextlib.contextmanager
+def _placement_locked(path: Path) -> Iterator[None]:
+    """The override file's lock (:func:`turnout.state.placement_store.locked`), as a BackupError if it cannot be
+    had."""
+    try:
+        with locked(path):
+            yield
+    except PlacementFileError as exc:
+        raise BackupError(f"not restored, nothing was changed: {exc}") from None
 
 
 def _commit(steps: list[_Step], store: Callable[[], None]) -> None:

@@ -1,8 +1,9 @@
 """The Model Placement page (matrix: one row per model, one column per worker) and the worker ruleset editor.
 
 Both render from the admin API's own functions (:func:`turnout.admin.api.placement_matrix`,
-:func:`~turnout.admin.api.worker_placement`), which resolve every cell with the router's
-:func:`turnout.core.placement.resolve_placement`. Every change is a call to the JSON API from
+:func:`~turnout.admin.api.placement_cell`, :func:`~turnout.admin.api.worker_placement`), which decide every
+cell with :func:`turnout.core.placement.decide` (the router's ``resolve_placement`` and the deciding rule's
+origin). Every change is a call to the JSON API from
 ``static/placement.js`` (toggle, PUT, only-installed, DELETE), with the worker's ETag in ``If-Match``, so a
 tab that is out of date is told (412) instead of overwriting. After a toggle the script fetches the one
 re-rendered cell from ``/admin/placement/cell`` (:func:`cell_state`, the matrix's cell for one model; a test
@@ -20,12 +21,10 @@ from typing import Any
 
 from aiohttp import web
 
-from turnout.admin.api import MAX_RULES, placement_matrix, worker_placement
+from turnout.admin.api import MAX_RULES, placement_cell, placement_matrix, worker_placement
 from turnout.admin.inputs import check_model_names
 from turnout.admin.ui.render import htmx, page, render, translator
 from turnout.core.patterns import parse_pattern
-from turnout.core.placement import mode_origin, resolve_placement, rule_origin
-from turnout.core.routing import installed_name
 from turnout.errors import NotFound, TurnoutError, Unprocessable
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.dialect import json_response
@@ -37,23 +36,8 @@ Translate = Callable[..., str]
 
 
 def cell_state(fleet: Fleet, state: WorkerState, model: str) -> dict[str, Any]:
-    """One cell of :func:`placement_matrix` (same fields, same core calls), without computing the rest."""
-    rules, source = fleet.rules(state.name)
-    baseline = state.baseline if source == "override" else None
-    verdict = resolve_placement(rules, model)
-    if verdict.rule == "mode":
-        origin = mode_origin(rules, baseline).value
-    else:
-        origin = rule_origin(baseline, parse_pattern(verdict.rule), denied=not verdict.allowed).value
-    return {
-        "installed": None if state.inventory is None else installed_name(model, state.inventory) is not None,
-        "loaded": model in state.loaded,
-        "allowed": verdict.allowed,
-        "rule": verdict.rule,
-        "source": source,
-        "exact": verdict.exact,
-        "origin": origin,
-    }
+    """One cell of :func:`placement_matrix` (the same function), without computing the rest."""
+    return placement_cell(fleet, state, model)
 
 
 def _explain(t: Translate, mode: str, cell: dict[str, Any], state: str) -> tuple[str, str]:
@@ -67,8 +51,8 @@ def _explain(t: Translate, mode: str, cell: dict[str, Any], state: str) -> tuple
         why = t("placement.why.prefix", rule=cell["rule"], origin=origin)
     if cell["exact"] and cell["origin"] == "ui":
         action = t("placement.action.remove")
-    elif cell["exact"]:
-        action = t("placement.action.config")
+    elif cell["exact"]:  # a click writes the opposite exact rule into the override, which outranks the config
+        action = t("placement.action.config_block" if cell["allowed"] else "placement.action.config_allow")
     else:
         action = t("placement.action.block" if cell["allowed"] else "placement.action.allow")
     held = ""
