@@ -124,8 +124,10 @@ def assert_dialect_error(path: str, status: int, ctype: str, body: bytes) -> Non
         assert isinstance(parsed.get("error"), dict) and isinstance(parsed["error"].get("message"), str), parsed
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def client_gateway() -> Iterator[Client]:
+    # One gateway per test: a model the first test's hostile bodies made fail five times in a row is out on its
+    # worker for health.model_retry_s (by design), which would otherwise answer the next test's requests with 503.
     with tempfile.TemporaryDirectory() as tmp, threaded_gateway(Path(tmp), start_workers()) as (_, client):
         yield client
 
