@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import run as bench
 
 AREAS = [
-    ("stream frame parsing (core/streams)", r"turnout/core/streams\.py"),
+    ("stream frame parsing (dialects/streams)", r"turnout/dialects/streams\.py"),
     (
         "routing (dispatch, views, route, placement)",
         r"turnout/(gateway/dispatch|core/(routing|placement|patterns|names))",

@@ -28,8 +28,8 @@ MODEL = "bench-model"
 def measure(workers: int, n: int) -> float:
     """Microseconds per acquire + release with ``workers`` workers (the best of five passes of ``n``)."""
     from turnout.config import Settings
-    from turnout.gateway.app import create_app
     from turnout.gateway.keys import DISPATCHER, FLEET
+    from turnout.wiring import create_app
 
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings.model_validate(

@@ -35,8 +35,8 @@ from tests.support.tiny_gguf import write_tiny_model  # noqa: E402
 
 from turnout.config import load_settings  # noqa: E402
 from turnout.controller.local import ClaimFiles, load_claim_documents  # noqa: E402
-from turnout.gateway.app import create_app  # noqa: E402
 from turnout.runtime.agent import SUPERVISOR, create_agent_app  # noqa: E402
+from turnout.wiring import create_app  # noqa: E402
 
 
 def free_port() -> int:

@@ -26,7 +26,7 @@ from tests.conftest import free_port, serve_app  # noqa: E402
 from tests.support.ollama_emulator import Behaviour, OllamaEmulator  # noqa: E402
 
 from turnout.config import load_settings  # noqa: E402
-from turnout.gateway.app import create_app  # noqa: E402
+from turnout.wiring import create_app  # noqa: E402
 
 TOKEN = "screenshot-admin-token"
 CHROMIUM = os.environ.get("TURNOUT_CHROMIUM", "/usr/bin/chromium")

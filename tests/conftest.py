@@ -24,8 +24,8 @@ from aiohttp import web
 from tests.support.ollama_emulator import Behaviour, OllamaEmulator
 from tests.support.tiny_gguf import write_tiny_model
 from turnout.config import Settings, load_settings
-from turnout.gateway.app import create_app
 from turnout.gateway.server import start_runner
+from turnout.wiring import create_app
 
 ADMIN_TOKEN = "test-admin-token"
 

@@ -48,7 +48,7 @@ def test_key_commands_act_through_the_running_gateway(tmp_path: Path) -> None:
         # talking to the gateway, `key list` leaves the database stack alone (issue 13: under 0.5 s)
         profiled = run(["key", "list", *c], tmp_path, PYTHONPROFILEIMPORTTIME="1")
         imported = {line.rsplit("|", 1)[1].strip() for line in profiled.stderr.splitlines() if "|" in line}
-        assert "turnout.cli_gateway" in imported and not imported & {"sqlalchemy", "alembic", "aiohttp"}
+        assert "turnout.cli.client" in imported and not imported & {"sqlalchemy", "alembic", "aiohttp"}
 
         # usage and audit are read through the gateway too (its usage includes what it has not written yet)
         listed = run(["audit", "--action", "key.revoke", *c], tmp_path)

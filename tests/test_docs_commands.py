@@ -63,7 +63,7 @@ SHELL = {"bash", "sh"}  # run in the document's shell
 RUN = {*SHELL, "console", "python"}
 DATA = {  # not commands: never run, no mark needed
     *("text", "json", "jsonc", "yaml", "ini", "toml", "http", "promql", "dockerfile"),
-    *("jinja", "js", "html", "css"),
+    *("jinja", "js", "html", "css", "mermaid"),
 }
 MAX_NOT_RUN = 12  # the <!-- not-run: reason --> marks in README.md and docs/ (each one reviewed: keep them few)
 SERVES = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\./scripts/serve|(?:\.venv/bin/)?turnout serve)\b")

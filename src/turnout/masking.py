@@ -6,7 +6,7 @@ basic credentials, credential-like headers and query parameters, and every value
 
 Some credentials have no shape to recognise: the admin token (any text ``TURNOUT_ADMIN_TOKEN`` holds), a
 worker's ``api_key``, an endpoint's credential. Their values are registered in :data:`SECRETS` where they
-enter the process (:func:`turnout.gateway.app.create_app`, :class:`turnout.store.secrets.SecretBox`,
+enter the process (:func:`turnout.wiring.create_app`, :class:`turnout.store.secrets.SecretBox`,
 :meth:`turnout.fleet.endpoints.EndpointManager.test_unsaved`), and :func:`redact` masks each of them wherever it
 appears, percent-encoded spellings included. It is a module registry, the one mutable global of the package,
 because logging itself is process-wide: every handler's filter, the access log and the audit log must see the

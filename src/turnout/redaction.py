@@ -9,7 +9,7 @@ header. :class:`RedactingFilter` is put on the CLI's log handlers so that every 
 has every credential masked.
 What is masked and how: :mod:`turnout.masking`.
 
-Used by :func:`turnout.gateway.app.create_app`, the runtime agent's app and the ``turnout serve|agent|controller``
+Used by :func:`turnout.wiring.create_app`, the runtime agent's app and the ``turnout serve|agent|controller``
 commands.
 """
 

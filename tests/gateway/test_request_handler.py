@@ -1,4 +1,4 @@
-"""The gateway's request handler (:func:`turnout.gateway.app.request_handler`): a request for a fixed path is
+"""The gateway's request handler (:func:`turnout.gateway.frame.request_handler`): a request for a fixed path is
 taken to its route without aiohttp's router, and is answered exactly as the router's way answers it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from tests.conftest import ADMIN_TOKEN, EmulatorFactory, Gateway, GatewayFactory, create_key, worker
-from turnout.gateway.app import fixed_routes
+from turnout.gateway.frame import fixed_routes
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
@@ -107,7 +107,7 @@ async def test_expect_continue_is_left_to_the_router(gw: Gateway) -> None:
 
 async def test_an_app_with_another_middleware_keeps_the_routers_way() -> None:
     """A middleware added to the app would be skipped by the fast way: then every request takes the router."""
-    from turnout.gateway.app import request_handler
+    from turnout.gateway.frame import request_handler
 
     app = web.Application()
     assert request_handler(app) == app._handle

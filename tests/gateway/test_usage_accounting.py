@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import text
 
 from tests.conftest import Clients, EmulatorFactory, Engine, Gateway, GatewayFactory, create_key, worker
+from turnout.dialects.base import Call, Endpoint
 from turnout.gateway.accounting import Outcome
-from turnout.gateway.calls import Call, Endpoint
-from turnout.gateway.dialect import Dialect
 from turnout.gateway.keys import ACCOUNTANT, DATABASE, USAGE
+from turnout.responses import Dialect
 from turnout.store.keys import KeyRecord
 
 CHAT = {"model": "qwen3:8b", "messages": [], "stream": False}

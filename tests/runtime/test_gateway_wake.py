@@ -19,7 +19,7 @@ from tests.support.claims import claim_yaml
 from turnout.controller.local import ClaimFiles, load_claim_documents
 from turnout.core.claims import ClaimPhase
 from turnout.fleet.claims import ClaimBindings
-from turnout.gateway.app import PROXY
+from turnout.gateway.keys import PROXY
 
 LABELS = {"pool": "cpu", "pool.aibrix.ai/enabled": "true"}
 WAKES = 'aibrix:modelclaim_lifecycle_operations_total{operation="wake",result="ok"} '

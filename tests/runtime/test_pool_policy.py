@@ -222,6 +222,6 @@ async def test_one_wake_across_gateway_replicas_with_redis(
 
 
 def _proxy_key() -> Any:
-    from turnout.gateway.app import PROXY
+    from turnout.gateway.keys import PROXY
 
     return PROXY

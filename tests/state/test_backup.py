@@ -17,7 +17,6 @@ import pytest
 from tests.conftest import ADMIN_TOKEN, EmulatorFactory, Gateway, GatewayFactory, serve_gateway, worker
 from turnout.config import load_settings
 from turnout.controller.local import ClaimFiles
-from turnout.gateway.app import create_app
 from turnout.state import restore as restore_module
 from turnout.state.backup import (
     BackupError,
@@ -32,6 +31,7 @@ from turnout.state.store_export import StoreExportError
 from turnout.store.audit import AuditLog
 from turnout.store.db import Database, database_url
 from turnout.store.keys import KeyStore
+from turnout.wiring import create_app
 
 PRIVATE_OK = {"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "true"}
 NOW = 1_800_000_000.0

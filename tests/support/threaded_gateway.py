@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from turnout.config import load_settings
-from turnout.gateway.app import create_app
 from turnout.gateway.server import start_runner
+from turnout.wiring import create_app
 
 __all__ = ["Client", "LoopThread", "Response", "Started", "threaded_gateway"]
 

@@ -12,15 +12,13 @@ locked). Usage reads filter by key, endpoint, worker, model and route and answer
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from typing import Any
 
-import orjson
 from aiohttp import web
 
-from turnout.admin.concurrency import PreconditionFailed, check_if_match, etag_of
+from turnout.admin.changes import audit_change, read_object, store_call
+from turnout.admin.concurrency import check_if_match, etag_of
 from turnout.admin.inputs import (
     AuditQuery,
     KeyChange,
@@ -30,52 +28,13 @@ from turnout.admin.inputs import (
     UsageQuery,
     parse_input,
 )
-from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError, Unprocessable
-from turnout.gateway.dialect import json_response
-from turnout.gateway.keys import ACCOUNTANT, AUDIT, AUDIT_ACTOR, KEYS, SETTINGS, USAGE
-from turnout.store.db import StoreError
-from turnout.store.endpoints import EndpointExists
-from turnout.store.keys import KeyRecord, KeyRevoked, StaleRecord, parse_scopes
+from turnout.errors import Unprocessable
+from turnout.gateway.keys import ACCOUNTANT, AUDIT, KEYS, SETTINGS, USAGE
+from turnout.responses import json_response
+from turnout.store.keys import KeyRecord, parse_scopes
 from turnout.store.usage import BUCKETS, MAX_POINTS, SERIES_COLUMNS, SUMMARY_COLUMNS, UsageFilter, to_csv
 
-__all__ = [
-    "AdminSignIns",
-    "add_account_routes",
-    "audit_change",
-    "json_response",
-    "key_etag",
-    "read_object",
-    "store_call",
-]
-
-ADMIN_ACTOR = "admin-api"
-
-
-async def read_object(request: web.Request) -> dict[str, Any]:
-    try:
-        body = orjson.loads(await request.read() or b"{}")
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    return body
-
-
-async def store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run a store call in a thread; unknown -> 404, a duplicate endpoint name or a change to a revoked key
-    -> 409, a row changed by another writer between check and write -> 412, other store refusals -> 400."""
-    try:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-    except KeyError as exc:
-        raise NotFound(str(exc.args[0]), code="unknown_key") from None
-    except EndpointExists as exc:
-        raise Conflict(str(exc), code="endpoint_exists") from None
-    except KeyRevoked as exc:
-        raise Conflict(str(exc), code="key_revoked") from None
-    except StaleRecord as exc:
-        raise PreconditionFailed(str(exc)) from None
-    except StoreError as exc:
-        raise BadRequest(str(exc)) from None
+__all__ = ["add_account_routes", "key_etag"]
 
 
 def key_etag(record: KeyRecord) -> str:
@@ -276,49 +235,6 @@ async def audit(request: web.Request) -> web.Response:
 async def audit_facets(request: web.Request) -> web.Response:
     """The actions and actors present in the log (for the audit page's filter menus)."""
     return json_response(await store_call(request.app[AUDIT].facets))
-
-
-class AdminSignIns:
-    """Audits admin access: the first success per client address, and failures at most once a minute per address."""
-
-    def __init__(self) -> None:
-        self._seen: set[str] = set()
-        self._failed: dict[str, float] = {}
-
-    async def note(self, request: web.Request, ok: bool) -> None:
-        who = request.remote or "unknown"
-        now = time.time()
-        if ok:
-            if who in self._seen:
-                return
-            self._seen.add(who)
-            action = "admin.signin"
-        else:
-            if now - self._failed.get(who, 0.0) < 60:
-                return
-            self._failed[who] = now
-            action = "admin.signin_failed"
-        with contextlib.suppress(TurnoutError):
-            await audit_change(request, action, f"admin:{who}")
-
-
-async def audit_change(
-    request: web.Request, action: str, target: str, *, before: Any = None, after: Any = None
-) -> None:
-    """Append one audit entry for an admin API change."""
-    try:
-        await asyncio.to_thread(
-            request.app[AUDIT].record,
-            actor=request.get(AUDIT_ACTOR, ADMIN_ACTOR),
-            action=action,
-            target=target,
-            before=before,
-            after=after,
-            now=time.time(),
-            detail=f"from {request.remote or 'unknown'}",
-        )
-    except StoreError as exc:
-        raise TurnoutError(f"the change was made but could not be audited: {exc}") from None
 
 
 def add_account_routes(app: web.Application) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from turnout.admin.accounts import audit_change
+from turnout.admin.changes import audit_change
 from turnout.admin.concurrency import check_if_match, etag_of, if_match
 from turnout.admin.inputs import OnlyInstalled, PlacementToggle, check_model_names, parse_input
 from turnout.core.names import lookup, model_name_problem
@@ -35,8 +35,8 @@ from turnout.core.placement import PlacementRules, decide, exact_rules, mode_ori
 from turnout.core.routing import installed_name
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError, Unprocessable
 from turnout.fleet.state import Fleet, WorkerState
-from turnout.gateway.dialect import json_response
 from turnout.gateway.keys import DISPATCHER, FLEET, PROXY
+from turnout.responses import json_response
 from turnout.state.placement_store import PlacementFileError, parse_rules_body
 
 __all__ = [

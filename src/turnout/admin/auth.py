@@ -11,8 +11,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from turnout.atomic import write_atomic
 from turnout.errors import Unauthorized
-from turnout.state.atomic import write_atomic
 
 __all__ = ["TOKEN_FILE", "AdminAuth", "ensure_admin_token"]
 

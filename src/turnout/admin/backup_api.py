@@ -27,10 +27,11 @@ from typing import IO, Any
 from aiohttp import BodyPartReader, web
 from pydantic import BaseModel, ConfigDict
 
-from turnout.admin.accounts import audit_change, json_response
+from turnout.admin.changes import audit_change
 from turnout.admin.inputs import parse_input
 from turnout.errors import BadRequest, Conflict, PayloadTooLarge, TurnoutError
 from turnout.gateway.keys import ACCOUNTANT, DATABASE, ENDPOINTS, FLEET, SETTINGS
+from turnout.responses import json_response
 from turnout.state.backup import (
     BackupError,
     BackupInvalid,

@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 from sqlalchemy import Connection
 
-from turnout.admin.accounts import audit_change, json_response, read_object, store_call
+from turnout.admin.changes import audit_change, read_object, store_call
 from turnout.admin.concurrency import check_if_match, etag_of
 from turnout.admin.inputs import EndpointChange, EndpointCreate, EndpointTest, parse_input
 from turnout.core.endpoint_rules import name_clash, url_note
@@ -24,6 +24,7 @@ from turnout.core.endpoint_urls import base_urls
 from turnout.errors import Conflict, NotFound, Unprocessable
 from turnout.fleet.endpoints import EndpointManager, url_private
 from turnout.gateway.keys import ACCOUNTANT, ENDPOINTS, KEYS, USAGE
+from turnout.responses import json_response
 from turnout.store.endpoints import EndpointRecord
 from turnout.store.keys import KeyRecord, KeyStore
 

@@ -41,6 +41,7 @@ from turnout.controller.agents import (
     pod_view,
     spec_digest,
 )
+from turnout.controller.claim_sources import ClaimView, WakeTarget, effective_phase, sleeping_engine
 from turnout.controller.metrics import ControllerMetrics
 from turnout.controller.policy import PolicyRunner, PoolTarget
 from turnout.controller.status import bound_pod, now_iso, phase_of, rejection, render_status
@@ -62,7 +63,6 @@ from turnout.core.reconcile import (
     rejected,
 )
 from turnout.core.selectors import InvalidSelector, LabelSelector, parse_label_selector
-from turnout.fleet.claim_sources import ClaimView, WakeTarget, effective_phase, sleeping_engine
 from turnout.upstream.client import UpstreamClient
 
 __all__ = [

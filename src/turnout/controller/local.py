@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import yaml
 
+from turnout.atomic import write_atomic
 from turnout.controller.agents import Activity, AgentClient, AgentReport, Refusal, engine_info, pod_view
 from turnout.controller.metrics import ControllerMetrics
 from turnout.controller.policy import PolicyRunner, PoolTarget
@@ -43,7 +44,6 @@ from turnout.core.reconcile import (
     plan,
     rejected,
 )
-from turnout.state.atomic import write_atomic
 from turnout.upstream.client import UpstreamClient
 
 __all__ = ["ClaimFiles", "LocalController", "Pool", "load_claim_documents"]

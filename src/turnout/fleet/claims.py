@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from turnout.config import Worker
+from turnout.controller.claim_sources import ClaimSource
 from turnout.core.claims import ClaimPhase
 from turnout.errors import TurnoutError, Unavailable
-from turnout.fleet.claim_sources import ClaimSource
 from turnout.fleet.state import Fleet
 
 __all__ = ["ClaimBindings"]

@@ -28,6 +28,7 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web import BaseRequest, StreamResponse
 
 from turnout.redaction import SECRETS, Redacted, redact, redact_target
+from turnout.responses import ERROR_CODE
 
 if TYPE_CHECKING:
     from turnout.store.keys import KeyRecord
@@ -39,8 +40,6 @@ __all__ = ["CALLER", "ERROR_CODE", "USAGE_ROW", "AccessLog"]
 CALLER: web.RequestKey[KeyRecord | None] = web.RequestKey("access_caller")
 # The usage row of a proxied request (api, model, worker, tokens), set when it is accounted.
 USAGE_ROW: web.RequestKey[UsageRow] = web.RequestKey("access_usage")
-# The ``code`` of an error answer, set by :func:`turnout.gateway.dialect.error_response`.
-ERROR_CODE: web.ResponseKey[str] = web.ResponseKey("access_error_code")
 
 # aiohttp answers a request it could not parse through a placeholder request built from this message.
 _PLACEHOLDER = getattr(web_protocol, "ERROR", None)

@@ -21,8 +21,8 @@ from aiohttp import web
 
 from turnout.config import Settings
 from turnout.core.limits import Decision, estimate_tokens
+from turnout.dialects.base import Call
 from turnout.errors import Forbidden, TurnoutError, Unauthorized
-from turnout.gateway.calls import Call
 from turnout.gateway.limiter import LocalLimiter, RedisLimiter, Subject, TokenLimiter
 from turnout.store.keys import KeyRecord, KeyStore
 from turnout.store.usage import Rollup, UsageRow, UsageStore, WriteResult

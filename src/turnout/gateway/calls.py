@@ -1,4 +1,5 @@
-"""Parsing a client request into a :class:`Call`: dialect, endpoint, model, stream flag, body.
+"""Reading a client request into a :class:`~turnout.dialects.base.Call`: dialect, endpoint, model, stream flag,
+body (the dialect's own rules, where the model is named and whether it streams by default, are its module's).
 
 Every malformed input becomes a 400/413 :class:`TurnoutError` here, before any routing happens: bodies
 that are not a JSON object, JSON nested deeper than :data:`MAX_JSON_DEPTH`, and model names that
@@ -7,48 +8,21 @@ that are not a JSON object, JSON nested deeper than :data:`MAX_JSON_DEPTH`, and 
 
 from __future__ import annotations
 
-from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 from aiohttp import web
 
 from turnout.core.endpoint_urls import api_path, shared_name
 from turnout.core.names import model_name_problem
+from turnout.dialects import api
+from turnout.dialects.base import Call, Dialect, Endpoint
 from turnout.errors import BadRequest, PayloadTooLarge
-from turnout.gateway.dialect import Dialect
 
 __all__ = ["MAX_JSON_DEPTH", "Call", "Endpoint", "json_depth_exceeds", "read_call"]
 
 MAX_JSON_DEPTH = 64  # objects/arrays nested deeper than this are refused (no client needs more)
 MAX_TOKENS_FIELD = 2**31 - 1  # the largest token count a client may ask for (reservations must stay finite)
-
-
-class Endpoint(StrEnum):
-    CHAT = "chat"  # /v1/chat/completions, /api/chat
-    COMPLETIONS = "completions"  # /v1/completions
-    EMBEDDINGS = "embeddings"  # /v1/embeddings
-    GENERATE = "generate"  # /api/generate
-    EMBED = "embed"  # /api/embed
-    EMBED_LEGACY = "embeddings_legacy"  # /api/embeddings
-    SHOW = "show"  # /api/show
-
-    @property
-    def streams(self) -> bool:
-        return self in (Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.GENERATE)
-
-
-class Call(NamedTuple):
-    """What a client request asks for (a named tuple: one is made per request)."""
-
-    dialect: Dialect
-    endpoint: Endpoint
-    path: str
-    body: bytes
-    payload: dict[str, Any]
-    model: str
-    stream: bool
-    fallback_from: str | None = None  # "<endpoint>/<model>" when this call is a fallback
 
 
 async def read_call(
@@ -79,10 +53,8 @@ async def read_call(
         raise BadRequest("request body must be a JSON object")
     if json_depth_exceeds(body, payload, MAX_JSON_DEPTH):
         raise BadRequest(f"request body is nested deeper than {MAX_JSON_DEPTH} levels", code="json_too_deep")
-    field = "model"
-    model = payload.get("model")
-    if endpoint is Endpoint.SHOW and model is None:
-        field, model = "name", payload.get("name")  # older Ollama clients send "name"
+    rules = api(dialect)
+    field, model = rules.model_field(endpoint, payload)
     if model is None or (isinstance(model, str) and not model.strip()):
         raise BadRequest('missing "model": name the model to use', code="missing_model")
     problem = model_name_problem(model, field)
@@ -90,7 +62,7 @@ async def read_call(
         raise BadRequest(problem, code="invalid_model")
     assert isinstance(model, str)
     _check_token_counts(payload)
-    stream_default = dialect is Dialect.OLLAMA and endpoint in (Endpoint.CHAT, Endpoint.GENERATE)
+    stream_default = rules.stream_default(endpoint)
     stream = payload.get("stream", stream_default)
     if stream is None:
         stream = stream_default

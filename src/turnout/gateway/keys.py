@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from turnout.admin.accounts import AdminSignIns
-    from turnout.admin.auth import AdminAuth
     from turnout.config import Settings
     from turnout.fleet.endpoints import EndpointManager
     from turnout.fleet.poller import Poller
     from turnout.fleet.state import Fleet
     from turnout.gateway.accounting import Accountant
     from turnout.gateway.dispatch import Dispatcher
+    from turnout.gateway.peers import Peers
     from turnout.gateway.proxy import Proxy
     from turnout.metrics import Metrics
     from turnout.store.audit import AuditLog
@@ -24,19 +24,18 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACCOUNTANT",
-    "ADMIN_AUTH",
+    "ADMIN_GATE",
     "AUDIT",
-    "AUDIT_ACTOR",
     "DATABASE",
     "DISPATCHER",
     "ENDPOINTS",
     "FLEET",
     "KEYS",
     "METRICS",
+    "PEERS",
     "POLLER",
     "PROXY",
     "SETTINGS",
-    "SIGNINS",
     "USAGE",
 ]
 
@@ -46,13 +45,14 @@ DISPATCHER: web.AppKey[Dispatcher] = web.AppKey("dispatcher")
 PROXY: web.AppKey[Proxy] = web.AppKey("proxy")
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
 POLLER: web.AppKey[Poller] = web.AppKey("poller")
-ADMIN_AUTH: web.AppKey[AdminAuth] = web.AppKey("admin_auth")
 ACCOUNTANT: web.AppKey[Accountant] = web.AppKey("accountant")
 DATABASE: web.AppKey[Database] = web.AppKey("database")
 KEYS: web.AppKey[KeyStore] = web.AppKey("keys")
 AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
 USAGE: web.AppKey[UsageStore] = web.AppKey("usage")
-SIGNINS: web.AppKey[AdminSignIns] = web.AppKey("signins")
 ENDPOINTS: web.AppKey[EndpointManager] = web.AppKey("endpoints")
-# Who an admin request's audit entries name: "admin-api" (Bearer token) unless set, "admin-ui" for a browser session.
-AUDIT_ACTOR: web.RequestKey[str] = web.RequestKey("audit_actor")
+# Other gateway processes on this data dir (None only where the data dir has no change counter).
+PEERS: web.AppKey[Peers | None] = web.AppKey("peers")
+# The admin package's gate for /admin/... (a Bearer token, or a browser session + CSRF), run by the request frame;
+# set by turnout.wiring.create_app, so that the gateway does not import the admin package it serves.
+ADMIN_GATE: web.AppKey[Callable[[web.Request], Awaitable[None]]] = web.AppKey("admin_gate")

@@ -5,7 +5,7 @@ A process that changes placement, keys or endpoints through the admin API announ
 :class:`~turnout.state.changes.ChangeCounter` before answering; every process checks the counter at the start
 of each request and, when it moved, re-reads what it keeps in memory once (concurrent requests wait for that
 one re-read) before going on. So a key revoked or an override written through one process is in force in all
-of them for the next request. Used by ``turnout.gateway.app``.
+of them for the next request. Used by ``turnout.wiring``.
 """
 
 from __future__ import annotations

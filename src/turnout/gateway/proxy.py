@@ -1,9 +1,11 @@
-"""Forwarding one call to a worker: pass-through when dialects match, translation when they differ.
+"""Forwarding one call to a worker: pass-through when the worker speaks the client's dialect, the dialect's
+translation when it does not (:meth:`turnout.dialects.base.ClientAPI.translation`; the proxy knows dialects only
+through :mod:`turnout.dialects.base`'s interface).
 
 * OpenAI client -> any worker: the same ``/v1`` path (Ollama serves ``/v1`` itself).
 * Ollama client -> Ollama worker: the same ``/api`` path.
 * Ollama client -> OpenAI-style worker: requests, responses and streams are translated
-  (:mod:`turnout.core.translate`).
+  (:class:`turnout.dialects.ollama.OllamaOnOpenAI`).
 
 Streams are written chunk by chunk as they arrive. If the worker fails after the stream started,
 the client gets a final error frame in its dialect. A worker that cannot be reached is marked down
@@ -22,20 +24,30 @@ import orjson
 from aiohttp import web
 
 from turnout.config import Settings
-from turnout.core import translate
 from turnout.core.health import failure_reason
 from turnout.core.routing import NoRoute
 from turnout.core.signals import tokens_per_second
-from turnout.core.streams import FrameError, StreamKind, StreamWatch, parse_object
+from turnout.dialects import api, worker_error_message
+from turnout.dialects.base import (
+    Call,
+    Counts,
+    Dialect,
+    Endpoint,
+    StreamTranslation,
+    Timing,
+    Translation,
+    TranslationError,
+    WorkerAPI,
+)
+from turnout.dialects.streams import FrameError, StreamWatch, parse_object
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
 from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.accounting import Outcome
-from turnout.gateway.calls import Call, Endpoint
 from turnout.gateway.catalog import iso_time, modified_at, unknown_details
-from turnout.gateway.dialect import Dialect, error_frame, error_response, json_response
 from turnout.gateway.dispatch import Dispatcher, Lease, no_route_error
 from turnout.metrics import Metrics
+from turnout.responses import error_frame, error_response, json_response
 from turnout.upstream.client import ConnectFailed, NoAnswer, UpstreamClient, UpstreamResponse
 
 __all__ = ["Proxy"]
@@ -144,8 +156,9 @@ class Proxy:
 
     async def _attempt(self, request: web.Request, call: Call, lease: Lease, outcome: Outcome) -> web.StreamResponse:
         worker = lease.worker
-        if call.dialect is Dialect.OLLAMA and self.fleet.is_openai(worker.name):
-            return await self._translated(request, call, lease, outcome)
+        translation = api(call.dialect).translation(WorkerAPI(worker.config.type.value), call.endpoint)
+        if translation is not None:
+            return await self._translated(request, call, lease, translation, outcome)
         body = call.body
         upstream = _upstream_name(worker, lease.model)
         if upstream != call.model:
@@ -168,7 +181,7 @@ class Proxy:
                 answer = self._answer(worker, model, data, loop.time())
                 self._learn(worker, call.model, answer, time.perf_counter() - started, outcome)
                 return _raw_json(data, up.status, call)
-            kind = StreamKind.NDJSON if call.dialect is Dialect.OLLAMA else StreamKind.SSE
+            kind = api(call.dialect).stream_kind
             watch = StreamWatch(kind)
             resp = web.StreamResponse(status=up.status, headers=_stream_headers(call))
             resp.content_type = up.content_type
@@ -275,9 +288,9 @@ class Proxy:
                 parsed: dict[str, Any] | None = parse_object(data)
             except FrameError:
                 parsed = None
-            if parsed is not None and _in_dialect(call.dialect, parsed):
+            if parsed is not None and api(call.dialect).error_in_dialect(parsed):
                 return _json(parsed, status, call)
-        message = translate.ollama_error_from_openai(data, status)["error"]
+        message = worker_error_message(data, status)
         err = UpstreamError(message if message.startswith("upstream") else f"worker answered HTTP {status}: {message}")
         err.status = status if 400 <= status < 500 or status == 503 else 502
         if status < 400:
@@ -290,7 +303,7 @@ class Proxy:
         """The worker refused the credential the gateway holds for it: the operator's problem. Its own answer
         (which may echo part of that credential, or read like the client's key is wrong) goes to the log only."""
         self.metrics.upstream_errors.labels(worker.name, "auth").inc()
-        detail = " ".join(translate.ollama_error_from_openai(data, status)["error"].split())[:200]
+        detail = " ".join(worker_error_message(data, status).split())[:200]
         worker.reject_credential(status, f"{call.path}: {detail}", now)
         err = UpstreamError(
             f'the {worker.kind} "{worker.name}" rejected its credential (HTTP {status}): the gateway\'s '
@@ -299,24 +312,18 @@ class Proxy:
         )
         return _tagged(error_response(call.dialect, err), call)
 
-    # -- Ollama client, OpenAI-style worker --------------------------------------------------------
-    async def _translated(self, request: web.Request, call: Call, lease: Lease, outcome: Outcome) -> web.StreamResponse:
-        p, model = call.payload, _upstream_name(lease.worker, lease.model)
-        generate = call.endpoint is Endpoint.GENERATE
+    # -- a client dialect the worker does not speak: its dialect's translation --------------------------
+    async def _translated(
+        self, request: web.Request, call: Call, lease: Lease, translation: Translation, outcome: Outcome
+    ) -> web.StreamResponse:
         try:
-            if call.endpoint is Endpoint.CHAT:
-                path, req = "/v1/chat/completions", translate.chat_to_openai(p, model, stream=call.stream)
-            elif generate:
-                path, req = translate.generate_to_openai(p, model, stream=call.stream)
-            else:
-                legacy = call.endpoint is Endpoint.EMBED_LEGACY
-                path, req = "/v1/embeddings", translate.embed_to_openai(p, model, legacy=legacy)
-        except translate.TranslationError as exc:
+            path, req = translation.request(call, _upstream_name(lease.worker, lease.model))
+        except TranslationError as exc:
             raise BadRequest(str(exc)) from None
         worker = lease.worker
         loop = asyncio.get_running_loop()
         started = time.perf_counter_ns()
-        alternate = translate.schema_as_json_object(req)
+        alternate = translation.alternate(req)
         if alternate is not None and worker.name in self._json_object_schema:
             req, alternate = alternate, None  # this worker takes llama-cpp-python's form
         async with self._post(worker, path, orjson.dumps(req)) as up:
@@ -327,42 +334,37 @@ class Proxy:
             if up.status >= 300 and not (alternate is not None and up.status in (400, 422, 500)):
                 return self._upstream_error(call, worker, lease.model, up.status, rejected, loop.time())
             if up.status < 300:
-                return await self._translated_answer(request, call, lease, up, started, generate, outcome)
+                return await self._translated_answer(request, call, lease, translation, up, started, outcome)
         assert alternate is not None  # the worker refused OpenAI's json_schema form: try the one it may take
         del rejected
         async with self._post(worker, path, orjson.dumps(alternate)) as up:
             if up.status >= 300:  # refused in both forms: the worker's own answer to the second says why
                 return self._upstream_error(call, worker, lease.model, up.status, await up.read(), loop.time())
             self._json_object_schema.add(worker.name)
-            return await self._translated_answer(request, call, lease, up, started, generate, outcome)
+            return await self._translated_answer(request, call, lease, translation, up, started, outcome)
 
     async def _translated_answer(
         self,
         request: web.Request,
         call: Call,
         lease: Lease,
+        translation: Translation,
         up: UpstreamResponse,
         started: int,
-        generate: bool,
         outcome: Outcome,
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         worker = lease.worker
         if not _streaming(call, up):
             parsed = self._answer(worker, lease.model, await up.read(), loop.time())
-            timing = translate.Timing(iso_time(), time.perf_counter_ns() - started)
+            timing = Timing(iso_time(), time.perf_counter_ns() - started)
             try:
-                if call.endpoint in (Endpoint.EMBED, Endpoint.EMBED_LEGACY):
-                    legacy = call.endpoint is Endpoint.EMBED_LEGACY
-                    outcome.prompt_tokens = _count(_obj(parsed.get("usage")), "prompt_tokens")
-                    out = translate.embed_from_openai(parsed, call.model, timing, legacy=legacy)
-                    return _json(out, 200, call)
-                out = translate.chat_from_openai(parsed, call.model, timing, generate=generate)
+                out, counts = translation.answer(call, parsed, timing)
             except _SHAPE_ERRORS as exc:
                 raise UpstreamError(f"{worker.name}: the worker's answer has an unexpected shape ({exc})") from None
-            self._observe(worker, call.model, out, outcome, reported=_obj(parsed.get("usage")))
+            self._observe(worker, call.model, counts, outcome)
             return _json(out, 200, call)
-        return await self._translate_stream(request, call, worker, lease.model, up, started, generate, outcome)
+        return await self._translate_stream(request, call, worker, lease.model, translation, up, started, outcome)
 
     async def _translate_stream(
         self,
@@ -370,17 +372,17 @@ class Proxy:
         call: Call,
         worker: WorkerState,
         model: str,
+        translation: Translation,
         up: UpstreamResponse,
         started: int,
-        generate: bool,
         outcome: Outcome,
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         resp = web.StreamResponse(status=200, headers=_stream_headers(call))
-        resp.content_type = "application/x-ndjson"
+        resp.content_type = translation.content_type
         await resp.prepare(request)
-        translator = translate.ChatStreamTranslator(model=call.model, generate=generate)
-        watch = StreamWatch(StreamKind.SSE, collect=True)
+        translator = translation.stream(call)
+        watch = StreamWatch(translation.worker_stream, collect=True)
         first_ns = 0
         answered = False
         try:
@@ -390,7 +392,7 @@ class Proxy:
                 lines: list[bytes] = []
                 for event in watch.frames:
                     for obj in _translate_event(translator, event, worker.name):
-                        lines.append(orjson.dumps(obj) + b"\n")
+                        lines.append(translation.frame(obj))
                 watch.frames.clear()
                 if lines:
                     if not first_ns:
@@ -399,20 +401,22 @@ class Proxy:
                 if watch.ended:
                     up.finish_later(_DRAIN_S)
                     await self._finish_translated(
-                        resp, call, worker, model, watch, translator, started, first_ns, outcome
+                        resp, call, worker, model, watch, translation, translator, started, first_ns, outcome
                     )
                     answered = True
                     break
             if not answered:
                 watch.close()
-                await self._finish_translated(resp, call, worker, model, watch, translator, started, first_ns, outcome)
+                await self._finish_translated(
+                    resp, call, worker, model, watch, translation, translator, started, first_ns, outcome
+                )
                 answered = True
         except (UpstreamError, FrameError) as exc:
             if not answered:
-                await self._stream_failed(resp, Dialect.OLLAMA, worker, model, exc, outcome, loop.time())
+                await self._stream_failed(resp, call.dialect, worker, model, exc, outcome, loop.time())
         except asyncio.CancelledError:
             if not answered:
-                await _cut_short(resp, Dialect.OLLAMA)
+                await _cut_short(resp, call.dialect)
             raise
         return resp
 
@@ -423,7 +427,8 @@ class Proxy:
         worker: WorkerState,
         model: str,
         watch: StreamWatch,
-        translator: translate.ChatStreamTranslator,
+        translation: Translation,
+        translator: StreamTranslation,
         started: int,
         first_ns: int,
         outcome: Outcome,
@@ -433,13 +438,13 @@ class Proxy:
             raise UpstreamError(f"{worker.name}: {watch.error}")
         if translator.finish_reason is None:  # [DONE] or a close before the model's own finish
             raise UpstreamError(f"{worker.name}: the stream ended before the model finished")
-        timing = translate.Timing(iso_time(), time.perf_counter_ns() - started, first_ns)
+        timing = Timing(iso_time(), time.perf_counter_ns() - started, first_ns)
         try:
-            final = translator.finish(timing)
+            final, counts = translator.finish(timing)
         except _SHAPE_ERRORS as exc:
             raise UpstreamError(f"{worker.name}: the worker's stream has an unexpected shape ({exc})") from None
-        await resp.write(b"".join(orjson.dumps(obj) + b"\n" for obj in final))
-        self._observe(worker, call.model, final[-1], outcome, reported=translator.usage or {})
+        await resp.write(b"".join(translation.frame(obj) for obj in final))
+        self._observe(worker, call.model, counts, outcome)
         worker.record_success(now, model)
         await resp.write_eof()
 
@@ -509,14 +514,11 @@ class Proxy:
         outcome.completion_tokens = tokens if tokens is not None else (stream_events or None)
         worker.observe_speed(model, tokens_per_second(outcome.completion_tokens or 0, seconds))
 
-    def _observe(
-        self, worker: WorkerState, model: str, final: dict[str, Any], outcome: Outcome, *, reported: dict[str, Any]
-    ) -> None:
+    def _observe(self, worker: WorkerState, model: str, counts: Counts, outcome: Outcome) -> None:
         """Accounting for a translated answer: the worker's own counts where it reported them."""
-        outcome.prompt_tokens = _count(reported, "prompt_tokens")
-        outcome.completion_tokens = _count(final, "eval_count")
-        ns = _count(final, "eval_duration") or _count(final, "total_duration") or 0
-        worker.observe_speed(model, tokens_per_second(outcome.completion_tokens, ns / 1e9))
+        outcome.prompt_tokens = counts.prompt_tokens
+        outcome.completion_tokens = counts.completion_tokens
+        worker.observe_speed(model, tokens_per_second(counts.completion_tokens, counts.seconds))
 
 
 class _NeedFallback(Exception):
@@ -567,17 +569,7 @@ def _streaming(call: Call, up: UpstreamResponse) -> bool:
     return call.stream and up.content_type != "application/json"
 
 
-def _in_dialect(dialect: Dialect, body: dict[str, Any]) -> bool:
-    """Whether an error body already has the caller's error shape (then it is relayed as the worker sent it)."""
-    err = body.get("error")
-    if dialect is Dialect.OLLAMA:
-        return isinstance(err, str)
-    return isinstance(err, dict) and isinstance(err.get("message"), str)
-
-
-def _translate_event(
-    translator: translate.ChatStreamTranslator, event: dict[str, Any], label: str
-) -> list[dict[str, Any]]:
+def _translate_event(translator: StreamTranslation, event: dict[str, Any], label: str) -> list[dict[str, Any]]:
     try:
         return translator.feed(event, iso_time())
     except _SHAPE_ERRORS as exc:

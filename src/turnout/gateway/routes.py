@@ -15,13 +15,15 @@ from aiohttp import web
 
 from turnout import __version__
 from turnout.core.endpoint_urls import ENDPOINT_ROUTE_PREFIX
+from turnout.dialects import CLIENT_APIS
+from turnout.dialects.base import Dialect, Endpoint, Route
 from turnout.errors import Forbidden, NotFound, TurnoutError
 from turnout.gateway.access import CALLER, USAGE_ROW
 from turnout.gateway.accounting import Outcome, Ticket
-from turnout.gateway.calls import Endpoint, read_call
+from turnout.gateway.calls import read_call
 from turnout.gateway.catalog import ollama_ps, ollama_tags, openai_models
-from turnout.gateway.dialect import Dialect, json_response
 from turnout.gateway.keys import ACCOUNTANT, FLEET, PROXY, SETTINGS
+from turnout.responses import json_response
 
 __all__ = ["OLLAMA_COMPAT_VERSION", "add_client_routes"]
 
@@ -67,6 +69,11 @@ def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
                 request[USAGE_ROW] = await accountant.finish(ticket, call, outcome, status)
 
     return handler
+
+
+def proxied_routes() -> list[tuple[Dialect, Route]]:
+    """(dialect, route) for each route of each client API in the registry (:data:`turnout.dialects.CLIENT_APIS`)."""
+    return [(dialect, route) for dialect, client in CLIENT_APIS.items() for route in client.routes]
 
 
 def endpoint_of(request: web.Request) -> str | None:
@@ -158,16 +165,10 @@ async def refused_engine_admin(request: web.Request) -> web.StreamResponse:
 
 
 CLIENT_ROUTES: tuple[tuple[str, str, Handler], ...] = (
-    ("POST", "/v1/chat/completions", _proxied(Dialect.OPENAI, Endpoint.CHAT)),
-    ("POST", "/v1/completions", _proxied(Dialect.OPENAI, Endpoint.COMPLETIONS)),
-    ("POST", "/v1/embeddings", _proxied(Dialect.OPENAI, Endpoint.EMBEDDINGS)),
+    # every route of every client API (its dialect module lists them), proxied the same way
+    *((route.method, route.path, _proxied(dialect, route.endpoint)) for dialect, route in proxied_routes()),
     ("GET", "/v1/models", list_models),
     ("GET", "/v1/models/{model_id:.+}", get_model),
-    ("POST", "/api/chat", _proxied(Dialect.OLLAMA, Endpoint.CHAT)),
-    ("POST", "/api/generate", _proxied(Dialect.OLLAMA, Endpoint.GENERATE)),
-    ("POST", "/api/embed", _proxied(Dialect.OLLAMA, Endpoint.EMBED)),
-    ("POST", "/api/embeddings", _proxied(Dialect.OLLAMA, Endpoint.EMBED_LEGACY)),
-    ("POST", "/api/show", _proxied(Dialect.OLLAMA, Endpoint.SHOW)),
     ("GET", "/api/tags", tags),
     ("GET", "/api/ps", ps),
     ("GET", "/api/version", version),

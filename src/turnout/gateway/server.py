@@ -21,15 +21,16 @@ import gc
 import logging
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-__all__ = ["BindError", "Drained", "Handler", "bind", "loop_factory", "run", "start_runner"]
+if TYPE_CHECKING:
+    from turnout.gateway.frame import Handler
 
-Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]  # web.Server's request_handler
+__all__ = ["BindError", "Drained", "bind", "loop_factory", "run", "start_runner"]
 
 _CANCEL_WAIT_S = 5.0  # for cancelled requests to write their last frame and finish
 
@@ -138,9 +139,9 @@ async def start_runner(
     app: web.Application, *, wrap: Callable[[Handler], Handler] | None = None, **options: Any
 ) -> web.AppRunner:
     """``app`` set up (its start-up run) for serving, with the gateway's own request handler
-    (:func:`turnout.gateway.app.request_handler`), ``wrap``-ped if given; ``options`` go to ``web.AppRunner``.
+    (:func:`turnout.gateway.frame.request_handler`), ``wrap``-ped if given; ``options`` go to ``web.AppRunner``.
     Add sites to the runner to serve; the tests serve the gateway through this too."""
-    from turnout.gateway.app import request_handler  # here: `turnout serve`'s supervisor only binds
+    from turnout.gateway.frame import request_handler  # here: `turnout serve`'s supervisor only binds
 
     runner = web.AppRunner(app, **options)
     await runner.setup()

@@ -24,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from turnout.core.runtime import ActivateRequest, EnginePhase, InvalidRequest, NoCapacity
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
-from turnout.gateway.dialect import Dialect, error_response, json_response
 from turnout.redaction import handler_args
+from turnout.responses import Dialect, error_response, json_response
 from turnout.runtime.cache import cached_artifacts, write_served_marker
 from turnout.runtime.kvcached import apply_limit, read_usage
 from turnout.runtime.mock import MockSupervisor

@@ -15,7 +15,7 @@ import json
 import logging
 from pathlib import Path
 
-from turnout.state.atomic import write_atomic
+from turnout.atomic import write_atomic
 
 __all__ = ["SERVED_MARKERS", "cached_artifacts", "write_served_marker"]
 

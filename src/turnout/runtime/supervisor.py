@@ -27,9 +27,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from turnout.atomic import write_atomic
 from turnout.core.runtime import MAX_RESTARTS, ActivateRequest, EnginePhase, backoff_s, ipc_name, pick_port
 from turnout.runtime.launch import Launch, connect_host, launch_command
-from turnout.state.atomic import write_atomic
 from turnout.upstream.client import UpstreamClient
 
 __all__ = ["EngineRecord", "Supervisor", "host_port", "parse_registry", "process_start_time"]

@@ -1,6 +1,6 @@
 """Backups of a gateway's state as one ZIP, and reading one back with every check that needs no target.
 
-Who uses it: ``turnout backup create`` (:mod:`turnout.cli_backup`), the admin API
+Who uses it: ``turnout backup create`` (:mod:`turnout.cli.backup`), the admin API
 (:mod:`turnout.admin.backup_api`) and restores (:mod:`turnout.state.restore`). What is where is decided by
 :class:`StatePaths`, from the settings; the ZIP's layout and the manifest's rules are in
 :mod:`turnout.core.backup_manifest`. The store is exported by :mod:`turnout.state.store_export` (SQLite's

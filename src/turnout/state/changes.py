@@ -5,7 +5,7 @@ Each process keeps what it can in memory: placement overrides, looked-up keys, t
 process changes one of them through the admin API it adds one to this counter (8 bytes in ``changes.seq`` in
 the data dir, mapped into every process's memory); the others compare the counter with the value they last
 saw at the start of each request (a memory read, no system call) and re-read what they keep before going on.
-Used by ``turnout.gateway.app`` (every gateway maps it; one on a data dir it cannot write goes without).
+Used by ``turnout.wiring`` (every gateway maps it; one on a data dir it cannot write goes without).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ API, and writes are refused until the file is fixed or deleted, so a hand edit i
 Several processes write the file (the processes of `turnout serve --workers N`, replicas on one data dir,
 a restore): every write is a read-modify-write under an exclusive ``flock`` on ``<file>.lock`` beside it
 (:meth:`PlacementStore.transaction`), which re-reads the file first, so a write never puts back what
-another process's write replaced, and the file itself is replaced atomically (:mod:`turnout.state.atomic`).
+another process's write replaced, and the file itself is replaced atomically (:mod:`turnout.atomic`).
 Other processes pick the change up at their next refresh (each admin request announces its change on the
 gateway's change counter, :mod:`turnout.state.changes`).
 """
@@ -27,9 +27,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from turnout.atomic import write_atomic
 from turnout.core.patterns import PatternError
 from turnout.core.placement import PlacementRules
-from turnout.state.atomic import write_atomic
 
 __all__ = ["FILE_VERSION", "PlacementFileError", "PlacementStore", "lock_path", "locked"]
 

@@ -1,6 +1,6 @@
 """Restoring a backup ZIP: checked whole, staged next to the targets, then committed with undo.
 
-Who uses it: ``turnout backup restore`` (:mod:`turnout.cli_backup`) and ``POST /admin/api/backup/restore``
+Who uses it: ``turnout backup restore`` (:mod:`turnout.cli.backup`) and ``POST /admin/api/backup/restore``
 (:mod:`turnout.admin.backup_api`). The ZIP is checked by :func:`turnout.state.backup.open_backup` (format,
 revision, members, checksums), then every file's content (config valid for this version, overrides parse,
 claims are documents, the secret key is a Fernet key, the SQLite copy passes its integrity check and is at
@@ -31,9 +31,9 @@ import orjson
 from cryptography.fernet import Fernet
 from pydantic import ValidationError
 
+from turnout.atomic import write_atomic
 from turnout.config import ConfigError, Settings, endpoint_env, format_validation_error
 from turnout.core.backup_manifest import CONFIG, PLACEMENT, SECRET_KEY, SQLITE_STORE, BackupInvalid, Manifest
-from turnout.state.atomic import write_atomic
 from turnout.state.backup import (
     BackupError,
     BackupRefused,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
 
+from turnout.atomic import write_atomic
 from turnout.masking import SECRETS
-from turnout.state.atomic import write_atomic
 
 __all__ = ["SECRET_KEY_FILE", "SecretBox", "SecretError"]
 

@@ -27,8 +27,8 @@ from turnout.admin.ui.render import htmx, page, render, translator
 from turnout.core.patterns import parse_pattern
 from turnout.errors import NotFound, TurnoutError, Unprocessable
 from turnout.fleet.state import Fleet, WorkerState
-from turnout.gateway.dialect import json_response
 from turnout.gateway.keys import FLEET
+from turnout.responses import json_response
 
 __all__ = ["add_placement_routes", "cell_state", "cell_view", "routed_to", "unrouted_view"]
 

@@ -21,7 +21,7 @@ from turnout.admin.api import claims
 from turnout.admin.ui.answers import answer
 from turnout.admin.ui.display import iso, size, when, when_iso
 from turnout.admin.ui.render import page, render
-from turnout.fleet.claim_sources import LocalSource
+from turnout.controller.claim_sources import LocalSource
 from turnout.gateway.keys import PROXY
 
 __all__ = ["EVENTS_SHOWN", "POLL_S", "add_pools_routes", "pools_state"]

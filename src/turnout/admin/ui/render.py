@@ -19,11 +19,11 @@ from urllib.parse import quote, urlsplit
 import jinja2
 from aiohttp import web
 
+from turnout.admin.changes import AUDIT_ACTOR
 from turnout.admin.ui.i18n import COOKIE, LANGUAGES, Catalogs, pick_language
 from turnout.admin.ui.security import UI_ACTOR, check_csrf, current_session
 from turnout.admin.ui.sessions import Session
 from turnout.errors import NotFound, TurnoutError
-from turnout.gateway.keys import AUDIT_ACTOR
 
 __all__ = [
     "NAV",

@@ -24,9 +24,10 @@ from typing import Any
 
 from aiohttp import web
 
+from turnout.admin.changes import AUDIT_ACTOR
+from turnout.admin.keys import ADMIN_AUTH, SIGNINS
 from turnout.admin.ui.sessions import IDLE_S, Session, SessionStore
 from turnout.errors import Forbidden, TurnoutError, Unauthorized
-from turnout.gateway.keys import ADMIN_AUTH, AUDIT_ACTOR, SIGNINS
 
 __all__ = [
     "ACTOR_HEADER",

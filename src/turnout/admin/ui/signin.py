@@ -15,7 +15,8 @@ import time
 
 from aiohttp import web
 
-from turnout.admin.accounts import audit_change
+from turnout.admin.changes import AUDIT_ACTOR, audit_change
+from turnout.admin.keys import ADMIN_AUTH, SIGNINS
 from turnout.admin.ui.i18n import COOKIE as LANG_COOKIE
 from turnout.admin.ui.i18n import LANGUAGES
 from turnout.admin.ui.render import page, redirect, render
@@ -30,7 +31,6 @@ from turnout.admin.ui.security import (
 )
 from turnout.admin.ui.sessions import MAX_AGE_S
 from turnout.errors import TurnoutError
-from turnout.gateway.keys import ADMIN_AUTH, AUDIT_ACTOR, SIGNINS
 
 __all__ = ["add_signin_routes", "safe_next"]
 

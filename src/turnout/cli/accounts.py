@@ -1,156 +1,55 @@
 """`turnout key ...`, `turnout usage`, `turnout audit`: the same actions as the admin API.
 
-Key commands are the admin API's calls when the gateway named by the config runs (:mod:`turnout.cli_gateway`),
+Key commands are the admin API's calls when the gateway named by the config runs (:mod:`turnout.cli.client`),
 so a revocation or a change takes effect at once there. When none runs, they say so in one line and work on
 the store directly (a gateway started later reads it). Either way the input models, store rules and audit
 entries are the admin API's. ``usage`` and ``audit`` read through the gateway the same way (its usage answer
 includes what it has not written to the store yet); all listings print a table by default and JSON with
-``--json`` (:mod:`turnout.cli_tables`).
+``--json`` (:mod:`turnout.cli.common`).
 """
 
 from __future__ import annotations
 
-import getpass
 import time
 import urllib.parse
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from turnout.cli_gateway import AdminClient, GatewayError, connect
-from turnout.cli_tables import WIDTH, clip, echo_json, local_time, ms, render, table
-from turnout.defaults import DEFAULT_CONFIG
-from turnout.errors import TurnoutError, Unprocessable
+from turnout.cli.client import GatewayError
+from turnout.cli.common import (
+    DEFAULT_CONFIG,
+    WIDTH,
+    ConfigOption,
+    admin_errors,
+    api_error,
+    cli_audit,
+    cli_audit_key,
+    cli_input,
+    clip,
+    echo_json,
+    fail,
+    gateway,
+    load_config,
+    local_time,
+    ms,
+    open_store,
+    render,
+    table,
+)
 from turnout.store.bounds import MAX_AUDIT_ENTRIES
 
 if TYPE_CHECKING:
     from turnout.config import Settings
-    from turnout.store.db import Database
 
 # The store stack (SQLAlchemy, the admin input models) is imported inside the commands, so that
 # `turnout --help` does not pay for it, nor a command that talks to a running gateway.
 
-__all__ = [
-    "DEFAULT_CONFIG",
-    "ConfigOption",
-    "api_error",
-    "cli_actor",
-    "cli_audit",
-    "cli_input",
-    "fail",
-    "gateway",
-    "key_app",
-    "load_config",
-    "open_store",
-    "register",
-]
+__all__ = ["audit", "key_app", "register", "usage"]
 
 key_app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None, help="Create, list, edit, revoke and rotate API keys."
 )
-ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="config file")]
-
-
-def fail(message: str) -> None:
-    typer.echo(f"turnout: {message}", err=True)
-    raise typer.Exit(2)
-
-
-@contextmanager
-def cli_input(**flags: str) -> Iterator[None]:
-    """Checks by the admin API's own input models (same bounds): a bad value exits 2 naming the option
-    (``--<field>``, or ``flags[field]`` where the option is named otherwise)."""
-    try:
-        yield
-    except Unprocessable as exc:
-        bad_field(exc.field, exc.message, flags)
-
-
-def bad_field(field: str | None, message: str, flags: dict[str, str]) -> None:
-    """Exit 2 with ``message`` about ``field`` (an input model's or the admin API's), naming its option."""
-    name = (field or "").split(".")[0].split("[")[0]
-    flag = flags.get(name, name.replace("_", "-"))
-    fail(f"--{flag}: {message}" if flag else message)
-
-
-def load_config(config: Path) -> Settings:
-    """The settings of ``config``, or a one-line exit (2) naming what is wrong with it."""
-    from turnout.config import ConfigError, load_settings
-
-    try:
-        return load_settings(config)
-    except ConfigError as exc:
-        fail(str(exc))
-        raise  # unreachable: fail exits
-
-
-def gateway(settings: Settings) -> AdminClient | None:
-    """The running gateway's admin API, or None (said on stderr) when none answers: then work on the store."""
-    return connect(settings, timeout_s=settings.health.timeout_s + 30)
-
-
-def api_error(exc: GatewayError, **flags: str) -> None:
-    """An error answer of the admin API, said as the store path would say it: a bad field names its option."""
-    if exc.field is not None:
-        bad_field(exc.field, exc.message, flags)
-    fail(exc.message)
-
-
-@contextmanager
-def admin_errors(**flags: str) -> Iterator[None]:
-    """Around admin API calls: an error answer exits as :func:`api_error` says it (``flags`` name the options)."""
-    try:
-        yield
-    except GatewayError as exc:
-        api_error(exc, **flags)
-
-
-@contextmanager
-def open_store(config: Path | Settings) -> Iterator[tuple[Settings, Database]]:
-    from turnout.config import ConfigError, Settings, load_settings
-    from turnout.core.patterns import PatternError
-    from turnout.store.db import Database, StoreError, database_url
-    from turnout.store.secrets import SecretError
-
-    try:
-        settings = config if isinstance(config, Settings) else load_settings(config)
-        db = Database(database_url(settings.storage.database_url, settings.data_dir))
-        db.migrate()
-    except (ConfigError, StoreError) as exc:
-        fail(str(exc))
-        raise  # unreachable: fail exits
-    try:
-        yield settings, db
-    except (StoreError, KeyError, TurnoutError, PatternError, SecretError) as exc:
-        fail(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc))
-    finally:
-        db.close()
-
-
-def cli_audit(db: Database, **entry: Any) -> None:
-    """Append an audit entry made from the command line (actor ``cli:<user>``)."""
-    from turnout.store.audit import AuditLog
-
-    AuditLog(db).record(actor=cli_actor(), **entry)
-
-
-def cli_audit_key(db: Database, action: str, before: Any, after: Any, now: float) -> None:
-    """The audit entry of a key changed from the command line (``key.change``, ``key.rotate``, ``key.revoke`` by
-    ``key revoke`` or ``endpoint remove``): the key as it was and as it is (a rotation's ``after`` is the new key;
-    the target is the key as it was)."""
-    cli_audit(
-        db, action=action, target=f"key:{before.prefix}", before=before.to_json(now), after=after.to_json(now), now=now
-    )
-
-
-def cli_actor() -> str:
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):
-        return "cli"
 
 
 def _key_path(ref: str, action: str = "") -> str:
@@ -597,9 +496,6 @@ def _word(value: Any) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    from turnout.cli_endpoints import endpoint_app
-
     app.add_typer(key_app, name="key")
-    app.add_typer(endpoint_app, name="endpoint")
     app.command("usage")(usage)
     app.command("audit")(audit)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from turnout.controller.claim_sources import effective_phase
 from turnout.core.claims import ClaimPhase
 from turnout.core.reconcile import parse_route
-from turnout.fleet.claim_sources import effective_phase
 
 
 @pytest.mark.parametrize(

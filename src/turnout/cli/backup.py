@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from turnout.cli_accounts import DEFAULT_CONFIG, ConfigOption, cli_actor, fail
+from turnout.cli.common import DEFAULT_CONFIG, ConfigOption, cli_actor, fail
 
 # The backup and store modules are imported inside the commands, so that `turnout --help` does not pay
 # for them.

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnout.core.streams import FrameError, LineSplitter, StreamKind, StreamWatch
+from turnout.dialects.streams import FrameError, LineSplitter, StreamKind, StreamWatch
 
 
 def sse(*objs: object) -> bytes:

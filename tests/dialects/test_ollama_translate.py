@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from turnout.core import translate
+from turnout.dialects.ollama import translate
 
 GOLDEN = Path(__file__).parent / "golden"
 TIMING = translate.Timing(created_at="2026-12-03T10:00:00Z", total_ns=2_000_000_000, first_token_ns=500_000_000)

@@ -1,6 +1,6 @@
 """`turnout endpoint ...`: register, test, list, change and remove external endpoints.
 
-When the gateway named by the config runs, each command is its admin API call (:mod:`turnout.cli_gateway`):
+When the gateway named by the config runs, each command is its admin API call (:mod:`turnout.cli.client`):
 the change is live at once, and a test dials from the gateway, under its network policy (the private-network
 opt-in set where the gateway runs). When none runs, the command says so in one line and works on the store
 (a gateway started later reads it; tests then dial from this shell, under this shell's environment).
@@ -19,20 +19,24 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from turnout.cli_accounts import (
+from turnout.cli.client import gateway_origin
+from turnout.cli.common import (
     DEFAULT_CONFIG,
     ConfigOption,
     admin_errors,
     cli_audit,
     cli_audit_key,
     cli_input,
+    echo_json,
     fail,
     gateway,
     load_config,
+    local_time,
+    ms,
     open_store,
+    render,
+    table,
 )
-from turnout.cli_gateway import gateway_origin
-from turnout.cli_tables import echo_json, local_time, ms, render, table
 from turnout.core.endpoint_rules import name_clash, url_note
 from turnout.core.endpoint_urls import base_urls
 from turnout.store.bounds import MAX_LATENCY_BUDGET_MS
@@ -45,7 +49,7 @@ if TYPE_CHECKING:
 # The store, the admin input models and the upstream client are imported inside the commands, so that
 # `turnout --help` does not pay for them, nor a command that talks to a running gateway.
 
-__all__ = ["endpoint_app"]
+__all__ = ["endpoint_app", "register"]
 
 endpoint_app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None, help="External endpoints: servers Turnout routes to but never manages."
@@ -406,3 +410,7 @@ def _remove_on_store(settings: Settings, name: str, keep_keys: bool) -> list[str
             now=now,
         )
     return prefixes
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(endpoint_app, name="endpoint")

@@ -1,6 +1,7 @@
 """Ollama <-> OpenAI translation of requests, responses and stream events (pure).
 
-Used when an Ollama-dialect client reaches an OpenAI-compatible worker (llama.cpp, vLLM, SGLang,
+Used (through :class:`turnout.dialects.ollama.OllamaOnOpenAI`) when an Ollama-dialect client reaches an
+OpenAI-compatible worker (llama.cpp, vLLM, SGLang,
 LM Studio, mlx_lm). Only standard OpenAI request fields are produced, so strict servers accept them;
 Ollama options without an OpenAI equivalent (``top_k``, ``num_ctx``, ``keep_alive``...) are dropped.
 Timestamps and durations are parameters: this module reads no clock.
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from turnout.dialects.base import Timing, TranslationError
 
 __all__ = [
     "ChatStreamTranslator",
@@ -40,21 +43,8 @@ _OPTION_FIELDS = {
 _DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop", "content_filter": "stop"}
 
 
-class TranslationError(ValueError):
-    """The request cannot be expressed in the other dialect; the message says which field."""
-
-
 class ResponseShapeError(ValueError):
     """A worker's answer does not have the shape its dialect promises (the proxy answers 502)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """What the adapter measured, in nanoseconds, plus the ISO timestamp for ``created_at``."""
-
-    created_at: str
-    total_ns: int = 0
-    first_token_ns: int = 0  # from request start to the first content token (prompt evaluation)
 
 
 # -- requests -------------------------------------------------------------------------------------

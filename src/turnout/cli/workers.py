@@ -8,7 +8,7 @@ already has (both are routed by name). A gateway reads its config once, at start
 running on the config's data dir and needs a restart.
 
 Both change routing, so both are audited (``worker.add``, ``worker.remove``; actor ``cli:<user>``) in the
-store the config names (:mod:`turnout.cli_changes`): the store is opened first, and a change that could not be
+store the config names (:mod:`turnout.cli.common`): the store is opened first, and a change that could not be
 audited is not made.
 """
 
@@ -21,14 +21,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from turnout.cli_accounts import DEFAULT_CONFIG, ConfigOption, fail
-from turnout.cli_changes import audit_log, audited_worker, record
+from turnout.cli.common import DEFAULT_CONFIG, ConfigOption, audit_log, audited_worker, fail, record
 
 if TYPE_CHECKING:
     from turnout.config import Settings
     from turnout.store.db import Database
 
-__all__ = ["worker_app"]
+__all__ = ["register", "worker_app"]
 
 worker_app = typer.Typer(
     no_args_is_help=True,
@@ -56,8 +55,8 @@ def _read(config: Path) -> tuple[dict[str, Any], Settings]:
 
 def _write(config: Path, document: dict[str, Any]) -> Settings:
     """Validate ``document`` as the whole config, then replace the file atomically (same mode)."""
+    from turnout.atomic import write_atomic
     from turnout.config import ConfigError, settings_from_document
-    from turnout.state.atomic import write_atomic
 
     try:
         settings = settings_from_document(config, document)
@@ -179,3 +178,7 @@ def remove(name: NameArgument, config: ConfigOption = DEFAULT_CONFIG) -> None:
         record(db, str(config), action="worker.remove", target=f"worker:{name}", before=audited_worker(before))
     typer.echo(f'removed worker "{name}" from {config}')
     typer.echo(_restart_note(written))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(worker_app, name="worker")

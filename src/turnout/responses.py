@@ -1,32 +1,22 @@
-"""Rendering errors in the caller's dialect: JSON bodies, SSE error frames, NDJSON error lines."""
+"""Answers as aiohttp responses: JSON bodies, and errors in a dialect's shape (:mod:`turnout.dialects`).
+
+Used by the gateway, the admin API and the runtime agent alike, so that every error anywhere has its API's shape
+and the status, ``Retry-After`` and code the error type says (:mod:`turnout.errors`).
+"""
 
 from __future__ import annotations
-
-from enum import StrEnum
 
 import orjson
 from aiohttp import web
 
+from turnout.dialects import api
+from turnout.dialects.base import Dialect
 from turnout.errors import TurnoutError
-from turnout.gateway.access import ERROR_CODE
 
-__all__ = ["MAX_UNAVAILABLE_RETRY_S", "Dialect", "error_frame", "error_response", "json_response"]
+__all__ = ["ERROR_CODE", "MAX_UNAVAILABLE_RETRY_S", "Dialect", "error_frame", "error_response", "json_response"]
 
-
-class Dialect(StrEnum):
-    OPENAI = "openai"
-    OLLAMA = "ollama"
-    ADMIN = "admin"
-
-
-def error_body(dialect: Dialect, err: TurnoutError) -> bytes:
-    if dialect is Dialect.OLLAMA:
-        return orjson.dumps({"error": err.message})
-    body: dict[str, object] = {"message": err.message, "type": err.type, "code": err.code}
-    field = getattr(err, "field", None)
-    if dialect is Dialect.ADMIN and field:  # a 422's field, for the admin UI to show the message next to it
-        body["field"] = field
-    return orjson.dumps({"error": body})
+# The ``code`` of an error answer, for the access log (:mod:`turnout.gateway.access`).
+ERROR_CODE: web.ResponseKey[str] = web.ResponseKey("access_error_code")
 
 
 def json_response(obj: object, status: int = 200) -> web.Response:
@@ -46,7 +36,7 @@ def error_response(dialect: Dialect, err: TurnoutError) -> web.Response:
         retry = max(1, err.retry_after)
         headers["Retry-After"] = str(min(retry, MAX_UNAVAILABLE_RETRY_S) if err.status == 503 else retry)
     response = web.Response(
-        status=err.status, body=error_body(dialect, err), content_type="application/json", headers=headers
+        status=err.status, body=api(dialect).error_body(err), content_type="application/json", headers=headers
     )
     response[ERROR_CODE] = err.code  # for the access log
     return response
@@ -54,6 +44,4 @@ def error_response(dialect: Dialect, err: TurnoutError) -> web.Response:
 
 def error_frame(dialect: Dialect, err: TurnoutError) -> bytes:
     """The last frame of a stream that failed after it started."""
-    if dialect is Dialect.OLLAMA:
-        return error_body(dialect, err) + b"\n"
-    return b"data: " + error_body(dialect, err) + b"\n\n"
+    return api(dialect).error_frame(err)

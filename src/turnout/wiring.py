@@ -1,7 +1,9 @@
-"""`create_app(settings)`: builds every object, wires them onto one aiohttp application.
+"""`create_app(settings)`: builds every object and wires the gateway, the admin API and UI, and the local claims
+controller onto one aiohttp application. The composition root: the one module that imports every package, so
+that none of them has to import the packages above it (docs/architecture.md draws the layers).
 
-Request flow: middleware (admin auth, error rendering, metrics) -> handler -> Call -> Dispatcher
-(route + slots + queue) -> Proxy (worker). Background: the fleet Poller.
+Request flow: frame (admin gate, error rendering, metrics; :mod:`turnout.gateway.frame`) -> handler -> Call ->
+Dispatcher (route + slots + queue) -> Proxy (worker). Background: the fleet Poller, endpoint checks, claims.
 """
 
 from __future__ import annotations
@@ -9,36 +11,34 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit
 
-from aiohttp import hdrs, web
-from aiohttp.web_urldispatcher import AbstractRoute, PlainResource, UrlMappingMatchInfo
+from aiohttp import web
 
-from turnout.admin.accounts import AdminSignIns, add_account_routes
+from turnout.admin.accounts import add_account_routes
 from turnout.admin.api import add_admin_routes
 from turnout.admin.auth import AdminAuth
 from turnout.admin.backup_api import add_backup_routes
+from turnout.admin.changes import AdminSignIns
 from turnout.admin.endpoints_api import add_endpoint_routes
+from turnout.admin.keys import ADMIN_AUTH, SIGNINS
 from turnout.admin.ui import add_ui_routes, check_admin
 from turnout.config import ConfigError, Settings
+from turnout.controller.claim_sources import LocalSource
 from turnout.controller.local import ClaimFiles, LocalController, Pool, policy_text
 from turnout.controller.metrics import ControllerMetrics
-from turnout.core.endpoint_urls import api_path
-from turnout.errors import NotFound, TurnoutError
-from turnout.fleet.claim_sources import LocalSource
 from turnout.fleet.claims import ClaimBindings, RedisWakeLock
 from turnout.fleet.endpoints import EndpointManager
 from turnout.fleet.poller import Poller
 from turnout.fleet.state import Fleet
 from turnout.gateway.access import AccessLog
 from turnout.gateway.accounting import Accountant
-from turnout.gateway.dialect import Dialect, error_response
 from turnout.gateway.dispatch import Dispatcher
+from turnout.gateway.frame import middleware
 from turnout.gateway.keys import (
     ACCOUNTANT,
-    ADMIN_AUTH,
+    ADMIN_GATE,
     AUDIT,
     DATABASE,
     DISPATCHER,
@@ -46,17 +46,16 @@ from turnout.gateway.keys import (
     FLEET,
     KEYS,
     METRICS,
+    PEERS,
     POLLER,
     PROXY,
     SETTINGS,
-    SIGNINS,
     USAGE,
 )
 from turnout.gateway.limiter import LocalLimiter, RedisLimiter, TokenLimiter
 from turnout.gateway.peers import Peers
 from turnout.gateway.proxy import Proxy
 from turnout.gateway.routes import add_client_routes
-from turnout.gateway.server import Handler
 from turnout.gateway.shared_limits import SharedLimiter
 from turnout.masking import SECRETS
 from turnout.metrics import Metrics
@@ -73,118 +72,9 @@ from turnout.store.secrets import SecretBox
 from turnout.store.usage import UsageStore
 from turnout.upstream.client import UpstreamClient
 
-__all__ = ["create_app", "fixed_routes", "request_handler"]
+__all__ = ["create_app"]
 
 log = logging.getLogger("turnout.gateway")
-
-PEERS: web.AppKey[Peers | None] = web.AppKey("peers")  # None only where the data dir has no change counter
-_READS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
-def _dialect(path: str) -> Dialect:
-    if path.startswith("/admin/"):
-        return Dialect.ADMIN
-    if api_path(path).startswith("/api/"):  # an endpoint's own URL too: /endpoints/<name>/api/...
-        return Dialect.OLLAMA
-    return Dialect.OPENAI
-
-
-@web.middleware
-async def _middleware(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """The app's one middleware, for a request aiohttp's router resolved (see :func:`request_handler`)."""
-    resource = request.match_info.route.resource
-    endpoint = resource.canonical if resource is not None else "unmatched"
-    return await _respond(request, handler, _dialect(request.path), endpoint)
-
-
-async def _respond(
-    request: web.Request,
-    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    dialect: Dialect,
-    endpoint: str,
-) -> web.StreamResponse:
-    """Every request's frame: admin auth, errors in the route's dialect, metrics, and catching up with the
-    other processes of `turnout serve --workers N`."""
-    app = request.app
-    metrics = app[METRICS]
-    started = time.perf_counter()
-    metrics.requests_in_flight += 1
-    peers = app[PEERS]  # always set: .get() of a missing key costs an exception on every request
-    try:
-        if peers is not None and peers.moved():
-            await peers.catch_up()  # another process changed keys, placement or endpoints: take them first
-        if dialect is Dialect.ADMIN:
-            await check_admin(request)  # Bearer token, or a browser session + CSRF; UI pages check their own
-        response = await handler(request)
-        if peers is not None and dialect is Dialect.ADMIN and request.method not in _READS and response.status < 400:
-            peers.announce()  # before the answer leaves: the other processes re-read before their next request
-    except TurnoutError as exc:
-        response = error_response(dialect, exc)
-    except web.HTTPException as exc:
-        if exc.status == 404:
-            err: TurnoutError = NotFound(f"no route {request.method} {request.path}", code="unknown_route")
-        else:
-            err = TurnoutError(exc.reason, code="http_error")
-            err.status = exc.status
-        response = error_response(dialect, err)
-    except ConnectionResetError:
-        raise  # the client went away mid-response: nothing to answer, not a gateway error
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        response = error_response(dialect, TurnoutError("internal error; see the gateway log"))
-    finally:
-        metrics.requests_in_flight -= 1
-    metrics.request_done(dialect.value, endpoint, response.status, time.perf_counter() - started)
-    return response
-
-
-def fixed_routes(app: web.Application) -> dict[tuple[str, str], tuple[AbstractRoute, Dialect, str]]:
-    """(method, path) -> (route, dialect, metrics label) for every request aiohttp's router would resolve to a
-    plain resource's route with that method: what :func:`request_handler` takes without the router."""
-    fixed: dict[tuple[str, str], tuple[AbstractRoute, Dialect, str]] = {}
-    any_method: set[str] = set()  # paths a "*" route took first: the router picks it for every method
-    for route in app.router.routes():  # in the order they were added, which is the order the router tries
-        resource = route.resource
-        if not isinstance(resource, PlainResource):
-            continue
-        path = resource.canonical
-        if route.method == hdrs.METH_ANY:
-            any_method.add(path)
-        elif path not in any_method:
-            fixed.setdefault((route.method, path), (route, _dialect(path), path))
-    return fixed
-
-
-def request_handler(app: web.Application) -> Handler:
-    """What the server calls for each request of ``app`` (``web.Server.request_handler``; see
-    :func:`turnout.gateway.server.start_runner`).
-
-    A request for one of the app's fixed paths (``POST /v1/chat/completions``, ``GET /v1/models``, ...: a
-    plain resource with a concrete method) goes straight to its handler inside :func:`_respond`, without
-    aiohttp's router walk and middleware chain, which cost about a twentieth of a proxied request's CPU
-    (bench/README.md). The rest (paths with variables or a query, percent-escapes, ``Expect``, unknown routes,
-    a method the path does not take) goes through ``app._handle`` as usual. Both end in the same handler and
-    the same :func:`_respond`, so the answer is the same either way (tests/gateway/test_request_handler.py).
-    ``app`` must be frozen (its runner set up): its routes no longer change."""
-    if tuple(app.middlewares) != (_middleware,):  # someone added a middleware: the router's way applies it
-        return app._handle  # type: ignore[return-value]  # aiohttp's server only makes web.Request
-    fixed = fixed_routes(app)
-    handle = app._handle
-
-    async def handle_request(request: web.BaseRequest) -> web.StreamResponse:
-        found = fixed.get((request.method, request.raw_path))
-        if found is None or hdrs.EXPECT in request.headers:
-            return await handle(request)  # type: ignore[arg-type]  # aiohttp's server only makes web.Request
-        route, dialect, endpoint = found
-        match_info = UrlMappingMatchInfo({}, route)
-        match_info.add_app(app)
-        match_info.freeze()
-        request._match_info = match_info  # type: ignore[attr-defined]  # what app._handle sets after resolving
-        return await _respond(request, route.handler, dialect, endpoint)  # type: ignore[arg-type]
-
-    return handle_request
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -301,7 +191,7 @@ def create_app(
     endpoints.on_change = dispatcher.wake_all
 
     app = web.Application(
-        middlewares=[_middleware],
+        middlewares=[middleware],
         client_max_size=settings.limits.max_body_bytes,
         # server and access logs that never print a secret; the access log says who asked for what
         handler_args={**handler_args(), "access_log_class": AccessLog},
@@ -313,6 +203,7 @@ def create_app(
     app[POLLER] = poller
     app[PROXY] = Proxy(settings, fleet, dispatcher, client, metrics)
     app[ADMIN_AUTH] = AdminAuth(admin_token)
+    app[ADMIN_GATE] = check_admin
     app[DATABASE] = database
     app[KEYS] = keys
     app[USAGE] = usage

@@ -1,0 +1,181 @@
+"""What the gateway knows of an API dialect: the small interface every dialect module implements.
+
+A client-facing dialect (:class:`ClientAPI`) owns, for its API:
+
+- its routes: the paths it serves and which :class:`Endpoint` each is (the gateway serves them on the shared URL
+  and on each external endpoint's own URL);
+- its request rules beyond the common ones (where the model is named, whether ``stream`` defaults to true);
+- its error shape: the JSON body of an error answer, and the last frame of a stream that failed after it started;
+- its stream framing (:class:`~turnout.dialects.streams.StreamKind`);
+- its translation onto a worker that speaks another dialect (:meth:`ClientAPI.translation`: None when the worker
+  takes the client's request as it is).
+
+Everything here is pure (no I/O, no clock, no web framework): the gateway turns these bytes and objects into
+answers (:mod:`turnout.responses`, :mod:`turnout.gateway.proxy`).
+
+A :class:`Translation` carries one call from the client's dialect to the worker's and its answer back:
+``request`` (the worker's path and body), ``alternate`` (a second form of the request to try when the worker
+refuses the first), ``answer`` (a whole answer) and ``stream`` (a :class:`StreamTranslation` fed with the worker's
+stream events). Each says what the worker counted (:class:`Counts`) for accounting and learned speeds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, NamedTuple, Protocol
+
+from turnout.dialects.streams import StreamKind
+from turnout.errors import TurnoutError
+
+__all__ = [
+    "JSON",
+    "Call",
+    "ClientAPI",
+    "Counts",
+    "Dialect",
+    "Endpoint",
+    "Route",
+    "StreamTranslation",
+    "Timing",
+    "Translation",
+    "TranslationError",
+    "WorkerAPI",
+]
+
+JSON = dict[str, Any]
+
+
+class Dialect(StrEnum):
+    """The shape of an answer: a client API's, or the admin API's (errors only)."""
+
+    OPENAI = "openai"
+    OLLAMA = "ollama"
+    ADMIN = "admin"
+
+
+class WorkerAPI(StrEnum):
+    """What a worker speaks (a worker's ``type`` in the config)."""
+
+    OLLAMA = "ollama"
+    OPENAI = "openai"
+
+
+class Endpoint(StrEnum):
+    CHAT = "chat"  # /v1/chat/completions, /api/chat
+    COMPLETIONS = "completions"  # /v1/completions
+    EMBEDDINGS = "embeddings"  # /v1/embeddings
+    GENERATE = "generate"  # /api/generate
+    EMBED = "embed"  # /api/embed
+    EMBED_LEGACY = "embeddings_legacy"  # /api/embeddings
+    SHOW = "show"  # /api/show
+
+    @property
+    def streams(self) -> bool:
+        return self in (Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.GENERATE)
+
+
+class Route(NamedTuple):
+    method: str
+    path: str  # on the shared URL; the gateway serves it under each endpoint's own URL too
+    endpoint: Endpoint
+
+
+class Call(NamedTuple):
+    """What a client request asks for (a named tuple: one is made per request)."""
+
+    dialect: Dialect
+    endpoint: Endpoint
+    path: str
+    body: bytes
+    payload: dict[str, Any]
+    model: str
+    stream: bool
+    fallback_from: str | None = None  # "<endpoint>/<model>" when this call is a fallback
+
+
+class TranslationError(ValueError):
+    """The request cannot be expressed in the worker's dialect; the message says which field (a 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """What the adapter measured, in nanoseconds, plus the ISO timestamp for ``created_at``."""
+
+    created_at: str
+    total_ns: int = 0
+    first_token_ns: int = 0  # from request start to the first content token (prompt evaluation)
+
+
+class Counts(NamedTuple):
+    """What a translated answer says the worker did: tokens (None: not reported) and the decode time."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    seconds: float = 0.0
+
+
+class StreamTranslation(Protocol):
+    @property
+    def finish_reason(self) -> object:
+        """None until the worker's stream said why the model stopped."""
+        ...
+
+    def feed(self, event: JSON, created_at: str) -> list[JSON]:
+        """The client's frames for one of the worker's stream events."""
+        ...
+
+    def finish(self, timing: Timing) -> tuple[list[JSON], Counts]:
+        """The client's last frames once the worker's stream ended with the model's finish."""
+        ...
+
+
+class Translation(Protocol):
+    """One call carried from the client's dialect to a worker's and back (see the module's docstring)."""
+
+    worker_stream: StreamKind  # how the worker frames its stream
+    content_type: str  # of the client's stream
+
+    def request(self, call: Call, model: str) -> tuple[str, JSON]:
+        """(the worker's path, the request body) for ``call`` with the worker's name of the model."""
+        ...
+
+    def alternate(self, request: JSON) -> JSON | None:
+        """Another form of ``request`` to try once when the worker refuses it (None: none)."""
+        ...
+
+    def answer(self, call: Call, answer: JSON, timing: Timing) -> tuple[JSON, Counts]:
+        """The client's answer for the worker's whole answer. Raises on a worker answer of the wrong shape."""
+        ...
+
+    def stream(self, call: Call) -> StreamTranslation: ...
+
+    def frame(self, obj: JSON) -> bytes:
+        """One frame of the client's stream."""
+        ...
+
+
+class ClientAPI(Protocol):
+    """A client-facing dialect (see the module's docstring)."""
+
+    dialect: Dialect
+    routes: tuple[Route, ...]
+    stream_kind: StreamKind
+
+    def stream_default(self, endpoint: Endpoint) -> bool:
+        """Whether a request that does not say ``stream`` streams."""
+        ...
+
+    def model_field(self, endpoint: Endpoint, payload: JSON) -> tuple[str, object]:
+        """(the field that names the model, its value) in a request body."""
+        ...
+
+    def error_body(self, err: TurnoutError) -> bytes: ...
+
+    def error_frame(self, err: TurnoutError) -> bytes: ...
+
+    def error_in_dialect(self, body: JSON) -> bool:
+        """Whether a worker's error body already has this dialect's shape (then it is relayed as it is)."""
+        ...
+
+    def translation(self, worker: WorkerAPI, endpoint: Endpoint) -> Translation | None: ...

@@ -1,0 +1,135 @@
+"""Every request's frame: the answer's dialect by path, the admin gate, errors in the route's dialect,
+metrics, catching up with the other processes of `turnout serve --workers N`, and the fast way to a fixed route.
+
+:func:`request_handler` is what the server calls for each request (:func:`turnout.gateway.server.start_runner`);
+:func:`middleware` is the app's one middleware, for a request aiohttp's router resolved. Both end in
+:func:`_respond`. The admin gate is the admin package's (:data:`turnout.gateway.keys.ADMIN_GATE`, set by
+:func:`turnout.wiring.create_app`): the gateway does not import the admin package it serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import hdrs, web
+from aiohttp.web_urldispatcher import AbstractRoute, PlainResource, UrlMappingMatchInfo
+
+from turnout.core.endpoint_urls import api_path
+from turnout.dialects import dialect_of
+from turnout.dialects.base import Dialect
+from turnout.errors import NotFound, TurnoutError
+from turnout.gateway.keys import ADMIN_GATE, METRICS, PEERS
+from turnout.responses import error_response
+
+__all__ = ["Handler", "fixed_routes", "middleware", "request_handler"]
+
+log = logging.getLogger("turnout.gateway")
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]  # web.Server's request_handler
+
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _dialect(path: str) -> Dialect:
+    """The shape of the answers on ``path``: an endpoint's own URL (``/endpoints/<name>/api/...``) too."""
+    return dialect_of(api_path(path))
+
+
+@web.middleware
+async def middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """The app's one middleware, for a request aiohttp's router resolved (see :func:`request_handler`)."""
+    resource = request.match_info.route.resource
+    endpoint = resource.canonical if resource is not None else "unmatched"
+    return await _respond(request, handler, _dialect(request.path), endpoint)
+
+
+async def _respond(
+    request: web.Request,
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    dialect: Dialect,
+    endpoint: str,
+) -> web.StreamResponse:
+    """Every request's frame: admin auth, errors in the route's dialect, metrics, and catching up with the
+    other processes of `turnout serve --workers N`."""
+    app = request.app
+    metrics = app[METRICS]
+    started = time.perf_counter()
+    metrics.requests_in_flight += 1
+    peers = app[PEERS]  # always set: .get() of a missing key costs an exception on every request
+    try:
+        if peers is not None and peers.moved():
+            await peers.catch_up()  # another process changed keys, placement or endpoints: take them first
+        if dialect is Dialect.ADMIN:
+            await app[ADMIN_GATE](request)  # Bearer token, or a browser session + CSRF; UI pages check their own
+        response = await handler(request)
+        if peers is not None and dialect is Dialect.ADMIN and request.method not in _READS and response.status < 400:
+            peers.announce()  # before the answer leaves: the other processes re-read before their next request
+    except TurnoutError as exc:
+        response = error_response(dialect, exc)
+    except web.HTTPException as exc:
+        if exc.status == 404:
+            err: TurnoutError = NotFound(f"no route {request.method} {request.path}", code="unknown_route")
+        else:
+            err = TurnoutError(exc.reason, code="http_error")
+            err.status = exc.status
+        response = error_response(dialect, err)
+    except ConnectionResetError:
+        raise  # the client went away mid-response: nothing to answer, not a gateway error
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        response = error_response(dialect, TurnoutError("internal error; see the gateway log"))
+    finally:
+        metrics.requests_in_flight -= 1
+    metrics.request_done(dialect.value, endpoint, response.status, time.perf_counter() - started)
+    return response
+
+
+def fixed_routes(app: web.Application) -> dict[tuple[str, str], tuple[AbstractRoute, Dialect, str]]:
+    """(method, path) -> (route, dialect, metrics label) for every request aiohttp's router would resolve to a
+    plain resource's route with that method: what :func:`request_handler` takes without the router."""
+    fixed: dict[tuple[str, str], tuple[AbstractRoute, Dialect, str]] = {}
+    any_method: set[str] = set()  # paths a "*" route took first: the router picks it for every method
+    for route in app.router.routes():  # in the order they were added, which is the order the router tries
+        resource = route.resource
+        if not isinstance(resource, PlainResource):
+            continue
+        path = resource.canonical
+        if route.method == hdrs.METH_ANY:
+            any_method.add(path)
+        elif path not in any_method:
+            fixed.setdefault((route.method, path), (route, _dialect(path), path))
+    return fixed
+
+
+def request_handler(app: web.Application) -> Handler:
+    """What the server calls for each request of ``app`` (``web.Server.request_handler``; see
+    :func:`turnout.gateway.server.start_runner`).
+
+    A request for one of the app's fixed paths (``POST /v1/chat/completions``, ``GET /v1/models``, ...: a
+    plain resource with a concrete method) goes straight to its handler inside :func:`_respond`, without
+    aiohttp's router walk and middleware chain, which cost about a twentieth of a proxied request's CPU
+    (bench/README.md). The rest (paths with variables or a query, percent-escapes, ``Expect``, unknown routes,
+    a method the path does not take) goes through ``app._handle`` as usual. Both end in the same handler and
+    the same :func:`_respond`, so the answer is the same either way (tests/gateway/test_request_handler.py).
+    ``app`` must be frozen (its runner set up): its routes no longer change."""
+    if tuple(app.middlewares) != (middleware,):  # someone added a middleware: the router's way applies it
+        return app._handle  # type: ignore[return-value]  # aiohttp's server only makes web.Request
+    fixed = fixed_routes(app)
+    handle = app._handle
+
+    async def handle_request(request: web.BaseRequest) -> web.StreamResponse:
+        found = fixed.get((request.method, request.raw_path))
+        if found is None or hdrs.EXPECT in request.headers:
+            return await handle(request)  # type: ignore[arg-type]  # aiohttp's server only makes web.Request
+        route, dialect, endpoint = found
+        match_info = UrlMappingMatchInfo({}, route)
+        match_info.add_app(app)
+        match_info.freeze()
+        request._match_info = match_info  # type: ignore[attr-defined]  # what app._handle sets after resolving
+        return await _respond(request, route.handler, dialect, endpoint)  # type: ignore[arg-type]
+
+    return handle_request
