@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from turnout.atomic import write_atomic
 from turnout import atomic
+from turnout.atomic import write_atomic
 
 
 def test_writes_and_replaces(tmp_path: Path) -> None:
