@@ -28,6 +28,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from turnout.core.aliases import table_problems
 from turnout.core.patterns import Pattern, parse_pattern
 from turnout.core.placement import PlacementMode, PlacementRules
 from turnout.defaults import CONFIG_FILE_NAME
@@ -420,6 +421,11 @@ class Settings(_Model):
     tenants: dict[str, Tenant] = Field(default_factory=dict)
     pools: Pools | None = Field(None, description="run the local ModelClaim controller inside the gateway")
     workers: list[Worker] = Field(default_factory=list)
+    aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="model aliases: a name clients ask for -> the model it stands for (docs/aliases.md); "
+        "aliases set through the admin API replace these by name",
+    )
 
     # Filled by the loader, not by the file.
     config_path: Path | None = Field(None, exclude=True)
@@ -434,6 +440,14 @@ class Settings(_Model):
                 raise ValueError(f"workers[{index}].name: duplicate worker name {worker.name!r}")
             seen.add(worker.name)
         return self
+
+    @field_validator("aliases")
+    @classmethod
+    def _aliases(cls, value: dict[str, str]) -> dict[str, str]:
+        problems = table_problems(value, field="")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
 
     @model_validator(mode="after")
     def _open_only_on_loopback(self) -> Self:

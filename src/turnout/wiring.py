@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from turnout.admin.accounts import add_account_routes
+from turnout.admin.aliases_api import add_alias_routes
 from turnout.admin.api import add_admin_routes
 from turnout.admin.auth import AdminAuth
 from turnout.admin.backup_api import add_backup_routes
@@ -34,11 +35,13 @@ from turnout.fleet.poller import Poller
 from turnout.fleet.state import Fleet
 from turnout.gateway.access import AccessLog
 from turnout.gateway.accounting import Accountant
+from turnout.gateway.aliases import Aliases
 from turnout.gateway.dispatch import Dispatcher
 from turnout.gateway.frame import middleware
 from turnout.gateway.keys import (
     ACCOUNTANT,
     ADMIN_GATE,
+    ALIASES,
     AUDIT,
     DATABASE,
     DISPATCHER,
@@ -63,6 +66,7 @@ from turnout.redaction import handler_args
 from turnout.state.changes import ChangeCounter
 from turnout.state.placement_store import PlacementStore
 from turnout.state.running import GatewayMark
+from turnout.store.aliases import AliasStore
 from turnout.store.audit import AuditLog
 from turnout.store.db import Database, database_url
 from turnout.store.endpoints import EndpointStore
@@ -135,6 +139,7 @@ async def _catch_up(app: web.Application) -> None:
     app[ACCOUNTANT].forget()
     app[FLEET].placement.refresh(force=True)
     await app[ENDPOINTS].sync()
+    await app[ALIASES].reload()
     app[DISPATCHER].wake_all()
 
 
@@ -211,6 +216,7 @@ def create_app(
     app[ACCOUNTANT] = accountant
     app[SIGNINS] = AdminSignIns()
     app[ENDPOINTS] = endpoints
+    aliases = app[ALIASES] = Aliases(settings.aliases, AliasStore(database))
     claims = _claim_bindings(settings, fleet, client, metrics)
     if claims is not None:
         claims.on_change = dispatcher.wake_all
@@ -220,6 +226,7 @@ def create_app(
     add_admin_routes(app)
     add_account_routes(app)
     add_endpoint_routes(app)
+    add_alias_routes(app)
     add_backup_routes(app)
     add_ui_routes(app)
     app.router.add_get("/metrics", _metrics)
@@ -240,11 +247,13 @@ def create_app(
         await poller.poll_all()
         poller.start()
         await endpoints.start()
+        await aliases.start()
         if claims is not None:
             claims.start()
         yield
         if claims is not None:
             await claims.stop()
+        await aliases.stop()
         await endpoints.stop()
         await poller.stop()
         await accountant.close()

@@ -59,6 +59,7 @@ __all__ = [
     "MAX_SCOPES",
     "MAX_TIMESTAMP",
     "MAX_URL",
+    "AliasSet",
     "AuditQuery",
     "EndpointChange",
     "EndpointCreate",
@@ -427,6 +428,20 @@ class EndpointChange(_Input):
             if optional in out and not out[optional]:
                 out[optional] = None
         return out
+
+
+class AliasSet(_Input):
+    """``PUT /admin/api/aliases/{name}`` (the name from the path) and ``turnout alias set NAME MODEL``: one exact
+    model name each (whether the alias would chain is decided against the aliases in force when it is written)."""
+
+    name: StrictStr
+    model: StrictStr
+
+    @model_validator(mode="after")
+    def _names(self) -> AliasSet:
+        _model_name(self.name, "name", exact=True)
+        _model_name(self.model, "model", exact=True)
+        return self
 
 
 class PlacementToggle(_Input):

@@ -4,6 +4,7 @@
 - :mod:`.workers`: ``worker add|list|remove`` (the config file's workers)
 - :mod:`.endpoints`: ``endpoint ...`` (external endpoints)
 - :mod:`.accounts`: ``key ...``, ``usage``, ``audit``
+- :mod:`.aliases`: ``alias list|set|remove`` (model aliases)
 - :mod:`.backup`: ``backup create|restore``
 - :mod:`.claims`: ``claim ...``, ``controller``, ``operator``
 - :mod:`.agent`: ``agent`` (the runtime agent of a pool pod)
@@ -21,7 +22,7 @@ from typing import Annotated
 import typer
 
 from turnout import __version__
-from turnout.cli import accounts, agent, backup, claims, endpoints, gateway, workers
+from turnout.cli import accounts, agent, aliases, backup, claims, endpoints, gateway, workers
 
 __all__ = ["app", "main"]
 
@@ -54,7 +55,8 @@ def version() -> None:
     typer.echo(__version__)
 
 
-for group in (gateway, agent, claims, workers, endpoints, accounts, backup):  # `turnout --help` lists serve first
+# `turnout --help` lists serve first
+for group in (gateway, agent, claims, workers, endpoints, aliases, accounts, backup):
     group.register(app)
 app.command()(version)
 

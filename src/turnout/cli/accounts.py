@@ -294,7 +294,7 @@ def usage(
         str | None, typer.Option(help="an external endpoint (served by it or fell back from it)")
     ] = None,
     worker: Annotated[str | None, typer.Option(help="the worker that served the requests")] = None,
-    model: Annotated[str | None, typer.Option(help="the model asked for")] = None,
+    model: Annotated[str | None, typer.Option(help="the model served (an alias counts as its model)")] = None,
     route: Annotated[str | None, typer.Option(help="the client API route, e.g. openai:chat")] = None,
     series: Annotated[bool, typer.Option("--series", help="one point per bucket (totals, as charted)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
@@ -387,7 +387,10 @@ def usage_table(rows: list[dict[str, Any]], *, series: bool, since: float, until
             served = r.get("worker") or "-"
             if r.get("fallback_from"):
                 served = f"{served} (from {r['fallback_from']})"
-            labels = [] if series else [r.get("key") or "-", r.get("model") or "-", served]
+            model = r.get("model") or "-"
+            if r.get("alias"):
+                model = f"{model} (as {r['alias']})"  # the alias the requests named
+            labels = [] if series else [r.get("key") or "-", model, served]
             out.append([local_time(r["bucket_start"], seconds=False), *labels, *measures])
         headers = head if series else [head[0], "KEY", "MODEL", "SERVED BY", *head[1:]]
         first = 1 if series else 4

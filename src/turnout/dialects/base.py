@@ -92,6 +92,7 @@ class Call(NamedTuple):
     model: str
     stream: bool
     fallback_from: str | None = None  # "<endpoint>/<model>" when this call is a fallback
+    alias: str | None = None  # the alias the client named; ``model`` (and the body's model) is what it stands for
 
 
 class TranslationError(ValueError):

@@ -5,9 +5,10 @@ Text (``turnout serve``, the default; ``--no-access-log`` or ``logging.access_lo
     127.0.0.1 "POST /v1/chat/completions HTTP/1.1" 200 1432 0.532s key=tk_AbCdEfG app=starter \
 api=openai:chat model=llama3 worker=w1 tokens=12+30
 
+A request that named a model alias has ``model=`` the model served and ``alias=`` the name it asked for.
 With ``--log-format json`` the same facts are fields of the record's JSON object (``remote``, ``method``,
 ``path``, ``status``, ``bytes``, ``latency_ms``, ``key``, ``app``, ``api``, ``model``, ``worker``,
-``prompt_tokens``, ``completion_tokens``, ``error``, ``fallback_from``). ``key`` is the key's display prefix
+``prompt_tokens``, ``completion_tokens``, ``error``, ``fallback_from``, ``alias``). ``key`` is the key's display prefix
 (``turnout key list`` shows the same), never the key; no header is ever written and secret-looking query
 values are redacted.
 
@@ -140,6 +141,9 @@ class AccessLog(AbstractAccessLogger):
             fields.update(api=row.endpoint, model=model, worker=row.worker)
             fields.update(prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens)
             line += f"{part} tokens={row.prompt_tokens}+{row.completion_tokens}"
+            if row.alias is not None:
+                asked = fields["alias"] = redact(row.alias)
+                line += f" alias={_value(asked)}"
             if row.fallback_from is not None:
                 origin = fields["fallback_from"] = redact(row.fallback_from)
                 line += f" fallback_from={_value(origin)}"

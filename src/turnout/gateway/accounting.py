@@ -224,11 +224,13 @@ class Accountant:
         return record
 
     @staticmethod
-    def check_scope(key: KeyRecord | None, model: str) -> None:
+    def check_scope(key: KeyRecord | None, model: str, alias: str | None = None) -> None:
+        """403 unless the key may use ``model`` (for a request naming an alias: the model it stands for)."""
         if key is not None and not key.allows(model):
             scopes = ", ".join(f"model:{p.text}" for p in key.scopes)
+            asked = "" if alias is None else f' (asked for as alias "{alias}")'
             raise Forbidden(
-                f'model "{model}" is not allowed for this API key (scopes: {scopes})', code="model_not_allowed"
+                f'model "{model}"{asked} is not allowed for this API key (scopes: {scopes})', code="model_not_allowed"
             )
 
     # -- limits and usage --------------------------------------------------------------------------
@@ -285,6 +287,7 @@ class Accountant:
             completion_tokens=completion_used,
             latency_ms=(time.perf_counter() - ticket.started) * 1000,
             fallback_from=outcome.fallback_from,
+            alias=call.alias,
         )
         self.usage.add(row)
         return row

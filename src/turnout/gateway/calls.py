@@ -4,6 +4,10 @@ body (the dialect's own rules, where the model is named and whether it streams b
 Every malformed input becomes a 400/413 :class:`TurnoutError` here, before any routing happens: bodies
 that are not a JSON object, JSON nested deeper than :data:`MAX_JSON_DEPTH`, and model names that
 :func:`turnout.core.names.model_name_problem` refuses (control characters, longer than 256 characters).
+
+A model alias is resolved here too (:meth:`turnout.core.aliases.AliasTable.resolve`), before scopes, limits,
+placement and routing: the call carries the model the alias stands for, in ``model`` and in its body, and the
+alias in ``alias``, so every later step treats it as a request for that model.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from turnout.core.endpoint_urls import api_path, shared_name
+from turnout.core.aliases import AliasTable
+from turnout.core.endpoint_urls import api_path, own_name, shared_name
 from turnout.core.names import model_name_problem
 from turnout.dialects import api
 from turnout.dialects.base import Call, Dialect, Endpoint
@@ -26,11 +31,18 @@ MAX_TOKENS_FIELD = 2**31 - 1  # the largest token count a client may ask for (re
 
 
 async def read_call(
-    request: web.Request, dialect: Dialect, endpoint: Endpoint, max_body: int, *, namespace: str | None = None
+    request: web.Request,
+    dialect: Dialect,
+    endpoint: Endpoint,
+    max_body: int,
+    *,
+    namespace: str | None = None,
+    aliases: AliasTable | None = None,
 ) -> Call:
     """The call a request makes. ``namespace``: the external endpoint whose own URL it came to; its model is
     then that endpoint's own name, and the call carries the shared name (``<endpoint>/<model>``) from here on,
-    so every later rule (scopes, limits, routing, usage, fallback) is the shared URL's."""
+    so every later rule (scopes, limits, routing, usage, fallback) is the shared URL's. ``aliases``: the model
+    aliases in force; a call naming one carries the model it stands for (see the module's docstring)."""
     if request.content_length is not None and request.content_length > max_body:
         raise _too_large(max_body)
     content = request.content
@@ -68,14 +80,29 @@ async def read_call(
         stream = stream_default
     if not isinstance(stream, bool):
         raise BadRequest('"stream" must be true or false')
+    alias = None if not aliases else aliases.resolve(model, namespace)
+    if alias is None:
+        return Call(
+            dialect,
+            endpoint,
+            api_path(request.path),
+            body,
+            payload,
+            shared_name(namespace, model),
+            stream and endpoint.streams,
+        )
+    # the body names the model as the client would have on this URL (the proxy maps it to the worker's name)
+    sent = alias.target if namespace is None else (own_name(namespace, alias.target) or alias.target)
+    payload = {**payload, field: sent}
     return Call(
         dialect,
         endpoint,
         api_path(request.path),
-        body,
+        orjson.dumps(payload),
         payload,
-        shared_name(namespace, model),
+        alias.target,
         stream and endpoint.streams,
+        alias=model,
     )
 
 

@@ -16,6 +16,10 @@ What real clients rely on in these listings (each rule decided in one function h
 * :func:`modified_at`: Ollama's own value for an Ollama worker's model; for an OpenAI-style worker's, the
   model's ``created`` or the time this gateway first listed it, whichever is earlier, fixed from then on (vLLM
   and llama.cpp report the time of the request as ``created``, which is not a modification time).
+* model aliases (:mod:`turnout.core.aliases`): ``/api/tags`` and ``/v1/models`` list an alias wherever the model
+  it stands for is listed for the caller, as that model's entry under the alias's name (its digest too: llm-ollama
+  then registers the alias as another name of the same model, which it is); an alias hides a model of the same
+  name, since requests for that name go to the alias's model. ``/api/ps`` lists models as they run, not aliases.
 * :func:`ollama_ps`: Ollama workers' own ``/api/ps``; every model of an OpenAI-style worker or endpoint,
   which the gateway treats as loaded (such a server serves the models it lists). An Ollama endpoint's
   residency is not polled, so its models are not listed there.
@@ -23,6 +27,7 @@ What real clients rely on in these listings (each rule decided in one function h
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
@@ -32,7 +37,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from turnout.config import WorkerType
+from turnout.core.aliases import AliasTable
 from turnout.core.endpoint_urls import own_name
+from turnout.core.names import canonical, lookup
 from turnout.core.placement import resolve_placement
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.store.db import StoreError
@@ -104,6 +111,24 @@ def _visible(fleet: Fleet, allowed: Visible, endpoint: str | None) -> list[_List
     return sorted(out.values(), key=lambda m: m.name)
 
 
+def _with_aliases(models: list[_Listed], aliases: AliasTable | None, endpoint: str | None) -> list[_Listed]:
+    """``models`` with every alias that works on this URL and whose model is among them (as that model's entry
+    under the alias's name); a model of the same name as such an alias is left out (the alias shadows it)."""
+    if not aliases:
+        return models
+    names = aliases.names_on(endpoint)
+    if not names:
+        return models
+    shadowed = {canonical(shown) for shown, _ in names}
+    by_shared = {m.shared: m for m in models}
+    listed = [m for m in models if canonical(m.name) not in shadowed]
+    for shown, alias in names:
+        served = lookup(alias.target, by_shared)
+        if served is not None:
+            listed.append(dataclasses.replace(by_shared[served], name=shown))
+    return sorted(listed, key=lambda m: m.name)
+
+
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -163,18 +188,29 @@ def _tag(fleet: Fleet, model: _Listed, own_url: bool, now: float) -> dict[str, A
 
 
 def ollama_tags(
-    fleet: Fleet, allowed: Visible = _everything, endpoint: str | None = None, *, now: float | None = None
+    fleet: Fleet,
+    allowed: Visible = _everything,
+    endpoint: str | None = None,
+    *,
+    aliases: AliasTable | None = None,
+    now: float | None = None,
 ) -> dict[str, Any]:
     own_url, when = endpoint is not None, time.time() if now is None else now
-    return {"models": [_tag(fleet, m, own_url, when) for m in _visible(fleet, allowed, endpoint)]}
+    listed = _with_aliases(_visible(fleet, allowed, endpoint), aliases, endpoint)
+    return {"models": [_tag(fleet, m, own_url, when) for m in listed]}
 
 
 def openai_models(
-    fleet: Fleet, allowed: Visible = _everything, endpoint: str | None = None, *, now: float | None = None
+    fleet: Fleet,
+    allowed: Visible = _everything,
+    endpoint: str | None = None,
+    *,
+    aliases: AliasTable | None = None,
+    now: float | None = None,
 ) -> dict[str, Any]:
     when = time.time() if now is None else now
     data = []
-    for m in _visible(fleet, allowed, endpoint):
+    for m in _with_aliases(_visible(fleet, allowed, endpoint), aliases, endpoint):
         if m.openai:
             created = _modified_epoch(fleet, m.shared, m.entry, when)
             owner = m.entry.get("owned_by") or (m.state.name if m.state is not None else "")

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from turnout.fleet.poller import Poller
     from turnout.fleet.state import Fleet
     from turnout.gateway.accounting import Accountant
+    from turnout.gateway.aliases import Aliases
     from turnout.gateway.dispatch import Dispatcher
     from turnout.gateway.peers import Peers
     from turnout.gateway.proxy import Proxy
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ACCOUNTANT",
     "ADMIN_GATE",
+    "ALIASES",
     "AUDIT",
     "DATABASE",
     "DISPATCHER",
@@ -51,6 +53,7 @@ KEYS: web.AppKey[KeyStore] = web.AppKey("keys")
 AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
 USAGE: web.AppKey[UsageStore] = web.AppKey("usage")
 ENDPOINTS: web.AppKey[EndpointManager] = web.AppKey("endpoints")
+ALIASES: web.AppKey[Aliases] = web.AppKey("aliases")  # the model aliases in force (turnout.gateway.aliases)
 # Other gateway processes on this data dir (None only where the data dir has no change counter).
 PEERS: web.AppKey[Peers | None] = web.AppKey("peers")
 # The admin package's gate for /admin/... (a Bearer token, or a browser session + CSRF), run by the request frame;

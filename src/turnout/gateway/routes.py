@@ -2,7 +2,8 @@
 
 Each route is served twice by the same handler: on the shared URL, and on each external endpoint's own URL
 (``/endpoints/<name>/v1/...``, ``/endpoints/<name>/api/...``), where the endpoint's models go by their own
-names (:mod:`turnout.core.endpoint_urls`; the model is mapped to its shared name in :func:`read_call`).
+names (:mod:`turnout.core.endpoint_urls`; the model is mapped to its shared name in :func:`read_call`). A model
+alias is resolved in :func:`read_call` too, before the scope check; listings show aliases beside models.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from turnout.gateway.access import CALLER, USAGE_ROW
 from turnout.gateway.accounting import Outcome, Ticket
 from turnout.gateway.calls import read_call
 from turnout.gateway.catalog import ollama_ps, ollama_tags, openai_models
-from turnout.gateway.keys import ACCOUNTANT, FLEET, PROXY, SETTINGS
+from turnout.gateway.keys import ACCOUNTANT, ALIASES, FLEET, PROXY, SETTINGS
 from turnout.responses import json_response
 
 __all__ = ["OLLAMA_COMPAT_VERSION", "add_client_routes"]
@@ -39,15 +40,20 @@ def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
         accountant = app[ACCOUNTANT]
         key = request[CALLER] = await accountant.authenticate(request)
         call = await read_call(
-            request, dialect, endpoint, app[SETTINGS].limits.max_body_bytes, namespace=endpoint_of(request)
+            request,
+            dialect,
+            endpoint,
+            app[SETTINGS].limits.max_body_bytes,
+            namespace=endpoint_of(request),
+            aliases=app[ALIASES].table,
         )
         if endpoint is Endpoint.SHOW:
-            accountant.check_scope(key, call.model)
+            accountant.check_scope(key, call.model, call.alias)
             ticket = Ticket(key, 0, [], 0.0)
         else:
             asked = time.perf_counter()
             try:
-                accountant.check_scope(key, call.model)
+                accountant.check_scope(key, call.model, call.alias)
                 ticket = await accountant.admit(key, call)
             except TurnoutError as exc:  # 403 scope, 429 limit, 503 limits unavailable: an error of this key
                 request[USAGE_ROW] = await accountant.finish(Ticket(key, 0, [], asked), call, Outcome(), exc.status)
@@ -105,19 +111,19 @@ async def _listing(request: web.Request) -> dict[str, Any]:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return json_response(openai_models(**await _listing(request)))
+    return json_response(openai_models(**await _listing(request), aliases=request.app[ALIASES].table))
 
 
 async def get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
-    for entry in openai_models(**await _listing(request))["data"]:
+    for entry in openai_models(**await _listing(request), aliases=request.app[ALIASES].table)["data"]:
         if entry["id"] == model_id:
             return json_response(entry)
     raise NotFound(f'model "{model_id}" not found', code="model_not_found")
 
 
 async def tags(request: web.Request) -> web.Response:
-    return json_response(ollama_tags(**await _listing(request)))
+    return json_response(ollama_tags(**await _listing(request), aliases=request.app[ALIASES].table))
 
 
 async def ps(request: web.Request) -> web.Response:

@@ -23,6 +23,7 @@ __all__ = [
     "endpoints",
     "keys",
     "metadata",
+    "model_aliases",
     "model_listings",
     "tenants",
     "usage",
@@ -67,7 +68,7 @@ keys = Table(
 )
 
 usage = Table(
-    # One row per (flush, minute, key, endpoint, model, worker, status, fallback origin): requests are
+    # One row per (flush, minute, key, endpoint, model, worker, status, fallback origin, alias): requests are
     # rolled up in memory and written in batches, so the table grows with traffic shape, not volume.
     "usage_rollup",
     metadata,
@@ -79,6 +80,7 @@ usage = Table(
     Column("worker", String(128), nullable=True),
     Column("status", Integer, nullable=False),
     Column("fallback_from", String(320), nullable=True),
+    Column("alias", String(256), nullable=True),  # since 0013: the alias the request named (model: what ran)
     Column("requests", Integer, nullable=False),
     Column("errors", Integer, nullable=False),
     Column("prompt_tokens", BigInteger, nullable=False),
@@ -140,4 +142,15 @@ model_listings = Table(
     metadata,
     Column("name", String(600), primary_key=True),  # the shared name ("<endpoint>/<model>" for an endpoint's)
     Column("first_listed", Float, nullable=False),  # epoch seconds
+)
+
+model_aliases = Table(
+    # Model aliases set through the admin API or the CLI (turnout.store.aliases); the config's own are not here.
+    "model_aliases",
+    metadata,
+    Column("canonical", String(264), primary_key=True),  # turnout.core.names.canonical(name): one row per alias
+    Column("name", String(256), nullable=False),  # as written
+    Column("model", String(256), nullable=False),  # the model it stands for (a shared name)
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
 )

@@ -3,7 +3,8 @@
 Used by the gateway's usage batcher (:mod:`turnout.gateway.accounting`), the admin usage API and
 ``turnout usage``.
 
-A group is (minute, key, endpoint, model, worker, status, fallback origin). Each roll-up keeps counts,
+A group is (minute, key, endpoint, model, worker, status, fallback origin, alias): ``model`` is the model that
+was served, ``alias`` the alias the request named for it (None when it named the model). Each roll-up keeps counts,
 token sums, latency min, max and sum, and a latency histogram (:mod:`turnout.core.latency`), so percentiles
 can be computed for any bucket width later.
 
@@ -101,6 +102,7 @@ class UsageRow(NamedTuple):
     completion_tokens: int
     latency_ms: float
     fallback_from: str | None = None
+    alias: str | None = None  # the alias the client named (``model`` is what it stands for)
 
     @property
     def group(self) -> Group:
@@ -112,6 +114,7 @@ class UsageRow(NamedTuple):
             self.worker,
             self.status,
             self.fallback_from,
+            self.alias,
         )
 
 
@@ -167,10 +170,10 @@ class Refused:
 
     def describe(self) -> str:
         """One log line naming the row (text repr-escaped and shortened; no values beyond the group)."""
-        minute, key_id, endpoint, model, worker, status, fallback_from = self.group
+        minute, key_id, endpoint, model, worker, status, fallback_from, alias = self.group
         return (
             f"minute={minute} key_id={key_id} endpoint={_short(endpoint)} model={_short(model)} "
-            f"worker={_short(worker)} status={status} fallback_from={_short(fallback_from)} "
+            f"worker={_short(worker)} status={status} fallback_from={_short(fallback_from)} alias={_short(alias)} "
             f"requests={self.rollup.requests}: {self.reason}"
         )
 
@@ -190,7 +193,7 @@ class _Item:
     strict: bool = False  # already fitted ASCII-only
 
 
-_GROUP_COLUMNS = ("minute", "key_id", "endpoint", "model", "worker", "status", "fallback_from")
+_GROUP_COLUMNS = ("minute", "key_id", "endpoint", "model", "worker", "status", "fallback_from", "alias")
 _INT32 = 2**31 - 1
 _INT64 = 2**63 - 1
 _FLOAT_MAX = 1e300  # finite on every backend; NaN is not storable everywhere (SQLite reads it as NULL)
@@ -319,7 +322,7 @@ class UsageStore:
         where: UsageFilter | None = None,
         until: float | None = None,
     ) -> list[dict[str, Any]]:
-        """Per (bucket start, key, endpoint, worker, model, fallback origin): counts (also per status), tokens,
+        """Per (bucket start, key, endpoint, worker, model, fallback origin, alias): counts (also per status), tokens,
         latency min, p50, p95 and max. Percentiles lie within [min, max] (see ``latency.percentile`` for their
         error bound); they are None when no request of the group carries a histogram (rows carried over from
         before roll-ups), and min is None when some roll-up does not know its minimum (written before 0004)."""
@@ -328,7 +331,7 @@ class UsageStore:
         groups: dict[Group, dict[str, Any]] = {}
         for r in self._rows(since, until, where):
             start = r["minute"] // width * width
-            group = (start, r["prefix"], r["endpoint"], r["worker"], r["model"], r["fallback_from"])
+            group = (start, r["prefix"], r["endpoint"], r["worker"], r["model"], r["fallback_from"], r["alias"])
             g = groups.get(group)
             if g is None:
                 g = groups[group] = {
@@ -338,6 +341,7 @@ class UsageStore:
                     "worker": r["worker"],
                     "model": r["model"],
                     "fallback_from": r["fallback_from"],
+                    "alias": r["alias"],
                     **_empty(),
                 }
             _add(g, r)
@@ -472,7 +476,7 @@ _MEASURE_COLUMNS = (
     "latency_ms_p95",
     "latency_ms_max",
 )
-SUMMARY_COLUMNS = (*_BUCKET_COLUMNS, "key", "endpoint", "worker", "model", "fallback_from", *_MEASURE_COLUMNS)
+SUMMARY_COLUMNS = (*_BUCKET_COLUMNS, "key", "endpoint", "worker", "model", "fallback_from", "alias", *_MEASURE_COLUMNS)
 SERIES_COLUMNS = (*_BUCKET_COLUMNS, *_MEASURE_COLUMNS)
 
 
