@@ -47,6 +47,7 @@ PAGES = [
     ("placement", "/admin/placement", "ui.placement"),
     ("placement-worker", "/admin/placement/workers/gpu-b", "ui.placement.worker"),
     ("endpoints", "/admin/endpoints", "ui.endpoints"),
+    ("models", "/admin/models", "ui.models"),
     ("keys", "/admin/keys", "ui.keys"),
     ("usage", "/admin/usage", "ui.usage"),
     ("audit", "/admin/audit", "ui.audit"),
@@ -56,9 +57,17 @@ PAGES = [
 
 
 async def seed(url: str) -> None:
-    """Some state worth looking at: UI exceptions, a key, traffic for usage and the overview."""
+    """Some state worth looking at: UI exceptions, model aliases, a key, traffic for usage and the overview."""
     admin = {"Authorization": f"Bearer {TOKEN}"}
     async with aiohttp.ClientSession() as http:
+        for alias, model in (
+            ("claude-sonnet-4-5", "qwen3:32b"),
+            ("claude-haiku-4-5", "qwen3:8b"),
+            ("gpt-5-codex", "deepseek-r1:14b"),  # over the config file's
+            ("o4-mini", "phi4:14b"),  # a model no worker has
+        ):
+            async with http.put(f"{url}/admin/api/aliases/{alias}", json={"model": model}, headers=admin) as r:
+                r.raise_for_status()
         for worker, model in (("gpu-a", "deepseek-r1:14b"), ("mac-studio", "mistral-small:24b")):
             async with http.post(
                 f"{url}/admin/api/placement/workers/{worker}/toggle", json={"model": model}, headers=admin
@@ -68,7 +77,7 @@ async def seed(url: str) -> None:
         async with http.post(f"{url}/admin/api/keys", json=new_key, headers=admin) as r:
             key = (await r.json())["key"]
         for i in range(24):
-            model = ("llama3.2", "qwen3:8b", "qwen3:32b", "llama3.3:70b")[i % 4]
+            model = ("llama3.2", "qwen3:8b", "claude-sonnet-4-5", "llama3.3:70b")[i % 4]
             body = {"model": model, "messages": [{"role": "user", "content": f"hello {i}"}], "stream": False}
             async with http.post(
                 f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
@@ -95,6 +104,7 @@ async def main(out: Path) -> None:
                     "health": {"interval_s": 3600, "timeout_s": 1},
                     "workers": workers,
                     "pools": pools,
+                    "aliases": {"gpt-5-codex": "qwen3:32b", "gpt-4o": "llama3.3:70b"},
                 }
             )
         )

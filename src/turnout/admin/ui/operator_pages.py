@@ -1,4 +1,5 @@
-"""Mounts the operator pages: Endpoints, Keys, Usage, Audit, Runtime pools, Persistence (one module each)."""
+"""Mounts the operator pages: Endpoints, Model aliases, Keys, Usage, Audit, Runtime pools, Persistence (one module
+each)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from aiohttp import web
 from turnout.admin.ui.audit_page import add_audit_routes
 from turnout.admin.ui.endpoints_page import add_endpoints_routes
 from turnout.admin.ui.keys_page import add_keys_routes
+from turnout.admin.ui.models_page import add_models_routes
 from turnout.admin.ui.persistence_page import add_persistence_routes
 from turnout.admin.ui.pools_page import add_pools_routes
 from turnout.admin.ui.usage_page import add_usage_routes
@@ -16,6 +18,7 @@ __all__ = ["add_operator_pages"]
 
 def add_operator_pages(app: web.Application) -> None:
     add_endpoints_routes(app)
+    add_models_routes(app)
     add_keys_routes(app)
     add_usage_routes(app)
     add_persistence_routes(app)

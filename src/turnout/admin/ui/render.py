@@ -57,6 +57,7 @@ NAV = (
     NavEntry("ui.overview", "nav.overview"),
     NavEntry("ui.placement", "nav.placement"),
     NavEntry("ui.endpoints", "nav.endpoints"),
+    NavEntry("ui.models", "nav.models"),
     NavEntry("ui.keys", "nav.keys"),
     NavEntry("ui.usage", "nav.usage"),
     NavEntry("ui.audit", "nav.audit"),
