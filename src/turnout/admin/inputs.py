@@ -204,6 +204,7 @@ def _one_credential(spec: Any) -> None:
 
 
 ApiType = Literal["openai", "ollama"]
+NativeApi = Literal["anthropic", "responses"]  # turnout.dialects.base.NATIVE_APIS
 
 
 class _Input(BaseModel):
@@ -373,6 +374,7 @@ class EndpointCreate(_Input):
     credential_env: EnvName | None = None
     fallback_model: StrictStr | None = None
     latency_budget_ms: LatencyBudget | None = None
+    native_apis: list[NativeApi] | None = None
 
     @model_validator(mode="after")
     def _fallback(self) -> EndpointCreate:
@@ -392,6 +394,7 @@ class EndpointTest(_Input):
     name: EndpointName | None = None
     fallback_model: StrictStr | None = None
     latency_budget_ms: LatencyBudget | None = None
+    native_apis: list[NativeApi] | None = None
 
     @model_validator(mode="after")
     def _fallback(self) -> EndpointTest:
@@ -410,6 +413,7 @@ class EndpointChange(_Input):
     credential_env: EnvName | None = None
     fallback_model: StrictStr | None = None
     latency_budget_ms: LatencyBudget | None = None
+    native_apis: list[NativeApi] | None = None  # null or [] : none
 
     @model_validator(mode="after")
     def _check(self) -> EndpointChange:
