@@ -408,6 +408,16 @@ class Worker(_Model):
     def _once_each(cls, value: list[str]) -> list[str]:
         return sorted(set(value))
 
+    @field_validator("url", "metrics_url")
+    @classmethod
+    def _no_userinfo(cls, value: AnyHttpUrl | None) -> AnyHttpUrl | None:
+        if value is not None and (value.username is not None or value.password is not None):
+            raise ValueError(
+                'must not carry a user or password (user:password@host): put an API key in "api_key" (sent as a '
+                "Bearer token), not in the URL (shown in listings and logs)"
+            )
+        return value
+
     @field_validator("api_key")
     @classmethod
     def _header_safe(cls, value: str | None) -> str | None:

@@ -160,6 +160,11 @@ def _url(value: str) -> str:
         raise ValueError("has an invalid host or a port outside 1..65535") from None
     if not parts.hostname or parts.port == 0:
         raise ValueError("has an invalid host or a port outside 1..65535")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            "must not carry a user or password (user:password@host): give the credential as the endpoint's "
+            "credential (stored encrypted, never shown), not in the URL (shown in listings and logs)"
+        )
     return base_url(value).url  # http://host:1234/v1 -> http://host:1234 (callers say so: url_note)
 
 
