@@ -224,3 +224,10 @@ def test_agent_environment(env: dict[str, str], mock: bool, cache: Path | None) 
 def test_agent_environment_refuses_an_unclear_mock_switch() -> None:
     with pytest.raises(ConfigError, match="AIBRIX_MODEL_RUNTIME_MOCK='maybe': use 1"):
         agent_env({"AIBRIX_MODEL_RUNTIME_MOCK": "maybe"})
+
+
+@pytest.mark.parametrize("field", ["url", "metrics_url"])
+def test_a_worker_url_may_not_carry_a_password(tmp_path: Path, field: str) -> None:
+    entry = {"name": "a", "url": "http://127.0.0.1:1", field: "http://user:pw@127.0.0.1:2"}
+    with pytest.raises(ConfigError, match=rf"workers\[0\]\.{field}: .*user or password"):
+        load_settings(write(tmp_path, {"workers": [entry]}), env={})

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AnyHttpUrl,
@@ -383,6 +383,9 @@ class WorkerType(StrEnum):
     OPENAI = "openai"
 
 
+NativeApi = Literal["anthropic", "responses"]  # turnout.dialects.base.NATIVE_APIS (a test checks they agree)
+
+
 class Worker(_Model):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     url: AnyHttpUrl
@@ -394,7 +397,27 @@ class Worker(_Model):
     metrics_url: AnyHttpUrl | None = Field(
         None, description="optional Prometheus endpoint exposing GPU utilisation / memory (DCGM, nvidia_smi)"
     )
+    native_apis: list[NativeApi] = Field(
+        default_factory=list,
+        description="client APIs this worker serves itself, passed through to it unchanged instead of translated: "
+        '"anthropic" (Messages: recent llama.cpp llama-server, Ollama), "responses" (vLLM, Ollama, LM Studio)',
+    )
     model_placement: ModelPlacement = Field(default_factory=ModelPlacement)
+
+    @field_validator("native_apis")
+    @classmethod
+    def _once_each(cls, value: list[str]) -> list[str]:
+        return sorted(set(value))
+
+    @field_validator("url", "metrics_url")
+    @classmethod
+    def _no_userinfo(cls, value: AnyHttpUrl | None) -> AnyHttpUrl | None:
+        if value is not None and (value.username is not None or value.password is not None):
+            raise ValueError(
+                'must not carry a user or password (user:password@host): put an API key in "api_key" (sent as a '
+                "Bearer token), not in the URL (shown in listings and logs)"
+            )
+        return value
 
     @field_validator("api_key")
     @classmethod

@@ -34,6 +34,8 @@ _PATTERNS = (
     # an admin UI session's cookie token (turnout.admin.ui.sessions)
     (re.compile(r"tses_[A-Za-z0-9_-]{8,}"), f"tses_{REDACTED}"),
     (re.compile(r"(?i)\b(bearer|basic)(\s+|%20|\+)[^\s'\",;&]+"), rf"\1\2{REDACTED}"),
+    # a URL's user:password@ (a database URL in an error, a URL pasted with its credential)
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@'\"]*:[^/\s@'\"]+@"), rf"\1{REDACTED}@"),
     (re.compile(rf"(?i)\b({_SECRET_HEADERS})(\s*[:=]\s*)[^\r\n'\"]*"), rf"\1\2{REDACTED}"),
     (re.compile(rf"(?i)([?&;]({_SECRET_PARAMS})=)[^&;\s#'\"]*"), rf"\1{REDACTED}"),
 )
@@ -41,7 +43,7 @@ _PATTERNS = (
 # is, without running the patterns (most log lines and request paths; the patterns cost tens of µs a line).
 _HINTS = (
     *("tk_", "tses_", "bearer", "basic", "auth", "key", "token", "cookie"),
-    *("passw", "pwd", "secret", "session", "credential", "sig"),
+    *("passw", "pwd", "secret", "session", "credential", "sig", "://"),
 )
 
 

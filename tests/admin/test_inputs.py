@@ -152,6 +152,8 @@ def bad(model: type[BaseModel], data: dict[str, Any]) -> Unprocessable:
         (EndpointCreate, {"name": "x" * 65, "url": "http://x"}, "name"),
         (EndpointCreate, {"name": "x/y", "url": "http://x"}, "name"),
         (EndpointCreate, {"name": "x"}, "url"),
+        (EndpointCreate, {"name": "x", "url": "http://user:pw@mac.lan:11434"}, "url"),
+        (EndpointCreate, {"name": "x", "url": "https://token@api.example.com"}, "url"),
         (EndpointCreate, {"name": "x", "url": "http://x:99999"}, "url"),
         (EndpointCreate, {"name": "x", "url": "http://x:0"}, "url"),
         (EndpointCreate, {"name": "x", "url": "http://x:port"}, "url"),

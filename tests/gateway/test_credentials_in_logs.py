@@ -17,6 +17,8 @@ import sqlite3
 import urllib.parse
 from pathlib import Path
 
+import pytest
+
 from tests.gateway.test_logging import _serving
 from turnout.masking import SECRETS, SecretValues, redact, redact_target
 
@@ -165,6 +167,19 @@ def test_counted_values_stay_until_the_last_owner_lets_go() -> None:
     values.keep("kept-for-good")
     values.discard("kept-for-good")
     assert "kept-for-good" in values
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "cannot connect to postgresql://turnout:s3cr3t-pw@db.internal:5432/turnout",
+        "redis://:s3cr3t-pw@127.0.0.1:6379/0 refused",
+        "dialing HTTPS://admin:s3cr3t-pw@mac.lan/v1",
+    ],
+)
+def test_a_password_in_a_url_is_masked(text: str) -> None:
+    masked = redact(text)
+    assert "s3cr3t-pw" not in masked and "[redacted]@" in masked, masked
 
 
 def test_query_parameters_named_for_a_credential_are_masked_in_any_spelling() -> None:

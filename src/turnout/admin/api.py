@@ -334,6 +334,7 @@ async def inventory(request: web.Request) -> web.Response:
                 {
                     "name": s.name,
                     "type": s.config.type.value,
+                    "native_apis": sorted(s.native_apis),
                     "url": s.config.base_url,
                     "healthy": s.healthy,
                     "last_error": s.last_error,

@@ -58,7 +58,10 @@ def endpoint_etag(record: EndpointRecord | dict[str, Any]) -> str:
 
 def _stored(view: dict[str, Any]) -> dict[str, Any]:
     """The stored part of a described endpoint (what its ETag covers)."""
-    keys = ("name", "url", "api", "credential", "fallback_model", "latency_budget_ms", "created_at", "updated_at")
+    keys = (
+        *("name", "url", "api", "credential", "fallback_model", "latency_budget_ms", "native_apis"),
+        *("created_at", "updated_at"),
+    )
     return {k: view[k] for k in keys}
 
 
@@ -153,6 +156,7 @@ async def add_endpoint(request: web.Request) -> web.Response:
         credential=None if not credential else manager.secrets.encrypt(credential),
         fallback_model=spec.fallback_model or None,
         latency_budget_ms=spec.latency_budget_ms,
+        native_apis=spec.native_apis,
         now=now,
     )
     key_record, key = await store_call(endpoint_key, request.app[KEYS], name, now)

@@ -161,6 +161,11 @@ def _url(value: str) -> str:
         raise ValueError("has an invalid host or a port outside 1..65535") from None
     if not parts.hostname or parts.port == 0:
         raise ValueError("has an invalid host or a port outside 1..65535")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            "must not carry a user or password (user:password@host): give the credential as the endpoint's "
+            "credential (stored encrypted, never shown), not in the URL (shown in listings and logs)"
+        )
     return base_url(value).url  # http://host:1234/v1 -> http://host:1234 (callers say so: url_note)
 
 
@@ -205,6 +210,7 @@ def _one_credential(spec: Any) -> None:
 
 
 ApiType = Literal["openai", "ollama"]
+NativeApi = Literal["anthropic", "responses"]  # turnout.dialects.base.NATIVE_APIS
 
 
 class _Input(BaseModel):
@@ -374,6 +380,7 @@ class EndpointCreate(_Input):
     credential_env: EnvName | None = None
     fallback_model: StrictStr | None = None
     latency_budget_ms: LatencyBudget | None = None
+    native_apis: list[NativeApi] | None = None
 
     @model_validator(mode="after")
     def _fallback(self) -> EndpointCreate:
@@ -393,6 +400,7 @@ class EndpointTest(_Input):
     name: EndpointName | None = None
     fallback_model: StrictStr | None = None
     latency_budget_ms: LatencyBudget | None = None
+    native_apis: list[NativeApi] | None = None
 
     @model_validator(mode="after")
     def _fallback(self) -> EndpointTest:
@@ -411,6 +419,7 @@ class EndpointChange(_Input):
     credential_env: EnvName | None = None
     fallback_model: StrictStr | None = None
     latency_budget_ms: LatencyBudget | None = None
+    native_apis: list[NativeApi] | None = None  # null or [] : none
 
     @model_validator(mode="after")
     def _check(self) -> EndpointChange:

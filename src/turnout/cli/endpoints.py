@@ -56,6 +56,15 @@ endpoint_app = typer.Typer(
 )
 NameArgument = Annotated[str, typer.Argument(help="the endpoint's name (letters, digits, '.', '_', '-')")]
 CREDENTIAL_FLAG = {"credential": "credential-from-env"}
+NATIVE_FLAG = {"native_apis": "native-api"}
+NativeOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--native-api",
+        help="a client API the endpoint serves itself, passed through unchanged: anthropic or responses "
+        "(repeatable; set: 'none' removes them)",
+    ),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 
 
@@ -125,6 +134,7 @@ def add(
     latency_budget_ms: Annotated[
         int | None, typer.Option(help=f"time to response headers before fallback (1 to {MAX_LATENCY_BUDGET_MS})")
     ] = None,
+    native_api: NativeOption = None,
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Register an endpoint, test it, and print a gateway key for its models (once), with the URLs it works at."""
@@ -138,14 +148,15 @@ def add(
         "credential": credential,
         "fallback_model": fallback_model or None,
         "latency_budget_ms": latency_budget_ms,
+        "native_apis": native_api or None,
     }
-    with cli_input(**CREDENTIAL_FLAG, name=""):
+    with cli_input(**CREDENTIAL_FLAG, **NATIVE_FLAG, name=""):
         spec = parse_input(EndpointCreate, body)
     settings = load_config(config)
     _note(url)
     admin = gateway(settings)
     if admin is not None:
-        with admin_errors(**CREDENTIAL_FLAG, name=""):
+        with admin_errors(**CREDENTIAL_FLAG, **NATIVE_FLAG, name=""):
             answer = admin.call("POST", "/admin/api/endpoints", {k: v for k, v in body.items() if v is not None})
         key, prefix, result, urls = answer["key"], answer["key_prefix"], answer["test"], answer["urls"]
     else:
@@ -186,6 +197,7 @@ def _add_on_store(settings: Settings, spec: EndpointCreate, credential: str | No
             credential=None if not spec.credential else secrets.encrypt(spec.credential),
             fallback_model=spec.fallback_model,
             latency_budget_ms=spec.latency_budget_ms,
+            native_apis=spec.native_apis,
             now=now,
         )
         key_record, key = endpoint_key(KeyStore(db), spec.name, now)
@@ -331,25 +343,31 @@ def set_endpoint(
     ] = None,
     fallback_model: Annotated[str | None, typer.Option(help="'' removes the fallback")] = None,
     latency_budget_ms: Annotated[int | None, typer.Option(help=f"1 to {MAX_LATENCY_BUDGET_MS} ms")] = None,
+    native_api: NativeOption = None,
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
-    """Change an endpoint's URL, API type, credential or fallback (prints the endpoint as JSON)."""
+    """Change an endpoint's URL, API type, credential, fallback or native APIs (prints the endpoint as JSON)."""
     from turnout.admin.inputs import EndpointChange, parse_input
 
     given: dict[str, Any] = {"url": url, "api": api, "latency_budget_ms": latency_budget_ms}
     given["fallback_model"] = fallback_model
+    if native_api is not None:
+        given["native_apis"] = [] if native_api == ["none"] else native_api
     if credential_from_env is not None:
         given["credential"] = _credential(credential_from_env)
     body = {k: v for k, v in given.items() if v is not None}
-    with cli_input(**CREDENTIAL_FLAG):
+    with cli_input(**CREDENTIAL_FLAG, **NATIVE_FLAG):
         changes = parse_input(EndpointChange, body).changes()
     if not changes:
-        fail("nothing to change: give --url, --api, --credential-from-env, --fallback-model or --latency-budget-ms")
+        fail(
+            "nothing to change: give --url, --api, --credential-from-env, --fallback-model, --latency-budget-ms "
+            "or --native-api"
+        )
     settings = load_config(config)
     _note(url)
     admin = gateway(settings)
     if admin is not None:
-        with admin_errors(**CREDENTIAL_FLAG):
+        with admin_errors(**CREDENTIAL_FLAG, **NATIVE_FLAG):
             echo_json(admin.call("PATCH", _path(name), body)["endpoint"])
         return
     from turnout.admin.endpoints_api import change_audit

@@ -31,7 +31,7 @@ class AdminShape:
     def error_in_dialect(self, body: JSON) -> bool:
         return openai.API.error_in_dialect(body)
 
-    def translation(self, worker: WorkerAPI, endpoint: Endpoint) -> Translation | None:
+    def translation(self, worker: WorkerAPI, endpoint: Endpoint, native: frozenset[str]) -> Translation | None:
         return None
 
 

@@ -30,6 +30,7 @@ from turnout.errors import TurnoutError
 
 __all__ = [
     "JSON",
+    "NATIVE_APIS",
     "Call",
     "ClientAPI",
     "Counts",
@@ -52,6 +53,12 @@ class Dialect(StrEnum):
     OPENAI = "openai"
     OLLAMA = "ollama"
     ADMIN = "admin"
+
+
+# Client APIs a worker may also serve itself (config ``workers[].native_apis``, an endpoint's ``native_apis``): a
+# call in such an API goes to that worker unchanged, nothing lost in translation (llama.cpp's llama-server and
+# Ollama serve the Anthropic Messages API; vLLM, Ollama and LM Studio the OpenAI Responses API).
+NATIVE_APIS = ("anthropic", "responses")
 
 
 class WorkerAPI(StrEnum):
@@ -179,4 +186,7 @@ class ClientAPI(Protocol):
         """Whether a worker's error body already has this dialect's shape (then it is relayed as it is)."""
         ...
 
-    def translation(self, worker: WorkerAPI, endpoint: Endpoint) -> Translation | None: ...
+    def translation(self, worker: WorkerAPI, endpoint: Endpoint, native: frozenset[str]) -> Translation | None:
+        """How a call reaches a worker that speaks ``worker`` and serves the client APIs in ``native`` itself
+        (:data:`NATIVE_APIS`): None when it takes the call as it is."""
+        ...

@@ -50,7 +50,7 @@ class OpenAIChat:
         err = body.get("error")
         return isinstance(err, dict) and isinstance(err.get("message"), str)
 
-    def translation(self, worker: WorkerAPI, endpoint: Endpoint) -> Translation | None:
+    def translation(self, worker: WorkerAPI, endpoint: Endpoint, native: frozenset[str]) -> Translation | None:
         return None
 
 

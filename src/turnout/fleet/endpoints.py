@@ -240,7 +240,13 @@ class EndpointManager:
             log.warning('endpoint "%s": its fallback model is ignored: %s', record.name, problem)
             fallback = None
         config = Worker.model_validate(
-            {"name": record.name, "url": record.url, "type": record.api, "api_key": self.credential(record)}
+            {
+                "name": record.name,
+                "url": record.url,
+                "type": record.api,
+                "api_key": self.credential(record),
+                "native_apis": record.native,
+            }
         )
         return self.fleet.state_for(
             config,

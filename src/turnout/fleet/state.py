@@ -27,6 +27,7 @@ from turnout.core.names import lookup
 from turnout.core.placement import PlacementRules
 from turnout.core.routing import WorkerView
 from turnout.core.signals import smooth
+from turnout.dialects.base import WorkerAPI
 from turnout.state.placement_store import PlacementStore
 from turnout.upstream.http1 import DialGuard
 
@@ -87,10 +88,14 @@ class WorkerState:
     base_url: str = field(init=False)
     baseline: PlacementRules = field(init=False)
     headers: dict[str, str] = field(init=False)
+    speaks: WorkerAPI = field(init=False)  # its own API (the config's type)
+    native_apis: frozenset[str] = field(init=False)  # client APIs it serves itself (passed through unchanged)
 
     def __post_init__(self) -> None:
         self.base_url = self.config.base_url
         self.baseline = self.config.model_placement.rules()
+        self.speaks = WorkerAPI(self.config.type.value)
+        self.native_apis = frozenset(self.config.native_apis)
         self.headers = {"Content-Type": "application/json"}
         if self.config.api_key:
             self.headers["Authorization"] = f"Bearer {self.config.api_key}"

@@ -37,7 +37,6 @@ from turnout.dialects.base import (
     Timing,
     Translation,
     TranslationError,
-    WorkerAPI,
 )
 from turnout.dialects.streams import FrameError, StreamWatch, parse_object
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
@@ -156,7 +155,7 @@ class Proxy:
 
     async def _attempt(self, request: web.Request, call: Call, lease: Lease, outcome: Outcome) -> web.StreamResponse:
         worker = lease.worker
-        translation = api(call.dialect).translation(WorkerAPI(worker.config.type.value), call.endpoint)
+        translation = api(call.dialect).translation(worker.speaks, call.endpoint, worker.native_apis)
         if translation is not None:
             return await self._translated(request, call, lease, translation, outcome)
         body = call.body

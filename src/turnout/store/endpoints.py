@@ -8,7 +8,7 @@ made meanwhile by another replica or the CLI raises :class:`~turnout.store.keys.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -16,6 +16,7 @@ from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from turnout.core.names import model_name_problem
+from turnout.dialects.base import NATIVE_APIS
 from turnout.store.bounds import MAX_LATENCY_BUDGET_MS, MAX_URL
 from turnout.store.db import Database, StoreError
 from turnout.store.keys import StaleRecord
@@ -53,6 +54,12 @@ class EndpointRecord:
     latency_budget_ms: int | None
     created_at: float
     updated_at: float
+    native_apis: str | None = None  # stored as "anthropic,responses"
+
+    @property
+    def native(self) -> list[str]:
+        """The client APIs the endpoint serves itself (:data:`turnout.dialects.base.NATIVE_APIS`)."""
+        return [] if not self.native_apis else self.native_apis.split(",")
 
     def to_json(self) -> dict[str, Any]:
         """Everything but the credential, which is only ever said to be set or not."""
@@ -63,9 +70,19 @@ class EndpointRecord:
             "credential": self.credential is not None,
             "fallback_model": self.fallback_model,
             "latency_budget_ms": self.latency_budget_ms,
+            "native_apis": self.native,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }
+
+
+def native_column(apis: Sequence[str] | None) -> str | None:
+    """How a list of native APIs is stored (sorted, once each; None for none); refuses a name not in
+    :data:`turnout.dialects.base.NATIVE_APIS`."""
+    unknown = sorted(set(apis or ()) - set(NATIVE_APIS))
+    if unknown:
+        raise StoreError(f"native_apis: {unknown} unknown; the choices are {list(NATIVE_APIS)}")
+    return ",".join(sorted(set(apis or ()))) or None
 
 
 def validate_endpoint(
@@ -104,8 +121,10 @@ class EndpointStore:
         fallback_model: str | None,
         latency_budget_ms: int | None,
         now: float,
+        native_apis: Sequence[str] | None = None,
     ) -> EndpointRecord:
         validate_endpoint(name, url, api, latency_budget_ms, fallback_model)
+        native = native_column(native_apis)
         taken = f'an endpoint named "{name}" already exists; choose another name or change that one'
         try:
             with self.db.engine.begin() as conn:
@@ -117,6 +136,7 @@ class EndpointStore:
                         credential=credential,
                         fallback_model=fallback_model,
                         latency_budget_ms=latency_budget_ms,
+                        native_apis=native,
                         created_at=now,
                         updated_at=now,
                     )
@@ -139,11 +159,12 @@ class EndpointStore:
         for required in ("url", "api"):
             if required in changes and changes[required] is None:
                 raise StoreError(f"the {required} of an endpoint cannot be removed")
-        values = {
-            k: v for k, v in changes.items() if k in ("url", "api", "credential", "fallback_model", "latency_budget_ms")
-        }
+        fields = ("url", "api", "credential", "fallback_model", "latency_budget_ms", "native_apis")
+        values = {k: v for k, v in changes.items() if k in fields}
         if "url" in values:
             values["url"] = values["url"].rstrip("/")
+        if "native_apis" in values:
+            values["native_apis"] = native_column(values["native_apis"])
         with self.db.begin() as conn:
             before = self._get(conn, name)
             if check is not None:

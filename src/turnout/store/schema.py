@@ -107,6 +107,7 @@ endpoints = Table(
     Column("latency_budget_ms", Integer, nullable=True),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    Column("native_apis", String(64), nullable=True),  # "anthropic,responses": client APIs it serves itself
 )
 
 audit = Table(

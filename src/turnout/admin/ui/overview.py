@@ -50,6 +50,7 @@ async def overview_state(request: web.Request) -> dict[str, Any]:
             "checked": state.checked,
             "why": state.last_error,
             "models_out": state.models_out(time.monotonic()),
+            "native_apis": sorted(state.native_apis),
             "installed": None if state.inventory is None else len(state.inventory),
             "inventory_error": state.inventory_error if state.inventory_stale else None,
             "loaded": sorted(state.loaded),

@@ -64,7 +64,7 @@ class OllamaAPI:
     def error_in_dialect(self, body: JSON) -> bool:
         return isinstance(body.get("error"), str)
 
-    def translation(self, worker: WorkerAPI, endpoint: Endpoint) -> Translation | None:
+    def translation(self, worker: WorkerAPI, endpoint: Endpoint, native: frozenset[str]) -> Translation | None:
         if worker is WorkerAPI.OPENAI and endpoint in _TRANSLATED:
             return ON_OPENAI
         return None
