@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from turnout.core.aliases import Alias, AliasSource, AliasTable, alias_problem, table_problems
 
@@ -146,3 +148,27 @@ def test_problems_of_a_table_in_force() -> None:
     merged = AliasTable.merge({"b": "c"}, {"a": "b"})
     assert merged.problems() and "aliases do not chain" in merged.problems()[0]
     assert merged.resolve("a").target == "b"  # type: ignore[union-attr]
+
+
+_NAMES = st.sampled_from(["a", "a:latest", "b", "c", "c:1", "mac/a", "mac/b", "mac/c", "pc/a", "d*", ""])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_NAMES, _NAMES), max_size=12))
+def test_writes_checked_one_by_one_never_make_a_chain(writes: list[tuple[str, str]]) -> None:
+    """Whatever order aliases are written in, those :func:`alias_problem` lets through never chain, and every name
+    an endpoint's own URL lists resolves to its alias there."""
+    stored: dict[str, str] = {}
+    for name, target in writes:
+        table = AliasTable(Alias(n, t) for n, t in stored.items())
+        if alias_problem(name, target, table) is None:
+            existing = table.get(name)
+            stored.pop(existing.name if existing is not None else name, None)
+            stored[name] = target
+    table = AliasTable(Alias(n, t) for n, t in stored.items())
+    assert table.problems() == []
+    for alias in table:
+        assert table.get(alias.target) is None  # one step: a model, never another alias
+    for endpoint in (None, "mac", "pc"):
+        for shown, alias in table.names_on(endpoint):
+            assert table.resolve(shown, endpoint) is alias

@@ -1,10 +1,10 @@
 """The other gateway processes on this data dir (`turnout serve --workers N`, replicas sharing the dir): their
 admin changes picked up, ours announced.
 
-A process that changes placement, keys or endpoints through the admin API announces it on the shared
-:class:`~turnout.state.changes.ChangeCounter` before answering; every process checks the counter at the start
-of each request and, when it moved, re-reads what it keeps in memory once (concurrent requests wait for that
-one re-read) before going on. So a key revoked or an override written through one process is in force in all
+A process that changes placement, keys, endpoints or model aliases through the admin API announces it on the
+shared :class:`~turnout.state.changes.ChangeCounter` before answering; every process checks the counter at the
+start of each request and, when it moved, re-reads what it keeps in memory once (concurrent requests wait for
+that one re-read) before going on. So a key revoked or an override written through one process is in force in all
 of them for the next request. Used by ``turnout.wiring``.
 """
 

@@ -1,10 +1,11 @@
 """A change counter shared by the gateway processes on one data dir (`turnout serve --workers N`, and replicas
 started on the same data dir on one machine).
 
-Each process keeps what it can in memory: placement overrides, looked-up keys, the endpoint registry. When one
-process changes one of them through the admin API it adds one to this counter (8 bytes in ``changes.seq`` in
-the data dir, mapped into every process's memory); the others compare the counter with the value they last
-saw at the start of each request (a memory read, no system call) and re-read what they keep before going on.
+Each process keeps what it can in memory: placement overrides, looked-up keys, the endpoint registry, the model
+aliases. When one process changes one of them through the admin API it adds one to this counter (8 bytes in
+``changes.seq`` in the data dir, mapped into every process's memory); the others compare the counter with the
+value they last saw at the start of each request (a memory read, no system call) and re-read what they keep
+before going on.
 Used by ``turnout.wiring`` (every gateway maps it; one on a data dir it cannot write goes without).
 """
 
