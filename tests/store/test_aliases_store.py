@@ -1,20 +1,22 @@
 """Runtime model aliases in the store, on SQLite and PostgreSQL: one row per name (either spelling), checks run
-inside the transaction against what is stored then, guarded writes, the usage rows' alias column, and the
+inside the transaction against what is stored then, one writer at a time, the usage rows' alias column, and the
 migration both ways."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from alembic import command
 from alembic.config import Config as AlembicConfig
-from sqlalchemy import inspect, text
+from sqlalchemy import inspect
 
+from turnout.core.aliases import AliasTable, alias_problem
 from turnout.store.aliases import AliasRecord, AliasStore
 from turnout.store.db import Database, StoreError
-from turnout.store.keys import StaleRecord
 from turnout.store.usage import SUMMARY_COLUMNS, UsageRow, UsageStore, to_csv
 
 MIGRATIONS = Path(__file__).parents[2] / "src" / "turnout" / "store" / "migrations"
@@ -70,35 +72,37 @@ def test_checks_run_in_the_transaction_and_a_refusal_writes_nothing(db: Database
     assert [r.name for r in store.all()] == ["a"]
 
 
-def test_a_row_changed_between_check_and_write_is_stale(db: Database) -> None:
+def test_two_writers_check_and_write_one_after_the_other(db: Database) -> None:
+    """``a -> b`` and ``b -> c`` written at the same instant (two replicas): each check would pass against what
+    the other has not written yet, so the second writer must wait for the first and then be refused."""
     store = AliasStore(db)
-    store.put("a", "m", now=NOW)
+    gate = threading.Barrier(2)
+    outcomes: dict[str, str] = {}
 
-    def meanwhile(before: AliasRecord | None, stored: list[AliasRecord]) -> None:
-        with db.begin() as conn:  # another writer, committed between this check and this write
-            conn.execute(text("UPDATE model_aliases SET updated_at = updated_at + 1"))
+    def writer(name: str, target: str) -> None:
+        def check(before: AliasRecord | None, stored: list[AliasRecord]) -> None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                gate.wait(timeout=2)  # both inside their check at once, unless one waits for the other
+            table = AliasTable(r.alias() for r in stored)
+            problem = alias_problem(name, target, table)
+            if problem is not None:
+                raise ValueError(problem.message)
 
-    for attempt in (
-        lambda: store.put("a", "n", now=NOW + 1, check=meanwhile),
-        lambda: store.remove("a", check=meanwhile),
-    ):
-        with pytest.raises(StoreError) as info:  # StaleRecord (or SQLite's stale snapshot): never a silent overwrite
-            attempt()
-        assert isinstance(info.value, StaleRecord) or db.dialect == "sqlite", info.value
-    assert store.get("a") is not None and store.get("a").model == "m"  # type: ignore[union-attr]
+        try:
+            store.put(name, target, now=NOW, check=check)
+            outcomes[name] = "written"
+        except ValueError as exc:
+            outcomes[name] = str(exc)
 
-    def inserted(before: AliasRecord | None, stored: list[AliasRecord]) -> None:
-        with db.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO model_aliases (canonical, name, model, created_at, updated_at) "
-                    "VALUES ('b:latest', 'b', 'x', 1, 1)"
-                )
-            )
-
-    with pytest.raises(StaleRecord, match="set by someone else"):
-        store.put("b", "y", now=NOW, check=inserted)
-    assert store.get("b") == AliasRecord("b", "x", 1.0, 1.0)
+    threads = [threading.Thread(target=writer, args=pair) for pair in (("a", "b"), ("b", "c"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(outcomes.values())[-1] == "written" and "aliases do not chain" in sorted(outcomes.values())[0], (
+        outcomes
+    )
+    assert len(store.all()) == 1
 
 
 @pytest.mark.parametrize(("name", "model"), [("", "m"), ("a", ""), ("a\x00", "m"), ("x" * 257, "m")])

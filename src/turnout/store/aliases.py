@@ -5,7 +5,9 @@ One row per alias, keyed by its comparison form (:func:`turnout.core.names.canon
 ``foo:latest`` are one row. ``put`` and ``remove`` take a ``check`` called inside the transaction with the
 current row (or None) and every runtime alias: the admin API's If-Match, and the rule that aliases never chain
 (:func:`turnout.core.aliases.alias_problem`), are decided against what is stored at that moment, not what a
-process read earlier. Used by :mod:`turnout.gateway.aliases` (reads), the admin API and the CLI (writes).
+process read earlier. Alias writers take the table's write lock first (:func:`_lock`), so two of them (two
+replicas, the CLI and a gateway) check and write one after the other: ``a -> b`` and ``b -> c`` written at the same
+instant cannot both pass. Used by :mod:`turnout.gateway.aliases` (reads), the admin API and the CLI (writes).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import Connection, delete, false, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from turnout.core.aliases import Alias, AliasSource
@@ -46,6 +48,17 @@ Check = Callable[[AliasRecord | None, list[AliasRecord]], None]
 
 def _record(row: Any) -> AliasRecord:
     return AliasRecord(row["name"], row["model"], float(row["created_at"]), float(row["updated_at"]))
+
+
+def _lock(conn: Connection) -> None:
+    """Serialise alias writers for the rest of the transaction; readers are not held up.
+
+    PostgreSQL: a table lock that conflicts with itself. SQLite: a write statement that changes nothing starts
+    the write transaction (the database's one writer), and the reads of the check then happen inside it."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("LOCK TABLE model_aliases IN SHARE ROW EXCLUSIVE MODE"))
+    else:
+        conn.execute(update(model_aliases).where(false()).values(name=model_aliases.c.name))
 
 
 class AliasStore:
@@ -81,6 +94,7 @@ class AliasStore:
                 raise StoreError(problem)
         key = canonical(name)
         with self.db.begin() as conn:
+            _lock(conn)
             before = self._get(conn, name)
             if check is not None:
                 check(before, self._all(conn))
@@ -109,6 +123,7 @@ class AliasStore:
     def remove(self, name: str, *, check: Check | None = None) -> AliasRecord:
         """Remove the runtime alias ``name``; KeyError when there is none. Raises StaleRecord as :meth:`put`."""
         with self.db.begin() as conn:
+            _lock(conn)
             before = self._get(conn, name)
             if check is not None:
                 check(before, self._all(conn))
