@@ -175,6 +175,8 @@ async def principal_of(request: web.Request) -> Principal | None:
                 "the browser session has ended (idle too long, or signed out): sign in at /admin",
                 code="session_expired",
             )
+        if not is_ui_path(request.path):  # the UI's pages check it in their @page (a form field may carry it)
+            await check_csrf(request, session)
         principal = session_principal(session)
     else:
         try:
