@@ -239,17 +239,18 @@ class OidcClient:
             "redirect_uri": redirect_uri,
             "code_verifier": pending.verifier,
         }
-        auth = None
+        headers = {"Accept": "application/json"}
         if self._secret is None:
             form["client_id"] = self.config.client_id
         elif "client_secret_basic" in meta.auth_methods or "client_secret_post" not in meta.auth_methods:
-            auth = aiohttp.BasicAuth(_form_encode(self.config.client_id), _form_encode(self._secret))
+            pair = f"{_form_encode(self.config.client_id)}:{_form_encode(self._secret)}"
+            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
         else:
             form |= {"client_id": self.config.client_id, "client_secret": self._secret}
         try:
             async with (
                 aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)) as http,
-                http.post(meta.token_endpoint, data=form, auth=auth, headers={"Accept": "application/json"}) as answer,
+                http.post(meta.token_endpoint, data=form, headers=headers) as answer,
             ):
                 body = await answer.content.read(MAX_ANSWER + 1)
                 status = answer.status

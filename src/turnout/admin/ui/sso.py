@@ -30,7 +30,7 @@ from turnout.admin.oidc import OidcClient, Pending, SignInRefused
 from turnout.admin.ui.render import redirect, render
 from turnout.admin.ui.security import SESSION_COOKIE, SESSION_STORE, is_tls
 from turnout.admin.ui.sessions import Identity
-from turnout.admin.ui.signin import safe_next
+from turnout.admin.ui.signin import HOME, safe_next
 from turnout.core.roles import role_label, strongest
 from turnout.errors import TurnoutError
 from turnout.gateway.keys import SETTINGS
@@ -137,7 +137,10 @@ async def callback(request: web.Request) -> web.StreamResponse:
         f"admin:{request.remote or 'unknown'}",
         after={"via": "oidc", "email": person.email, "role": role_label(role, teams)},
     )
-    response = render(request, "moving_on.html", next=pending.next if pending is not None else "/admin/overview")
+    target = pending.next if pending is not None else HOME
+    if role is None and target == HOME:  # a team-admin only: the Overview is not theirs, their keys are
+        target = "/admin/keys"
+    response = render(request, "moving_on.html", next=target)
     settings = app[SETTINGS]
     response.set_cookie(
         SESSION_COOKIE,
