@@ -39,11 +39,11 @@ from joserfc.jwk import KeySet
 
 from turnout.config import Oidc
 
-__all__ = ["LEEWAY_S", "Claims", "OidcClient", "Pending", "SignInRefused"]
+__all__ = ["JWKS_REFRESH_S", "LEEWAY_S", "Claims", "OidcClient", "Pending", "SignInRefused"]
 
 LEEWAY_S = 60  # clock skew allowed on exp and iat
 METADATA_TTL_S = 3600.0
-JWKS_REFRESH_S = 10.0
+JWKS_REFRESH_S = 1.0  # a token naming an unknown key fetches the keys again at most this often
 MAX_ANSWER = 1024 * 1024  # the most a provider's answer (metadata, keys, token) may be
 HTTP_TIMEOUT_S = 10.0
 SIGNING_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
