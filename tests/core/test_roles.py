@@ -22,7 +22,7 @@ from turnout.core.roles import (
     within_ceiling,
 )
 
-V, O, A, T = Role.VIEWER, Role.OPERATOR, Role.ADMIN, Role.TEAM_ADMIN
+V, OP, A, T = Role.VIEWER, Role.OPERATOR, Role.ADMIN, Role.TEAM_ADMIN
 
 
 def who(role: Role | None, *teams: str) -> Principal:
@@ -40,9 +40,9 @@ def who(role: Role | None, *teams: str) -> Principal:
         (who(V), OPERATE, False, None),
         (who(V), VIEW_OR_TEAM, True, None),
         (who(V), OPERATE_OR_TEAM, False, None),
-        (who(O), OPERATE, True, None),
-        (who(O), ADMINISTER, False, None),
-        (who(O), OPERATE_OR_TEAM, True, None),
+        (who(OP), OPERATE, True, None),
+        (who(OP), ADMINISTER, False, None),
+        (who(OP), OPERATE_OR_TEAM, True, None),
         (who(A), ADMINISTER, True, None),
         (who(A), VIEW, True, None),
         (who(None, "a"), VIEW, False, None),
@@ -78,11 +78,11 @@ def test_a_refusal_names_the_role_it_needs_and_who_you_are() -> None:
     [
         ("GET", "/admin/api/keys", V),
         ("HEAD", "/admin/api/keys", V),
-        ("POST", "/admin/api/placement/workers/{name}/toggle", O),
+        ("POST", "/admin/api/placement/workers/{name}/toggle", OP),
         ("GET", "/admin/api/backup", A),
         ("POST", "/admin/api/backup/restore", A),
         ("POST", "/admin/api/people/{id}/disable", A),
-        ("DELETE", "/admin/api/endpoints/{name}", O),
+        ("DELETE", "/admin/api/endpoints/{name}", OP),
     ],
 )
 def test_rule_for(method, path, role) -> None:
@@ -123,16 +123,16 @@ def test_strongest(granted, result) -> None:
 @pytest.mark.parametrize(
     ("mine", "teams", "role", "token_teams", "ok"),
     [
-        (A, set(), O, set(), True),
+        (A, set(), OP, set(), True),
         (A, set(), A, set(), True),
-        (O, set(), A, set(), False),
-        (V, set(), O, set(), False),
+        (OP, set(), A, set(), False),
+        (V, set(), OP, set(), False),
         (V, set(), V, set(), True),
         (None, {"a"}, None, {"a"}, True),
         (None, {"a"}, None, {"b"}, False),
         (None, {"a"}, V, set(), False),
-        (O, {"a"}, None, {"a"}, True),
-        (O, set(), None, set(), False),  # a token with no role at all
+        (OP, {"a"}, None, {"a"}, True),
+        (OP, set(), None, set(), False),  # a token with no role at all
     ],
 )
 def test_grantable(mine, teams, role, token_teams, ok) -> None:

@@ -14,7 +14,6 @@ from turnout.admin.ui.placement import cell_state
 from turnout.core.placement import resolve_placement
 from turnout.gateway.keys import AUDIT, FLEET, POLLER
 
-
 # The marks are drawn (inline SVG) with their text for screen readers; data-mark names them. Written here as the
 # symbols they draw, so that the assertions read as the matrix looks.
 SYMBOLS = {"installed": "✓", "loaded": "●", "allowed": "○", "blocked": "⛔", "exact": "↳", "unknown": "?", "na": "·"}

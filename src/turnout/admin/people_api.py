@@ -67,7 +67,7 @@ def _int(request: web.Request, name: str) -> int:
     try:
         return int(request.match_info[name])
     except ValueError:
-        raise NotFound(f"no such {name}: {request.match_info[name]!r}", code="unknown_" + name) from None
+        raise NotFound(f"no such {name}: {request.match_info[name]!r}", code="not_found") from None
 
 
 async def me(request: web.Request) -> web.Response:
