@@ -149,9 +149,12 @@ def test_an_unreachable_store_refuses_the_change(tmp_path: Path) -> None:
 
 def test_add_and_remove_are_audited_with_the_actor(tmp_path: Path, config: Path) -> None:
     c = ["--config", str(config)]
-    added = run(
+    # a URL with a password is refused (the credential belongs in api_key), said without it, and not audited
+    refused = run(
         ["worker", "add", "gpu-box", "--url", "http://u:secret@10.0.0.5:8000", "--type", "openai", *c], tmp_path
     )
+    assert refused.returncode == 2 and "user or password" in refused.stderr and "secret" not in refused.stderr
+    added = run(["worker", "add", "gpu-box", "--url", "http://10.0.0.5:8000", "--type", "openai", *c], tmp_path)
     assert added.returncode == 0, added.stderr
     document = json.loads(config.read_text())
     document["workers"][0]["api_key"] = "sk-worker-secret"  # as an operator would put it there by hand
@@ -165,7 +168,7 @@ def test_add_and_remove_are_audited_with_the_actor(tmp_path: Path, config: Path)
     user = getpass.getuser()
     add, remove = entries["worker.add"], entries["worker.remove"]
     assert (add["actor"], add["target"], add["before"]) == (f"cli:{user}", "worker:gpu-box", None)
-    assert add["after"] == {"name": "gpu-box", "url": "http://u:***@10.0.0.5:8000", "type": "openai"}
+    assert add["after"] == {"name": "gpu-box", "url": "http://10.0.0.5:8000", "type": "openai"}
     assert (remove["actor"], remove["target"], remove["after"]) == (f"cli:{user}", "worker:node-1", None)
     assert remove["before"]["name"] == "node-1" and remove["before"]["api_key_set"] is True
     assert "secret" not in audit.stdout  # neither the key nor the URL's password

@@ -1,7 +1,8 @@
 """Typed configuration: the `config.json` model, its loader and its JSON Schema.
 
 Loaded once at start and frozen. Relative paths in it resolve against the config file's directory.
-The environment is read here and nowhere else (``TURNOUT_ADMIN_TOKEN``). A bad file raises
+The environment is read here and nowhere else (``TURNOUT_ADMIN_TOKEN``,
+``TURNOUT_OIDC_CLIENT_SECRET``...). A bad file raises
 :class:`ConfigError` whose message names every bad field path and what is wrong with it.
 """
 
@@ -31,6 +32,7 @@ from pydantic.json_schema import SkipJsonSchema
 from turnout.core.aliases import table_problems
 from turnout.core.patterns import Pattern, parse_pattern
 from turnout.core.placement import PlacementMode, PlacementRules
+from turnout.core.roles import parse_role
 from turnout.defaults import CONFIG_FILE_NAME
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
 ]
 
 ADMIN_TOKEN_ENV = "TURNOUT_ADMIN_TOKEN"
+OIDC_SECRET_ENV = "TURNOUT_OIDC_CLIENT_SECRET"  # the single sign-on client's secret: never in the file
 STARTER_WORKER = "local"  # the starter config's worker: Ollama's default address on this machine
 
 
@@ -285,6 +288,65 @@ def agent_env(env: Mapping[str, str] | None = None) -> AgentEnv:
     return AgentEnv(mock=mock in _TRUE, weight_cache_dir=Path(cache).expanduser() if cache else None)
 
 
+class Oidc(_Model):
+    """Single sign-on with an OpenID Connect provider (docs/sso.md). The client secret comes from the
+    environment (``TURNOUT_OIDC_CLIENT_SECRET``), never from this file; without one the client is public (PKCE)."""
+
+    issuer: str = Field(
+        min_length=1,
+        max_length=2048,
+        description="the provider's issuer URL, exactly as its /.well-known/openid-configuration names it "
+        "(https, or http on a loopback address)",
+    )
+    client_id: str = Field(min_length=1, max_length=512, description="this gateway's client id at the provider")
+    scopes: list[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/-]+$")]] = Field(
+        default_factory=lambda: ["openid", "email", "profile"],
+        description="scopes asked for; openid is added when missing",
+    )
+    groups_claim: str = Field(
+        "groups", min_length=1, max_length=256, description="the ID token claim that lists the person's groups"
+    )
+    roles: dict[str, str] = Field(
+        default_factory=dict,
+        description="group -> role: viewer, operator, admin or team-admin:<tenant>; a person in several groups "
+        "gets the highest role and every team",
+    )
+    email_roles: dict[str, str] = Field(
+        default_factory=dict,
+        description="verified e-mail address -> role, for providers whose tokens carry no groups (Google)",
+    )
+    redirect_url: AnyHttpUrl | None = Field(
+        None,
+        description="the callback URL registered at the provider; default: <the gateway's URL as the browser "
+        "reached it>/admin/oidc/callback",
+    )
+    label: str = Field("single sign-on", min_length=1, max_length=64, description="the sign-in button's label")
+
+    @field_validator("issuer")
+    @classmethod
+    def _issuer(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value)
+        if parts.scheme not in ("https", "http") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError("must be an https URL without query or fragment, e.g. https://idp.example.com/realms/x")
+        if parts.scheme == "http" and not is_loopback(parts.hostname):
+            raise ValueError("must use https (plain http only for a provider on this machine's loopback address)")
+        return value
+
+    @field_validator("roles", "email_roles")
+    @classmethod
+    def _roles(cls, value: dict[str, str]) -> dict[str, str]:
+        for group, role in value.items():
+            if not group:
+                raise ValueError("a group (or e-mail) name may not be empty")
+            try:
+                parse_role(role)
+            except ValueError as exc:
+                raise ValueError(f"{group!r}: {exc}") from None
+        return value
+
+
 class Auth(_Model):
     open: bool = Field(
         False,
@@ -304,6 +366,28 @@ class Auth(_Model):
         le=MAX_INT,
         description="tokens reserved for the answer when a request sets no max_tokens / num_predict",
     )
+    break_glass: bool = Field(
+        True,
+        strict=True,
+        description="the admin token signs in to the UI and the admin API as an admin (actor 'token'); set false "
+        "once single sign-on works (needs auth.oidc)",
+    )
+    oidc: Oidc | None = Field(None, description="single sign-on for the admin UI (OpenID Connect)")
+    session_idle_s: float = Field(
+        1800, ge=60, le=MAX_TIMEOUT_S, description="a browser session unused this long is signed out"
+    )
+    session_max_s: float = Field(
+        43_200, ge=60, le=30 * 86_400, description="no browser session lives longer than this, used or not"
+    )
+    token_max_days: int = Field(90, ge=1, le=3650, description="the longest expiry a personal admin token may be given")
+
+    @model_validator(mode="after")
+    def _some_sign_in(self) -> Self:
+        if not self.break_glass and self.oidc is None:
+            raise ValueError(
+                "break_glass is false but auth.oidc is not set: nobody could sign in; configure single sign-on first"
+            )
+        return self
 
 
 class PoolAgent(_Model):
@@ -349,6 +433,11 @@ class Pools(_Model):
         return self
 
 
+class TeamCeiling(_Model):
+    rpm: int | None = Field(None, ge=1, le=MAX_INT, description="requests per minute of one key at most")
+    daily_tokens: int | None = Field(None, ge=1, le=MAX_INT, description="tokens per UTC day of one key at most")
+
+
 class Tenant(_Model):
     max_concurrent: int | None = Field(
         None, ge=1, le=MAX_CONCURRENT, description="requests in flight for all of this tenant's keys"
@@ -359,6 +448,10 @@ class Tenant(_Model):
     )
     daily_tokens: int | None = Field(
         None, ge=1, le=MAX_INT, description="tokens per UTC day for all of this tenant's keys"
+    )
+    team_ceiling: TeamCeiling = Field(
+        default_factory=lambda: TeamCeiling(),
+        description="the largest limits a team-admin of this tenant may give one key (admins set it here)",
     )
 
 
@@ -453,6 +546,7 @@ class Settings(_Model):
     # Filled by the loader, not by the file.
     config_path: Path | None = Field(None, exclude=True)
     admin_token: str | None = Field(None, exclude=True)
+    oidc_client_secret: str | None = Field(None, exclude=True, repr=False)
     endpoint_env: EndpointEnv = Field(default_factory=EndpointEnv, exclude=True)
 
     @model_validator(mode="after")
@@ -471,6 +565,22 @@ class Settings(_Model):
         if problems:
             raise ValueError("; ".join(problems))
         return value
+
+    @model_validator(mode="after")
+    def _team_tenants(self) -> Self:
+        oidc = self.auth.oidc
+        if oidc is None:
+            return self
+        for section, mapping in (("roles", oidc.roles), ("email_roles", oidc.email_roles)):
+            for group, text in mapping.items():
+                _, tenant = parse_role(text)
+                if tenant is not None and tenant not in self.tenants:
+                    known = ", ".join(sorted(self.tenants)) or "none"
+                    raise ValueError(
+                        f"auth.oidc.{section}.{group}: tenant {tenant!r} is not in tenants (known: {known}); "
+                        "add it under tenants first"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _open_only_on_loopback(self) -> Self:
@@ -535,7 +645,13 @@ def settings_from_document(path: Path, data: Mapping[str, Any], env: Mapping[str
     from_env = endpoint_env(env)  # its errors name the environment variable, not the file
     try:
         settings = Settings.model_validate(
-            {**data, "config_path": path.resolve(), "admin_token": token, "endpoint_env": from_env}
+            {
+                **data,
+                "config_path": path.resolve(),
+                "admin_token": token,
+                "oidc_client_secret": env.get(OIDC_SECRET_ENV) or None,
+                "endpoint_env": from_env,
+            }
         )
     except ValidationError as exc:
         raise ConfigError(f"{path}: invalid configuration:\n{format_validation_error(exc)}") from None
@@ -562,7 +678,7 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 
 def config_schema() -> dict[str, Any]:
     schema = Settings.model_json_schema(mode="validation")
-    for hidden in ("config_path", "admin_token", "endpoint_env"):
+    for hidden in ("config_path", "admin_token", "oidc_client_secret", "endpoint_env"):
         schema.get("properties", {}).pop(hidden, None)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "Turnout config.json"

@@ -1,7 +1,8 @@
 """Masking credentials in text that is about to be written down: log lines, access lines, audit entries.
 
 Pure string work (standard library only), so that the store can mask an audit entry without importing the
-HTTP stack. :func:`redact` masks API keys (``tk_...``), admin UI session tokens (``tses_...``), bearer and
+HTTP stack. :func:`redact` masks API keys (``tk_...``), admin UI session tokens (``tses_...``), personal admin
+tokens (``tpat_...``), bearer and
 basic credentials, credential-like headers and query parameters, and every value in :data:`SECRETS`.
 
 Some credentials have no shape to recognise: the admin token (any text ``TURNOUT_ADMIN_TOKEN`` holds), a
@@ -33,6 +34,8 @@ _PATTERNS = (
     (re.compile(r"tk_[A-Za-z0-9_-]{8,}"), f"tk_{REDACTED}"),
     # an admin UI session's cookie token (turnout.admin.ui.sessions)
     (re.compile(r"tses_[A-Za-z0-9_-]{8,}"), f"tses_{REDACTED}"),
+    # a personal admin token (turnout.store.people); its display prefix (tpat_ + 7) stays readable
+    (re.compile(r"tpat_[A-Za-z0-9_-]{8,}"), f"tpat_{REDACTED}"),
     (re.compile(r"(?i)\b(bearer|basic)(\s+|%20|\+)[^\s'\",;&]+"), rf"\1\2{REDACTED}"),
     # a URL's user:password@ (a database URL in an error, a URL pasted with its credential)
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@'\"]*:[^/\s@'\"]+@"), rf"\1{REDACTED}@"),
@@ -42,7 +45,7 @@ _PATTERNS = (
 # Every pattern above needs one of these words (case-insensitive) to match: text without any is returned as it
 # is, without running the patterns (most log lines and request paths; the patterns cost tens of µs a line).
 _HINTS = (
-    *("tk_", "tses_", "bearer", "basic", "auth", "key", "token", "cookie"),
+    *("tk_", "tses_", "tpat_", "bearer", "basic", "auth", "key", "token", "cookie"),
     *("passw", "pwd", "secret", "session", "credential", "sig", "://"),
 )
 

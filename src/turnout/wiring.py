@@ -23,7 +23,8 @@ from turnout.admin.auth import AdminAuth
 from turnout.admin.backup_api import add_backup_routes
 from turnout.admin.changes import AdminSignIns
 from turnout.admin.endpoints_api import add_endpoint_routes
-from turnout.admin.keys import ADMIN_AUTH, SIGNINS
+from turnout.admin.keys import ADMIN_AUTH, PEOPLE, SIGNINS
+from turnout.admin.people_api import add_people_routes
 from turnout.admin.ui import add_ui_routes, check_admin
 from turnout.config import ConfigError, Settings
 from turnout.controller.claim_sources import LocalSource
@@ -72,6 +73,7 @@ from turnout.store.db import Database, database_url
 from turnout.store.endpoints import EndpointStore
 from turnout.store.keys import KeyStore
 from turnout.store.listings import ModelListings
+from turnout.store.people import PeopleStore
 from turnout.store.secrets import SecretBox
 from turnout.store.usage import UsageStore
 from turnout.upstream.client import UpstreamClient
@@ -207,7 +209,8 @@ def create_app(
     app[DISPATCHER] = dispatcher
     app[POLLER] = poller
     app[PROXY] = Proxy(settings, fleet, dispatcher, client, metrics)
-    app[ADMIN_AUTH] = AdminAuth(admin_token)
+    app[ADMIN_AUTH] = AdminAuth(admin_token, enabled=settings.auth.break_glass)
+    app[PEOPLE] = PeopleStore(database)
     app[ADMIN_GATE] = check_admin
     app[DATABASE] = database
     app[KEYS] = keys
@@ -228,12 +231,13 @@ def create_app(
     add_endpoint_routes(app)
     add_alias_routes(app)
     add_backup_routes(app)
+    add_people_routes(app)
     add_ui_routes(app)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
 
     # Credentials with no recognisable shape, masked by value in every log line and audit entry while it runs.
-    credentials = [admin_token, *(worker.api_key for worker in settings.workers)]
+    credentials = [admin_token, settings.oidc_client_secret, *(worker.api_key for worker in settings.workers)]
     credentials += [
         urlsplit(url).password for url in (settings.storage.database_url, settings.storage.redis_url) if url
     ]

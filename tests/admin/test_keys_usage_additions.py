@@ -223,13 +223,13 @@ async def test_audit_filters_by_actor_target_and_time(gw: Gateway) -> None:
     await call(gw, "POST", "/admin/api/placement/workers/a/toggle", {"model": "qwen3:8b"})
     _, by_target, _ = await call(gw, "GET", f"/admin/api/audit?target=key:{prefix}")
     assert [e["action"] for e in by_target["entries"]] == ["key.revoke", "key.create"]
-    _, by_actor, _ = await call(gw, "GET", "/admin/api/audit?actor=admin-api&action=placement.toggle")
+    _, by_actor, _ = await call(gw, "GET", "/admin/api/audit?actor=token&action=placement.toggle")
     assert [e["target"] for e in by_actor["entries"]] == ["worker:a model:qwen3:8b"]
     _, future, _ = await call(gw, "GET", "/admin/api/audit?until=2000-01-01")
     assert future["entries"] == []
     _, facets, _ = await call(gw, "GET", "/admin/api/audit/facets")
     assert {"key.create", "key.revoke", "placement.toggle"} <= set(facets["actions"])
-    assert "admin-api" in facets["actors"]
+    assert "token" in facets["actors"]
     assert (await call(gw, "GET", "/admin/api/audit?actor=" + "x" * 200))[0] == 422
 
 

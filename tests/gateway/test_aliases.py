@@ -289,9 +289,9 @@ async def test_admin_api_sets_and_removes_aliases(emulator: EmulatorFactory, gat
     # every change is audited with its actor
     entries = gw.app[AUDIT].entries(limit=100)
     changes = [(e.action, e.target, e.actor) for e in entries if e.action.startswith("alias.")]
-    assert changes.count(("alias.set", f"alias:{ALIAS}", "admin-api")) == 2
-    assert ("alias.remove", f"alias:{ALIAS}", "admin-api") in changes
-    assert ("alias.remove", "alias:gpt-5-codex", "admin-api") in changes
+    assert changes.count(("alias.set", f"alias:{ALIAS}", "token")) == 2
+    assert ("alias.remove", f"alias:{ALIAS}", "token") in changes
+    assert ("alias.remove", "alias:gpt-5-codex", "token") in changes
     # the models clients can ask for, with where each is served
     status, models, _ = await admin(gw, "GET", "/admin/api/models")
     assert {m["name"]: (m["alias_of"], m["workers"]) for m in models["models"]}["gpt-4o"] == (TARGET, ["gpu"])

@@ -1,13 +1,18 @@
 """The Model aliases page in a real browser: add an alias and use it, a chain refused next to its field, change
-one (a stale change refused), a config alias replaced and restored, remove, the usage page naming the alias, and
-the German labels."""
+one (a stale change refused), a config alias replaced and restored, remove, the usage page naming the alias, the
+German labels, and a viewer's page without the controls the server would refuse."""
 
 from __future__ import annotations
+
+import time
 
 import aiohttp
 
 from tests.conftest import ADMIN_TOKEN, worker
 from tests.ui.conftest import sign_in
+from turnout.admin.keys import PEOPLE
+from turnout.admin.ui.security import SESSION_COOKIE, SESSION_STORE
+from turnout.admin.ui.sessions import Identity
 from turnout.gateway.keys import AUDIT
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -24,7 +29,7 @@ async def test_add_use_change_remove(page, gateway, emulator) -> None:
     emu = await emulator("w1", ["qwen3-coder:30b", "llama3.2:latest", "gpt-4o:latest"])
     gw = await gateway([worker("w1", emu.url)], aliases={"gpt-5-codex": "qwen3-coder:30b"})
     await sign_in(page, gw)
-    await page.locator("nav").get_by_role("link", name="Model aliases").click()
+    await page.locator("nav").get_by_role("link", name="Aliases").click()
     await page.wait_for_url(f"{gw.url}/admin/models")
     config_row = page.locator("tr[data-alias='gpt-5-codex']")
     assert "config file" in await config_row.inner_text() and "w1" in await config_row.inner_text()
@@ -105,8 +110,8 @@ async def test_add_use_change_remove(page, gateway, emulator) -> None:
     assert await served.count() == 1
 
     entries = [(e.action, e.target, e.actor) for e in gw.app[AUDIT].entries(limit=50)]
-    assert ("alias.set", "alias:claude-sonnet-4-5", "admin-ui") in entries
-    assert ("alias.remove", "alias:claude-sonnet-4-5", "admin-ui") in entries
+    assert ("alias.set", "alias:claude-sonnet-4-5", "token") in entries
+    assert ("alias.remove", "alias:claude-sonnet-4-5", "token") in entries
 
 
 async def test_german_labels(page, gateway, emulator) -> None:
@@ -125,3 +130,18 @@ async def test_german_labels(page, gateway, emulator) -> None:
     await page.fill("#a-model", "qwen3-coder:30b")
     await page.click("#a-save")
     await page.locator("#toast").filter(has_text="Alias x -> qwen3-coder:30b hinzugefügt.").wait_for()
+
+
+async def test_a_viewer_sees_the_aliases_and_no_way_to_change_them(page, gateway, emulator) -> None:
+    emu = await emulator("w1", ["qwen3-coder:30b"])
+    gw = await gateway([worker("w1", emu.url)], aliases={"gpt-5-codex": "qwen3-coder:30b"})
+    now = time.time()
+    person = gw.app[PEOPLE].sign_in(subject="v", email="v@example.com", name=None, role="viewer", teams=[], now=now)
+    identity = Identity(person.person.actor, person.person.id, "viewer", (), person.person.label)
+    cookie, _ = gw.app[SESSION_STORE].create(remote="127.0.0.1", now=now, identity=identity)
+    await page.context.add_cookies([{"name": SESSION_COOKIE, "value": cookie, "domain": "127.0.0.1", "path": "/admin"}])
+    await page.goto(f"{gw.url}/admin/models")
+    assert await page.inner_text("main h1") == "Model aliases"
+    assert "qwen3-coder:30b" in await page.inner_text("tr[data-alias='gpt-5-codex']")
+    assert await page.locator("#alias-form").count() == 0
+    assert await page.locator("#models-list button").count() == 0  # the server would refuse them (403)

@@ -14,6 +14,18 @@ from turnout.admin.ui.placement import cell_state
 from turnout.core.placement import resolve_placement
 from turnout.gateway.keys import AUDIT, FLEET, POLLER
 
+# The marks are drawn (inline SVG) with their text for screen readers; data-mark names them. Written here as the
+# symbols they draw, so that the assertions read as the matrix looks.
+SYMBOLS = {"installed": "✓", "loaded": "●", "allowed": "○", "blocked": "⛔", "exact": "↳", "unknown": "?", "na": "·"}
+
+
+async def mark_of(cell: Any) -> str:
+    """The symbols a cell draws (``↳⛔`` for ``data-mark="exact blocked"``), each checked to be drawn as SVG."""
+    names = (await cell.get_attribute("data-mark")).split()
+    drawn = await cell.evaluate("td => [...td.querySelectorAll('svg.mk use')].map(u => u.getAttribute('href'))")
+    assert drawn == [f"#mk-{n}" for n in names], drawn
+    return "".join(SYMBOLS[n] for n in names)
+
 
 async def cell_at(page: Any, model: str, worker_name: str) -> Any:
     """The matrix cell of ``model`` on ``worker_name`` (the header's order decides the column)."""
@@ -49,9 +61,9 @@ async def test_toggle_a_cell_twice_and_it_survives_reload(page, gateway, emulato
     await sign_in(page, gw)
     await page.goto(f"{gw.url}/admin/placement")
     target = await cell_at(page, "qwen3:8b", "w1")
-    assert await target.inner_text() == "✓"
-    assert await (await cell_at(page, "llama3.2:latest", "w1")).inner_text() == "●"
-    assert await (await cell_at(page, "qwen3:8b", "w2")).inner_text() == "○"
+    assert await mark_of(target) == "✓"
+    assert await mark_of(await cell_at(page, "llama3.2:latest", "w1")) == "●"
+    assert await mark_of(await cell_at(page, "qwen3:8b", "w2")) == "○"
     assert "Decided by the worker's mode “Allow all” (from the config file)" in await explanation(target)
     assert await page.inner_text("#cell-info") == "qwen3:8b on w1: allowed, installed. " + (
         "Decided by the worker's mode “Allow all” (from the config file). Click to block it here."
@@ -59,7 +71,7 @@ async def test_toggle_a_cell_twice_and_it_survives_reload(page, gateway, emulato
 
     detail = await toggled(page, target)
     assert detail == {"worker": "w1", "model": "qwen3:8b"}
-    assert await target.inner_text() == "↳⛔"
+    assert await mark_of(target) == "↳⛔"
     assert "UI exception" in await target.get_attribute("title")
     assert await page.inner_text("#cell-info") == await target.get_attribute("title")
     rules, source = gw.app[FLEET].rules("w1")
@@ -67,17 +79,17 @@ async def test_toggle_a_cell_twice_and_it_survives_reload(page, gateway, emulato
 
     await page.reload()
     target = await cell_at(page, "qwen3:8b", "w1")
-    assert await target.inner_text() == "↳⛔"
+    assert await mark_of(target) == "↳⛔"
     assert "UI rules" in await page.inner_text('#matrix thead th[data-worker="w1"]')
 
     await toggled(page, target)
-    assert await target.inner_text() == "✓"
+    assert await mark_of(target) == "✓"
     rules, _ = gw.app[FLEET].rules("w1")
     assert rules.exact_rule("qwen3:8b") is None and resolve_placement(rules, "qwen3:8b").allowed
     await page.reload()
-    assert await (await cell_at(page, "qwen3:8b", "w1")).inner_text() == "✓"
+    assert await mark_of(await cell_at(page, "qwen3:8b", "w1")) == "✓"
     toggles = gw.app[AUDIT].entries(action="placement.toggle")
-    assert [(e.action, e.actor) for e in toggles] == [("placement.toggle", "admin-ui")] * 2  # not a script's
+    assert [(e.action, e.actor) for e in toggles] == [("placement.toggle", "token")] * 2  # not a script's
 
 
 async def test_a_click_outvotes_an_exact_config_rule_and_the_next_restores_it(page, gateway, emulator) -> None:
@@ -86,14 +98,14 @@ async def test_a_click_outvotes_an_exact_config_rule_and_the_next_restores_it(pa
     await sign_in(page, gw)
     await page.goto(f"{gw.url}/admin/placement")
     target = await cell_at(page, "qwen3:8b", "w1")
-    assert await target.inner_text() == "↳⛔"
+    assert await mark_of(target) == "↳⛔"
     said = await explanation(target)
     assert "exact rule “qwen3:8b” (from the config file)" in said and "Click to allow it here" in said
     assert "outrank the config file" in said
 
     detail = await toggled(page, target)
     assert detail == {"worker": "w1", "model": "qwen3:8b"}
-    assert await target.inner_text() == "↳✓"
+    assert await mark_of(target) == "↳✓"
     said = await explanation(target)
     assert "exact rule “qwen3:8b” (UI exception)" in said and "Click to remove this exception" in said
     rules, source = gw.app[FLEET].rules("w1")
@@ -101,12 +113,12 @@ async def test_a_click_outvotes_an_exact_config_rule_and_the_next_restores_it(pa
     assert "UI rules" in await page.inner_text('#matrix thead th[data-worker="w1"]')
 
     await toggled(page, target)
-    assert await target.inner_text() == "↳⛔"
+    assert await mark_of(target) == "↳⛔"
     assert "(from the config file)" in await explanation(target)
     rules, _ = gw.app[FLEET].rules("w1")
     assert rules == gw.app[FLEET].workers["w1"].baseline  # the config's own rule, in force again
     await page.reload()
-    assert await (await cell_at(page, "qwen3:8b", "w1")).inner_text() == "↳⛔"
+    assert await mark_of(await cell_at(page, "qwen3:8b", "w1")) == "↳⛔"
 
 
 async def test_matrix_keyboard_navigation(page, gateway, emulator) -> None:
@@ -185,7 +197,7 @@ async def test_ruleset_editor_shortcuts(page, gateway, emulator) -> None:
     await after(lambda: page.click("#block-all"))
     assert fleet.rules("w1")[0].to_json() == {"mode": "whitelist", "allowed_models": [], "denied_models": []}
     await page.goto(f"{gw.url}/admin/placement")
-    assert await (await cell_at(page, "qwen3:8b", "w1")).inner_text() == "⛔"
+    assert await mark_of(await cell_at(page, "qwen3:8b", "w1")) == "⛔"
     await page.go_back()
 
     await page.click("#reset")
@@ -288,14 +300,14 @@ async def test_cells_the_router_never_asks_are_marked_and_inert(page, gateway, e
     await page.goto(f"{gw.url}/admin/placement")
     assert "never routed to this column" in await page.inner_text(".legend")
     own = await cell_at(page, "mac/llama3.2:latest", "mac")
-    assert await own.inner_text() in ("✓", "●")  # its own model: an ordinary cell
+    assert await mark_of(own) in ("✓", "●")  # its own model: an ordinary cell
     elsewhere = await cell_at(page, "mac/llama3.2:latest", "gpu")
-    assert await elsewhere.inner_text() == "·"
+    assert await mark_of(elsewhere) == "·"
     assert "go to mac only" in await explanation(elsewhere)
     fleet_model = await cell_at(page, "qwen3:8b", "mac")
-    assert await fleet_model.inner_text() == "·"
+    assert await mark_of(fleet_model) == "·"
     assert "mac serves only its own models" in await explanation(fleet_model)
     await fleet_model.click()
     await page.keyboard.press("Enter")
     assert gw.app[FLEET].placement.get("mac") is None and gw.app[FLEET].placement.get("gpu") is None
-    assert await (await cell_at(page, "qwen3:8b", "gpu")).inner_text() == "✓"  # the fleet's own cells are as before
+    assert await mark_of(await cell_at(page, "qwen3:8b", "gpu")) == "✓"  # the fleet's own cells are as before

@@ -39,7 +39,7 @@ async def test_sign_in_out_and_security_headers(page, gateway, emulator) -> None
     assert await page.inner_text("#workers tr[data-worker=w1]")
 
     actions = {(e.action, e.actor) for e in gw.app[AUDIT].entries(limit=50)}
-    assert {("admin.signin", "admin-ui"), ("admin.signin_failed", "admin-ui")} <= actions
+    assert {("admin.signin", "token"), ("admin.signin_failed", "token")} <= actions  # the admin token's actor
 
     await page.click("text=Sign out")
     await page.wait_for_url(f"{gw.url}/admin")

@@ -8,6 +8,11 @@ Every key read carries its computed ``state`` (active, revoked, expired, in_grac
 ``last_used`` (derived from the usage store: the request path never writes a key row) and its ``etag``;
 ``PATCH``, revoke and rotate take ``If-Match`` (412 when the key changed meanwhile, checked with the row
 locked). Usage reads filter by key, endpoint, worker, model and route and answer JSON or CSV.
+
+A team-admin (the admin gate lets them in kept to their tenants, :data:`turnout.admin.keys.TEAM_SCOPE`) sees
+and manages only their tenants' keys, apps and usage: a key of another tenant is 403 ``forbidden_tenant``, and
+a key they create or change must keep ``rpm`` and ``daily_tokens`` within the tenant's ``team_ceiling``
+(``tenants.<name>.team_ceiling`` in config.json, set by an admin).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from turnout.admin.changes import audit_change, read_object, store_call
+from turnout.admin.changes import TEAM_SCOPE, audit_change, read_object, store_call
 from turnout.admin.concurrency import check_if_match, etag_of
 from turnout.admin.inputs import (
     AuditQuery,
@@ -28,7 +33,8 @@ from turnout.admin.inputs import (
     UsageQuery,
     parse_input,
 )
-from turnout.errors import Unprocessable
+from turnout.core.roles import team_allows, within_ceiling
+from turnout.errors import Forbidden, Unprocessable
 from turnout.gateway.keys import ACCOUNTANT, AUDIT, KEYS, SETTINGS, USAGE
 from turnout.responses import json_response
 from turnout.store.keys import KeyRecord, parse_scopes
@@ -51,11 +57,51 @@ async def _last_used(request: web.Request) -> dict[int, float]:
     return used
 
 
-def _key_check(request: web.Request) -> Any:
-    """A check for the store to call with the key's row locked (If-Match)."""
+def _scope(request: web.Request) -> frozenset[str] | None:
+    """The tenants a team-admin's request is kept to (None: every tenant)."""
+    return request.get(TEAM_SCOPE)
+
+
+def _own(request: web.Request, record: KeyRecord) -> None:
+    scope = _scope(request)
+    if not team_allows(scope, record.tenant):
+        raise Forbidden(
+            f"key {record.prefix} belongs to tenant {record.tenant!r}; as team-admin of "
+            f"{', '.join(sorted(scope or ()))} you manage only that tenant's keys (operator or admin may)",
+            code="forbidden_tenant",
+        )
+
+
+def _ceiling(request: web.Request, tenant: str, rpm: int | None, daily_tokens: int | None) -> None:
+    """A team-admin's key must stay within the tenant's ceiling (``tenants.<t>.team_ceiling``)."""
+    if _scope(request) is None:
+        return
+    configured = request.app[SETTINGS].tenants.get(tenant)
+    if configured is None:
+        return
+    ceiling = configured.team_ceiling
+    for field, value, most in (("rpm", rpm, ceiling.rpm), ("daily_tokens", daily_tokens, ceiling.daily_tokens)):
+        if not within_ceiling(value, most):
+            raise Forbidden(
+                f"{field} must be at most {most} for a key of tenant {tenant!r} (its team ceiling, set by an admin "
+                f"in tenants.{tenant}.team_ceiling); {'none (unlimited)' if value is None else value} is more",
+                code="over_ceiling",
+            )
+
+
+def _key_check(request: web.Request, changes: dict[str, Any] | None = None) -> Any:
+    """A check for the store to call with the key's row locked (If-Match; a team-admin's tenant and ceiling)."""
     headers = request.headers.copy()
 
     def check(record: KeyRecord) -> None:
+        _own(request, record)
+        if changes is not None:
+            _ceiling(
+                request,
+                record.tenant,
+                changes.get("rpm", record.rpm),
+                changes.get("daily_tokens", record.daily_tokens),
+            )
         check_if_match(headers, key_etag(record), f"key {record.prefix}")
 
     return check
@@ -71,13 +117,15 @@ async def list_keys(request: web.Request) -> web.Response:
     query = parse_input(KeyListQuery, request.query)
     records: list[KeyRecord] = await store_call(request.app[KEYS].all)
     now = time.time()
-    picked = [r for r in records if query.matches(r, now)]
+    scope = _scope(request)
+    picked = [r for r in records if query.matches(r, now) and team_allows(scope, r.tenant)]
     used = await _last_used(request)
     return json_response({"keys": [key_view(r, now, used) for r in picked]})
 
 
 async def get_key(request: web.Request) -> web.Response:
     record = await store_call(request.app[KEYS].get, request.match_info["ref"])
+    _own(request, record)
     view = key_view(record, time.time(), await _last_used(request))
     return _with_etag(view, view["etag"])
 
@@ -85,8 +133,9 @@ async def get_key(request: web.Request) -> web.Response:
 async def change_key(request: web.Request) -> web.Response:
     now = time.time()
     spec = parse_input(KeyChange, await read_object(request))
+    changes = spec.changes(now)
     before, after = await store_call(
-        request.app[KEYS].update, request.match_info["ref"], now=now, check=_key_check(request), **spec.changes(now)
+        request.app[KEYS].update, request.match_info["ref"], now=now, check=_key_check(request, changes), **changes
     )
     request.app[ACCOUNTANT].forget()
     await audit_change(
@@ -98,6 +147,14 @@ async def change_key(request: web.Request) -> web.Response:
 
 async def create_key(request: web.Request) -> web.Response:
     spec = parse_input(KeyCreate, await read_object(request))
+    scope = _scope(request)
+    if scope is not None:
+        if spec.tenant is None or spec.tenant not in scope:
+            raise Forbidden(
+                f"as team-admin you create keys for your tenant only: set tenant to {' or '.join(sorted(scope))}",
+                code="forbidden_tenant",
+            )
+        _ceiling(request, spec.tenant, spec.rpm, spec.daily_tokens)
     now = time.time()
     expires_at = spec.expires_at(now)
     record, plaintext = await store_call(
@@ -150,19 +207,35 @@ async def rotate_key(request: web.Request) -> web.Response:
 
 
 async def list_tenants(request: web.Request) -> web.Response:
-    return json_response({"tenants": await store_call(request.app[KEYS].tenants)})
+    scope = _scope(request)
+    found = await store_call(request.app[KEYS].tenants)
+    return json_response({"tenants": [t for t in found if team_allows(scope, t["name"])]})
 
 
 async def list_apps(request: web.Request) -> web.Response:
-    return json_response({"apps": await store_call(request.app[KEYS].apps)})
+    scope = _scope(request)
+    found = await store_call(request.app[KEYS].apps)
+    return json_response({"apps": [a for a in found if team_allows(scope, a["tenant"])]})
 
 
 async def _usage_filter(request: web.Request, query: UsageQuery) -> UsageFilter:
     key_id = None
     if query.key:
-        key_id = (await store_call(request.app[KEYS].get, query.key)).id
+        record = await store_call(request.app[KEYS].get, query.key)
+        _own(request, record)
+        key_id = record.id
+    scope = _scope(request)
+    key_ids = None
+    if scope is not None:  # a team-admin sees their tenants' keys' usage only
+        records: list[KeyRecord] = await store_call(request.app[KEYS].all)
+        key_ids = tuple(r.id for r in records if r.tenant in scope)
     return UsageFilter(
-        key_id=key_id, endpoint=query.endpoint, worker=query.worker, model=query.model, route=query.route
+        key_id=key_id,
+        endpoint=query.endpoint,
+        worker=query.worker,
+        model=query.model,
+        route=query.route,
+        key_ids=key_ids,
     )
 
 

@@ -1,7 +1,9 @@
-"""Admin authentication: one bearer token.
+"""Admin authentication: the admin token (break-glass), which signs in as an ``admin`` with actor ``token``.
 
 The token is ``TURNOUT_ADMIN_TOKEN`` when set (read by the config loader), else one generated on
-first start and stored 0600 as ``admin-token`` in the data dir, printed once.
+first start and stored 0600 as ``admin-token`` in the data dir, printed once. ``auth.break_glass: false``
+turns it off once single sign-on works: it then opens nothing (the file is still made, for the day it is
+turned back on).
 """
 
 from __future__ import annotations
@@ -22,12 +24,24 @@ TOKEN_FILE = "admin-token"
 @dataclass(frozen=True, slots=True)
 class AdminAuth:
     token: str
+    enabled: bool = True  # auth.break_glass
 
     def check(self, header: str | None) -> None:
         scheme, _, value = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not value:
-            raise Unauthorized("admin API needs 'Authorization: Bearer <admin token>'")
-        if not hmac.compare_digest(value.strip().encode(), self.token.encode()):
+            raise Unauthorized(
+                "admin API needs 'Authorization: Bearer <token>' (a personal token from the UI's Account page, "
+                "or the admin token)"
+            )
+        self.check_token(value.strip())
+
+    def check_token(self, value: str) -> None:
+        if not self.enabled:
+            raise Unauthorized(
+                "the admin token is turned off (auth.break_glass is false): use a personal token from the UI's "
+                "Account page (turnout login), or sign in with single sign-on"
+            )
+        if not hmac.compare_digest(value.encode(), self.token.encode()):
             raise Unauthorized("admin token is not valid")
 
 

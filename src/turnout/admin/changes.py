@@ -13,17 +13,32 @@ import orjson
 from aiohttp import web
 
 from turnout.admin.concurrency import PreconditionFailed
+from turnout.core.roles import Principal
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
 from turnout.gateway.keys import AUDIT
 from turnout.store.db import StoreError
 from turnout.store.endpoints import EndpointExists
 from turnout.store.keys import KeyRevoked, StaleRecord
 
-__all__ = ["ADMIN_ACTOR", "AUDIT_ACTOR", "AdminSignIns", "audit_change", "read_object", "store_call"]
+__all__ = [
+    "ADMIN_ACTOR",
+    "AUDIT_ACTOR",
+    "PRINCIPAL",
+    "TEAM_SCOPE",
+    "AdminSignIns",
+    "audit_change",
+    "read_object",
+    "store_call",
+]
 
-ADMIN_ACTOR = "admin-api"
-# Who an admin request's audit entries name: "admin-api" (Bearer token) unless set, "admin-ui" for a browser session.
+ADMIN_ACTOR = "token"  # the admin token's (break-glass) actor
+# Who an admin request's audit entries name when set here (a sign-in that has no principal yet); else the
+# request's principal (turnout.admin.keys.PRINCIPAL, set by the admin gate): "oidc:<sub>", "token", "cli:<user>".
 AUDIT_ACTOR: web.RequestKey[str] = web.RequestKey("audit_actor")
+# Who an admin request is from (set by the admin gate, turnout.admin.ui.gate), and, where only a team-admin role
+# let it through, the tenants its handler must keep it to (None: every tenant).
+PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("turnout_principal")
+TEAM_SCOPE: web.RequestKey[frozenset[str] | None] = web.RequestKey("turnout_team_scope")
 
 
 async def read_object(request: web.Request) -> dict[str, Any]:
@@ -54,24 +69,32 @@ async def store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 class AdminSignIns:
-    """Audits admin access: the first success per client address, and failures at most once a minute per address."""
+    """Audits admin access: the first success per client address and actor, and failures at most once a minute per
+    address (a failure says only that it failed, never which part of what was sent was wrong)."""
 
     def __init__(self) -> None:
-        self._seen: set[str] = set()
+        self._seen: set[tuple[str, str]] = set()
         self._failed: dict[str, float] = {}
 
-    async def note(self, request: web.Request, ok: bool) -> None:
+    def may_note_failure(self, request: web.Request, now: float) -> bool:
+        """True at most once a minute per client address (and then counts it)."""
+        who = request.remote or "unknown"
+        if now - self._failed.get(who, 0.0) < 60:
+            return False
+        self._failed[who] = now
+        return True
+
+    async def note(self, request: web.Request, ok: bool, actor: str | None = None) -> None:
         who = request.remote or "unknown"
         now = time.time()
         if ok:
-            if who in self._seen:
+            if (who, actor or "") in self._seen:
                 return
-            self._seen.add(who)
+            self._seen.add((who, actor or ""))
             action = "admin.signin"
         else:
-            if now - self._failed.get(who, 0.0) < 60:
+            if not self.may_note_failure(request, now):
                 return
-            self._failed[who] = now
             action = "admin.signin_failed"
         with contextlib.suppress(TurnoutError):
             await audit_change(request, action, f"admin:{who}")
@@ -80,17 +103,23 @@ class AdminSignIns:
 async def audit_change(
     request: web.Request, action: str, target: str, *, before: Any = None, after: Any = None
 ) -> None:
-    """Append one audit entry for an admin API change."""
+    """Append one audit entry for an admin API change: the actor is the request's principal (a person's
+    ``oidc:<sub>``, with their e-mail in the detail), ``token`` for the admin token."""
+    principal = request.get(PRINCIPAL)
+    actor = request.get(AUDIT_ACTOR) or (principal.actor if principal is not None else ADMIN_ACTOR)
+    where = f"from {request.remote or 'unknown'}"
+    if principal is not None and principal.person is not None:
+        where = f"{principal.label} {where}"
     try:
         await asyncio.to_thread(
             request.app[AUDIT].record,
-            actor=request.get(AUDIT_ACTOR, ADMIN_ACTOR),
+            actor=actor,
             action=action,
             target=target,
             before=before,
             after=after,
             now=time.time(),
-            detail=f"from {request.remote or 'unknown'}",
+            detail=where,
         )
     except StoreError as exc:
         raise TurnoutError(f"the change was made but could not be audited: {exc}") from None

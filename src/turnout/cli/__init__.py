@@ -8,6 +8,7 @@
 - :mod:`.backup`: ``backup create|restore``
 - :mod:`.claims`: ``claim ...``, ``controller``, ``operator``
 - :mod:`.agent`: ``agent`` (the runtime agent of a pool pod)
+- :mod:`.login`: ``login``, ``logout`` (a personal admin token for the commands that call the gateway)
 
 What they share (options, failing in one line, the store path, audit entries, tables) is :mod:`.common`; the
 running gateway's admin API client is :mod:`.client`. Only what every command needs is imported at start:
@@ -22,7 +23,7 @@ from typing import Annotated
 import typer
 
 from turnout import __version__
-from turnout.cli import accounts, agent, aliases, backup, claims, endpoints, gateway, workers
+from turnout.cli import accounts, agent, aliases, backup, claims, endpoints, gateway, login, workers
 
 __all__ = ["app", "main"]
 
@@ -55,8 +56,17 @@ def version() -> None:
     typer.echo(__version__)
 
 
-# `turnout --help` lists serve first
-for group in (gateway, agent, claims, workers, endpoints, aliases, accounts, backup):
+for group in (
+    gateway,
+    agent,
+    claims,
+    workers,
+    endpoints,
+    aliases,
+    accounts,
+    backup,
+    login,
+):  # `turnout --help` lists serve first
     group.register(app)
 app.command()(version)
 

@@ -411,7 +411,10 @@ def audit(
     since: Annotated[str | None, typer.Option(help="24h, 7d, 2026-12-01 ...")] = None,
     until: Annotated[str | None, typer.Option(help="end of the range (default now)")] = None,
     action: Annotated[str | None, typer.Option(help="e.g. key.create, placement.toggle")] = None,
-    actor: Annotated[str | None, typer.Option(help="e.g. admin-api, or a prefix such as 'cli:*'")] = None,
+    actor: Annotated[
+        str | None,
+        typer.Option(help="oidc:<sub> (a person), token (the admin token), cli:<user>, or a prefix such as 'oidc:*'"),
+    ] = None,
     target: Annotated[str | None, typer.Option(help="a target prefix, e.g. key:tk_ab or worker:a")] = None,
     limit: Annotated[int, typer.Option(help=f"at most {MAX_AUDIT_ENTRIES}")] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON (with before/after) instead of a table")] = False,

@@ -1,8 +1,9 @@
 """How `turnout endpoint ...` and `turnout key ...` reach the running gateway's admin API.
 
 The gateway is looked for at the config's ``listen`` address (``0.0.0.0`` / ``::`` are reached on loopback),
-with the admin token the gateway itself reads: ``TURNOUT_ADMIN_TOKEN``, else the data dir's ``admin-token``
-file (never created here). When it answers, the command is the admin API call, so it acts on the gateway's
+with ``TURNOUT_ADMIN_TOKEN``, else the personal admin token `turnout login` stored in the user's config dir
+(:func:`user_token_path`), else the admin token the gateway itself reads, the data dir's ``admin-token`` file
+(never created here). When it answers, the command is the admin API call, so it acts on the gateway's
 live state and under the gateway's own settings (an endpoint test dials through the gateway's network
 policy, not this shell's). When nothing listens there, or what answers cannot be this config's gateway (no
 gateway on this machine holds the config's data dir, or no admin token is known here), :func:`connect` returns
@@ -19,6 +20,7 @@ from __future__ import annotations
 import getpass
 import http.client
 import json
+import os
 import socket
 import urllib.parse
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ import typer
 if TYPE_CHECKING:
     from turnout.config import Settings
 
-__all__ = ["AdminClient", "GatewayError", "connect", "gateway_address", "gateway_origin"]
+__all__ = ["AdminClient", "GatewayError", "connect", "gateway_address", "gateway_origin", "user_token_path"]
 
 TOKEN_FILE = "admin-token"  # turnout.admin.auth.TOKEN_FILE (not imported: that pulls in the web stack)
 ACTOR_HEADER = "X-Turnout-Actor"  # turnout.admin.ui.security.ACTOR_HEADER
@@ -124,9 +126,11 @@ class AdminClient:
                 raise  # unreachable
             if status == 401:
                 _exit(
-                    f"the gateway at {self.url} refused the admin token ({error.get('message')}): set "
-                    "TURNOUT_ADMIN_TOKEN to the token it was started with"
+                    f"the gateway at {self.url} refused the token ({error.get('message')}): run `turnout login` "
+                    "with a personal token from the admin UI's Account page, or set TURNOUT_ADMIN_TOKEN"
                 )
+            if status == 403 and error.get("code") == "forbidden_role":
+                _exit(f"not allowed: {error.get('message')}")
             raise GatewayError(status, str(error.get("code")), str(error.get("message")), error.get("field"))
         return answer
 
@@ -136,10 +140,24 @@ def _exit(message: str) -> None:
     raise typer.Exit(2)
 
 
+def user_token_path() -> Path:
+    """Where `turnout login` keeps a personal admin token: ``$XDG_CONFIG_HOME/turnout/admin-token``."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "turnout" / "admin-token"
+
+
 def _token(settings: Settings) -> tuple[str | None, str]:
-    """The admin token and where it came from, as the gateway reads them (the environment wins)."""
+    """The token to call the admin API with and where it came from: the environment, the user's `turnout login`
+    token, the data dir's admin token."""
     if settings.admin_token:
         return settings.admin_token, "TURNOUT_ADMIN_TOKEN"
+    personal = user_token_path()
+    try:
+        stored = personal.read_text(encoding="utf-8").strip()
+    except OSError:
+        stored = ""
+    if stored:
+        return stored, str(personal)
     path = settings.data_dir / TOKEN_FILE
     try:
         return path.read_text(encoding="utf-8").strip() or None, str(path)

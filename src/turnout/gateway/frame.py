@@ -63,9 +63,10 @@ async def _respond(
     try:
         if peers is not None and peers.moved():
             await peers.catch_up()  # another process changed keys, placement or endpoints: take them first
-        if dialect is Dialect.ADMIN:
-            await app[ADMIN_GATE](request)  # Bearer token, or a browser session + CSRF; UI pages check their own
-        response = await handler(request)
+        refused = None
+        if dialect is Dialect.ADMIN:  # who asks, and may they (the role table): a refusal is its own answer
+            refused = await app[ADMIN_GATE](request)
+        response = refused if refused is not None else await handler(request)
         if peers is not None and dialect is Dialect.ADMIN and request.method not in _READS and response.status < 400:
             peers.announce()  # before the answer leaves: the other processes re-read before their next request
     except TurnoutError as exc:

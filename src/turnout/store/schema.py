@@ -25,6 +25,8 @@ __all__ = [
     "metadata",
     "model_aliases",
     "model_listings",
+    "people",
+    "personal_tokens",
     "tenants",
     "usage",
 ]
@@ -133,7 +135,49 @@ admin_sessions = Table(
     Column("created_at", Float, nullable=False),
     Column("last_seen", Float, nullable=False),
     Column("remote", String(64), nullable=True),
+    # Who signed in (since 0012): the audit actor ("token" for the admin token, "oidc:<sub>" for a person), the
+    # person's row, their role and team tenants as at sign-in, and what the header shows. NULL actor: a session
+    # from before 0012, signed in with the admin token.
+    Column("actor", String(128), nullable=True),
+    Column("person_id", Integer, nullable=True),
+    Column("role", String(32), nullable=True),
+    Column("teams", JSON, nullable=True),
+    Column("label", String(320), nullable=True),
     Index("ix_admin_sessions_last_seen", "last_seen"),
+    Index("ix_admin_sessions_person", "person_id"),
+)
+
+people = Table(
+    # People who signed in with single sign-on (turnout.store.people): their provider subject, what the
+    # provider said of them at their last sign-in, and whether an admin disabled them.
+    "people",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("subject", String(255), nullable=False, unique=True),  # the ID token's "sub"
+    Column("email", String(320), nullable=True),
+    Column("name", String(256), nullable=True),
+    Column("role", String(32), nullable=True),  # viewer | operator | admin | NULL (no ladder role)
+    Column("teams", JSON, nullable=False),  # tenants they are the team-admin of
+    Column("created_at", Float, nullable=False),
+    Column("last_signin", Float, nullable=True),
+    Column("disabled_at", Float, nullable=True),
+)
+
+personal_tokens = Table(
+    # Personal admin tokens for the CLI and scripts: the SHA-256 of the token, never the token.
+    "personal_tokens",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("person_id", Integer, ForeignKey("people.id"), nullable=False),
+    Column("name", String(128), nullable=False),
+    Column("prefix", String(16), nullable=False),  # tpat_ + 7: what lists show
+    Column("hash", String(64), nullable=False, unique=True),
+    Column("role", String(32), nullable=True),
+    Column("teams", JSON, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("revoked_at", Float, nullable=True),
+    Index("ix_personal_tokens_person", "person_id"),
 )
 
 model_listings = Table(

@@ -71,8 +71,11 @@ class UsageFilter:
     worker: str | None = None
     model: str | None = None
     route: str | None = None
+    key_ids: tuple[int, ...] | None = None  # only these keys' rows (a team-admin's tenant); None: no such filter
 
     def apply(self, query: Select[Any]) -> Select[Any]:
+        if self.key_ids is not None:
+            query = query.where(usage.c.key_id.in_(self.key_ids))
         if self.key_id is not None:
             query = query.where(usage.c.key_id == self.key_id)
         if self.endpoint is not None:

@@ -9,9 +9,12 @@ tab that is out of date is told (412) instead of overwriting. After a toggle the
 re-rendered cell from ``/admin/placement/cell`` (:func:`cell_state`, the matrix's cell for one model; a test
 checks it equals the matrix's).
 
-Cell marks: ``●`` loaded, ``✓`` installed, ``○`` allowed (not installed), ``?`` allowed but the worker's
-inventory is unknown, ``⛔`` blocked; ``↳`` in front when an exact rule decided; ``·`` where the router never
-asks that column for that model (an external endpoint's or a claim's own models, :func:`routed_to`).
+Cell marks (drawn as inline SVG symbols, ``templates/_marks.html``, each with its text for screen readers, so
+they read the same without an emoji font): ``loaded`` (a filled dot), ``installed`` (a tick), ``allowed`` (a
+ring: not installed), ``unknown`` (a question mark: the worker's inventory is unknown), ``blocked`` (a
+no-entry sign); ``exact`` (a hooked arrow) in front when an exact rule decided; ``na`` (a small dot) where the
+router never asks that column for that model (an external endpoint's or a claim's own models,
+:func:`routed_to`).
 """
 
 from __future__ import annotations
@@ -63,23 +66,25 @@ def _explain(t: Translate, mode: str, cell: dict[str, Any], state: str) -> tuple
 
 
 def cell_view(t: Translate, mode: str, cell: dict[str, Any], memo: dict[Any, Any] | None = None) -> dict[str, str]:
-    """How a cell looks: its mark, CSS classes, and its explanation (``state``: what the cell means, ``why``:
+    """How a cell looks: its mark (symbol names for ``templates/_marks.html``), CSS classes, its text for screen
+    readers (``label``), and its explanation (``state``: what the cell means, ``why``:
     the deciding rule, its origin and what a click does). The page script shows "<model> on <worker>:
     <state>. <why>" on hover and focus (``placement.cell``), so the explanation, shared by many cells, is
     sent once per page rather than once per cell."""
     installed = cell["installed"]
     if not cell["allowed"]:
-        mark, cls, state = "⛔", "blk", "blocked"
+        cls, state = "blk", "blocked"
     elif cell["loaded"]:
-        mark, cls, state = "●", "ld", "loaded"
+        cls, state = "ld", "loaded"
     elif installed is None:
-        mark, cls, state = "?", "unk", "unknown"
+        cls, state = "unk", "unknown"
     elif installed:
-        mark, cls, state = "✓", "ins", "installed"
+        cls, state = "ins", "installed"
     else:
-        mark, cls, state = "○", "alw", "allowed"
+        cls, state = "alw", "allowed"
+    mark = state
     if cell["exact"]:
-        mark = "↳" + mark
+        mark = "exact " + mark
         cls += " ex"
     if installed and not cell["allowed"]:
         cls += " held"  # blocked, yet installed there: a small ✓ in the corner
@@ -89,7 +94,7 @@ def cell_view(t: Translate, mode: str, cell: dict[str, Any], memo: dict[Any, Any
         parts = _explain(t, mode, cell, state)
         if memo is not None:
             memo[key] = parts
-    return {"mark": mark, "cls": cls, "state": parts[0], "why": parts[1]}
+    return {"mark": mark, "cls": cls, "state": parts[0], "why": parts[1], "label": parts[0]}
 
 
 def routed_to(fleet: Fleet, model: str) -> set[str] | None:
@@ -108,7 +113,8 @@ def unrouted_view(t: Translate, fleet: Fleet, model: str, worker: str) -> dict[s
         why = t("placement.why.elsewhere", target=target.name)
     else:
         why = t("placement.why.own_models", worker=worker)
-    return {"mark": "·", "cls": "na", "state": t("placement.state.na"), "why": why}
+    state = t("placement.state.na")
+    return {"mark": "na", "cls": "na", "state": state, "why": why, "label": state}
 
 
 def _matrix_view(t: Translate, fleet: Fleet, matrix: dict[str, Any]) -> dict[str, Any]:

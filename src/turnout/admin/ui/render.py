@@ -19,10 +19,11 @@ from urllib.parse import quote, urlsplit
 import jinja2
 from aiohttp import web
 
-from turnout.admin.changes import AUDIT_ACTOR
+from turnout.admin.changes import PRINCIPAL
 from turnout.admin.ui.i18n import COOKIE, LANGUAGES, Catalogs, pick_language
-from turnout.admin.ui.security import UI_ACTOR, check_csrf, current_session
+from turnout.admin.ui.security import cached_session, check_csrf, current_session, session_principal
 from turnout.admin.ui.sessions import Session
+from turnout.core.roles import Principal, decide, rule_for
 from turnout.errors import NotFound, TurnoutError
 
 __all__ = [
@@ -63,6 +64,7 @@ NAV = (
     NavEntry("ui.audit", "nav.audit"),
     NavEntry("ui.pools", "nav.pools"),
     NavEntry("ui.persistence", "nav.persistence"),
+    NavEntry("ui.people", "nav.people"),
 )
 
 
@@ -123,20 +125,31 @@ def _context(request: web.Request, active: str | None, extra: Mapping[str, Any])
     lang = language(request)
     catalogs = ui.catalogs
     named = request.app.router.named_resources()
-    session = request.get(PAGE_SESSION)
+    session = request.get(PAGE_SESSION) or cached_session(request)
+    principal: Principal | None = request.get(PRINCIPAL)
+    if principal is None and session is not None:
+        principal = session_principal(session)
     t = translator(request)
 
-    nav = [
-        {"url": str(named[e.route].url_for()), "label": t(e.label), "active": e.route == active}
-        for e in NAV
-        if e.route in named
-    ]
+    def can(method: str, path: str) -> bool:
+        """Whether the signed-in principal may call ``method path`` (a route template): the gate's own rule,
+        so that the page hides or disables what the server would refuse."""
+        return principal is not None and decide(principal, rule_for(method, path)).allowed
+
+    nav = []
+    for e in NAV:
+        if e.route in named:
+            url = str(named[e.route].url_for())
+            if can("GET", url):
+                nav.append({"url": url, "label": t(e.label), "active": e.route == active})
     return {
         "t": t,
         "lang": lang,
         "languages": [(code, catalogs.text(code, "lang.name")) for code in LANGUAGES],
         "csrf": session.csrf if session is not None else "",
         "signed_in": session is not None,
+        "principal": principal,
+        "can": can,
         "nav": nav,
         "page": active,
         "path": request.path_qs,
@@ -177,7 +190,6 @@ def page(handler: Handler) -> Handler:
                 return redirect(target)
             return render(request, "error.html", status=401, message_key="error.signed_out", message="")
         request[PAGE_SESSION] = session
-        request[AUDIT_ACTOR] = UI_ACTOR
         try:
             await check_csrf(request, session)
             return await handler(request)

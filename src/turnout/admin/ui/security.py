@@ -1,13 +1,17 @@
 """Browser security of the admin UI: session cookies, CSRF, security headers, and the admin API's gate.
 
-- **Who may call ``/admin/api``**: a script with ``Authorization: Bearer <admin token>`` (unchanged, audited by
-  :class:`turnout.admin.accounts.AdminSignIns`), or a signed-in browser with its session cookie. A browser's
-  state-changing call (anything but GET/HEAD/OPTIONS) must also send its session's CSRF token in
+- **Who is asking** (:func:`principal_of`): a script with ``Authorization: Bearer <token>``: a personal token
+  (``tpat_...``, acting as its person with the token's role, never above the person's role now) or the admin
+  token (break-glass: an admin, unless ``auth.break_glass`` is false); or a signed-in browser with its session
+  cookie (a person, or the admin token's session). Bearer sign-ins are audited by
+  :class:`turnout.admin.changes.AdminSignIns`. What each may do is decided by :mod:`turnout.admin.ui.gate`. A
+  browser's state-changing call (anything but GET/HEAD/OPTIONS) must also send its session's CSRF token in
   ``X-CSRF-Token``; without it the answer is 403 ``csrf_failed`` and nothing changes. The UI's pages check the
   same token (header, or a ``csrf_token`` form field) through :func:`check_csrf`.
-- **Who is audited**: a browser's changes as ``admin-ui``; a script's as ``admin-api``, or as the
-  ``cli:<user>`` that ``turnout`` commands name in ``X-Turnout-Actor`` (only ``cli:`` names are taken: the
-  holder of the admin token may do anything anyway, so the header only labels its own changes).
+- **Who is audited**: a person as ``oidc:<sub>`` (their e-mail in the entry's detail), by browser or personal
+  token; the admin token as ``token``, or as the ``cli:<user>`` that ``turnout`` commands name in
+  ``X-Turnout-Actor`` (only ``cli:`` names are taken, and only with the admin token: its holder may do anything
+  anyway, so the header only labels its own changes).
 - **Cookies** are ``HttpOnly; SameSite=Strict; Path=/admin``, and ``Secure`` when the request came over TLS or
   carries ``X-Forwarded-Proto: https``. That header is trusted from anyone because it can only make the
   cookie stricter: a client that forges it merely gets a cookie its own plain-HTTP browser will not send back.
@@ -24,10 +28,12 @@ from typing import Any
 
 from aiohttp import web
 
-from turnout.admin.changes import AUDIT_ACTOR
-from turnout.admin.keys import ADMIN_AUTH, SIGNINS
-from turnout.admin.ui.sessions import IDLE_S, Session, SessionStore
+from turnout.admin.changes import PRINCIPAL
+from turnout.admin.keys import ADMIN_AUTH, PEOPLE, SIGNINS
+from turnout.admin.ui.sessions import BREAK_GLASS_ACTOR, Session, SessionStore
+from turnout.core.roles import Principal, Role
 from turnout.errors import Forbidden, TurnoutError, Unauthorized
+from turnout.store.people import TOKEN_PREFIX, Person, PersonalToken
 
 __all__ = [
     "ACTOR_HEADER",
@@ -36,14 +42,16 @@ __all__ = [
     "SAFE_METHODS",
     "SESSION_COOKIE",
     "SESSION_STORE",
-    "UI_ACTOR",
     "add_security_headers",
-    "check_admin",
+    "cached_session",
     "check_csrf",
     "clear_cookie",
     "current_session",
     "is_ui_path",
+    "principal_of",
+    "session_principal",
     "set_cookie",
+    "token_principal",
 ]
 
 SESSION_COOKIE = "turnout_session"
@@ -55,7 +63,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 COOKIE_PATH = "/admin"
 
 SESSION_STORE: web.AppKey[SessionStore] = web.AppKey("ui_sessions")
-UI_ACTOR = "admin-ui"  # the audit log's actor for changes made from a signed-in browser
+_LADDER = (Role.VIEWER.value, Role.OPERATOR.value, Role.ADMIN.value)
 _SESSION: web.RequestKey[Session | None] = web.RequestKey("turnout_ui_session")  # one look-up per request
 
 CSP = (
@@ -90,6 +98,11 @@ def clear_cookie(response: web.StreamResponse, name: str) -> None:
     response.del_cookie(name, path=COOKIE_PATH)
 
 
+def cached_session(request: web.Request) -> Session | None:
+    """The session :func:`current_session` found for this request already (None when not looked up)."""
+    return request.get(_SESSION)
+
+
 async def current_session(request: web.Request) -> Session | None:
     """The browser's live session (looked up once per request), or None."""
     if _SESSION in request:
@@ -98,8 +111,20 @@ async def current_session(request: web.Request) -> Session | None:
     session = None
     if token:
         session = await asyncio.to_thread(request.app[SESSION_STORE].get, token, now=time.time())
+        if session is not None and session.identity.person_id is not None:
+            person = await asyncio.to_thread(_person_or_none, request, session.identity.person_id)
+            if person is None or person.disabled_at is not None:  # disabled since: the session is over
+                await asyncio.to_thread(request.app[SESSION_STORE].delete, token)
+                session = None
     request[_SESSION] = session
     return session
+
+
+def _person_or_none(request: web.Request, person_id: int) -> Person | None:
+    try:
+        return request.app[PEOPLE].get(person_id)
+    except KeyError:
+        return None
 
 
 async def sent_csrf(request: web.Request) -> str | None:
@@ -123,32 +148,76 @@ async def check_csrf(request: web.Request, session: Session) -> None:
         )
 
 
-async def check_admin(request: web.Request) -> None:
-    """The gate for ``/admin/...`` (called by the gateway's middleware). The UI's pages check their own
-    session (they redirect to the sign-in form rather than answer 401)."""
-    if is_ui_path(request.path):
-        return
+def session_principal(session: Session) -> Principal:
+    """Who a browser session belongs to."""
+    identity = session.identity
+    role = Role(identity.role) if identity.role in _LADDER else None
+    return Principal(identity.actor, role, frozenset(identity.teams), identity.label, identity.person_id)
+
+
+async def principal_of(request: web.Request) -> Principal | None:
+    """Who an admin request is from: a Bearer token (a personal ``tpat_`` token, or the admin token), else the
+    browser session of its cookie, else None. A Bearer token that opens nothing is 401 (audited, rate limited:
+    :class:`turnout.admin.changes.AdminSignIns`); so is a cookie whose session has ended, on the JSON API."""
+    if PRINCIPAL in request:
+        return request[PRINCIPAL]
+    app = request.app
     header = request.headers.get("Authorization")
-    if header is None and SESSION_COOKIE in request.cookies:
+    principal: Principal | None = None
+    if header is None:
+        if SESSION_COOKIE not in request.cookies:
+            return None
         session = await current_session(request)
         if session is None:
+            if is_ui_path(request.path):
+                return None
             raise Unauthorized(
-                f"the browser session has ended (idle for {int(IDLE_S // 60)} min, or signed out): sign in at /admin",
+                "the browser session has ended (idle too long, or signed out): sign in at /admin",
                 code="session_expired",
             )
-        await check_csrf(request, session)
-        request[AUDIT_ACTOR] = UI_ACTOR
-        return
-    app = request.app
-    try:
-        app[ADMIN_AUTH].check(header)
-    except TurnoutError:
-        await app[SIGNINS].note(request, ok=False)
-        raise
+        if not is_ui_path(request.path):  # the UI's pages check it in their @page (a form field may carry it)
+            await check_csrf(request, session)
+        principal = session_principal(session)
+    else:
+        try:
+            principal = await _bearer(request, header)
+        except TurnoutError:
+            await app[SIGNINS].note(request, ok=False)
+            raise
+        request[PRINCIPAL] = principal
+        await app[SIGNINS].note(request, ok=True, actor=principal.actor)
+    request[PRINCIPAL] = principal
+    return principal
+
+
+async def _bearer(request: web.Request, header: str) -> Principal:
+    scheme, _, value = header.partition(" ")
+    value = value.strip()
+    if scheme.lower() == "bearer" and value.startswith(TOKEN_PREFIX):
+        found = await asyncio.to_thread(request.app[PEOPLE].authenticate, value, now=time.time())
+        if found is None:
+            raise Unauthorized(
+                "this personal token opens nothing (unknown, revoked or expired, or its person is disabled): "
+                "make a new one on the UI's Account page and run `turnout login` again"
+            )
+        token, person = found
+        return token_principal(token, person)
+    request.app[ADMIN_AUTH].check(header)
     actor = request.headers.get(ACTOR_HEADER, "")
-    if actor.startswith("cli:") and len(actor) <= MAX_ACTOR and actor.isprintable():
-        request[AUDIT_ACTOR] = actor
-    await app[SIGNINS].note(request, ok=True)
+    if not (actor.startswith("cli:") and len(actor) <= MAX_ACTOR and actor.isprintable()):
+        actor = BREAK_GLASS_ACTOR
+    return Principal(actor, Role.ADMIN, frozenset(), "admin token")
+
+
+def token_principal(token: PersonalToken, person: Person) -> Principal:
+    """A personal token acts as its person, with the token's role capped by the person's role now (a person whose
+    groups lost a role since the token was made loses it on their tokens too)."""
+    role = Role(token.role) if token.role in _LADDER else None
+    current = Role(person.role) if person.role in _LADDER else None
+    if role is not None and (current is None or _LADDER.index(role) > _LADDER.index(current)):
+        role = current
+    teams = frozenset(token.teams) & frozenset(person.teams)
+    return Principal(person.actor, role, teams, f"{person.label} (token {token.prefix})", person.id)
 
 
 async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:

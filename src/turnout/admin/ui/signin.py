@@ -1,10 +1,13 @@
 """Sign-in, sign-out and the language switch of the admin UI.
 
-``GET /admin`` shows the sign-in form (or goes to the Overview when already signed in). ``POST /admin/signin``
-compares the admin token in constant time (:class:`turnout.admin.auth.AdminAuth`), starts a server-side
-session and audits ``admin.signin``; a wrong token is audited as ``admin.signin_failed`` (at most once a
-minute per address, as for the Bearer API). The form itself is protected against login CSRF by a
-double-submit token (a ``turnout_signin`` cookie that must match the form's hidden field).
+``GET /admin`` shows the sign-in choices that are enabled: single sign-on (``auth.oidc``: a button to
+``/admin/oidc/start``, :mod:`.sso`) and the admin token form (break-glass, unless ``auth.break_glass`` is
+false); or goes to the Overview when already signed in. ``POST /admin/signin`` compares the admin token in
+constant time (:class:`turnout.admin.auth.AdminAuth`), starts a server-side session (an admin, actor ``token``)
+and audits ``admin.signin``; a wrong token is audited as ``admin.signin_failed`` (at most once a minute per
+address, as for the Bearer API). The form itself is protected against login CSRF by a double-submit token (a
+``turnout_signin`` cookie that must match the form's hidden field). ``POST /admin/signout`` ends the session on
+every replica, and a person's other sessions too.
 """
 
 from __future__ import annotations
@@ -15,22 +18,21 @@ import time
 
 from aiohttp import web
 
-from turnout.admin.changes import AUDIT_ACTOR, audit_change
+from turnout.admin.changes import ADMIN_ACTOR, AUDIT_ACTOR, audit_change
 from turnout.admin.keys import ADMIN_AUTH, SIGNINS
 from turnout.admin.ui.i18n import COOKIE as LANG_COOKIE
 from turnout.admin.ui.i18n import LANGUAGES
-from turnout.admin.ui.render import page, redirect, render
+from turnout.admin.ui.render import page, redirect, render, session_of
 from turnout.admin.ui.security import (
     CSRF_FIELD,
     SESSION_COOKIE,
     SESSION_STORE,
-    UI_ACTOR,
     clear_cookie,
     current_session,
     set_cookie,
 )
-from turnout.admin.ui.sessions import MAX_AGE_S
 from turnout.errors import TurnoutError
+from turnout.gateway.keys import SETTINGS
 
 __all__ = ["add_signin_routes", "safe_next"]
 
@@ -49,7 +51,17 @@ def safe_next(target: object) -> str:
 
 def _form(request: web.Request, *, status: int = 200, error: str | None = None, nxt: str = HOME) -> web.Response:
     token = request.cookies.get(SIGNIN_COOKIE) or secrets.token_urlsafe(24)
-    response = render(request, "signin.html", status=status, signin_csrf=token, error=error, next=nxt)
+    auth = request.app[SETTINGS].auth
+    response = render(
+        request,
+        "signin.html",
+        status=status,
+        signin_csrf=token,
+        error=error,
+        next=nxt,
+        sso_label=None if auth.oidc is None else auth.oidc.label,
+        break_glass=auth.break_glass,
+    )
     set_cookie(request, response, SIGNIN_COOKIE, token, 3600)
     return response
 
@@ -70,7 +82,9 @@ async def signin(request: web.Request) -> web.StreamResponse:
         return _form(request, status=403, error="signin.error.csrf", nxt=nxt)
     token = form.get("token")
     token = token.strip() if isinstance(token, str) else ""
-    request[AUDIT_ACTOR] = UI_ACTOR
+    request[AUDIT_ACTOR] = ADMIN_ACTOR
+    if not request.app[ADMIN_AUTH].enabled:
+        return _form(request, status=403, error="signin.error.disabled", nxt=nxt)
     try:
         request.app[ADMIN_AUTH].check(f"Bearer {token}")
     except TurnoutError:
@@ -79,15 +93,20 @@ async def signin(request: web.Request) -> web.StreamResponse:
     cookie, _ = await asyncio.to_thread(request.app[SESSION_STORE].create, remote=request.remote, now=time.time())
     await audit_change(request, "admin.signin", f"admin:{request.remote or 'unknown'}", after={"via": "browser"})
     response = redirect(nxt)
-    set_cookie(request, response, SESSION_COOKIE, cookie, MAX_AGE_S)
+    set_cookie(request, response, SESSION_COOKIE, cookie, request.app[SETTINGS].auth.session_max_s)
     clear_cookie(response, SIGNIN_COOKIE)
     return response
 
 
 @page
 async def signout(request: web.Request) -> web.StreamResponse:
+    """End this session on every replica (the store forgets it), and every other session of the same person."""
     cookie = request.cookies.get(SESSION_COOKIE, "")
-    await asyncio.to_thread(request.app[SESSION_STORE].delete, cookie)
+    store = request.app[SESSION_STORE]
+    await asyncio.to_thread(store.delete, cookie)
+    person = session_of(request).identity.person_id
+    if person is not None:
+        await asyncio.to_thread(store.delete_person, person)
     await audit_change(request, "admin.signout", f"admin:{request.remote or 'unknown'}", after={"via": "browser"})
     response = redirect("/admin")
     clear_cookie(response, SESSION_COOKIE)

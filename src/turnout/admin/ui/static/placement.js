@@ -75,7 +75,8 @@
         td.dataset.state = fresh.dataset.state;
         td.dataset.why = fresh.dataset.why;
         delete td.dataset.e;
-        td.textContent = fresh.textContent;
+        td.dataset.mark = fresh.dataset.mark;
+        td.replaceChildren.apply(td, Array.prototype.slice.call(fresh.childNodes));  // the drawn mark and its text
         explain(td);
         table.dispatchEvent(new CustomEvent("turnout:toggled", { detail: { worker: worker, model: model } }));
       } catch (err) {

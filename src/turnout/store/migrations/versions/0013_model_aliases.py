@@ -13,8 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0013"
-# 0012 (OIDC people, tokens and roles) lands before this one; until it is in this branch, 0013 follows 0010.
-down_revision = "0010"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
