@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from turnout.gateway.dispatch import Dispatcher
     from turnout.gateway.peers import Peers
     from turnout.gateway.proxy import Proxy
+    from turnout.gateway.stored import StoredResponses
     from turnout.metrics import Metrics
     from turnout.store.audit import AuditLog
     from turnout.store.db import Database
@@ -36,6 +37,7 @@ __all__ = [
     "POLLER",
     "PROXY",
     "SETTINGS",
+    "STORED",
     "USAGE",
 ]
 
@@ -51,6 +53,7 @@ KEYS: web.AppKey[KeyStore] = web.AppKey("keys")
 AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
 USAGE: web.AppKey[UsageStore] = web.AppKey("usage")
 ENDPOINTS: web.AppKey[EndpointManager] = web.AppKey("endpoints")
+STORED: web.AppKey[StoredResponses] = web.AppKey("stored_responses")  # the Responses API's stored answers
 # Other gateway processes on this data dir (None only where the data dir has no change counter).
 PEERS: web.AppKey[Peers | None] = web.AppKey("peers")
 # The admin package's gate for /admin/... (a Bearer token, or a browser session + CSRF), run by the request frame;
