@@ -446,9 +446,10 @@ def _text_only(content: Any) -> str:
 
 
 def _assistant(messages: list[JSON]) -> JSON:
-    """The assistant message at the end of ``messages`` (one is added when the last message is another's)."""
+    """The assistant message at the end of ``messages`` (one is added when the last message is another's). Its
+    content is a string even with only tool calls: llama-cpp-python's server refuses null (422)."""
     if not messages or messages[-1]["role"] != "assistant":
-        messages.append({"role": "assistant", "content": None})
+        messages.append({"role": "assistant", "content": ""})
     return messages[-1]
 
 

@@ -53,6 +53,7 @@ class ResponsesStream:
     model: str
     finish_reason: str | None = None
     usage: JSON | None = None
+    deltas: int = 0  # content, reasoning and argument deltas: the completion's size when the worker counts none
     _sequence: int = 0
     _head: JSON | None = None
     _output: list[JSON] = field(default_factory=list)  # items done, by output index (None: still open)
@@ -96,6 +97,7 @@ class ResponsesStream:
             if self._reasoning is None:
                 self._reasoning = self._add(_Item("reasoning"), out)
             self._reasoning.text.append(thought)
+            self.deltas += 1
             out.append(self._part_event("response.reasoning_text.delta", self._reasoning, delta=thought))
         text = delta.get("content")
         if isinstance(text, str) and text:
@@ -104,6 +106,7 @@ class ResponsesStream:
             if self._message is None:
                 self._message = self._add(_Item("message"), out)
             self._message.text.append(text)
+            self.deltas += 1
             out.append(self._part_event("response.output_text.delta", self._message, delta=text, logprobs=[]))
         calls = delta.get("tool_calls")
         if isinstance(calls, list):
@@ -133,6 +136,7 @@ class ResponsesStream:
         if not arguments:
             return
         slot.text.append(arguments)
+        self.deltas += 1
         if slot.index < 0 and slot.name and self.names.client(slot.name).kind == "function":
             slot.streamed = True
             self._close_text(out)
@@ -161,9 +165,10 @@ class ResponsesStream:
             response["completed_at"] = self._head["created_at"]
         out.append(self._event(f"response.{status}", response=response))
         usage = self.usage or {}
+        completion = _count(usage.get("completion_tokens"))
         counts = Counts(
             _count(usage.get("prompt_tokens")),
-            _count(usage.get("completion_tokens")),
+            self.deltas if completion is None else completion,  # llama_cpp.server's streams count nothing
             max(timing.total_ns - min(timing.first_token_ns, timing.total_ns), 0) / 1e9,
         )
         return out, counts
