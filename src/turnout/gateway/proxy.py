@@ -410,14 +410,22 @@ class Proxy:
         first_ns = 0
         answered = False
         try:
+            frame = translation.frame
             async for chunk in up.chunks():
                 worker.record_progress(loop.time())
                 watch.feed(chunk)
                 lines: list[bytes] = []
-                for event in watch.frames:
-                    for obj in _translate_event(translator, event, worker.name):
-                        lines.append(translation.frame(obj))
-                watch.frames.clear()
+                if watch.frames:
+                    created = iso_time()  # one timestamp for the events of one chunk
+                    try:
+                        for event in watch.frames:
+                            for obj in translator.feed(event, created):
+                                lines.append(frame(obj))
+                    except _SHAPE_ERRORS as exc:
+                        raise UpstreamError(
+                            f"{worker.name}: the worker's stream has an unexpected shape ({exc})"
+                        ) from None
+                    watch.frames.clear()
                 if lines:
                     if not first_ns:
                         first_ns = time.perf_counter_ns() - started
@@ -595,13 +603,6 @@ def _stream_headers(call: Call) -> dict[str, str]:
 def _streaming(call: Call, up: UpstreamResponse) -> bool:
     """A streamed answer, unless the worker ignored ``stream`` and sent one JSON document."""
     return call.stream and up.content_type != "application/json"
-
-
-def _translate_event(translator: StreamTranslation, event: dict[str, Any], label: str) -> list[dict[str, Any]]:
-    try:
-        return translator.feed(event, iso_time())
-    except _SHAPE_ERRORS as exc:
-        raise UpstreamError(f"{label}: the worker's stream has an unexpected shape ({exc})") from None
 
 
 def _what(data: bytes, exc: FrameError) -> str:

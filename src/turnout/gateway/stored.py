@@ -49,6 +49,9 @@ class StoredResponses:
         self.keep_s = keep_days * 86_400
         self.clock = clock
         self._writing: dict[tuple[str | None, str], StoredResponse] = {}  # written now: found before the commit
+        self._batch: list[StoredResponse] = []  # waiting for the next write
+        self._batch_done: asyncio.Future[None] | None = None  # its commit, which its requests await
+        self._writer: asyncio.Task[None] | None = None
         self._purged = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -117,9 +120,7 @@ class StoredResponses:
         slot = (record.app, answer_id)
         self._writing[slot] = record
         try:
-            await asyncio.to_thread(self.store.put, record)
-        except StoreError as exc:
-            log.error("could not store response %s (a continuation or GET will not find it): %s", answer_id, exc)
+            await self._write(record)
         finally:
             self._writing.pop(slot, None)
         if now - self._purged >= _PURGE_EVERY_S:
@@ -127,6 +128,32 @@ class StoredResponses:
             task = asyncio.create_task(self._purge(now))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, record: StoredResponse) -> None:
+        """Returns once ``record`` is committed, written together with the others that wait meanwhile (one
+        transaction for them all: a busy gateway writes in batches, an idle one at once)."""
+        if self._batch_done is None:
+            self._batch_done = asyncio.get_running_loop().create_future()
+        done = self._batch_done
+        self._batch.append(record)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_batches())
+            self._tasks.add(self._writer)
+            self._writer.add_done_callback(self._tasks.discard)
+        await asyncio.shield(done)  # a client that leaves does not take the others' write with it
+
+    async def _write_batches(self) -> None:
+        while self._batch:
+            batch, done = self._batch, self._batch_done
+            self._batch, self._batch_done = [], None
+            try:
+                await asyncio.to_thread(self.store.put_many, batch)
+            except StoreError as exc:
+                ids = ", ".join(r.id for r in batch)
+                log.error("could not store responses %s (a continuation or GET will not find them): %s", ids, exc)
+            finally:
+                assert done is not None
+                done.set_result(None)
 
     async def _purge(self, now: float) -> None:
         try:

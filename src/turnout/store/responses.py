@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, delete, insert, select
+from sqlalchemy import ColumnElement, Insert, and_, delete, select
+from sqlalchemy.dialects import postgresql, sqlite
 
 from turnout.store.db import Database
 from turnout.store.schema import responses
@@ -36,23 +37,30 @@ class StoredResponse:
 class ResponseStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._upsert = _upsert(db.dialect)  # made once: building it costs more than running it
 
     def put(self, record: StoredResponse) -> None:
         """Keep ``record`` (replacing one of the same id). Raises StoreError."""
+        self.put_many([record])
+
+    def put_many(self, records: list[StoredResponse]) -> None:
+        """Keep every record, in one transaction (each replacing one of the same id: an upsert). Raises
+        StoreError."""
+        rows = [
+            {
+                "id": r.id,
+                "app": r.app,
+                "model": r.model,
+                "previous_response_id": r.previous_response_id,
+                "created_at": r.created_at,
+                "expires_at": r.expires_at,
+                "input_items": r.input_items,
+                "response": r.response,
+            }
+            for r in {r.id: r for r in records}.values()  # an id twice in one statement: the last one
+        ]
         with self.db.begin() as conn:
-            conn.execute(delete(responses).where(responses.c.id == record.id))
-            conn.execute(
-                insert(responses).values(
-                    id=record.id,
-                    app=record.app,
-                    model=record.model,
-                    previous_response_id=record.previous_response_id,
-                    created_at=record.created_at,
-                    expires_at=record.expires_at,
-                    input_items=record.input_items,
-                    response=record.response,
-                )
-            )
+            conn.execute(self._upsert, rows)
 
     def get(self, response_id: str, app: str | None, now: float) -> StoredResponse | None:
         """The response ``response_id`` of ``app``, unless it expired. Raises StoreError."""
@@ -81,6 +89,15 @@ class ResponseStore:
         """Delete every response that expired by ``now``; how many. Raises StoreError."""
         with self.db.begin() as conn:
             return int(conn.execute(delete(responses).where(responses.c.expires_at <= now)).rowcount)
+
+
+def _upsert(dialect: str) -> Insert:
+    """An insert that replaces the row of the same id, in the database's own words."""
+    module = postgresql if dialect == "postgresql" else sqlite
+    statement = module.insert(responses)
+    columns = {c.name: statement.excluded[c.name] for c in responses.columns if c.name != "id"}
+    upsert: Insert = statement.on_conflict_do_update(index_elements=[responses.c.id], set_=columns)
+    return upsert
 
 
 def _mine(response_id: str, app: str | None) -> ColumnElement[bool]:

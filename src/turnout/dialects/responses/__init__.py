@@ -139,8 +139,21 @@ class ResponsesOnChat:
 def frame(event: JSON) -> bytes:
     """One Responses SSE event: its type on an ``event:`` line, the object on a ``data:`` line."""
     kind = event.get("type")
-    head = b"event: " + kind.encode() + b"\n" if isinstance(kind, str) else b""
-    return head + b"data: " + orjson.dumps(event) + b"\n\n"
+    head = _HEADS.get(kind) if isinstance(kind, str) else b"data: "
+    if head is None:
+        head = b"event: " + str(kind).encode() + b"\ndata: "
+    return head + orjson.dumps(event) + b"\n\n"
+
+
+# The event types the translation writes, with the start of their frames (the usual ones made once)
+_HEADS = {
+    kind: b"event: " + kind.encode() + b"\ndata: "
+    for kind in (
+        "response.output_text.delta",
+        "response.function_call_arguments.delta",
+        "response.reasoning_text.delta",
+    )
+}
 
 
 def _response_id(call: Call) -> str:

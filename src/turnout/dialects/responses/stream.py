@@ -31,6 +31,8 @@ from turnout.errors import TurnoutError
 
 __all__ = ["ResponsesStream", "failed_response"]
 
+_TEXT_ONLY = frozenset({"content", "role"})  # the keys of a delta that carries only text
+
 
 @dataclass(slots=True)
 class _Item:
@@ -64,6 +66,33 @@ class ResponsesStream:
 
     # -- the worker's events ------------------------------------------------------------------------
     def feed(self, event: JSON, created_at: str) -> list[JSON]:
+        message = self._message
+        if message is not None and self._head is not None:
+            # the usual token frame (one choice, text only, no finish), once the message is open: its delta event
+            # made at once; any other frame takes the general way below
+            choices = event.get("choices")
+            if type(choices) is list and len(choices) == 1 and "usage" not in event:
+                choice = choices[0]
+                delta = choice.get("delta") if type(choice) is dict else None
+                if type(delta) is dict and delta.keys() <= _TEXT_ONLY and choice.get("finish_reason") is None:
+                    text = delta.get("content")
+                    if type(text) is str and text and choice.get("index", 0) == 0:
+                        message.text.append(text)
+                        self.deltas += 1
+                        sequence = self._sequence
+                        self._sequence = sequence + 1
+                        assert message.item is not None
+                        return [
+                            {
+                                "type": "response.output_text.delta",
+                                "item_id": message.item["id"],
+                                "output_index": message.index,
+                                "content_index": 0,
+                                "delta": text,
+                                "logprobs": [],
+                                "sequence_number": sequence,
+                            }
+                        ]
         out: list[JSON] = []
         if self._head is None:
             self._start(created_at, out)
