@@ -334,9 +334,12 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checkout]:
             target.chmod(0o755)
     pristine = {p.relative_to(path).as_posix() for p in path.rglob("*") if ".venv" not in p.relative_to(path).parts}
     # the coding-agent CLIs the clients page runs (codex, claude), on PATH as after `npm install -g`
-    clis = os.environ.get("TURNOUT_AGENT_CLIS") or subprocess.run(
-        [str(ROOT / "scripts" / "agent-clis")], capture_output=True, text=True, check=True, timeout=1800
-    ).stdout.strip()
+    clis = (
+        os.environ.get("TURNOUT_AGENT_CLIS")
+        or subprocess.run(
+            [str(ROOT / "scripts" / "agent-clis")], capture_output=True, text=True, check=True, timeout=1800
+        ).stdout.strip()
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNOUT_") and not k.startswith("APP_")}
     env["PATH"] = f"{path / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}{os.pathsep}{clis}"
     env["VIRTUAL_ENV"] = str(path / ".venv")
