@@ -305,6 +305,29 @@ async def test_endpoint_own_url_serves_the_responses_routes(emulator: EmulatorFa
     assert status == 404 and orjson.loads(raw)["error"]["code"] == "endpoint_not_found"
 
 
+async def test_an_endpoints_fallback_takes_a_continuation(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
+    """The endpoint fails (HTTP 500): its fallback model, on a worker that serves the API itself, gets the whole
+    conversation, not the previous_response_id it could not know."""
+    from tests.gateway.test_endpoints import PRIVATE_OK, admin
+
+    fleet = await emulator("fleet", ["llama3.2:latest"])
+    mac = await emulator("mac", ["qwen2.5:7b"])
+    gw = await gateway([worker("gpu", fleet.url, native_apis=["responses"])], env=PRIVATE_OK)
+    spec = {"name": "mac", "url": mac.url, "api": "ollama", "fallback_model": "llama3.2:latest"}
+    assert (await admin(gw, "POST", "/admin/api/endpoints", spec))[0] == 201
+    async with client(gw) as oa:
+        first = await oa.responses.create(model="mac/qwen2.5:7b", input="one")
+        mac.behaviour.fail_status = 500
+        raw = await oa.responses.with_raw_response.create(
+            model="mac/qwen2.5:7b", input="two", previous_response_id=first.id
+        )
+    assert raw.headers["X-Fallback-From"] == "mac/qwen2.5:7b"
+    assert raw.parse().output_text.startswith("[fleet]")
+    path, sent = fleet.calls[-1]
+    assert path == "/v1/responses" and sent["model"] == "llama3.2:latest" and "previous_response_id" not in sent
+    assert [i.get("role") for i in sent["input"]] == ["user", "assistant", "user"]
+
+
 async def test_the_gateways_metrics_count_the_route(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
     emu: OllamaEmulator = await emulator("emu", ["qwen3:8b"])
     gw = await gateway([worker("emu", emu.url)])

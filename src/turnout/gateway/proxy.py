@@ -105,8 +105,11 @@ class Proxy:
         self.metrics.fallbacks.labels(endpoint.name, reason).inc()
         origin = f"{endpoint.name}/{endpoint.external.upstream_name(call.model)}"  # type: ignore[union-attr]
         payload = {**call.payload, "model": fallback}
+        # the body as a worker gets it, with the fallback's model: it may differ from the payload (a Responses
+        # continuation's body leaves out the previous_response_id that its payload keeps for the answer)
+        body = orjson.dumps({**parse_object(call.body), "model": fallback})
         outcome.fallback_from = origin
-        redirected = call._replace(model=fallback, payload=payload, body=orjson.dumps(payload), fallback_from=origin)
+        redirected = call._replace(model=fallback, payload=payload, body=body, fallback_from=origin)
         return await self._serve_once(request, redirected, outcome, tenant)
 
     async def _serve_claimed(
