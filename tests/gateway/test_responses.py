@@ -10,8 +10,11 @@ to the key's app.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ import openai
 import orjson
 import pytest
 
-from tests.conftest import EmulatorFactory, Engine, Gateway, GatewayFactory, create_key, start_llama, worker
+from tests.conftest import EmulatorFactory, Engine, Gateway, GatewayFactory, create_key, free_port, start_llama, worker
 from tests.gateway.test_usage_accounting import usage_rows
 from tests.support.ollama_emulator import OllamaEmulator
 
@@ -326,6 +329,52 @@ async def test_an_endpoints_fallback_takes_a_continuation(emulator: EmulatorFact
     path, sent = fleet.calls[-1]
     assert path == "/v1/responses" and sent["model"] == "llama3.2:latest" and "previous_response_id" not in sent
     assert [i.get("role") for i in sent["input"]] == ["user", "assistant", "user"]
+
+
+@pytest.mark.parametrize("native", [True, False])
+async def test_a_stream_still_running_when_the_gateway_stops_ends_with_response_failed(
+    emulator: EmulatorFactory, tmp_path: Path, native: bool
+) -> None:
+    """`turnout serve` stopping (SIGTERM) past its drain timeout: the stream's last event is response.failed,
+    numbered on, saying so; never a silent cut."""
+    from tests.support.cli import TURNOUT
+    from tests.support.served import Served
+
+    emu = await emulator("emu", ["qwen3:8b"], tokens=40, token_delay_s=0.2)
+    config = tmp_path / "config.json"
+    extra = {"native_apis": ["responses"]} if native else {}
+    config.write_text(
+        json.dumps(
+            {
+                "storage": {"data_dir": str(tmp_path / "data")},
+                "auth": {"open": True},
+                "workers": [worker("emu", emu.url, **extra)],
+            }
+        )
+    )
+    port = free_port()
+    served = Served(
+        [*TURNOUT, "serve", "--config", str(config), "--port", str(port), "--drain-timeout", "1"],
+        tmp_path,
+        {**os.environ, "TURNOUT_ADMIN_TOKEN": "t"},
+    )
+    try:
+        await asyncio.to_thread(served.wait_for, "serving on", 60)  # the emulator answers its polls meanwhile
+        body = {"model": "qwen3:8b", "input": "hi", "stream": True}
+        async with aiohttp.ClientSession() as http, http.post(f"http://127.0.0.1:{port}/v1/responses", json=body) as r:
+            first = await r.content.readuntil(b"\n\n")
+            served.proc.send_signal(signal.SIGTERM)
+            rest = b""
+            with contextlib.suppress(aiohttp.ClientPayloadError):  # the connection closes with the last event
+                async for piece in r.content.iter_any():
+                    rest += piece
+        assert await asyncio.to_thread(served.wait, 60) == 0
+    finally:
+        served.kill()
+    stream = events(first + rest)
+    assert well_ended(stream) == "response.failed"
+    assert "the gateway stopped before this answer was complete" in stream[-1]["response"]["error"]["message"]
+    assert 0 < [e["type"] for e in stream].count("response.output_text.delta") < 40
 
 
 async def test_the_gateways_metrics_count_the_route(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
