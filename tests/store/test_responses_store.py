@@ -49,6 +49,11 @@ def test_kept_per_app_expiring_and_deleted(database_url: str) -> None:
         assert store.get("resp_a", "web", NOW) is None and store.delete("resp_a", "web") is False
         assert store.purge(NOW) == 1  # resp_old
         assert store.get("resp_open", None, NOW) is not None
+        # a batch (the gateway writes the answers that wait together), an id twice in it: the last one
+        store.put_many([record("resp_b", "web"), record("resp_c", "web"), record("resp_b", "web", days=1)])
+        assert store.get("resp_c", "web", NOW) is not None
+        kept = store.get("resp_b", "web", NOW)
+        assert kept is not None and kept.expires_at == NOW + DAY
     finally:
         db.close()
 
