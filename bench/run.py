@@ -12,6 +12,13 @@ beside req/s, p50 and p99 the table gives the proxy's CPU per request: utime+sti
 CPU-second (the figure that is fair on a shared machine). "reached" is the share of those requests the mock
 counted (``GET /__count``): a proxy that answered without reaching the upstream shows below 1.00.
 
+Turnout is measured on each client API it translates too, beside ``/v1/chat/completions`` on the same gateway
+process: ``turnout /v1/responses`` posts the Responses API's equivalent request (``{"model", "input", "store":
+false}``, as Codex sends it), which Turnout translates onto the mock's ``/v1/chat/completions`` and whose answer and
+stream (64 SSE chunks, then 64 ``response.output_text.delta`` events among the Responses events) it turns back;
+``turnout /v1/responses stored`` leaves ``store`` at the API's default, so each answer is also written to the
+store. The table ends with each one's CPU per request against the chat route's.
+
 Turnout runs at ``--log-level warning`` (its access log is on, as by default, but lines are written at info,
 so none is built); ``--access-log`` adds a second Turnout target at ``--log-level info`` (``turnout serve``'s
 default) with its access lines to /dev/null, so the table shows what the log costs.
@@ -50,6 +57,14 @@ PORTKEY_VERSION = "1.15.2"
 HONO_NODE_SERVER = "1.14.1"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BODY = {"model": "mock", "messages": [{"role": "user", "content": "hi"}]}
+CHAT = "/v1/chat/completions"
+# The other client APIs Turnout serves, measured beside the chat route on the same gateway: label -> (path, request
+# body). Each is translated onto the mock's chat route and its answer turned back. The Responses API stores every
+# answer unless told not to (Codex says store: false; the openai SDK leaves the default): both are measured.
+TRANSLATED = {
+    "/v1/responses": ("/v1/responses", {"model": "mock", "input": "hi", "store": False}),
+    "/v1/responses stored": ("/v1/responses", {"model": "mock", "input": "hi"}),
+}
 # LiteLLM refuses to start without a master key; every target gets the same header (others ignore it).
 MASTER_KEY = "sk-bench-" + "7f3a9c2e5b8d1f4a6c0e9b2d7a5f3c1e"
 
@@ -139,6 +154,8 @@ class Target:
     proc: subprocess.Popen[bytes] | None
     key: str = MASTER_KEY  # sent as the bearer token (Turnout gets a real app key with a scope)
     headers: dict[str, str] = field(default_factory=dict)  # more request headers (Portkey's provider and host)
+    path: str = CHAT  # the route wrk posts to
+    body: dict[str, Any] = field(default_factory=lambda: dict(BODY))
 
 
 def wait_ready(
@@ -300,7 +317,7 @@ def run_wrk(
 ) -> dict[str, float]:
     """One measured cell: wrk's figures, the proxy's CPU seconds over it, and the requests the mock counted."""
     script = script_dir / f"post-{'stream' if stream else 'plain'}-{abs(hash(target.name))}.lua"
-    body = json.dumps({**BODY, "stream": stream})
+    body = json.dumps({**target.body, "stream": stream})
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {target.key}", **target.headers}
     script.write_text(
         f"wrk.method = 'POST'\nwrk.body = '{body}'\n"
@@ -317,7 +334,7 @@ def run_wrk(
         "--latency",
         "-s",
         str(script),
-        url + "/v1/chat/completions",
+        url + target.path,
     ]
     n = len(wrk)
     warm = [*cmd[: n + 2], "-d1s", *cmd[n + 3 :]]
@@ -490,7 +507,10 @@ def main() -> None:
         if portkey is not None:
             targets.append(start_portkey(portkey, mock_url, procs, pin))
 
-        targets.append(start_turnout("turnout", tmp / "current", mock_url, procs, None, cpus=pin))
+        turnout = start_turnout("turnout", tmp / "current", mock_url, procs, None, cpus=pin)
+        targets.append(turnout)
+        for label, (path, body) in TRANSLATED.items():  # the same gateway process, another client API
+            targets.append(Target(f"turnout {label}", turnout.url, turnout.proc, turnout.key, path=path, body=body))
         if args.baseline:
             targets.append(
                 start_turnout("turnout (baseline)", tmp / "baseline", mock_url, procs, args.baseline, cpus=pin)
@@ -587,6 +607,16 @@ def print_table(
                     f"{r['errors']:.0f} | {r['reached']:.2f} | {r['us']:.0f} | {per_cpu:.0f} | {vs_nginx} | {vs_base} |"
                 )
     print("\n(direct (mock): the CPU is the mock's own, on the load CPU with wrk.)")
+    print(f"\n| Turnout, CPU per request against {CHAT} | mode | c | CPU us/req | vs chat |\n|---|---|---|---:|---:|")
+    for label in TRANSLATED:
+        for stream in (False, True):
+            for conns in levels:
+                chat, other = (
+                    results[("turnout", stream, conns)]["us"],
+                    results[(f"turnout {label}", stream, conns)]["us"],
+                )
+                mode = "stream" if stream else "non-stream"
+                print(f"| {label} | {mode} | {conns} | {other:.0f} | {other / chat:.2f}x |")
     direct = results[("direct (mock)", False, levels[0])]["p50"]
     turnout = results[("turnout", False, levels[0])]["p50"]
     print(f"\nadded p50 at c={levels[0]} (turnout - direct, non-stream): {turnout - direct:.3f} ms")

@@ -27,7 +27,8 @@ The rule (also in the README's Development section):
 
 Each document runs in a fresh copy of the checkout with a fresh data dir, a virtualenv on PATH whose
 ``turnout`` is that copy (installed as ``./scripts/serve`` installs it) and whose other commands are the test
-environment's (``llm``, ``pip``...: what ``./scripts/test`` installs), and the Ollama emulator from
+environment's (``llm``, ``pip``...: what ``./scripts/test`` installs), the coding-agent CLIs ``codex`` and
+``claude`` after them (``scripts/agent-clis``, as after ``npm install -g``), and the Ollama emulator from
 tests/support answering on 127.0.0.1:11434 as the local Ollama the docs mention (``llama3.2``). A document
 whose commands call ``kubectl`` gets a real kube-apiserver (v1.20, RBAC on, etcd; tests/support/kube.py) as
 its cluster through ``KUBECONFIG``: the API server stores and validates objects, but nothing runs pods there
@@ -332,8 +333,15 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checkout]:
             target.write_bytes(b"#!" + str(venv_python).encode() + b"\n" + script.read_bytes().split(b"\n", 1)[1])
             target.chmod(0o755)
     pristine = {p.relative_to(path).as_posix() for p in path.rglob("*") if ".venv" not in p.relative_to(path).parts}
+    # the coding-agent CLIs the clients page runs (codex, claude), on PATH as after `npm install -g`
+    clis = (
+        os.environ.get("TURNOUT_AGENT_CLIS")
+        or subprocess.run(
+            [str(ROOT / "scripts" / "agent-clis")], capture_output=True, text=True, check=True, timeout=1800
+        ).stdout.strip()
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNOUT_") and not k.startswith("APP_")}
-    env["PATH"] = f"{path / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["PATH"] = f"{path / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}{os.pathsep}{clis}"
     env["VIRTUAL_ENV"] = str(path / ".venv")
     env.pop("PYTHONPATH", None)  # the copy's own turnout, as a user's shell would have it
     yield Checkout(path, pristine, env)

@@ -390,6 +390,16 @@ class Auth(_Model):
         return self
 
 
+class Responses(_Model):
+    store_days: float = Field(
+        30,
+        gt=0,
+        le=3650,
+        description="how long a stored OpenAI Responses answer (store: true, the default) is kept for "
+        "previous_response_id and GET /v1/responses/{id}",
+    )
+
+
 class PoolAgent(_Model):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     agent_url: AnyHttpUrl = Field(description="the pod's runtime agent (turnout agent)")
@@ -534,6 +544,7 @@ class Settings(_Model):
     limits: Limits = Field(default_factory=Limits)
     logging: Logging = Field(default_factory=Logging)
     auth: Auth = Field(default_factory=Auth)
+    responses: Responses = Field(default_factory=Responses)
     tenants: dict[str, Tenant] = Field(default_factory=dict)
     pools: Pools | None = Field(None, description="run the local ModelClaim controller inside the gateway")
     workers: list[Worker] = Field(default_factory=list)

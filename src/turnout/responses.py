@@ -11,6 +11,7 @@ from aiohttp import web
 
 from turnout.dialects import api
 from turnout.dialects.base import Dialect
+from turnout.dialects.streams import StreamWatch
 from turnout.errors import TurnoutError
 
 __all__ = ["ERROR_CODE", "MAX_UNAVAILABLE_RETRY_S", "Dialect", "error_frame", "error_response", "json_response"]
@@ -42,6 +43,6 @@ def error_response(dialect: Dialect, err: TurnoutError) -> web.Response:
     return response
 
 
-def error_frame(dialect: Dialect, err: TurnoutError) -> bytes:
-    """The last frame of a stream that failed after it started."""
-    return api(dialect).error_frame(err)
+def error_frame(dialect: Dialect, err: TurnoutError, watch: StreamWatch | None = None) -> bytes:
+    """The last frame of a stream that failed after it started (``watch``: the worker's stream, passed through)."""
+    return api(dialect).error_frame(err, watch)

@@ -54,6 +54,7 @@ from turnout.gateway.keys import (
     POLLER,
     PROXY,
     SETTINGS,
+    STORED,
     USAGE,
 )
 from turnout.gateway.limiter import LocalLimiter, RedisLimiter, TokenLimiter
@@ -61,6 +62,7 @@ from turnout.gateway.peers import Peers
 from turnout.gateway.proxy import Proxy
 from turnout.gateway.routes import add_client_routes
 from turnout.gateway.shared_limits import SharedLimiter
+from turnout.gateway.stored import StoredResponses
 from turnout.masking import SECRETS
 from turnout.metrics import Metrics
 from turnout.redaction import handler_args
@@ -74,6 +76,7 @@ from turnout.store.endpoints import EndpointStore
 from turnout.store.keys import KeyStore
 from turnout.store.listings import ModelListings
 from turnout.store.people import PeopleStore
+from turnout.store.responses import ResponseStore
 from turnout.store.secrets import SecretBox
 from turnout.store.usage import UsageStore
 from turnout.upstream.client import UpstreamClient
@@ -220,6 +223,7 @@ def create_app(
     app[SIGNINS] = AdminSignIns()
     app[ENDPOINTS] = endpoints
     aliases = app[ALIASES] = Aliases(settings.aliases, AliasStore(database))
+    app[STORED] = StoredResponses(ResponseStore(database), settings.responses.store_days)
     claims = _claim_bindings(settings, fleet, client, metrics)
     if claims is not None:
         claims.on_change = dispatcher.wake_all
@@ -261,6 +265,7 @@ def create_app(
         await endpoints.stop()
         await poller.stop()
         await accountant.close()
+        await app[STORED].close()
         await client.close()
         database.close()
         peers = app[PEERS]

@@ -3,7 +3,9 @@
 Implements the routes Turnout uses with Ollama's field names and framing: ``/api/tags``, ``/api/ps``
 (``size_vram``, ``expires_at``), ``/api/version``, ``/api/chat`` and ``/api/generate`` (NDJSON streams
 ending in the stats object, ``stream`` defaulting to true), ``/api/embed``, ``/api/embeddings``,
-``/api/show``, and Ollama's OpenAI-compatible ``/v1`` routes (SSE with ``data: [DONE]``).
+``/api/show``, and Ollama's OpenAI-compatible ``/v1`` routes (SSE with ``data: [DONE]``), ``/v1/responses``
+included (the OpenAI Responses API, which Ollama serves itself: a worker configured with ``native_apis:
+["responses"]`` gets Responses calls passed through).
 
 Behaviour is configurable at run time: inventory, residency, per-token latency, HTTP failures,
 dropping the connection mid-stream, broken listings (``/api/tags`` slow, 500 or not JSON while
@@ -100,6 +102,7 @@ class OllamaEmulator:
         r.add_post("/v1/chat/completions", self.v1_chat)
         r.add_post("/v1/completions", self.v1_completions)
         r.add_post("/v1/embeddings", self.v1_embeddings)
+        r.add_post("/v1/responses", self.v1_responses)
         return app
 
     async def start(self, port: int = 0) -> str:
@@ -402,6 +405,73 @@ class OllamaEmulator:
             raise
         finally:
             self.active -= 1
+
+    async def v1_responses(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API: one message of the emulator's words; a stream of Responses events (``event:`` lines,
+        ``sequence_number``s, ``response.completed`` with the usage) that ``drop_after_chunks`` cuts short."""
+        body = await request.json()
+        self.calls.append(("/v1/responses", body))
+        model = self._resolve(body.get("model", ""))
+        if model is None:
+            error = {
+                "message": f'model "{body.get("model")}" not found',
+                "type": "api_error",
+                "param": None,
+                "code": None,
+            }
+            return web.json_response({"error": error}, status=404)
+        if self.behaviour.fail_status:
+            return web.json_response(
+                {"error": {"message": "emulated failure", "type": "api_error"}}, status=self.behaviour.fail_status
+            )
+        self._load(model)
+        words = self._words()
+        rid = f"resp_{self.name}_{len(self.calls)}"
+        message = {"id": f"msg_{self.name}", "type": "message", "status": "completed", "role": "assistant"}
+        text = {"type": "output_text", "text": "".join(words), "annotations": []}
+        usage = {"input_tokens": 7, "output_tokens": len(words), "total_tokens": 7 + len(words)}
+        response = {
+            "id": rid,
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": body["model"],
+            "status": "completed",
+            "output": [{**message, "content": [text]}],
+            "usage": usage,
+        }
+        if not body.get("stream"):
+            return web.json_response(response)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        started = {**response, "status": "in_progress", "output": [], "usage": None}
+        events: list[dict[str, Any]] = [
+            {"type": "response.created", "response": started},
+            {"type": "response.in_progress", "response": started},
+            {"type": "response.output_item.added", "output_index": 0, "item": {**message, "content": []}},
+        ]
+        events += [
+            {
+                "type": "response.output_text.delta",
+                "item_id": message["id"],
+                "output_index": 0,
+                "content_index": 0,
+                "delta": w,
+            }
+            for w in words
+        ]
+        events += [
+            {"type": "response.output_item.done", "output_index": 0, "item": response["output"][0]},
+            {"type": "response.completed", "response": response},
+        ]
+        for seq, event in enumerate(events):
+            if self.behaviour.drop_after_chunks is not None and seq >= 3 + self.behaviour.drop_after_chunks:
+                request.transport.close()  # type: ignore[union-attr]
+                return resp
+            data = json.dumps({**event, "sequence_number": seq})
+            await resp.write(f"event: {event['type']}\ndata: {data}\n\n".encode())
+            await asyncio.sleep(self.behaviour.token_delay_s)
+        await resp.write_eof()
+        return resp
 
     async def v1_embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()

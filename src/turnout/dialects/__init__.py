@@ -10,7 +10,7 @@ Pure, like :mod:`turnout.core`: no I/O, no clock, no web framework (an import-li
 
 from __future__ import annotations
 
-from turnout.dialects import admin, ollama, openai
+from turnout.dialects import admin, ollama, openai, responses
 from turnout.dialects.base import ClientAPI, Dialect
 from turnout.dialects.ollama.translate import ollama_error_from_openai
 
@@ -20,6 +20,7 @@ __all__ = ["CLIENT_APIS", "api", "dialect_of", "worker_error_message"]
 CLIENT_APIS: dict[Dialect, ClientAPI] = {
     Dialect.OPENAI: openai.API,
     Dialect.OLLAMA: ollama.API,
+    Dialect.RESPONSES: responses.API,
     Dialect.ADMIN: admin.API,
 }
 
@@ -34,6 +35,8 @@ def dialect_of(path: str) -> Dialect:
         return Dialect.ADMIN
     if path.startswith("/api/"):
         return Dialect.OLLAMA
+    if path.startswith("/v1/responses") and (len(path) == 13 or path[13] == "/"):
+        return Dialect.RESPONSES
     return Dialect.OPENAI
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from turnout.dialects import openai
 from turnout.dialects.base import JSON, Dialect, Endpoint, Route, Translation, WorkerAPI
-from turnout.dialects.streams import StreamKind
+from turnout.dialects.streams import StreamKind, StreamWatch
 from turnout.errors import TurnoutError
 
 __all__ = ["API", "AdminShape"]
@@ -25,7 +25,7 @@ class AdminShape:
     def error_body(self, err: TurnoutError) -> bytes:
         return openai.error_body(err, field=True)
 
-    def error_frame(self, err: TurnoutError) -> bytes:
+    def error_frame(self, err: TurnoutError, watch: StreamWatch | None = None) -> bytes:
         return b"data: " + self.error_body(err) + b"\n\n"
 
     def error_in_dialect(self, body: JSON) -> bool:

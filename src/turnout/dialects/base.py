@@ -5,7 +5,8 @@ A client-facing dialect (:class:`ClientAPI`) owns, for its API:
 - its routes: the paths it serves and which :class:`Endpoint` each is (the gateway serves them on the shared URL
   and on each external endpoint's own URL);
 - its request rules beyond the common ones (where the model is named, whether ``stream`` defaults to true);
-- its error shape: the JSON body of an error answer, and the last frame of a stream that failed after it started;
+- its error shape: the JSON body of an error answer, and the last frame of a stream that failed after it started
+  (given what the stream carried so far: the Responses API numbers its events);
 - its stream framing (:class:`~turnout.dialects.streams.StreamKind`);
 - its translation onto a worker that speaks another dialect (:meth:`ClientAPI.translation`: None when the worker
   takes the client's request as it is).
@@ -15,7 +16,8 @@ answers (:mod:`turnout.responses`, :mod:`turnout.gateway.proxy`).
 
 A :class:`Translation` carries one call from the client's dialect to the worker's and its answer back:
 ``request`` (the worker's path and body), ``alternate`` (a second form of the request to try when the worker
-refuses the first), ``answer`` (a whole answer) and ``stream`` (a :class:`StreamTranslation` fed with the worker's
+refuses the first), ``headers`` (what the client's answer says about the translation, such as tools the worker
+cannot run), ``answer`` (a whole answer) and ``stream`` (a :class:`StreamTranslation` fed with the worker's
 stream events). Each says what the worker counted (:class:`Counts`) for accounting and learned speeds.
 """
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple, Protocol
 
-from turnout.dialects.streams import StreamKind
+from turnout.dialects.streams import StreamKind, StreamWatch
 from turnout.errors import TurnoutError
 
 __all__ = [
@@ -52,6 +54,7 @@ class Dialect(StrEnum):
 
     OPENAI = "openai"
     OLLAMA = "ollama"
+    RESPONSES = "responses"  # the OpenAI Responses API (its usage rows and access lines say "openai:responses")
     ADMIN = "admin"
 
 
@@ -76,10 +79,16 @@ class Endpoint(StrEnum):
     EMBED = "embed"  # /api/embed
     EMBED_LEGACY = "embeddings_legacy"  # /api/embeddings
     SHOW = "show"  # /api/show
+    RESPONSES = "responses"  # /v1/responses
 
     @property
     def streams(self) -> bool:
-        return self in (Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.GENERATE)
+        return self in _STREAMING
+
+
+_STREAMING = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.GENERATE, Endpoint.RESPONSES})
+# The API family a dialect's calls are named by in usage rows and the access log, where it is not the dialect's own
+_FAMILY = {Dialect.RESPONSES: "openai"}
 
 
 class Route(NamedTuple):
@@ -100,6 +109,13 @@ class Call(NamedTuple):
     stream: bool
     fallback_from: str | None = None  # "<endpoint>/<model>" when this call is a fallback
     alias: str | None = None  # the alias the client named; ``model`` (and the body's model) is what it stands for
+    answer_id: str = ""  # the gateway's id for this call's answer (the Responses API names its response so)
+
+    @property
+    def api_name(self) -> str:
+        """The call as usage rows and the access log name it: ``openai:chat``, ``ollama:generate``,
+        ``openai:responses``..."""
+        return f"{_FAMILY.get(self.dialect, self.dialect.value)}:{self.endpoint.value}"
 
 
 class TranslationError(ValueError):
@@ -137,6 +153,10 @@ class StreamTranslation(Protocol):
         """The client's last frames once the worker's stream ended with the model's finish."""
         ...
 
+    def fail(self, err: TurnoutError) -> list[JSON]:
+        """The client's last frames when the stream fails after it started (the worker broke, the gateway stops)."""
+        ...
+
 
 class Translation(Protocol):
     """One call carried from the client's dialect to a worker's and back (see the module's docstring)."""
@@ -150,6 +170,10 @@ class Translation(Protocol):
 
     def alternate(self, request: JSON) -> JSON | None:
         """Another form of ``request`` to try once when the worker refuses it (None: none)."""
+        ...
+
+    def headers(self, call: Call) -> dict[str, str]:
+        """Headers of the client's answer that say what the translation left out (empty: nothing)."""
         ...
 
     def answer(self, call: Call, answer: JSON, timing: Timing) -> tuple[JSON, Counts]:
@@ -180,7 +204,10 @@ class ClientAPI(Protocol):
 
     def error_body(self, err: TurnoutError) -> bytes: ...
 
-    def error_frame(self, err: TurnoutError) -> bytes: ...
+    def error_frame(self, err: TurnoutError, watch: StreamWatch | None = None) -> bytes:
+        """The last frame of a stream that fails after it started; ``watch``: what the worker's stream carried so far,
+        when it is passed through (None: a stream the gateway writes itself)."""
+        ...
 
     def error_in_dialect(self, body: JSON) -> bool:
         """Whether a worker's error body already has this dialect's shape (then it is relayed as it is)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import orjson
 
 from turnout.dialects.base import JSON, Dialect, Endpoint, Route, Translation, WorkerAPI
-from turnout.dialects.streams import StreamKind
+from turnout.dialects.streams import StreamKind, StreamWatch
 from turnout.errors import TurnoutError
 
 __all__ = ["API", "OpenAIChat", "error_body"]
@@ -43,7 +43,7 @@ class OpenAIChat:
     def error_body(self, err: TurnoutError) -> bytes:
         return error_body(err)
 
-    def error_frame(self, err: TurnoutError) -> bytes:
+    def error_frame(self, err: TurnoutError, watch: StreamWatch | None = None) -> bytes:
         return b"data: " + error_body(err) + b"\n\n"
 
     def error_in_dialect(self, body: JSON) -> bool:

@@ -8,7 +8,14 @@ returns. Whether a stream ended properly is decided by parsing frames, never by 
   the terminator. A ``[DONE]`` before the finish (``llama_cpp.server`` sends one when it interrupts a
   stream for a waiting request, see its ``server/app.py`` ``get_event_publisher``) is *not* a normal end.
 * NDJSON (Ollama dialect): one JSON object a line; the final object carries ``"done": true``.
-* Either: an object with a top-level ``error`` (and no ``done: true``) is the worker's own error frame.
+* Responses SSE (the OpenAI Responses API): SSE events (``event:`` and ``data:`` lines) whose data object names
+  its ``type``; exactly one terminal event ends the stream: ``response.completed`` or ``response.incomplete`` (the
+  model's finish: its ``response`` holds the whole answer and its usage) or ``response.failed`` (the worker's own
+  error). An ``error`` event is forwarded and the stream goes on to its terminal event; a close, or a ``[DONE]``,
+  before one is a cut-short stream. The last ``sequence_number`` and the ``response`` of ``response.created`` are
+  kept, so that a stream the gateway has to end itself goes on numbering its events.
+* Any: an object with a top-level ``error`` (and no ``done: true``, ``choices`` or ``type``) is the worker's own
+  error frame.
 
 Only whole lines (SSE: whole events) are forwarded, so a worker that dies mid-line never leaves half a
 frame in the client's stream, and the gateway's error frame always starts on a line of its own.
@@ -93,6 +100,12 @@ class LineSplitter:
 class StreamKind(StrEnum):
     SSE = "sse"
     NDJSON = "ndjson"
+    RESPONSES = "responses"  # SSE events of the OpenAI Responses API
+
+
+# Responses events that end a stream: the model's finish (its answer complete), or the worker's failure
+_RESPONSES_FINISH = frozenset({"response.completed", "response.incomplete"})
+_RESPONSES_FAILED = "response.failed"
 
 
 @dataclass(slots=True)
@@ -106,8 +119,10 @@ class StreamWatch:
     ended: bool = False  # a terminal frame was seen: nothing after it is read or forwarded
     finished: bool = False  # the model's own finish (finish_reason / done: true) was seen
     error: str | None = None  # the worker's own error frame, if it sent one
-    usage: dict[str, Any] | None = None  # the last OpenAI usage object
-    final: dict[str, Any] | None = None  # Ollama's final ``done: true`` object
+    usage: dict[str, Any] | None = None  # the last OpenAI usage object (Responses: its counts under these names)
+    final: dict[str, Any] | None = None  # Ollama's final ``done: true`` object; the Responses terminal event
+    sequence: int = -1  # Responses: the last event's sequence_number
+    response: dict[str, Any] | None = None  # Responses: the response of response.created (its id, model...)
     events: int = 0  # content frames (a stand-in for the token count when the worker reports none)
     frames: list[dict[str, Any]] = field(default_factory=list)
     _lines: LineSplitter = field(init=False)
@@ -115,9 +130,11 @@ class StreamWatch:
     _data: list[bytes] = field(default_factory=list)  # its data fields
     _open: set[int] = field(default_factory=set)  # choice indices seen without a finish_reason yet
     _closed: set[int] = field(default_factory=set)
+    _sse: bool = field(init=False)  # SSE framing (OpenAI's or the Responses API's)
 
     def __post_init__(self) -> None:
         self._lines = LineSplitter(self.max_line)
+        self._sse = self.kind is not StreamKind.NDJSON
 
     @property
     def truncated(self) -> bool:
@@ -147,7 +164,7 @@ class StreamWatch:
                 return fast
         out: list[bytes] = []
         for line in self._lines.feed(chunk):
-            if self.kind is StreamKind.SSE:
+            if self._sse:
                 self._sse_line(line, out)
             else:
                 self._ndjson_line(line, out)
@@ -158,8 +175,8 @@ class StreamWatch:
     def _feed_whole(self, chunk: bytes) -> bytes | None:
         """The common case, a chunk of whole frames and nothing pending: each frame is parsed exactly as
         the line path would, but the chunk is forwarded as it came. None: take the line path instead."""
-        if b"\r" in chunk or len(chunk) > self.max_line:
-            return None
+        if b"\r" in chunk or len(chunk) > self.max_line or self.kind is StreamKind.RESPONSES:
+            return None  # Responses events carry an event: line: taken line by line
         if self.kind is StreamKind.SSE:
             if not chunk.endswith(b"\n\n"):
                 return None
@@ -226,6 +243,8 @@ class StreamWatch:
     def _dispatch(self, payload: bytes) -> bool:
         """Apply one SSE event's data. False when it ended the stream (``finished`` then says whether it is
         forwarded: an early ``[DONE]`` is withheld, the caller ends the stream with an error frame)."""
+        if self.kind is StreamKind.RESPONSES:
+            return self._responses_event(payload)
         if payload[:1] == b"{":  # the usual frame: decoded here, and a JSON text that starts so is an object
             try:
                 obj = orjson.loads(payload)
@@ -258,6 +277,47 @@ class StreamWatch:
             self.usage = obj["usage"]
         if self.collect:
             self.frames.append(obj)
+        return True
+
+    def _responses_event(self, payload: bytes) -> bool:
+        """One Responses event (see the module's docstring)."""
+        if payload.strip() == _DONE:  # not a Responses frame; before a terminal event it cuts the stream short
+            self.ended = True
+            return False
+        obj = _frame(payload)
+        kind = obj.get("type")
+        sequence = obj.get("sequence_number")
+        if type(sequence) is int and sequence > self.sequence:
+            self.sequence = sequence
+        if self.collect:
+            self.frames.append(obj)
+        if not isinstance(kind, str):
+            if "error" in obj:  # an OpenAI error object instead of an event
+                self.error = _message(obj["error"])
+                self.ended = True
+                return False
+            return True
+        if kind.endswith(".delta"):
+            self.events += 1
+            return True
+        response = obj.get("response")
+        if kind in _RESPONSES_FINISH or kind == _RESPONSES_FAILED:
+            self.final = obj
+            self.ended = True
+            answer = response if isinstance(response, dict) else {}
+            if kind == _RESPONSES_FAILED:
+                self.error = _message(answer.get("error"))
+                return False
+            self.finished = True
+            usage = answer.get("usage")
+            if isinstance(usage, dict):
+                self.usage = {
+                    "prompt_tokens": usage.get("input_tokens"),
+                    "completion_tokens": usage.get("output_tokens"),
+                }
+            return False
+        if self.response is None and isinstance(response, dict):
+            self.response = response
         return True
 
     def _observe_choices(self, obj: dict[str, Any]) -> None:

@@ -8,9 +8,10 @@ api=openai:chat model=llama3 worker=w1 tokens=12+30
 A request that named a model alias has ``model=`` the model served and ``alias=`` the name it asked for.
 With ``--log-format json`` the same facts are fields of the record's JSON object (``remote``, ``method``,
 ``path``, ``status``, ``bytes``, ``latency_ms``, ``key``, ``app``, ``api``, ``model``, ``worker``,
-``prompt_tokens``, ``completion_tokens``, ``error``, ``fallback_from``, ``alias``). ``key`` is the key's display prefix
-(``turnout key list`` shows the same), never the key; no header is ever written and secret-looking query
-values are redacted.
+``prompt_tokens``, ``completion_tokens``, ``error``, ``fallback_from``, ``alias`` (the model alias the client named),
+``dropped_tools``: the hosted tools of a Responses request that its worker cannot run, as the answer's
+``X-Turnout-Dropped-Tools`` header says). ``key`` is the key's display prefix (``turnout key list`` shows the same),
+never the key; no request header is ever written and secret-looking query values are redacted.
 
 The request path stays cheap: handlers only hang what they already hold on the request (:data:`CALLER`, the
 usage row as :data:`USAGE_ROW`) and error responses their code (:data:`ERROR_CODE`); the line is built here,
@@ -28,6 +29,7 @@ from aiohttp import web, web_protocol
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web import BaseRequest, StreamResponse
 
+from turnout.dialects.responses.request import HOSTED_TOOL_NOTE
 from turnout.redaction import SECRETS, Redacted, redact, redact_target
 from turnout.responses import ERROR_CODE
 
@@ -147,6 +149,10 @@ class AccessLog(AbstractAccessLogger):
             if row.fallback_from is not None:
                 origin = fields["fallback_from"] = redact(row.fallback_from)
                 line += f" fallback_from={_value(origin)}"
+            dropped = response.headers.get(HOSTED_TOOL_NOTE)
+            if dropped is not None:
+                fields["dropped_tools"] = dropped
+                line += f" dropped_tools={_value(dropped)}"
         code = response.get(ERROR_CODE) if status >= 400 else None  # only error answers have one
         if code is not None:
             fields["error"] = code

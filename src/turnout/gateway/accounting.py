@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,9 @@ class Outcome:
     completion_tokens: int | None = None
     failed: bool = False
     fallback_from: str | None = None
+    # Awaited by the proxy with the whole answer (a stream's: its last frame) before that reaches the client, for a
+    # call whose answer is kept (a stored Responses answer: a continuation right after it finds it).
+    keep: Callable[[dict[str, Any]], Awaitable[None]] | None = None
 
 
 @dataclass(slots=True)
@@ -278,7 +281,7 @@ class Accountant:
         row = UsageRow(
             ts=time.time(),
             key_id=None if ticket.key is None else ticket.key.id,
-            endpoint=f"{call.dialect.value}:{call.endpoint.value}",
+            endpoint=call.api_name,
             model=call.model,
             worker=outcome.worker,
             status=status,
@@ -310,7 +313,7 @@ def _log_failed_refresh(task: asyncio.Task[KeyRecord | None], background: bool) 
 
 def _max_tokens(call: Call) -> int | None:
     p = call.payload
-    for name in ("max_completion_tokens", "max_tokens"):
+    for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = p.get(name)
         if isinstance(value, int):
             return value

@@ -109,7 +109,7 @@ async def read_call(
 def _check_token_counts(payload: dict[str, Any]) -> None:
     """Token counts are reserved against limits before forwarding: they must be sane integers."""
     options = payload.get("options")
-    fields = [(name, payload.get(name)) for name in ("max_tokens", "max_completion_tokens")]
+    fields = [(name, payload.get(name)) for name in ("max_tokens", "max_completion_tokens", "max_output_tokens")]
     if isinstance(options, dict):
         fields.append(("options.num_predict", options.get("num_predict")))
     for name, value in fields:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from turnout.gateway.dispatch import Dispatcher
     from turnout.gateway.peers import Peers
     from turnout.gateway.proxy import Proxy
+    from turnout.gateway.stored import StoredResponses
     from turnout.metrics import Metrics
     from turnout.store.audit import AuditLog
     from turnout.store.db import Database
@@ -38,6 +39,7 @@ __all__ = [
     "POLLER",
     "PROXY",
     "SETTINGS",
+    "STORED",
     "USAGE",
 ]
 
@@ -54,6 +56,7 @@ AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
 USAGE: web.AppKey[UsageStore] = web.AppKey("usage")
 ENDPOINTS: web.AppKey[EndpointManager] = web.AppKey("endpoints")
 ALIASES: web.AppKey[Aliases] = web.AppKey("aliases")  # the model aliases in force (turnout.gateway.aliases)
+STORED: web.AppKey[StoredResponses] = web.AppKey("stored_responses")  # the Responses API's stored answers
 # Other gateway processes on this data dir (None only where the data dir has no change counter).
 PEERS: web.AppKey[Peers | None] = web.AppKey("peers")
 # The admin package's gate for /admin/... (who asks, and whether their role may), run by the request frame before

@@ -6,6 +6,8 @@ through :mod:`turnout.dialects.base`'s interface).
 * Ollama client -> Ollama worker: the same ``/api`` path.
 * Ollama client -> OpenAI-style worker: requests, responses and streams are translated
   (:class:`turnout.dialects.ollama.OllamaOnOpenAI`).
+* Responses client -> a worker that serves the Responses API itself: pass-through; any other worker: translated
+  onto its Chat Completions route (:class:`turnout.dialects.responses.ResponsesOnChat`).
 
 Streams are written chunk by chunk as they arrive. If the worker fails after the stream started,
 the client gets a final error frame in its dialect. A worker that cannot be reached is marked down
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -31,14 +34,13 @@ from turnout.dialects import api, worker_error_message
 from turnout.dialects.base import (
     Call,
     Counts,
-    Dialect,
     Endpoint,
     StreamTranslation,
     Timing,
     Translation,
     TranslationError,
 )
-from turnout.dialects.streams import FrameError, StreamWatch, parse_object
+from turnout.dialects.streams import FrameError, StreamKind, StreamWatch, parse_object
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
 from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
@@ -103,8 +105,11 @@ class Proxy:
         self.metrics.fallbacks.labels(endpoint.name, reason).inc()
         origin = f"{endpoint.name}/{endpoint.external.upstream_name(call.model)}"  # type: ignore[union-attr]
         payload = {**call.payload, "model": fallback}
+        # the body as a worker gets it, with the fallback's model: it may differ from the payload (a Responses
+        # continuation's body leaves out the previous_response_id that its payload keeps for the answer)
+        body = orjson.dumps({**parse_object(call.body), "model": fallback})
         outcome.fallback_from = origin
-        redirected = call._replace(model=fallback, payload=payload, body=orjson.dumps(payload), fallback_from=origin)
+        redirected = call._replace(model=fallback, payload=payload, body=body, fallback_from=origin)
         return await self._serve_once(request, redirected, outcome, tenant)
 
     async def _serve_claimed(
@@ -179,9 +184,15 @@ class Proxy:
                 data = await up.read()
                 answer = self._answer(worker, model, data, loop.time())
                 self._learn(worker, call.model, answer, time.perf_counter() - started, outcome)
+                if outcome.keep is not None:
+                    await outcome.keep(answer)
                 return _raw_json(data, up.status, call)
             kind = api(call.dialect).stream_kind
             watch = StreamWatch(kind)
+
+            def fail(err: TurnoutError) -> bytes:
+                return error_frame(call.dialect, err, watch)
+
             resp = web.StreamResponse(status=up.status, headers=_stream_headers(call))
             resp.content_type = up.content_type
             await resp.prepare(request)
@@ -191,6 +202,8 @@ class Proxy:
                 async for chunk in up.chunks():
                     worker.record_progress(loop.time())
                     data = watch.feed(chunk)
+                    if watch.finished and outcome.keep is not None:  # the answer is whole: kept before it goes out
+                        await outcome.keep(watch.final or {"usage": watch.usage})
                     if data:
                         if first is None:
                             first = time.perf_counter()
@@ -198,22 +211,22 @@ class Proxy:
                     if watch.ended:
                         answered = True
                         up.finish_later(_DRAIN_S)
-                        await self._end_stream(resp, call.dialect, worker, model, watch, outcome, loop.time())
+                        await self._end_stream(resp, fail, worker, model, watch, outcome, loop.time())
                         break
                 if not answered:
                     watch.close()
                     answered = True
-                    await self._end_stream(resp, call.dialect, worker, model, watch, outcome, loop.time())
+                    await self._end_stream(resp, fail, worker, model, watch, outcome, loop.time())
             except (UpstreamError, FrameError) as exc:
                 if not answered:
                     watch.finished = False
-                    await self._stream_failed(resp, call.dialect, worker, model, exc, outcome, loop.time())
+                    await self._stream_failed(resp, fail, worker, model, exc, outcome, loop.time())
             except asyncio.CancelledError:
                 if not answered:
-                    await _cut_short(resp, call.dialect)
+                    await _cut_short(resp, fail)
                 raise
             if watch.finished:
-                final = watch.final if watch.final is not None else {"usage": watch.usage}
+                final = watch.final if kind is StreamKind.NDJSON and watch.final else {"usage": watch.usage}
                 elapsed = time.perf_counter() - (first or started)
                 self._learn(worker, call.model, final, elapsed, outcome, stream_events=max(watch.events - 1, 0))
             return resp
@@ -221,7 +234,7 @@ class Proxy:
     async def _end_stream(
         self,
         resp: web.StreamResponse,
-        dialect: Dialect,
+        fail: Callable[[TurnoutError], bytes],
         worker: WorkerState,
         model: str,
         watch: StreamWatch,
@@ -236,7 +249,7 @@ class Proxy:
             await resp.write_eof()
         elif watch.truncated:
             exc = UpstreamError(f"{worker.name}: the stream ended before the model finished")
-            await self._stream_failed(resp, dialect, worker, model, exc, outcome, now)
+            await self._stream_failed(resp, fail, worker, model, exc, outcome, now)
         else:
             worker.record_success(now, model)
             await resp.write_eof()
@@ -244,7 +257,7 @@ class Proxy:
     async def _stream_failed(
         self,
         resp: web.StreamResponse,
-        dialect: Dialect,
+        fail: Callable[[TurnoutError], bytes],
         worker: WorkerState,
         model: str,
         exc: Exception,
@@ -255,7 +268,7 @@ class Proxy:
         self.metrics.upstream_errors.labels(worker.name, "stream").inc()
         err = exc if isinstance(exc, UpstreamError) else UpstreamError(f"{worker.name}: {exc}")
         worker.record_model_failure(model, err.message, now, "streams breaking")
-        await resp.write(error_frame(dialect, err))
+        await resp.write(fail(err))
         await resp.write_eof()
 
     def _answer(self, worker: WorkerState, model: str, data: bytes, now: float) -> dict[str, Any]:
@@ -325,6 +338,7 @@ class Proxy:
         alternate = translation.alternate(req)
         if alternate is not None and worker.name in self._json_object_schema:
             req, alternate = alternate, None  # this worker takes llama-cpp-python's form
+        headers = translation.headers(call)
         async with self._post(worker, path, orjson.dumps(req)) as up:
             _check_fallback(worker, lease.model, up.status)
             rejected = await up.read() if up.status >= 300 else b""
@@ -333,14 +347,14 @@ class Proxy:
             if up.status >= 300 and not (alternate is not None and up.status in (400, 422, 500)):
                 return self._upstream_error(call, worker, lease.model, up.status, rejected, loop.time())
             if up.status < 300:
-                return await self._translated_answer(request, call, lease, translation, up, started, outcome)
+                return await self._translated_answer(request, call, lease, translation, up, started, outcome, headers)
         assert alternate is not None  # the worker refused OpenAI's json_schema form: try the one it may take
         del rejected
         async with self._post(worker, path, orjson.dumps(alternate)) as up:
             if up.status >= 300:  # refused in both forms: the worker's own answer to the second says why
                 return self._upstream_error(call, worker, lease.model, up.status, await up.read(), loop.time())
             self._json_object_schema.add(worker.name)
-            return await self._translated_answer(request, call, lease, translation, up, started, outcome)
+            return await self._translated_answer(request, call, lease, translation, up, started, outcome, headers)
 
     async def _translated_answer(
         self,
@@ -351,6 +365,7 @@ class Proxy:
         up: UpstreamResponse,
         started: int,
         outcome: Outcome,
+        headers: dict[str, str],
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         worker = lease.worker
@@ -362,8 +377,14 @@ class Proxy:
             except _SHAPE_ERRORS as exc:
                 raise UpstreamError(f"{worker.name}: the worker's answer has an unexpected shape ({exc})") from None
             self._observe(worker, call.model, counts, outcome)
-            return _json(out, 200, call)
-        return await self._translate_stream(request, call, worker, lease.model, translation, up, started, outcome)
+            if outcome.keep is not None:
+                await outcome.keep(out)
+            response = _json(out, 200, call)
+            response.headers.update(headers)
+            return response
+        return await self._translate_stream(
+            request, call, worker, lease.model, translation, up, started, outcome, headers
+        )
 
     async def _translate_stream(
         self,
@@ -375,24 +396,39 @@ class Proxy:
         up: UpstreamResponse,
         started: int,
         outcome: Outcome,
+        headers: dict[str, str],
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
-        resp = web.StreamResponse(status=200, headers=_stream_headers(call))
+        resp = web.StreamResponse(
+            status=200, headers={**_stream_headers(call), **headers} if headers else _stream_headers(call)
+        )
         resp.content_type = translation.content_type
         await resp.prepare(request)
         translator = translation.stream(call)
         watch = StreamWatch(translation.worker_stream, collect=True)
+
+        def fail(err: TurnoutError) -> bytes:
+            return b"".join(translation.frame(obj) for obj in translator.fail(err))
+
         first_ns = 0
         answered = False
         try:
+            frame = translation.frame
             async for chunk in up.chunks():
                 worker.record_progress(loop.time())
                 watch.feed(chunk)
                 lines: list[bytes] = []
-                for event in watch.frames:
-                    for obj in _translate_event(translator, event, worker.name):
-                        lines.append(translation.frame(obj))
-                watch.frames.clear()
+                if watch.frames:
+                    created = iso_time()  # one timestamp for the events of one chunk
+                    try:
+                        for event in watch.frames:
+                            for obj in translator.feed(event, created):
+                                lines.append(frame(obj))
+                    except _SHAPE_ERRORS as exc:
+                        raise UpstreamError(
+                            f"{worker.name}: the worker's stream has an unexpected shape ({exc})"
+                        ) from None
+                    watch.frames.clear()
                 if lines:
                     if not first_ns:
                         first_ns = time.perf_counter_ns() - started
@@ -412,10 +448,10 @@ class Proxy:
                 answered = True
         except (UpstreamError, FrameError) as exc:
             if not answered:
-                await self._stream_failed(resp, call.dialect, worker, model, exc, outcome, loop.time())
+                await self._stream_failed(resp, fail, worker, model, exc, outcome, loop.time())
         except asyncio.CancelledError:
             if not answered:
-                await _cut_short(resp, call.dialect)
+                await _cut_short(resp, fail)
             raise
         return resp
 
@@ -442,6 +478,8 @@ class Proxy:
             final, counts = translator.finish(timing)
         except _SHAPE_ERRORS as exc:
             raise UpstreamError(f"{worker.name}: the worker's stream has an unexpected shape ({exc})") from None
+        if outcome.keep is not None:  # the answer is whole: kept before its last frame goes out
+            await outcome.keep(final[-1])
         await resp.write(b"".join(translation.frame(obj) for obj in final))
         self._observe(worker, call.model, counts, outcome)
         worker.record_success(now, model)
@@ -503,13 +541,15 @@ class Proxy:
         """Token counts for accounting (None when the worker reported none: accounting estimates), and
         tokens/s from Ollama's eval stats, else OpenAI usage (or stream events) over wall time."""
         usage = _obj(answer.get("usage"))
-        outcome.prompt_tokens = _first(_count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"))
+        outcome.prompt_tokens = _first(
+            _count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"), _count(usage, "input_tokens")
+        )
         count, duration = _count(answer, "eval_count"), _count(answer, "eval_duration")
         if count is not None and duration is not None:
             outcome.completion_tokens = count
             worker.observe_speed(model, tokens_per_second(count, duration / 1e9))
             return
-        tokens = _count(usage, "completion_tokens")
+        tokens = _first(_count(usage, "completion_tokens"), _count(usage, "output_tokens"))
         outcome.completion_tokens = tokens if tokens is not None else (stream_events or None)
         worker.observe_speed(model, tokens_per_second(outcome.completion_tokens or 0, seconds))
 
@@ -547,14 +587,14 @@ def _check_fallback(worker: WorkerState, model: str, status: int) -> None:
         raise _NeedFallback(f"http_{status}")
 
 
-async def _cut_short(resp: web.StreamResponse, dialect: Dialect) -> None:
+async def _cut_short(resp: web.StreamResponse, fail: Callable[[TurnoutError], bytes]) -> None:
     """A stream cancelled mid-way (the gateway stopping after its drain timeout, or the client gone) ends with
     an error frame rather than silently; best effort, since the client may be the one that left."""
     err = Unavailable(
         "the gateway stopped before this answer was complete; send the request again", code="gateway_stopping"
     )
     with contextlib.suppress(Exception):
-        await resp.write(error_frame(dialect, err))
+        await resp.write(fail(err))
 
 
 def _stream_headers(call: Call) -> dict[str, str]:
@@ -566,13 +606,6 @@ def _stream_headers(call: Call) -> dict[str, str]:
 def _streaming(call: Call, up: UpstreamResponse) -> bool:
     """A streamed answer, unless the worker ignored ``stream`` and sent one JSON document."""
     return call.stream and up.content_type != "application/json"
-
-
-def _translate_event(translator: StreamTranslation, event: dict[str, Any], label: str) -> list[dict[str, Any]]:
-    try:
-        return translator.feed(event, iso_time())
-    except _SHAPE_ERRORS as exc:
-        raise UpstreamError(f"{label}: the worker's stream has an unexpected shape ({exc})") from None
 
 
 def _what(data: bytes, exc: FrameError) -> str:

@@ -1,4 +1,4 @@
-"""Client-facing handlers: the OpenAI ``/v1`` and Ollama ``/api`` routes.
+"""Client-facing handlers: the OpenAI ``/v1`` (the Responses API's included) and Ollama ``/api`` routes.
 
 Each route is served twice by the same handler: on the shared URL, and on each external endpoint's own URL
 (``/endpoints/<name>/v1/...``, ``/endpoints/<name>/api/...``), where the endpoint's models go by their own
@@ -23,7 +23,7 @@ from turnout.gateway.access import CALLER, USAGE_ROW
 from turnout.gateway.accounting import Outcome, Ticket
 from turnout.gateway.calls import read_call
 from turnout.gateway.catalog import ollama_ps, ollama_tags, openai_models
-from turnout.gateway.keys import ACCOUNTANT, ALIASES, FLEET, PROXY, SETTINGS
+from turnout.gateway.keys import ACCOUNTANT, ALIASES, FLEET, PROXY, SETTINGS, STORED
 from turnout.responses import json_response
 
 __all__ = ["OLLAMA_COMPAT_VERSION", "add_client_routes"]
@@ -54,11 +54,15 @@ def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
             asked = time.perf_counter()
             try:
                 accountant.check_scope(key, call.model, call.alias)
+                if endpoint is Endpoint.RESPONSES:  # its answer's id; a continuation's whole conversation
+                    call = await app[STORED].prepare(key, call)
                 ticket = await accountant.admit(key, call)
             except TurnoutError as exc:  # 403 scope, 429 limit, 503 limits unavailable: an error of this key
                 request[USAGE_ROW] = await accountant.finish(Ticket(key, 0, [], asked), call, Outcome(), exc.status)
                 raise
         outcome = Outcome()
+        if endpoint is Endpoint.RESPONSES:
+            outcome.keep = app[STORED].keeper(key, call)
         status = 500
         try:
             response = await app[PROXY].serve(request, call, outcome, "" if key is None else key.tenant)
@@ -130,6 +134,28 @@ async def ps(request: web.Request) -> web.Response:
     return json_response(ollama_ps(**await _listing(request)))
 
 
+async def stored_response(request: web.Request) -> web.Response:
+    """``GET /v1/responses/{id}``: a stored response of the caller's app."""
+    endpoint_of(request)
+    key = request[CALLER] = await request.app[ACCOUNTANT].authenticate(request)
+    return json_response(await request.app[STORED].response(key, request.match_info["response_id"]))
+
+
+async def stored_input_items(request: web.Request) -> web.Response:
+    """``GET /v1/responses/{id}/input_items``: the input items a stored response answered, a page at a time."""
+    endpoint_of(request)
+    key = request[CALLER] = await request.app[ACCOUNTANT].authenticate(request)
+    items = await request.app[STORED].items(key, request.match_info["response_id"], dict(request.query))
+    return json_response(items)
+
+
+async def delete_stored_response(request: web.Request) -> web.Response:
+    """``DELETE /v1/responses/{id}``: forget a stored response of the caller's app."""
+    endpoint_of(request)
+    key = request[CALLER] = await request.app[ACCOUNTANT].authenticate(request)
+    return json_response(await request.app[STORED].delete(key, request.match_info["response_id"]))
+
+
 async def version(request: web.Request) -> web.Response:
     endpoint_of(request)
     return web.json_response({"version": OLLAMA_COMPAT_VERSION}, headers={"X-Turnout-Version": __version__})
@@ -175,6 +201,9 @@ CLIENT_ROUTES: tuple[tuple[str, str, Handler], ...] = (
     *((route.method, route.path, _proxied(dialect, route.endpoint)) for dialect, route in proxied_routes()),
     ("GET", "/v1/models", list_models),
     ("GET", "/v1/models/{model_id:.+}", get_model),
+    ("GET", "/v1/responses/{response_id}", stored_response),
+    ("GET", "/v1/responses/{response_id}/input_items", stored_input_items),
+    ("DELETE", "/v1/responses/{response_id}", delete_stored_response),
     ("GET", "/api/tags", tags),
     ("GET", "/api/ps", ps),
     ("GET", "/api/version", version),

@@ -27,6 +27,7 @@ __all__ = [
     "model_listings",
     "people",
     "personal_tokens",
+    "responses",
     "tenants",
     "usage",
 ]
@@ -198,4 +199,20 @@ model_aliases = Table(
     Column("model", String(256), nullable=False),  # the model it stands for (a shared name)
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+)
+
+responses = Table(
+    # Stored answers of the OpenAI Responses API (turnout.store.responses): the response, the input items it
+    # answered (the whole conversation, so a continuation needs one read), the app whose key asked for it.
+    "responses",
+    metadata,
+    Column("id", String(160), primary_key=True),
+    Column("app", String(128), nullable=True),  # NULL: asked without a key (open access)
+    Column("model", String(600), nullable=False),
+    Column("previous_response_id", String(160), nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("input_items", JSON, nullable=False),
+    Column("response", JSON, nullable=False),
+    Index("ix_responses_expires_at", "expires_at"),
 )

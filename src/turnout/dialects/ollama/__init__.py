@@ -27,12 +27,13 @@ from turnout.dialects.base import (
     WorkerAPI,
 )
 from turnout.dialects.ollama import translate
-from turnout.dialects.streams import StreamKind
+from turnout.dialects.streams import StreamKind, StreamWatch
 from turnout.errors import TurnoutError
 
 __all__ = ["API", "OllamaAPI", "OllamaOnOpenAI"]
 
 _TRANSLATED = (Endpoint.CHAT, Endpoint.GENERATE, Endpoint.EMBED, Endpoint.EMBED_LEGACY)
+_NO_HEADERS: dict[str, str] = {}
 
 
 class OllamaAPI:
@@ -58,7 +59,7 @@ class OllamaAPI:
     def error_body(self, err: TurnoutError) -> bytes:
         return orjson.dumps({"error": err.message})
 
-    def error_frame(self, err: TurnoutError) -> bytes:
+    def error_frame(self, err: TurnoutError, watch: StreamWatch | None = None) -> bytes:
         return self.error_body(err) + b"\n"
 
     def error_in_dialect(self, body: JSON) -> bool:
@@ -89,6 +90,9 @@ class OllamaOnOpenAI:
 
     def alternate(self, request: JSON) -> JSON | None:
         return translate.schema_as_json_object(request)
+
+    def headers(self, call: Call) -> dict[str, str]:
+        return _NO_HEADERS
 
     def answer(self, call: Call, answer: JSON, timing: Timing) -> tuple[JSON, Counts]:
         reported = _obj(answer.get("usage"))
@@ -125,6 +129,9 @@ class _ChatStream:
     def finish(self, timing: Timing) -> tuple[list[JSON], Counts]:
         final = self._translator.finish(timing)
         return final, _counts(final[-1], self._translator.usage or {})
+
+    def fail(self, err: TurnoutError) -> list[JSON]:
+        return [{"error": err.message}]
 
 
 def _counts(final: JSON, reported: JSON) -> Counts:

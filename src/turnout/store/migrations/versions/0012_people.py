@@ -6,14 +6,14 @@ role and expiry; ``admin_sessions`` learns whose session it is. Sessions from be
 with the admin token and keep working as such (actor NULL reads as the admin token).
 
 Revision ID: 0012
-Revises: 0010 (0011, the Responses store, when it lands)
+Revises: 0011
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0012"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
