@@ -108,8 +108,8 @@ class Call(NamedTuple):
     model: str
     stream: bool
     fallback_from: str | None = None  # "<endpoint>/<model>" when this call is a fallback
-    alias: str | None = None  # the alias the client named; ``model`` (and the body's model) is what it stands for
     answer_id: str = ""  # the gateway's id for this call's answer (the Responses API names its response so)
+    alias: str | None = None  # the alias the client named; ``model`` (and the body's model) is what it stands for
 
     @property
     def api_name(self) -> str:
