@@ -43,6 +43,11 @@ def test_the_demo_entry_is_taken_out_of_the_workers(tmp_path: Path) -> None:
         ([{"name": "demo", "url": URL}, {"name": "demo", "type": "demo"}], {}, "duplicate worker name 'demo'"),
         ([{"name": "demo", "type": "demo"}], {"pools": {"kubernetes": {}}}, "pools.kubernetes"),
         ([{"name": "demo", "type": "demo", "sleep_after_s": -1}], {}, "workers[0].sleep_after_s"),
+        (
+            [{"name": "demo", "type": "demo"}],
+            {"pools": {"agents": [{"name": "demo", "agent_url": "http://10.0.0.5:8080"}]}},
+            "pools.agents has a pool of that name",
+        ),
     ],
 )
 def test_a_bad_demo_entry_names_its_field(

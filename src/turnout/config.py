@@ -473,10 +473,17 @@ class Settings(_Model):
 
     @model_validator(mode="after")
     def _demo_on_local_pools(self) -> Self:
-        if self.demo is not None and self.pools is not None and self.pools.kubernetes is not None:
+        if self.demo is None or self.pools is None:
+            return self
+        if self.pools.kubernetes is not None:
             raise ValueError(
                 "workers: the demo entry runs on the gateway's own local controller, and pools.kubernetes leaves "
                 "claims to the operator: remove one of them"
+            )
+        if any(a.name == self.demo.name for a in self.pools.agents):
+            raise ValueError(
+                f"workers: the demo entry's name {self.demo.name!r} is its pool's name, and pools.agents has a pool "
+                "of that name: rename one of them"
             )
         return self
 

@@ -61,7 +61,8 @@ from turnout.gateway.shared_limits import SharedLimiter
 from turnout.masking import SECRETS
 from turnout.metrics import Metrics
 from turnout.redaction import handler_args
-from turnout.runtime.demo import DemoAgent, model_path
+from turnout.runtime.demo import DemoAgent
+from turnout.runtime.demo_install import model_path
 from turnout.state.changes import ChangeCounter
 from turnout.state.placement_store import PlacementStore
 from turnout.state.running import GatewayMark
@@ -125,6 +126,11 @@ def _claim_bindings(
         for a in (settings.pools.agents if settings.pools is not None else [])
     ]
     if demo is not None and settings.demo is not None:
+        if any(p.name == demo.pool for p in pools):  # `serve --demo` on such a config (the file's own is refused)
+            raise ConfigError(
+                f"the demo model's pool is named {demo.pool}, as a pool of pools.agents is: rename that pool, or "
+                "serve without the demo model (--no-demo)"
+            )
         policy = demo_rules.pool_policy(settings.demo.sleep_after_s)
         pools.append(Pool(demo.pool, demo.url, "127.0.0.1", 1, demo_rules.pool_labels(demo.pool), policy_text(policy)))
     files = ClaimFiles(settings.data_dir)

@@ -26,7 +26,7 @@ from turnout.dialects import CLIENT_APIS
 from turnout.dialects.base import Dialect
 from turnout.dialects.streams import StreamKind
 from turnout.runtime.agent import SUPERVISOR
-from turnout.runtime.demo import missing
+from turnout.runtime.demo_install import missing
 from turnout.wiring import DEMO
 
 DEMO_ENTRY = {"name": "demo", "type": "demo"}

@@ -43,7 +43,7 @@ class Decision:
 
 
 def decide(*, flag: bool | None, configured: bool, creating_starter: bool, processes: int, ollama_url: str) -> Decision:
-    from turnout.runtime.demo import missing
+    from turnout.runtime.demo_install import missing
 
     probe = creating_starter and flag is None and not configured
     answers = ollama_answers(ollama_url) if probe else None

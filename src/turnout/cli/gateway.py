@@ -162,16 +162,15 @@ def serve(
     import logging
 
     from turnout.config import STARTER_OLLAMA_URL, ConfigError, DemoWorker, is_loopback, load_settings
-    from turnout.gateway import processes, server
-    from turnout.gateway.keys import DATABASE
     from turnout.redaction import configure_logging
-    from turnout.state.data_dir import data_dir_problem
-    from turnout.state.placement_store import PlacementFileError
-    from turnout.store.db import StoreError
-    from turnout.wiring import DEMO, create_app
 
     started = time.monotonic()
-    count = processes.cpu_count() if workers in ("auto", "0") else int(workers)
+    if workers in ("auto", "0"):
+        from turnout.gateway.processes import cpu_count
+
+        count = cpu_count()
+    else:
+        count = int(workers)
     configure_logging(log_level, log_format or "text")
     creating = config is None and not DEFAULT_CONFIG.exists()
     settings = None
@@ -188,9 +187,16 @@ def serve(
         processes=count,
         ollama_url=STARTER_OLLAMA_URL,
     )
-    if demo_needs:  # ./scripts/serve's question: nothing is written, nothing starts
-        typer.echo(" ".join(decision.missing))
+    if demo_needs:  # ./scripts/serve's question: nothing is written, nothing starts (and the gateway's stack is
+        typer.echo(" ".join(decision.missing))  # not even imported: it is asked before every start)
         return
+    from turnout.gateway import processes, server
+    from turnout.gateway.keys import DATABASE
+    from turnout.state.data_dir import data_dir_problem
+    from turnout.state.placement_store import PlacementFileError
+    from turnout.store.db import StoreError
+    from turnout.wiring import DEMO, create_app
+
     if decision.choice.refuse is not None:
         fail(decision.choice.refuse)
         return
@@ -413,7 +419,8 @@ def config_check(config: OptionalConfigOption = None) -> None:
     except ConfigError as exc:
         fail(str(exc))
         return
-    typer.echo(f"{path}: ok ({len(settings.workers)} workers, data dir {settings.data_dir})")
+    demo = " + the demo entry" if settings.demo is not None else ""
+    typer.echo(f"{path}: ok ({len(settings.workers)} workers{demo}, data dir {settings.data_dir})")
     from turnout.controller.local import policy_text
     from turnout.core.poolpolicy import PolicyError, parse_pool_policy
 

