@@ -73,7 +73,7 @@ def curl_command(host: str, port: int, key: str | None, *, open_auth: bool = Fal
     auth = ""
     if not open_auth:
         auth = " -H " + (shlex.quote(f"Authorization: Bearer {key}") if key else '"Authorization: Bearer $KEY"')
-    return f"curl -sSN http://{where}:{port}/v1/chat/completions{auth} -d {shlex.quote(body)}"
+    return f"curl -sSN --retry 3 http://{where}:{port}/v1/chat/completions{auth} -d {shlex.quote(body)}"
 
 
 def ready_lines(threads: int, seconds: float, curl: str, key_known: bool, open_auth: bool) -> list[str]:
