@@ -65,7 +65,7 @@ def serving(cwd: Path, **env: str) -> Iterator[tuple[int, list[str]]]:
     port = free_port()
     clean = {k: v for k, v in os.environ.items() if k != "TURNOUT_ADMIN_TOKEN"}
     proc = subprocess.Popen(
-        [*TURNOUT, "serve", "--port", str(port)],
+        [*TURNOUT, "serve", "--port", str(port), "--no-demo"],  # whatever answers at Ollama's address here
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -152,7 +152,7 @@ def test_an_unreadable_data_dir_is_one_line(tmp_path: Path) -> None:
 
 def test_first_start_says_where_the_turnout_command_is(tmp_path: Path) -> None:
     port = free_port()
-    with served(["--port", str(port)], tmp_path, PATH="/usr/bin:/bin") as gateway:
+    with served(["--port", str(port), "--no-demo"], tmp_path, PATH="/usr/bin:/bin") as gateway:
         gateway.wait_for("serving on")
         assert gateway.stop() == 0
     script = Path(sys.executable).parent / "turnout"
@@ -165,7 +165,7 @@ def test_first_start_says_where_the_turnout_command_is(tmp_path: Path) -> None:
     assert str(script) in hint
     if sys.prefix != sys.base_prefix:
         assert f"source {Path(sys.prefix) / 'bin' / 'activate'}" in hint
-    with served(["--port", str(free_port())], tmp_path, PATH="/usr/bin:/bin") as again:
+    with served(["--port", str(free_port()), "--no-demo"], tmp_path, PATH="/usr/bin:/bin") as again:
         again.wait_for("serving on")
         again.stop()
     assert not any("the turnout command is" in line for line in again.lines)  # first start only

@@ -44,7 +44,8 @@ def checkout(tmp_path: Path) -> Path:
 def serve_once(checkout: Path) -> list[str]:
     """Run ./scripts/serve until it serves, stop it with Ctrl-C; its output."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNOUT_") and k != "PYTHONPATH"}
-    process = Served(["./scripts/serve", "--port", str(free_port())], checkout, env)
+    # --no-demo: the demo model's start is tests/test_quickstart.py's; here only whether pip runs
+    process = Served(["./scripts/serve", "--port", str(free_port()), "--no-demo"], checkout, env)
     try:
         process.wait_for("serving on", limit_s=300)
         assert process.stop(signal.SIGINT) == 0

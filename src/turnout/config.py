@@ -39,6 +39,7 @@ __all__ = [
     "CONFIG_FILE_NAME",
     "AgentEnv",
     "ConfigError",
+    "DemoWorker",
     "LogFormat",
     "Settings",
     "WorkerType",
@@ -54,6 +55,8 @@ __all__ = [
 ADMIN_TOKEN_ENV = "TURNOUT_ADMIN_TOKEN"
 OIDC_SECRET_ENV = "TURNOUT_OIDC_CLIENT_SECRET"  # the single sign-on client's secret: never in the file
 STARTER_WORKER = "local"  # the starter config's worker: Ollama's default address on this machine
+STARTER_OLLAMA_URL = "http://127.0.0.1:11434"
+DEMO_WORKER = "demo"  # the starter config's demo entry, when it has one
 
 
 class ConfigError(Exception):
@@ -534,6 +537,23 @@ class Worker(_Model):
         return str(self.url).rstrip("/")
 
 
+class DemoWorker(_Model):
+    """The demo entry of workers[]: the demo model (SmolLM2-135M) on a llama.cpp engine on this machine, which the
+    gateway runs itself as a ModelClaim on a pool of its own; not a worker it polls (the loader moves it to
+    Settings.demo; turnout.core.demo says what runs)."""
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    type: Literal["demo"]
+    threads: int = Field(1, ge=1, le=256, description="CPU threads of the engine (prompt and generation)")
+    sleep_after_s: float = Field(
+        900,
+        ge=0,
+        le=MAX_TIMEOUT_S,
+        description="idle seconds before the engine sleeps (stopped, its memory freed; the next request wakes it); "
+        "0: never",
+    )
+
+
 class Settings(_Model):
     """The whole `config.json`."""
 
@@ -555,6 +575,7 @@ class Settings(_Model):
     )
 
     # Filled by the loader, not by the file.
+    demo: SkipJsonSchema[DemoWorker | None] = Field(None, exclude=True)  # the workers[] entry of type demo
     config_path: Path | None = Field(None, exclude=True)
     admin_token: str | None = Field(None, exclude=True)
     oidc_client_secret: str | None = Field(None, exclude=True, repr=False)
@@ -567,6 +588,24 @@ class Settings(_Model):
             if worker.name in seen:
                 raise ValueError(f"workers[{index}].name: duplicate worker name {worker.name!r}")
             seen.add(worker.name)
+        if self.demo is not None and self.demo.name in seen:
+            raise ValueError(f"workers: duplicate worker name {self.demo.name!r} (the demo entry has it too)")
+        return self
+
+    @model_validator(mode="after")
+    def _demo_on_local_pools(self) -> Self:
+        if self.demo is None or self.pools is None:
+            return self
+        if self.pools.kubernetes is not None:
+            raise ValueError(
+                "workers: the demo entry runs on the gateway's own local controller, and pools.kubernetes leaves "
+                "claims to the operator: remove one of them"
+            )
+        if any(a.name == self.demo.name for a in self.pools.agents):
+            raise ValueError(
+                f"workers: the demo entry's name {self.demo.name!r} is its pool's name, and pools.agents has a pool "
+                "of that name: rename one of them"
+            )
         return self
 
     @field_validator("aliases")
@@ -654,10 +693,12 @@ def settings_from_document(path: Path, data: Mapping[str, Any], env: Mapping[str
     env = os.environ if env is None else env
     token = env.get(ADMIN_TOKEN_ENV) or None
     from_env = endpoint_env(env)  # its errors name the environment variable, not the file
+    data, demo, problems = _split_demo(data)
     try:
         settings = Settings.model_validate(
             {
                 **data,
+                "demo": demo,
                 "config_path": path.resolve(),
                 "admin_token": token,
                 "oidc_client_secret": env.get(OIDC_SECRET_ENV) or None,
@@ -665,16 +706,37 @@ def settings_from_document(path: Path, data: Mapping[str, Any], env: Mapping[str
             }
         )
     except ValidationError as exc:
-        raise ConfigError(f"{path}: invalid configuration:\n{format_validation_error(exc)}") from None
+        problems.append(format_validation_error(exc))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    if problems:
+        raise ConfigError(f"{path}: invalid configuration:\n" + "\n".join(problems)) from None
     return settings
 
 
-def format_validation_error(exc: ValidationError) -> str:
+def _split_demo(data: Mapping[str, Any]) -> tuple[dict[str, Any], DemoWorker | None, list[str]]:
+    """The document without its ``workers[]`` entry of type ``demo``, that entry, and the problems with it (field
+    paths as in the file)."""
+    workers = data.get("workers")
+    if not isinstance(workers, list):
+        return dict(data), None, []
+    entries = [(i, w) for i, w in enumerate(workers) if isinstance(w, dict) and w.get("type") == "demo"]
+    if not entries:
+        return dict(data), None, []
+    rest = {**data, "workers": [w for w in workers if not (isinstance(w, dict) and w.get("type") == "demo")]}
+    problems = [f"  workers[{i}]: a second demo entry (there is one demo model)" for i, _ in entries[1:]]
+    index, entry = entries[0]
+    try:
+        demo = DemoWorker.model_validate(entry)
+    except ValidationError as exc:
+        return rest, None, [*problems, format_validation_error(exc, ("workers", index))]
+    return rest, demo, problems
+
+
+def format_validation_error(exc: ValidationError, prefix: tuple[int | str, ...] = ()) -> str:
     lines = []
     for err in exc.errors():
-        where = _field_path(err["loc"]) or "(top level)"
+        where = _field_path((*prefix, *err["loc"])) or "(top level)"
         message = str(err["msg"]).removeprefix("Value error, ")
         lines.append(f"  {where}: {message}")
     return "\n".join(lines)
@@ -691,18 +753,27 @@ def config_schema() -> dict[str, Any]:
     schema = Settings.model_json_schema(mode="validation")
     for hidden in ("config_path", "admin_token", "oidc_client_secret", "endpoint_env"):
         schema.get("properties", {}).pop(hidden, None)
+    # workers[] also takes the demo entry (the loader moves it to Settings.demo)
+    demo = DemoWorker.model_json_schema(mode="validation")
+    schema.setdefault("$defs", {})["DemoWorker"] = demo
+    workers = schema["properties"]["workers"]
+    workers["items"] = {"anyOf": [workers["items"], {"$ref": "#/$defs/DemoWorker"}]}
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "Turnout config.json"
     return schema
 
 
-def starter_config() -> dict[str, Any]:
+def starter_config(*, demo: bool = False) -> dict[str, Any]:
     """What `turnout serve` writes on first start: embedded defaults and one worker, the Ollama on this machine
-    (down until one runs there; `turnout worker add|remove` changes the list)."""
+    (down until one runs there; `turnout worker add|remove` changes the list), and with ``demo`` the demo entry
+    (when this start runs the demo model: nothing answered where the Ollama worker points)."""
+    workers: list[dict[str, Any]] = [{"name": STARTER_WORKER, "url": STARTER_OLLAMA_URL, "type": "ollama"}]
+    if demo:
+        workers.append({"name": DEMO_WORKER, "type": "demo"})
     return {
         "listen": {"host": "127.0.0.1", "port": 8080},
         "storage": {"data_dir": ".", "model_placement_file": "model-placement.json"},
         "routing": {"max_concurrent": 256, "model_max_concurrent": {}, "queue_timeout_s": 30},
         "health": {"interval_s": 10, "timeout_s": 3},
-        "workers": [{"name": STARTER_WORKER, "url": "http://127.0.0.1:11434", "type": "ollama"}],
+        "workers": workers,
     }

@@ -30,6 +30,7 @@ from turnout.config import ConfigError, Settings
 from turnout.controller.claim_sources import LocalSource
 from turnout.controller.local import ClaimFiles, LocalController, Pool, policy_text
 from turnout.controller.metrics import ControllerMetrics
+from turnout.core import demo as demo_rules
 from turnout.fleet.claims import ClaimBindings, RedisWakeLock
 from turnout.fleet.endpoints import EndpointManager
 from turnout.fleet.poller import Poller
@@ -66,6 +67,8 @@ from turnout.gateway.stored import StoredResponses
 from turnout.masking import SECRETS
 from turnout.metrics import Metrics
 from turnout.redaction import handler_args
+from turnout.runtime.demo import DemoAgent
+from turnout.runtime.demo_install import model_path
 from turnout.state.changes import ChangeCounter
 from turnout.state.placement_store import PlacementStore
 from turnout.state.running import GatewayMark
@@ -81,9 +84,12 @@ from turnout.store.secrets import SecretBox
 from turnout.store.usage import UsageStore
 from turnout.upstream.client import UpstreamClient
 
-__all__ = ["create_app"]
+__all__ = ["DEMO", "create_app"]
 
 log = logging.getLogger("turnout.gateway")
+
+DEMO: web.AppKey[DemoAgent | None] = web.AppKey("demo")  # the demo model's pool agent, when the demo runs
+DEMO_TICK_S = 1.0  # the claims tick when only the demo pool runs (no pools section): ready a second sooner
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -98,12 +104,19 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "workers": len(fleet.workers), "healthy_workers": up, "pid": os.getpid()})
 
 
-def _claim_bindings(settings: Settings, fleet: Fleet, client: UpstreamClient, metrics: Metrics) -> ClaimBindings | None:
-    if settings.pools is None:
+def _claim_bindings(
+    settings: Settings, fleet: Fleet, client: UpstreamClient, metrics: Metrics, demo: DemoAgent | None
+) -> ClaimBindings | None:
+    if settings.pools is None and demo is None:
         return None
     redis_url = settings.storage.redis_url
     lock = RedisWakeLock(redis_url) if redis_url else None
-    if settings.pools.kubernetes is not None:
+    if settings.pools is not None and settings.pools.kubernetes is not None:
+        if demo is not None:
+            raise ConfigError(
+                "the demo model runs on the gateway's own local controller, and pools.kubernetes leaves claims to "
+                "the operator: serve without the demo model (--no-demo)"
+            )
         try:
             from turnout.controller.kube import KubeRoutes
         except ImportError as exc:
@@ -119,12 +132,48 @@ def _claim_bindings(settings: Settings, fleet: Fleet, client: UpstreamClient, me
         return ClaimBindings(fleet, source, settings.pools.interval_s, lock)
     pools = [
         Pool(a.name, str(a.agent_url).rstrip("/"), a.address, a.gpus, dict(a.labels), policy_text(a.policy))
-        for a in settings.pools.agents
+        for a in (settings.pools.agents if settings.pools is not None else [])
     ]
-    controller = LocalController(
-        ClaimFiles(settings.data_dir), pools, client, metrics=ControllerMetrics(metrics.registry)
-    )
-    return ClaimBindings(fleet, LocalSource(controller), settings.pools.interval_s, lock)
+    if demo is not None and settings.demo is not None:
+        if any(p.name == demo.pool for p in pools):  # `serve --demo` on such a config (the file's own is refused)
+            raise ConfigError(
+                f"the demo model's pool is named {demo.pool}, as a pool of pools.agents is: rename that pool, or "
+                "serve without the demo model (--no-demo)"
+            )
+        policy = demo_rules.pool_policy(settings.demo.sleep_after_s)
+        pools.append(Pool(demo.pool, demo.url, "127.0.0.1", 1, demo_rules.pool_labels(demo.pool), policy_text(policy)))
+    files = ClaimFiles(settings.data_dir)
+    controller = LocalController(files, pools, client, metrics=ControllerMetrics(metrics.registry))
+    interval = settings.pools.interval_s if settings.pools is not None else DEMO_TICK_S
+    return ClaimBindings(fleet, LocalSource(controller), interval, lock)
+
+
+def _demo(settings: Settings) -> DemoAgent | None:
+    """The demo model's pool agent and its claim (applied in the data dir, as `turnout claim apply` would), when
+    the settings run the demo; otherwise a demo claim an earlier start left behind is removed (only the one this
+    gateway wrote: it carries the demo label)."""
+    files = ClaimFiles(settings.data_dir)
+    path = files.dir / f"{demo_rules.MODEL}.json"
+    if settings.demo is None:
+        left = files.read(demo_rules.MODEL) if path.exists() else None
+        if left is not None and demo_rules.DEMO_LABEL in left.get("metadata", {}).get("labels", {}):
+            files.remove(demo_rules.MODEL)
+        return None
+    model = model_path()
+    if model is None:
+        raise ConfigError(
+            f"the demo model is not installed: {demo_rules.missing_line(('model',))}, or serve without it (--no-demo)"
+        )
+    document = demo_rules.claim_document(settings.demo.name, str(model), settings.demo.threads)
+    current = files.read(demo_rules.MODEL)
+    if current is not None and demo_rules.DEMO_LABEL not in current.get("metadata", {}).get("labels", {}):
+        raise ConfigError(
+            f"a claim named {demo_rules.MODEL} that is not the demo's is in {files.dir}: delete it (turnout claim "
+            "delete) or serve without the demo model (--no-demo)"
+        )
+    if current is None or current.get("deleting") or current.get("spec") != document["spec"]:
+        files.apply(document)
+    return DemoAgent(settings.demo.name, settings.data_dir)
 
 
 def _limiter(settings: Settings, processes: int, limits: socket.socket | None) -> TokenLimiter:
@@ -224,10 +273,20 @@ def create_app(
     app[ENDPOINTS] = endpoints
     aliases = app[ALIASES] = Aliases(settings.aliases, AliasStore(database))
     app[STORED] = StoredResponses(ResponseStore(database), settings.responses.store_days)
-    claims = _claim_bindings(settings, fleet, client, metrics)
+    demo = _demo(settings)
+    app[DEMO] = demo
+    claims = _claim_bindings(settings, fleet, client, metrics, demo)
     if claims is not None:
         claims.on_change = dispatcher.wake_all
         app[PROXY].claims = claims
+    if claims is not None and demo is not None:
+
+        def changed(claims: ClaimBindings = claims, demo: DemoAgent = demo) -> None:
+            dispatcher.wake_all()
+            if demo_rules.MODEL in fleet.bindings:
+                demo.announce_ready()
+
+        claims.on_change = changed
     app[PEERS] = _peers(settings, processes, lambda: _catch_up(app))
     add_client_routes(app)
     add_admin_routes(app)
@@ -256,12 +315,16 @@ def create_app(
         poller.start()
         await endpoints.start()
         await aliases.start()
+        if demo is not None:
+            await demo.start()
         if claims is not None:
             claims.start()
         yield
         if claims is not None:
             await claims.stop()
         await aliases.stop()
+        if demo is not None:
+            await demo.stop()  # after the claims loop: nothing starts the engine again
         await endpoints.stop()
         await poller.stop()
         await accountant.close()

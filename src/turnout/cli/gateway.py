@@ -25,6 +25,7 @@ from turnout.cli.common import (
     valid_log_format,
     valid_port,
 )
+from turnout.cli.demo import decide as demo_decision
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -36,17 +37,22 @@ __all__ = ["config_app", "register", "serve"]
 config_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Inspect and check configuration.")
 
 
-def _resolve_config(path: Path | None) -> Path:
+def _resolve_config(path: Path | None, *, demo: bool = False) -> Path:
     from turnout.atomic import write_atomic
-    from turnout.config import starter_config
+    from turnout.config import DEMO_WORKER, starter_config
 
     if path is not None:
         return path
     if not DEFAULT_CONFIG.exists():
-        write_atomic(DEFAULT_CONFIG, (json.dumps(starter_config(), indent=2) + "\n").encode())
+        write_atomic(DEFAULT_CONFIG, (json.dumps(starter_config(demo=demo), indent=2) + "\n").encode())
+        runs = (
+            f" and runs the demo model (its entry {DEMO_WORKER}; turnout worker remove {DEMO_WORKER} takes it out)"
+            if demo
+            else ""
+        )
         typer.echo(
             f"turnout: wrote a starter config to {DEFAULT_CONFIG}: it routes to the Ollama on this machine (worker "
-            "local); add yours with: turnout worker add NAME --url URL --type ollama|openai",
+            f"local){runs}; add yours with: turnout worker add NAME --url URL --type ollama|openai",
             err=True,
         )
         hint = _command_hint()
@@ -132,27 +138,80 @@ def serve(
             "core. Limits stay exact across them (counted in the store, or Redis). Not the upstream workers.",
         ),
     ] = "1",
+    demo: Annotated[
+        bool | None,
+        typer.Option(
+            "--demo/--no-demo",
+            help="the demo model (smollm2-135m on a local llama.cpp engine, CPU): --demo runs it, --no-demo does "
+            "not (default: when the config has a demo entry, or on a first start that writes the starter config "
+            "while nothing answers at its Ollama address)",
+            show_default=False,
+        ),
+    ] = None,
+    demo_needs: Annotated[
+        bool,
+        typer.Option(
+            "--demo-needs",
+            hidden=True,
+            help="print what the demo model still needs here (engine, model) when this start would run it, and "
+            "exit without changing anything (./scripts/serve installs it)",
+        ),
+    ] = False,
 ) -> None:
     """Run the gateway (Ctrl-C or SIGTERM stops it after the requests in flight)."""
     import logging
 
-    from turnout.config import ConfigError, is_loopback, load_settings
+    from turnout.config import STARTER_OLLAMA_URL, ConfigError, DemoWorker, is_loopback, load_settings
+    from turnout.redaction import configure_logging
+
+    started = time.monotonic()
+    if workers in ("auto", "0"):
+        from turnout.gateway.processes import cpu_count
+
+        count = cpu_count()
+    else:
+        count = int(workers)
+    configure_logging(log_level, log_format or "text")
+    creating = config is None and not DEFAULT_CONFIG.exists()
+    settings = None
+    if not creating:
+        try:
+            settings = load_settings(config or DEFAULT_CONFIG)
+        except ConfigError as exc:
+            fail(str(exc))
+            return
+    decision = demo_decision(
+        flag=demo,
+        configured=settings is not None and settings.demo is not None,
+        creating_starter=creating,
+        processes=count,
+        ollama_url=STARTER_OLLAMA_URL,
+    )
+    if demo_needs:  # ./scripts/serve's question: nothing is written, nothing starts (and the gateway's stack is
+        typer.echo(" ".join(decision.missing))  # not even imported: it is asked before every start)
+        return
     from turnout.gateway import processes, server
     from turnout.gateway.keys import DATABASE
-    from turnout.redaction import configure_logging
     from turnout.state.data_dir import data_dir_problem
     from turnout.state.placement_store import PlacementFileError
     from turnout.store.db import StoreError
-    from turnout.wiring import create_app
+    from turnout.wiring import DEMO, create_app
 
-    count = processes.cpu_count() if workers in ("auto", "0") else int(workers)
-    configure_logging(log_level, log_format or "text")
-    path = _resolve_config(config)
+    if decision.choice.refuse is not None:
+        fail(decision.choice.refuse)
+        return
+    if decision.choice.note is not None:
+        typer.echo(f"turnout: {decision.choice.note}", err=True)
+    path = _resolve_config(config, demo=decision.choice.write_entry)
     try:
         settings = load_settings(path)
     except ConfigError as exc:
         fail(str(exc))
         return
+    if decision.choice.run and settings.demo is None:  # --demo: this start only, nothing written
+        settings = settings.model_copy(update={"demo": DemoWorker(name="demo", type="demo")})
+    elif not decision.choice.run and settings.demo is not None:  # --no-demo
+        settings = settings.model_copy(update={"demo": None})
     configure_logging(log_level, log_format or settings.logging.format, pid=count > 1)
     # Alembic logs each migration step and (1.16+) each of its plugins at INFO: one line of ours says it instead.
     logging.getLogger("alembic").setLevel(logging.DEBUG if log_level == "debug" else logging.WARNING)
@@ -184,7 +243,7 @@ def serve(
     try:
         token = _admin_token(settings)
         application = create_app(settings, admin_token=token)  # with --workers N: a check; each process builds its own
-        _starter_key(application, settings)
+        key = _starter_key(application, settings)
     except PlacementFileError as exc:
         _close(sockets)
         fail(f"{exc}\nfix the file or delete it to fall back to the config baseline")
@@ -199,6 +258,10 @@ def serve(
         return
     where = f"[{bind_host}]" if ":" in bind_host else bind_host
     serving = f"turnout {__version__}: serving on http://{where}:{bind_port} ({_count(len(settings.workers), 'worker')}"
+    agent = application[DEMO]
+    if agent is not None and settings.demo is not None:
+        serving += " + the demo model"
+        _announce_demo(agent, settings, bind_host, bind_port, key, started)
     logger = logging.getLogger("turnout.access") if access_log else None
     if count > 1:
         application[DATABASE].close()  # each process opens its own
@@ -297,13 +360,39 @@ def _admin_token(settings: Settings) -> str:
     return token
 
 
-def _starter_key(application: web.Application, settings: Settings) -> None:
+def _announce_demo(agent: Any, settings: Settings, host: str, port: int, key: str | None, started: float) -> None:
+    """Say what runs now, and the curl to try once the demo model answers (the key inline when this start made
+    it)."""
+    from turnout.cli.demo import curl_command, ready_lines
+    from turnout.core.demo import describe
+
+    demo = settings.demo
+    assert demo is not None
+    sleeps = (
+        f"it sleeps after {demo.sleep_after_s:g} idle s and wakes on the next request" if demo.sleep_after_s else ""
+    )
+    typer.echo(
+        f"turnout: starting the {describe(demo.threads)} (claim on pool {demo.name}"
+        + (f"; {sleeps}" if sleeps else "")
+        + "); the curl to try follows once it answers",
+        err=True,
+    )
+    curl = curl_command(host, port, key, open_auth=settings.auth.open)
+
+    def ready() -> None:
+        for line in ready_lines(demo.threads, time.monotonic() - started, curl, key is not None, settings.auth.open):
+            typer.echo(line)
+
+    agent.on_ready = ready
+
+
+def _starter_key(application: web.Application, settings: Settings) -> str | None:
     """On a first start with keys required and none made yet, print one app key so curl works at once."""
     from turnout.gateway.keys import KEYS
 
     keys = application[KEYS]
     if settings.auth.open or keys.count() > 0:
-        return
+        return None
     from turnout.gateway.keys import AUDIT
 
     now = time.time()
@@ -316,6 +405,7 @@ def _starter_key(application: web.Application, settings: Settings) -> None:
     typer.echo(f"turnout: created a starter API key for app {record.app!r} (all models); it is shown only once:")
     typer.echo(f"  {plaintext}")
     typer.echo("  use it as 'Authorization: Bearer <key>'; manage keys with: turnout key list / create / revoke")
+    return plaintext
 
 
 @config_app.command("check")
@@ -329,7 +419,8 @@ def config_check(config: OptionalConfigOption = None) -> None:
     except ConfigError as exc:
         fail(str(exc))
         return
-    typer.echo(f"{path}: ok ({len(settings.workers)} workers, data dir {settings.data_dir})")
+    demo = " + the demo entry" if settings.demo is not None else ""
+    typer.echo(f"{path}: ok ({len(settings.workers)} workers{demo}, data dir {settings.data_dir})")
     from turnout.controller.local import policy_text
     from turnout.core.poolpolicy import PolicyError, parse_pool_policy
 

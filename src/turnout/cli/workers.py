@@ -155,6 +155,18 @@ def list_workers(
         }
         for w in settings.workers
     ]
+    if settings.demo is not None:  # not polled: the gateway runs it (turnout.core.demo)
+        from turnout.core.demo import describe
+
+        rows.append(
+            {
+                "name": settings.demo.name,
+                "type": "demo",
+                "url": f"({describe(settings.demo.threads)})",
+                "max_concurrent": None,
+                "placement": "-",
+            }
+        )
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -169,7 +181,8 @@ def list_workers(
 def remove(name: NameArgument, config: ConfigOption = DEFAULT_CONFIG) -> None:
     """Remove a worker from the config file."""
     document, settings = _read(config)
-    if settings.worker(name) is None:
+    demo = settings.demo is not None and settings.demo.name == name
+    if settings.worker(name) is None and not demo:
         fail(f'{config} has no worker "{name}" (turnout worker list shows them)')
     before = next(w for w in document["workers"] if isinstance(w, dict) and w.get("name") == name)
     with audit_log(settings.storage.database_url, settings.data_dir, "the workers") as db:

