@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from turnout.dialects.streams import StreamKind
 from turnout.errors import TurnoutError
@@ -39,6 +39,7 @@ __all__ = [
     "Route",
     "StreamTranslation",
     "Timing",
+    "TokenCounter",
     "Translation",
     "TranslationError",
     "WorkerAPI",
@@ -52,6 +53,7 @@ class Dialect(StrEnum):
 
     OPENAI = "openai"
     OLLAMA = "ollama"
+    ANTHROPIC = "anthropic"
     ADMIN = "admin"
 
 
@@ -76,10 +78,20 @@ class Endpoint(StrEnum):
     EMBED = "embed"  # /api/embed
     EMBED_LEGACY = "embeddings_legacy"  # /api/embeddings
     SHOW = "show"  # /api/show
+    MESSAGES = "messages"  # /v1/messages (Anthropic)
+    COUNT_TOKENS = "count_tokens"  # /v1/messages/count_tokens (Anthropic)
 
     @property
     def streams(self) -> bool:
-        return self in (Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.GENERATE)
+        return self in _STREAMING
+
+    @property
+    def generates(self) -> bool:
+        """Whether a call produces tokens (and so reserves a completion against token limits)."""
+        return self not in (Endpoint.SHOW, Endpoint.COUNT_TOKENS)
+
+
+_STREAMING = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.GENERATE, Endpoint.MESSAGES})
 
 
 class Route(NamedTuple):
@@ -162,6 +174,24 @@ class Translation(Protocol):
         ...
 
 
+@runtime_checkable
+class TokenCounter(Protocol):
+    """How a token-counting call (:attr:`Endpoint.COUNT_TOKENS`) is answered by a worker that does not serve the
+    client's API itself: with the worker's own tokenizer where it has one, else the gateway's estimate."""
+
+    def tokenize(self, call: Call, model: str) -> list[tuple[str, JSON]]:
+        """The tokenizer requests (path, body) to try in turn on the worker (empty: it has none)."""
+        ...
+
+    def count(self, answer: JSON) -> int | None:
+        """The token count in a tokenizer's answer (None: not one)."""
+        ...
+
+    def answer(self, call: Call, tokens: int | None) -> JSON:
+        """The client's answer: ``tokens`` from the worker's tokenizer, or None for the gateway's estimate."""
+        ...
+
+
 class ClientAPI(Protocol):
     """A client-facing dialect (see the module's docstring)."""
 
@@ -185,7 +215,10 @@ class ClientAPI(Protocol):
         """Whether a worker's error body already has this dialect's shape (then it is relayed as it is)."""
         ...
 
-    def translation(self, worker: WorkerAPI, endpoint: Endpoint, native: frozenset[str]) -> Translation | None:
+    def translation(
+        self, worker: WorkerAPI, endpoint: Endpoint, native: frozenset[str]
+    ) -> Translation | TokenCounter | None:
         """How a call reaches a worker that speaks ``worker`` and serves the client APIs in ``native`` itself
-        (:data:`NATIVE_APIS`): None when it takes the call as it is."""
+        (:data:`NATIVE_APIS`): None when it takes the call as it is; a :class:`TokenCounter` for
+        :attr:`Endpoint.COUNT_TOKENS`, a :class:`Translation` for every other endpoint."""
         ...

@@ -10,6 +10,7 @@ metrics, catching up with the other processes of `turnout serve --workers N`, an
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 
@@ -20,6 +21,7 @@ from turnout.core.endpoint_urls import api_path
 from turnout.dialects import dialect_of
 from turnout.dialects.base import Dialect
 from turnout.errors import NotFound, TurnoutError
+from turnout.gateway.access import REQUEST_ID
 from turnout.gateway.keys import ADMIN_GATE, METRICS, PEERS
 from turnout.responses import error_response
 
@@ -60,6 +62,9 @@ async def _respond(
     started = time.perf_counter()
     metrics.requests_in_flight += 1
     peers = app[PEERS]  # always set: .get() of a missing key costs an exception on every request
+    request_id = None
+    if dialect is Dialect.ANTHROPIC:  # every Anthropic answer names its request (header request-id)
+        request_id = request[REQUEST_ID] = f"req_{secrets.token_hex(12)}"
     try:
         if peers is not None and peers.moved():
             await peers.catch_up()  # another process changed keys, placement or endpoints: take them first
@@ -69,23 +74,31 @@ async def _respond(
         if peers is not None and dialect is Dialect.ADMIN and request.method not in _READS and response.status < 400:
             peers.announce()  # before the answer leaves: the other processes re-read before their next request
     except TurnoutError as exc:
-        response = error_response(dialect, exc)
+        response = _error(dialect, exc, request_id)
     except web.HTTPException as exc:
         if exc.status == 404:
             err: TurnoutError = NotFound(f"no route {request.method} {request.path}", code="unknown_route")
         else:
             err = TurnoutError(exc.reason, code="http_error")
             err.status = exc.status
-        response = error_response(dialect, err)
+        response = _error(dialect, err, request_id)
     except ConnectionResetError:
         raise  # the client went away mid-response: nothing to answer, not a gateway error
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        response = error_response(dialect, TurnoutError("internal error; see the gateway log"))
+        response = _error(dialect, TurnoutError("internal error; see the gateway log"), request_id)
     finally:
         metrics.requests_in_flight -= 1
+    if request_id is not None and not response.prepared:  # a stream sent its own (the proxy's stream headers)
+        response.headers["request-id"] = request_id
     metrics.request_done(dialect.value, endpoint, response.status, time.perf_counter() - started)
     return response
+
+
+def _error(dialect: Dialect, err: TurnoutError, request_id: str | None) -> web.Response:
+    if request_id is not None:
+        err.headers["request-id"] = request_id  # the answer's header, and Anthropic's error body names it too
+    return error_response(dialect, err)
 
 
 def fixed_routes(app: web.Application) -> dict[tuple[str, str], tuple[AbstractRoute, Dialect, str]]:

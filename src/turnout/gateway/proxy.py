@@ -6,6 +6,14 @@ through :mod:`turnout.dialects.base`'s interface).
 * Ollama client -> Ollama worker: the same ``/api`` path.
 * Ollama client -> OpenAI-style worker: requests, responses and streams are translated
   (:class:`turnout.dialects.ollama.OllamaOnOpenAI`).
+* Anthropic client -> a worker that serves the Messages API itself (``native_apis``): the same path, with the
+  client's ``anthropic-version`` and ``anthropic-beta`` headers; any other worker: translated
+  (:mod:`turnout.dialects.anthropic`). ``count_tokens`` there asks the worker's tokenizer
+  (:class:`~turnout.dialects.base.TokenCounter`) and says in ``X-Turnout-Token-Count`` whether the count is
+  the worker's (``tokenizer``) or the gateway's estimate (``estimate``).
+
+A client stream whose kind has a keep-alive (Anthropic's ``ping`` event, :func:`turnout.dialects.streams.keepalive`)
+gets one each time the worker has been silent, or sent nothing the client is sent, for ``limits.stream_keepalive_s``.
 
 Streams are written chunk by chunk as they arrive. If the worker fails after the stream started,
 the client gets a final error frame in its dialect. A worker that cannot be reached is marked down
@@ -18,7 +26,7 @@ import asyncio
 import contextlib
 import time
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from aiohttp import web
@@ -27,7 +35,7 @@ from turnout.config import Settings
 from turnout.core.health import failure_reason
 from turnout.core.routing import NoRoute
 from turnout.core.signals import tokens_per_second
-from turnout.dialects import api, worker_error_message
+from turnout.dialects import NATIVE_HEADERS, api, worker_error_message
 from turnout.dialects.base import (
     Call,
     Counts,
@@ -35,13 +43,15 @@ from turnout.dialects.base import (
     Endpoint,
     StreamTranslation,
     Timing,
+    TokenCounter,
     Translation,
     TranslationError,
 )
-from turnout.dialects.streams import FrameError, StreamWatch, parse_object
+from turnout.dialects.streams import FrameError, StreamWatch, keepalive, parse_object
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
 from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
+from turnout.gateway.access import REQUEST_ID
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.catalog import iso_time, modified_at, unknown_details
 from turnout.gateway.dispatch import Dispatcher, Lease, no_route_error
@@ -60,6 +70,9 @@ _UNROUTABLE = frozenset({"no_healthy_worker", "no_workers", "model_not_found", "
 # for at most this long, and a worker still sending then loses the connection.
 _DRAIN_S = 1.0
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_TOKENIZER_S = 10.0  # a tokenizer's answer later than this: the gateway's estimate instead
+_TOKENIZER_ANSWER = 64 << 20  # bytes: a tokenizer's answer (a list of token ids) larger than this is not read
+COUNT_SOURCE = "X-Turnout-Token-Count"  # on a count_tokens answer: "tokenizer" (the worker's) or "estimate"
 
 
 class Proxy:
@@ -77,8 +90,10 @@ class Proxy:
         self.client = client
         self.metrics = metrics
         self.claims: ClaimBindings | None = None  # set when GPU pools are configured
-        # workers that refused OpenAI's json_schema response_format and took llama-cpp-python's form
-        self._json_object_schema: set[str] = set()
+        # (worker, client dialect): the worker refused a translation's first form and took its alternate (OpenAI's
+        # json_schema response_format for llama-cpp-python's; fields that are not OpenAI's own for OpenAI's API)
+        self._alternate_form: set[tuple[str, Dialect]] = set()
+        self._tokenizers: dict[str, int] = {}  # worker -> which of a TokenCounter's requests its tokenizer took
 
     async def serve(self, request: web.Request, call: Call, outcome: Outcome, tenant: str = "") -> web.StreamResponse:
         if call.endpoint is Endpoint.SHOW:
@@ -157,7 +172,10 @@ class Proxy:
         worker = lease.worker
         translation = api(call.dialect).translation(worker.speaks, call.endpoint, worker.native_apis)
         if translation is not None:
-            return await self._translated(request, call, lease, translation, outcome)
+            if call.endpoint is Endpoint.COUNT_TOKENS:  # checked first: a Protocol's isinstance is not cheap
+                assert isinstance(translation, TokenCounter), translation
+                return await self._count_tokens(call, lease, translation, outcome)
+            return await self._translated(request, call, lease, cast(Translation, translation), outcome)
         body = call.body
         upstream = _upstream_name(worker, lease.model)
         if upstream != call.model:
@@ -171,7 +189,9 @@ class Proxy:
         """``model``: the name the worker knows it by (its failures and successes are counted under it)."""
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        async with self._post(worker, call.path, body) as up:
+        forward = NATIVE_HEADERS.get(call.dialect)
+        extra = None if forward is None else {k: v for k in forward if (v := request.headers.get(k)) is not None}
+        async with self._post(worker, call.path, body, extra) as up:
             _check_fallback(worker, model, up.status)
             if up.status >= 300:
                 return self._upstream_error(call, worker, model, up.status, await up.read(), loop.time())
@@ -179,16 +199,24 @@ class Proxy:
                 data = await up.read()
                 answer = self._answer(worker, model, data, loop.time())
                 self._learn(worker, call.model, answer, time.perf_counter() - started, outcome)
-                return _raw_json(data, up.status, call)
+                reply = _raw_json(data, up.status, call)
+                if call.endpoint is Endpoint.COUNT_TOKENS:
+                    reply.headers[COUNT_SOURCE] = "tokenizer"
+                return reply
             kind = api(call.dialect).stream_kind
             watch = StreamWatch(kind)
-            resp = web.StreamResponse(status=up.status, headers=_stream_headers(call))
+            resp = web.StreamResponse(status=up.status, headers=_stream_headers(request, call))
             resp.content_type = up.content_type
             await resp.prepare(request)
+            ping = keepalive(kind)
+            idle = None if ping is None else self.settings.limits.stream_keepalive_s
             first: float | None = None
             answered = False  # the client's response is complete (eof written)
             try:
-                async for chunk in up.chunks():
+                async for chunk in up.chunks(idle):
+                    if not chunk:  # the worker has been silent for a while: the client's keep-alive
+                        await resp.write(ping)  # type: ignore[arg-type]  # idle is None without one
+                        continue
                     worker.record_progress(loop.time())
                     data = watch.feed(chunk)
                     if data:
@@ -239,6 +267,8 @@ class Proxy:
             await self._stream_failed(resp, dialect, worker, model, exc, outcome, now)
         else:
             worker.record_success(now, model)
+            if watch.tail:  # the worker closed after the model's finish without its dialect's last event
+                await resp.write(watch.tail)
             await resp.write_eof()
 
     async def _stream_failed(
@@ -323,8 +353,9 @@ class Proxy:
         loop = asyncio.get_running_loop()
         started = time.perf_counter_ns()
         alternate = translation.alternate(req)
-        if alternate is not None and worker.name in self._json_object_schema:
-            req, alternate = alternate, None  # this worker takes llama-cpp-python's form
+        form = (worker.name, call.dialect)
+        if alternate is not None and form in self._alternate_form:
+            req, alternate = alternate, None  # this worker takes the other form
         async with self._post(worker, path, orjson.dumps(req)) as up:
             _check_fallback(worker, lease.model, up.status)
             rejected = await up.read() if up.status >= 300 else b""
@@ -339,7 +370,7 @@ class Proxy:
         async with self._post(worker, path, orjson.dumps(alternate)) as up:
             if up.status >= 300:  # refused in both forms: the worker's own answer to the second says why
                 return self._upstream_error(call, worker, lease.model, up.status, await up.read(), loop.time())
-            self._json_object_schema.add(worker.name)
+            self._alternate_form.add(form)
             return await self._translated_answer(request, call, lease, translation, up, started, outcome)
 
     async def _translated_answer(
@@ -377,17 +408,22 @@ class Proxy:
         outcome: Outcome,
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
-        resp = web.StreamResponse(status=200, headers=_stream_headers(call))
+        resp = web.StreamResponse(status=200, headers=_stream_headers(request, call))
         resp.content_type = translation.content_type
         await resp.prepare(request)
         translator = translation.stream(call)
         watch = StreamWatch(translation.worker_stream, collect=True)
+        ping = keepalive(api(call.dialect).stream_kind)
+        idle = None if ping is None else self.settings.limits.stream_keepalive_s
+        quiet_since = loop.time()  # when the client was last sent something
         first_ns = 0
         answered = False
         try:
-            async for chunk in up.chunks():
-                worker.record_progress(loop.time())
-                watch.feed(chunk)
+            async for chunk in up.chunks(idle):
+                now = loop.time()
+                if chunk:
+                    worker.record_progress(now)
+                    watch.feed(chunk)
                 lines: list[bytes] = []
                 for event in watch.frames:
                     for obj in _translate_event(translator, event, worker.name):
@@ -397,6 +433,10 @@ class Proxy:
                     if not first_ns:
                         first_ns = time.perf_counter_ns() - started
                     await resp.write(b"".join(lines))
+                    quiet_since = now
+                elif idle is not None and now - quiet_since >= idle:  # the worker silent, or sending what
+                    await resp.write(ping)  # type: ignore[arg-type]  # the client is not sent yet (tool calls)
+                    quiet_since = now
                 if watch.ended:
                     up.finish_later(_DRAIN_S)
                     await self._finish_translated(
@@ -447,6 +487,40 @@ class Proxy:
         worker.record_success(now, model)
         await resp.write_eof()
 
+    async def _count_tokens(
+        self, call: Call, lease: Lease, counter: TokenCounter, outcome: Outcome
+    ) -> web.StreamResponse:
+        """A token count on a worker that does not serve the client's API: its tokenizer where it has one (the
+        request form that worked is remembered per worker), else the gateway's estimate. Never a worker error:
+        a tokenizer that fails gives the estimate. Costs the key a request and no tokens."""
+        worker = lease.worker
+        try:
+            tries = counter.tokenize(call, _upstream_name(worker, lease.model))
+        except TranslationError as exc:
+            raise BadRequest(str(exc)) from None
+        known = self._tokenizers.get(worker.name)
+        order = sorted(enumerate(tries), key=lambda t: t[0] != known)  # the form this worker took first
+        tokens = None
+        for n, (path, body) in order:
+            try:
+                async with self._post(worker, path, orjson.dumps(body), timeout_s=_TOKENIZER_S) as up:
+                    data = await up.read(_TOKENIZER_ANSWER) if up.status < 300 else b""
+            except ConnectFailed:
+                raise  # the worker cannot be reached: the next one is tried
+            except UpstreamError:
+                continue
+            try:
+                tokens = counter.count(parse_object(data)) if data else None
+            except FrameError:
+                tokens = None
+            if tokens is not None:
+                self._tokenizers[worker.name] = n
+                break
+        outcome.prompt_tokens = outcome.completion_tokens = 0
+        reply = _json(counter.answer(call, tokens), 200, call)
+        reply.headers[COUNT_SOURCE] = "estimate" if tokens is None else "tokenizer"
+        return reply
+
     async def _show(self, call: Call) -> web.StreamResponse:
         decision = self.dispatcher.locate(call.model)
         if isinstance(decision, NoRoute):
@@ -479,14 +553,23 @@ class Proxy:
             return _raw_json(data, up.status, call)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _post(self, worker: WorkerState, path: str, body: bytes) -> AbstractAsyncContextManager[UpstreamResponse]:
-        """One proxied call: the worker's own headers (never the client's key), its SSRF guard and budget."""
+    def _post(
+        self,
+        worker: WorkerState,
+        path: str,
+        body: bytes,
+        extra: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> AbstractAsyncContextManager[UpstreamResponse]:
+        """One proxied call: the worker's own headers (never the client's key) and ``extra`` client headers of the
+        dialect's own (:data:`turnout.dialects.NATIVE_HEADERS`), its SSRF guard and budget."""
         return self.client.request(
             "POST",
             worker.base_url + path,
             body=body,
-            headers=worker.headers,
+            headers={**worker.headers, **extra} if extra else worker.headers,
             label=worker.name,
+            timeout_s=timeout_s,
             **_dial_options(worker),
         )
 
@@ -503,13 +586,15 @@ class Proxy:
         """Token counts for accounting (None when the worker reported none: accounting estimates), and
         tokens/s from Ollama's eval stats, else OpenAI usage (or stream events) over wall time."""
         usage = _obj(answer.get("usage"))
-        outcome.prompt_tokens = _first(_count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"))
+        outcome.prompt_tokens = _first(
+            _count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"), _input_tokens(usage)
+        )
         count, duration = _count(answer, "eval_count"), _count(answer, "eval_duration")
         if count is not None and duration is not None:
             outcome.completion_tokens = count
             worker.observe_speed(model, tokens_per_second(count, duration / 1e9))
             return
-        tokens = _count(usage, "completion_tokens")
+        tokens = _first(_count(usage, "completion_tokens"), _count(usage, "output_tokens"))
         outcome.completion_tokens = tokens if tokens is not None else (stream_events or None)
         worker.observe_speed(model, tokens_per_second(outcome.completion_tokens or 0, seconds))
 
@@ -557,10 +642,22 @@ async def _cut_short(resp: web.StreamResponse, dialect: Dialect) -> None:
         await resp.write(error_frame(dialect, err))
 
 
-def _stream_headers(call: Call) -> dict[str, str]:
-    if call.fallback_from is None:
+def _stream_headers(request: web.Request, call: Call) -> dict[str, str]:
+    request_id = request.get(REQUEST_ID)
+    if call.fallback_from is None and request_id is None:
         return _STREAM_HEADERS
-    return {**_STREAM_HEADERS, "X-Fallback-From": call.fallback_from}
+    headers = dict(_STREAM_HEADERS)
+    if call.fallback_from is not None:
+        headers["X-Fallback-From"] = call.fallback_from
+    if request_id is not None:
+        headers["request-id"] = request_id
+    return headers
+
+
+def _input_tokens(usage: dict[str, Any]) -> int | None:
+    """Anthropic's (and the Responses API's) prompt count: ``input_tokens`` plus Anthropic's cache counters."""
+    counted = [_count(usage, n) for n in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")]
+    return None if counted[0] is None else sum(c for c in counted if c is not None)
 
 
 def _streaming(call: Call, up: UpstreamResponse) -> bool:

@@ -72,8 +72,9 @@ class UpstreamResponse:
         """Stop reading: the connection is closed, never pooled (a body not read to its end is not clean)."""
         self._conn.close()
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self, idle_s: float | None = None) -> AsyncIterator[bytes]:
         """Body bytes as they arrive (for streams); the connection's error, if any, after what arrived before it.
+        ``idle_s``: an empty chunk each time the worker has sent nothing for that long (a stream's keep-alive).
         One generator, not one wrapping :func:`iter_body`: a stream of tokens takes one step per token."""
         conn = self._conn
         while True:
@@ -87,7 +88,8 @@ class UpstreamResponse:
                 raise error
             if conn.complete:
                 return
-            await conn.wait()
+            if not await conn.wait(idle_s):
+                yield b""
 
 
 class _Exchange:

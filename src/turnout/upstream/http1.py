@@ -137,7 +137,7 @@ class Connection(asyncio.Protocol):
         self.paused = False
         self.received_any = False
         self._header_name = b""
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiter: asyncio.Future[bool] | None = None
         self._until_eof = True
         self._interim = False
 
@@ -278,15 +278,20 @@ class Connection(asyncio.Protocol):
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+            waiter.set_result(True)
 
-    async def wait(self) -> None:
-        waiter = asyncio.get_running_loop().create_future()
+    async def wait(self, timeout_s: float | None = None) -> bool:
+        """Until something happens on the connection (True), or ``timeout_s`` passed without anything (False)."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
         self._waiter = waiter
+        timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, waiter)
         try:
-            await waiter
+            return await waiter
         finally:
             self._waiter = None
+            if timer is not None:
+                timer.cancel()
 
     def take(self) -> bytes:
         chunk = b"".join(self.body) if len(self.body) > 1 else self.body[0]
@@ -305,6 +310,11 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.abort()
         self.lost = True
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
 
 
 class Pool:

@@ -1,0 +1,242 @@
+"""Worker streams as Anthropic Messages streams (pure; rules shared with whole answers in :mod:`.answers`).
+
+A converter is fed the worker's decoded stream events one by one (OpenAI SSE ``data:`` objects, or Ollama's
+NDJSON objects) and returns the Messages events to send: ``message_start`` on the first one; then
+``content_block_start`` / ``content_block_delta`` (``thinking_delta``, ``text_delta``, ``input_json_delta``) /
+``content_block_stop`` as the model writes; and once the worker's stream ended with the model's finish,
+``message_delta`` (``stop_reason``, ``stop_sequence``, usage) and ``message_stop``.
+
+OpenAI-style workers stream a tool call's arguments in fragments, and may interleave two calls: each call is
+gathered whole and sent at the end as one ``tool_use`` block whose ``input_json_delta`` is always one JSON object
+(an SDK parses the concatenated fragments; a fragment of broken JSON would break the client's stream).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from turnout.dialects.anthropic.answers import Usage, message_id, stop_reason, tool_input, tool_use_id
+from turnout.dialects.base import Counts, Timing
+
+__all__ = ["OllamaEvents", "OpenAIEvents", "sse_frame"]
+
+JSON = dict[str, Any]
+
+
+def sse_frame(event: JSON) -> bytes:
+    """One Messages stream event: its ``event:`` line (the SDKs dispatch on it) and its ``data:``."""
+    return b"event: " + str(event["type"]).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+class _Message:
+    """The message being streamed: its id, its open content block, and the events that open and close blocks."""
+
+    __slots__ = ("blocks", "deltas", "id", "index", "kind", "model", "usage")
+
+    def __init__(self, model: str, estimate: int) -> None:
+        self.model = model
+        self.usage = Usage(estimate)
+        self.id = ""
+        self.index = -1  # the last block's index
+        self.kind: str | None = None  # the open block's type
+        self.deltas = 0  # content deltas sent (the output count when the worker reports none)
+        self.blocks = 0
+
+    def start(self, source: object) -> JSON:
+        self.id = message_id(source)
+        return {
+            "type": "message_start",
+            "message": {
+                "id": self.id,
+                "type": "message",
+                "role": "assistant",
+                "model": self.model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": self.usage.anthropic(),
+            },
+        }
+
+    def open(self, block: JSON, out: list[JSON]) -> None:
+        self.close(out)
+        self.index += 1
+        self.kind = block["type"]
+        out.append({"type": "content_block_start", "index": self.index, "content_block": block})
+
+    def close(self, out: list[JSON]) -> None:
+        if self.kind is not None:
+            out.append({"type": "content_block_stop", "index": self.index})
+            self.kind = None
+
+    def text(self, text: str, out: list[JSON]) -> None:
+        if self.kind != "text":
+            self.open({"type": "text", "text": ""}, out)
+        self.deltas += 1
+        out.append({"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": text}})
+
+    def thinking(self, text: str, out: list[JSON]) -> None:
+        if self.kind != "thinking":
+            self.open({"type": "thinking", "thinking": "", "signature": ""}, out)
+        self.deltas += 1
+        delta = {"type": "thinking_delta", "thinking": text}
+        out.append({"type": "content_block_delta", "index": self.index, "delta": delta})
+
+    def tool_use(self, worker_id: object, name: str, arguments: object, out: list[JSON]) -> None:
+        call_id = tool_use_id(worker_id, self.id, self.blocks)
+        self.blocks += 1
+        self.open({"type": "tool_use", "id": call_id, "name": name, "input": {}}, out)
+        partial = orjson.dumps(tool_input(arguments)).decode()
+        out.append(
+            {
+                "type": "content_block_delta",
+                "index": self.index,
+                "delta": {"type": "input_json_delta", "partial_json": partial},
+            }
+        )
+        self.close(out)
+
+    def end(self, reason: str, matched: str | None, out: list[JSON]) -> None:
+        self.close(out)
+        out.append(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": matched},
+                "usage": self.usage.anthropic(self.deltas),
+            }
+        )
+        out.append({"type": "message_stop"})
+
+
+class OpenAIEvents:
+    """An OpenAI-style worker's ``/v1/chat/completions`` SSE events as a Messages stream."""
+
+    __slots__ = ("_calls", "_matched", "_message", "_started", "_stops", "finish_reason")
+
+    def __init__(self, model: str, stops: list[str], estimate: int) -> None:
+        self._message = _Message(model, estimate)
+        self._stops = stops
+        self._started = False
+        self._calls: dict[int, list[Any]] = {}  # index -> [id, name, argument fragments]
+        self._matched: str | None = None
+        self.finish_reason: str | None = None
+
+    def feed(self, event: JSON, created_at: str) -> list[JSON]:
+        out: list[JSON] = []
+        message = self._message
+        if not self._started:
+            self._started = True
+            out.append(message.start(event.get("id") or event))
+        usage = event.get("usage")
+        if usage is not None:
+            message.usage.openai(usage)
+        choices = event.get("choices")
+        if type(choices) is not list or not choices:
+            return out
+        choice = choices[0]
+        if type(choice) is not dict:
+            return out
+        delta = choice.get("delta")
+        if type(delta) is dict:
+            thinking = delta.get("reasoning_content") or delta.get("reasoning")
+            if thinking and type(thinking) is str:
+                message.thinking(thinking, out)
+            text = delta.get("content")
+            if text and type(text) is str:
+                message.text(text, out)
+            calls = delta.get("tool_calls")
+            if calls:
+                self._gather(calls)
+        reason = choice.get("finish_reason")
+        if reason and type(reason) is str:
+            self.finish_reason = reason
+            matched = choice.get("stop_reason")
+            if isinstance(matched, str) and matched in self._stops:
+                self._matched = matched
+        return out
+
+    def _gather(self, calls: object) -> None:
+        for position, call in enumerate(calls if isinstance(calls, list) else []):
+            if not isinstance(call, dict):
+                continue
+            index = call.get("index")
+            if not isinstance(index, int) or isinstance(index, bool):
+                index = position
+            slot = self._calls.setdefault(index, [None, "", []])
+            if isinstance(call.get("id"), str) and slot[0] is None:
+                slot[0] = call["id"]
+            function = call.get("function")
+            if isinstance(function, dict):
+                name = function.get("name")
+                if isinstance(name, str) and name and not slot[1]:
+                    slot[1] = name
+                arguments = function.get("arguments")
+                if isinstance(arguments, str):
+                    slot[2].append(arguments)
+
+    def finish(self, timing: Timing) -> tuple[list[JSON], Counts]:
+        out: list[JSON] = []
+        message = self._message
+        if not self._started:
+            self._started = True
+            out.append(message.start({}))
+        calls = [self._calls[i] for i in sorted(self._calls) if self._calls[i][1]]
+        for worker_id, name, fragments in calls:
+            message.tool_use(worker_id, name, "".join(fragments), out)
+        message.end(stop_reason(self.finish_reason, bool(calls), self._matched), self._matched, out)
+        seconds = max(timing.total_ns - timing.first_token_ns, 0) / 1e9
+        return out, message.usage.counts(message.deltas, seconds)
+
+
+class OllamaEvents:
+    """An Ollama worker's ``/api/chat`` NDJSON stream as a Messages stream: thinking, text, whole tool calls."""
+
+    __slots__ = ("_final", "_message", "_started", "_tools", "finish_reason")
+
+    def __init__(self, model: str, estimate: int) -> None:
+        self._message = _Message(model, estimate)
+        self._started = False
+        self._tools = False
+        self._final: JSON = {}
+        self.finish_reason: str | None = None
+
+    def feed(self, event: JSON, created_at: str) -> list[JSON]:
+        out: list[JSON] = []
+        message = self._message
+        if not self._started:
+            self._started = True
+            out.append(message.start(event))
+        part = event.get("message")
+        if isinstance(part, dict):
+            thinking = part.get("thinking")
+            if thinking and isinstance(thinking, str):
+                message.thinking(thinking, out)
+            text = part.get("content")
+            if text and isinstance(text, str):
+                message.text(text, out)
+            calls = part.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]:
+                    self._tools = True
+                    message.tool_use(call.get("id"), function["name"], function.get("arguments"), out)
+        if event.get("done") is True:
+            self._final = event
+            reason = event.get("done_reason")
+            self.finish_reason = reason if isinstance(reason, str) and reason else "stop"
+        return out
+
+    def finish(self, timing: Timing) -> tuple[list[JSON], Counts]:
+        out: list[JSON] = []
+        message = self._message
+        if not self._started:
+            self._started = True
+            out.append(message.start(self._final))
+        message.usage.ollama(self._final)
+        message.end(stop_reason(self.finish_reason, self._tools, None), None, out)
+        duration = self._final.get("eval_duration")
+        ns = duration if isinstance(duration, int) and not isinstance(duration, bool) and duration > 0 else 0
+        seconds = (ns or max(timing.total_ns - timing.first_token_ns, 0)) / 1e9
+        return out, message.usage.counts(message.deltas, seconds)
