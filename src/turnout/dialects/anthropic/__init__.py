@@ -111,11 +111,15 @@ class AnthropicAPI:
     def translation(
         self, worker: WorkerAPI, endpoint: Endpoint, native: frozenset[str]
     ) -> Translation | TokenCounter | None:
+        ollama = worker is WorkerAPI.OLLAMA
+        if endpoint is Endpoint.COUNT_TOKENS:
+            # llama-server serves /v1/messages/count_tokens with its Messages API; Ollama serves only /v1/messages
+            if NATIVE in native and not ollama:
+                return None
+            return COUNT_ON_OLLAMA if ollama else COUNT_ON_OPENAI
         if NATIVE in native:
             return None
-        if endpoint is Endpoint.COUNT_TOKENS:
-            return COUNT_ON_OLLAMA if worker is WorkerAPI.OLLAMA else COUNT_ON_OPENAI
-        return ON_OLLAMA if worker is WorkerAPI.OLLAMA else ON_OPENAI
+        return ON_OLLAMA if ollama else ON_OPENAI
 
     def prompt_parts(self, call: Call) -> list[str]:
         """The prompt's parts in order as the worker sees them: system, tools, messages (prefix-aware routing)."""
@@ -150,20 +154,19 @@ def _stops(call: Call) -> list[str]:
 class MessagesOnOpenAI:
     """A Messages call on an OpenAI-style worker: ``/v1/chat/completions``, its answer and SSE stream back as a
     Message and a Messages stream. The request first carries ``top_k``, ``reasoning_effort`` and
-    ``chat_template_kwargs`` when the client asked for what they mean; a worker that refuses them (OpenAI's own
-    API) gets the request once more without them, and that form from then on."""
+    ``chat_template_kwargs`` when the client asked for what they mean, and ``tool_choice: "required"`` for
+    Anthropic's ``any``; a worker that refuses that form (OpenAI's own API refuses the fields,
+    llama-cpp-python's server answers ``required`` with a 500) gets the request once more in the plainest form
+    (:func:`.prompt.openai_alternate`), and that form from then on."""
 
     worker_stream: StreamKind = StreamKind.SSE
     content_type: str = "text/event-stream"
 
     def request(self, call: Call, model: str) -> tuple[str, JSON]:
-        request, _ = prompt.openai_request(call.payload, model, stream=call.stream)
-        return "/v1/chat/completions", request
+        return "/v1/chat/completions", prompt.openai_request(call.payload, model, stream=call.stream)
 
     def alternate(self, request: JSON) -> JSON | None:
-        if not any(name in request for name in prompt.EXTRA_FIELDS):
-            return None
-        return {k: v for k, v in request.items() if k not in prompt.EXTRA_FIELDS}
+        return prompt.openai_alternate(request)
 
     def answer(self, call: Call, answer: JSON, timing: Timing) -> tuple[JSON, Counts]:
         return message_from_openai(answer, call.model, _stops(call), estimate(call), timing)

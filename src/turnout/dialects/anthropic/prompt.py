@@ -31,6 +31,7 @@ __all__ = [
     "ToolUse",
     "Turn",
     "ollama_request",
+    "openai_alternate",
     "openai_request",
     "prompt_parts",
     "read_prompt",
@@ -326,10 +327,11 @@ def user_id(body: JSON) -> str | None:
 
 
 # -- writing: OpenAI ----------------------------------------------------------------------------------
-def openai_request(body: JSON, model: str, *, stream: bool) -> tuple[JSON, JSON | None]:
-    """(the ``/v1/chat/completions`` request, the same without the fields that are not OpenAI's own, or None when
-    it has none): ``top_k``, ``reasoning_effort`` (from ``output_config.effort``) and ``chat_template_kwargs``
-    (``enable_thinking: false`` for ``thinking: {"type": "disabled"}``), which llama.cpp, vLLM and SGLang take."""
+def openai_request(body: JSON, model: str, *, stream: bool) -> JSON:
+    """The ``/v1/chat/completions`` request. Beside OpenAI's own fields it carries, when the client asked for what
+    they mean, ``top_k``, ``reasoning_effort`` (from ``output_config.effort``) and ``chat_template_kwargs``
+    (``enable_thinking: false`` for ``thinking: {"type": "disabled"}``), which llama.cpp, vLLM and SGLang take
+    (:func:`openai_alternate` is the form without them)."""
     prompt = read_prompt(body)
     out: JSON = {"model": model, "messages": openai_messages(prompt)}
     max_tokens = _integer(body, "max_tokens")
@@ -367,9 +369,20 @@ def openai_request(body: JSON, model: str, *, stream: bool) -> tuple[JSON, JSON 
         out["reasoning_effort"] = effort
     if _thinking_off(body):
         out["chat_template_kwargs"] = {"enable_thinking": False}
-    if not any(name in out for name in EXTRA_FIELDS):
-        return out, None
-    return out, {k: v for k, v in out.items() if k not in EXTRA_FIELDS}
+    return out
+
+
+def openai_alternate(request: JSON) -> JSON | None:
+    """``request`` in the plainest form a strict or older server takes: without the fields that are not OpenAI's
+    own, and ``tool_choice: "required"`` as ``"auto"`` (best effort: the model may then answer in text). None when
+    it is that already."""
+    required = request.get("tool_choice") == "required"
+    if not required and not any(name in request for name in EXTRA_FIELDS):
+        return None
+    plain = {k: v for k, v in request.items() if k not in EXTRA_FIELDS}
+    if required:
+        plain["tool_choice"] = "auto"
+    return plain
 
 
 def openai_messages(prompt: Prompt) -> list[JSON]:
