@@ -68,6 +68,7 @@ class Turn:
     role: str
     text: str = ""
     images: list[Image] = field(default_factory=list)
+    order: list[str | Image] = field(default_factory=list)  # user: its texts and images as they came
     calls: list[ToolUse] = field(default_factory=list)  # assistant
     thinking: str = ""  # assistant: reasoning echoed in history
     call_id: str = ""  # tool: the tool_use it answers
@@ -76,6 +77,7 @@ class Turn:
     def add_text(self, text: str) -> None:
         if text:
             self.text = f"{self.text}{_JOIN}{text}" if self.text else text
+            self.order.append(text)
 
 
 @dataclass(slots=True)
@@ -171,7 +173,6 @@ def _read_user(blocks: list[JSON], turns: list[Turn], names: dict[str, str], i: 
     """Tool results first (each a tool turn, in order, as a chat template wants them right after the call),
     then the rest of the message as one user turn."""
     user = Turn("user")
-    texts: list[str] = []
     for n, block in enumerate(blocks):
         kind = block.get("type")
         where = f"messages[{i}].content[{n}]"
@@ -181,9 +182,12 @@ def _read_user(blocks: list[JSON], turns: list[Turn], names: dict[str, str], i: 
             image = _image(block, where)
             if image is not None:
                 user.images.append(image)
+                user.order.append(image)
         else:
-            texts.append(_text_of(block))
-    user.text = _join(texts)
+            text = _text_of(block)
+            if text:
+                user.order.append(text)
+    user.text = _join(t for t in user.order if isinstance(t, str))
     if user.text or user.images:
         turns.append(user)
 
@@ -231,8 +235,10 @@ def _merge_users(turns: list[Turn]) -> list[Turn]:
     merged: list[Turn] = []
     for turn in turns:
         if merged and turn.role == "user" and merged[-1].role == "user":
-            merged[-1].add_text(turn.text)
-            merged[-1].images.extend(turn.images)
+            last = merged[-1]
+            last.text = _join((last.text, turn.text))
+            last.images.extend(turn.images)
+            last.order.extend(turn.order)
         else:
             merged.append(turn)
     return merged
@@ -391,9 +397,9 @@ def openai_messages(prompt: Prompt) -> list[JSON]:
     for turn in prompt.turns:
         if held and turn.role != "tool":
             if turn.role == "user":
-                turn = Turn("user", turn.text, [*held, *turn.images])
+                turn = Turn("user", turn.text, [*held, *turn.images], order=[*held, *turn.order])
             else:
-                out.append(_openai_user(Turn("user", images=held)))
+                out.append(_openai_user(Turn("user", images=held, order=list(held))))
             held = []
         if turn.role == "user":
             out.append(_openai_user(turn))
@@ -413,17 +419,23 @@ def openai_messages(prompt: Prompt) -> list[JSON]:
                 ]
             out.append(message)
     if held:
-        out.append(_openai_user(Turn("user", images=held)))
+        out.append(_openai_user(Turn("user", images=held, order=list(held))))
     return out
 
 
 def _openai_user(turn: Turn) -> JSON:
+    """A user message: its text, or with images its parts in the order they came (adjacent texts joined)."""
     if not turn.images:
         return {"role": "user", "content": turn.text}
-    parts: list[JSON] = [{"type": "text", "text": turn.text}] if turn.text else []
-    for image in turn.images:
-        url = image.url or f"data:{image.media_type};base64,{image.data}"
-        parts.append({"type": "image_url", "image_url": {"url": url}})
+    parts: list[JSON] = []
+    for part in turn.order:
+        if isinstance(part, Image):
+            url = part.url or f"data:{part.media_type};base64,{part.data}"
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        elif parts and parts[-1]["type"] == "text":
+            parts[-1]["text"] += _JOIN + part
+        else:
+            parts.append({"type": "text", "text": part})
     return {"role": "user", "content": parts}
 
 
