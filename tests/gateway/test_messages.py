@@ -424,3 +424,35 @@ async def test_count_tokens_from_the_tokenizer_or_the_estimate(setup: Setup, eng
     async with setup.sdk() as client:
         counted = await client.messages.count_tokens(model="tiny", messages=HI, tools=[WEATHER])  # type: ignore[list-item]
         assert counted.input_tokens > 0
+
+
+# -- what the real clients send -------------------------------------------------------------------------------------
+GOLDEN = Path(__file__).parents[1] / "dialects" / "golden" / "anthropic"
+CAPTURED = sorted(p for p in GOLDEN.glob("*.json") if "captured" in json.loads(p.read_text()))
+PLACEHOLDERS = ("sk-ant-capture-dummy-key", "capture-dummy-bearer-token")
+
+
+@pytest.mark.parametrize("worker_kind", ["ollama", "lms", "native"])
+async def test_every_captured_request_is_taken(setup: Setup, worker_kind: str) -> None:
+    """Each request captured from Claude Code and the anthropic SDK (tests/dialects/golden/anthropic), sent as it
+    was (path with ?beta=true, every header, the body) with its placeholder key replaced by a real one, is
+    answered whole by each kind of worker: translated onto /api/chat or /v1/chat/completions, or passed through."""
+    model = {"ollama": "llama3.2", "lms": "gpt-oss:20b", "native": "native:1"}[worker_kind]
+    for path in CAPTURED:
+        case = json.loads(path.read_text())
+        headers = {}
+        for name, value in case["headers"]:
+            for placeholder in PLACEHOLDERS:
+                value = value.replace(placeholder, setup.key)
+            headers[name] = value
+        body = {**case["request"], "model": model}
+        status, answer_headers, data = await setup.post(case["path"], body, headers)
+        assert status == 200, (path.name, data[:500])
+        assert answer_headers["request-id"].startswith("req_")
+        if case.get("kind") == "count":
+            assert json.loads(data)["input_tokens"] > 0
+        elif body.get("stream"):
+            events = sse(data)
+            assert kinds(events)[0] == "message_start" and kinds(events)[-1] == "message_stop", (path.name, events)
+        else:
+            assert json.loads(data)["type"] == "message", (path.name, data[:500])
