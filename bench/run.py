@@ -12,6 +12,11 @@ beside req/s, p50 and p99 the table gives the proxy's CPU per request: utime+sti
 CPU-second (the figure that is fair on a shared machine). "reached" is the share of those requests the mock
 counted (``GET /__count``): a proxy that answered without reaching the upstream shows below 1.00.
 
+Turnout is measured on ``/v1/chat/completions`` (passed through to the mock) and, in the same run and process, on
+the other client APIs it translates onto it (rows ``turnout <route>``: ``/v1/messages``, the Anthropic Messages API,
+whose calls and streams are translated both ways); the last lines compare each one's CPU per request with the chat
+route's.
+
 Turnout runs at ``--log-level warning`` (its access log is on, as by default, but lines are written at info,
 so none is built); ``--access-log`` adds a second Turnout target at ``--log-level info`` (``turnout serve``'s
 default) with its access lines to /dev/null, so the table shows what the log costs.
@@ -50,6 +55,11 @@ PORTKEY_VERSION = "1.15.2"
 HONO_NODE_SERVER = "1.14.1"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BODY = {"model": "mock", "messages": [{"role": "user", "content": "hi"}]}
+CHAT = "/v1/chat/completions"
+# Client APIs Turnout translates onto the mock's /v1/chat/completions: one more Turnout row each, same process.
+TRANSLATED = {
+    "/v1/messages": {"model": "mock", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]},
+}
 # LiteLLM refuses to start without a master key; every target gets the same header (others ignore it).
 MASTER_KEY = "sk-bench-" + "7f3a9c2e5b8d1f4a6c0e9b2d7a5f3c1e"
 
@@ -139,6 +149,8 @@ class Target:
     proc: subprocess.Popen[bytes] | None
     key: str = MASTER_KEY  # sent as the bearer token (Turnout gets a real app key with a scope)
     headers: dict[str, str] = field(default_factory=dict)  # more request headers (Portkey's provider and host)
+    path: str = CHAT  # the route measured
+    body: dict[str, Any] = field(default_factory=lambda: BODY)
 
 
 def wait_ready(
@@ -300,7 +312,7 @@ def run_wrk(
 ) -> dict[str, float]:
     """One measured cell: wrk's figures, the proxy's CPU seconds over it, and the requests the mock counted."""
     script = script_dir / f"post-{'stream' if stream else 'plain'}-{abs(hash(target.name))}.lua"
-    body = json.dumps({**BODY, "stream": stream})
+    body = json.dumps({**target.body, "stream": stream})
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {target.key}", **target.headers}
     script.write_text(
         f"wrk.method = 'POST'\nwrk.body = '{body}'\n"
@@ -317,7 +329,7 @@ def run_wrk(
         "--latency",
         "-s",
         str(script),
-        url + "/v1/chat/completions",
+        url + target.path,
     ]
     n = len(wrk)
     warm = [*cmd[: n + 2], "-d1s", *cmd[n + 3 :]]
@@ -491,6 +503,9 @@ def main() -> None:
             targets.append(start_portkey(portkey, mock_url, procs, pin))
 
         targets.append(start_turnout("turnout", tmp / "current", mock_url, procs, None, cpus=pin))
+        chat = targets[-1]
+        for route, body in TRANSLATED.items():  # the same gateway, measured on each translated route in turn
+            targets.append(Target(f"turnout {route}", chat.url, chat.proc, chat.key, path=route, body=body))
         if args.baseline:
             targets.append(
                 start_turnout("turnout (baseline)", tmp / "baseline", mock_url, procs, args.baseline, cpus=pin)
@@ -590,9 +605,19 @@ def print_table(
     direct = results[("direct (mock)", False, levels[0])]["p50"]
     turnout = results[("turnout", False, levels[0])]["p50"]
     print(f"\nadded p50 at c={levels[0]} (turnout - direct, non-stream): {turnout - direct:.3f} ms")
+    for route in TRANSLATED:
+        for stream in (False, True):
+            for conns in levels:
+                chat_us = results[("turnout", stream, conns)]["us"]
+                route_us = results[(f"turnout {route}", stream, conns)]["us"]
+                mode = "stream" if stream else "non-stream"
+                print(
+                    f"turnout {route} vs {CHAT}, {mode}, c={conns}: {route_us:.0f} vs {chat_us:.0f} us CPU/request "
+                    f"({route_us / chat_us:.2f}x)"
+                )
     print("\n| target | RSS after load (MiB) |\n|---|---:|")
     for name, mib in memory.items():
-        if mib is not None and name != "direct (mock)":
+        if mib is not None and name != "direct (mock)" and not name.startswith("turnout /"):
             print(f"| {name} | {mib:.0f} |")
 
 

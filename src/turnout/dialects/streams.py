@@ -114,7 +114,8 @@ def keepalive(kind: StreamKind) -> bytes | None:
 @dataclass(slots=True)
 class StreamWatch:
     """Frames one worker stream and records how it ended. ``collect``: keep decoded frames in ``frames``
-    for a translator to drain."""
+    for a translator to drain; the translator then decides whether the model finished (an OpenAI SSE stream's
+    choices are not followed here: ``finished``, ``usage`` and ``events`` stay unset)."""
 
     kind: StreamKind
     collect: bool = False
@@ -306,6 +307,9 @@ class StreamWatch:
             self.error = _message(obj["error"])
             self.ended = True
             return False
+        if self.collect:  # a translator takes the frames and decides when the model finished
+            self.frames.append(obj)
+            return True
         choices = obj.get("choices")
         first = choices[0] if type(choices) is list and len(choices) == 1 else None
         if type(first) is dict and not self._closed and first.get("index", 0) == 0:
@@ -321,8 +325,6 @@ class StreamWatch:
             self._observe_choices(obj)
         if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
-        if self.collect:
-            self.frames.append(obj)
         return True
 
     def _observe_choices(self, obj: dict[str, Any]) -> None:

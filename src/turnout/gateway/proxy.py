@@ -424,15 +424,12 @@ class Proxy:
                 if chunk:
                     worker.record_progress(now)
                     watch.feed(chunk)
-                lines: list[bytes] = []
-                for event in watch.frames:
-                    for obj in _translate_event(translator, event, worker.name):
-                        lines.append(translation.frame(obj))
+                frames = _translate_events(translator, watch.frames, worker.name) if watch.frames else ()
                 watch.frames.clear()
-                if lines:
+                if frames:
                     if not first_ns:
                         first_ns = time.perf_counter_ns() - started
-                    await resp.write(b"".join(lines))
+                    await resp.write(b"".join(map(translation.frame, frames)))
                     quiet_since = now
                 elif idle is not None and now - quiet_since >= idle:  # the worker silent, or sending what
                     await resp.write(ping)  # type: ignore[arg-type]  # the client is not sent yet (tool calls)
@@ -665,9 +662,14 @@ def _streaming(call: Call, up: UpstreamResponse) -> bool:
     return call.stream and up.content_type != "application/json"
 
 
-def _translate_event(translator: StreamTranslation, event: dict[str, Any], label: str) -> list[dict[str, Any]]:
+def _translate_events(translator: StreamTranslation, events: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
+    """The client's frames for the worker's events that arrived together (they share one timestamp)."""
+    created = iso_time()
+    feed = translator.feed
     try:
-        return translator.feed(event, iso_time())
+        if len(events) == 1:
+            return feed(events[0], created)
+        return [obj for event in events for obj in feed(event, created)]
     except _SHAPE_ERRORS as exc:
         raise UpstreamError(f"{label}: the worker's stream has an unexpected shape ({exc})") from None
 

@@ -25,9 +25,24 @@ __all__ = ["OllamaEvents", "OpenAIEvents", "sse_frame"]
 JSON = dict[str, Any]
 
 
+_TYPES = (
+    "message_start",
+    "content_block_start",
+    "content_block_delta",
+    "content_block_stop",
+    "message_delta",
+    "message_stop",
+    "ping",
+    "error",
+)
+_HEADS = {name: f"event: {name}\ndata: ".encode() for name in _TYPES}
+
+
 def sse_frame(event: JSON) -> bytes:
     """One Messages stream event: its ``event:`` line (the SDKs dispatch on it) and its ``data:``."""
-    return b"event: " + str(event["type"]).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    kind = event["type"]
+    head = _HEADS.get(kind) or f"event: {kind}\ndata: ".encode()
+    return head + orjson.dumps(event) + b"\n\n"
 
 
 class _Message:
@@ -124,15 +139,27 @@ class OpenAIEvents:
         self.finish_reason: str | None = None
 
     def feed(self, event: JSON, created_at: str) -> list[JSON]:
-        out: list[JSON] = []
         message = self._message
+        choices = event.get("choices")
+        # the usual event, one more piece of the text being written: {"choices": [{"delta": {"content": "..."}}]}
+        if type(choices) is list and len(choices) == 1 and message.kind == "text" and "usage" not in event:
+            choice = choices[0]
+            delta = choice.get("delta") if type(choice) is dict else None
+            if type(delta) is dict and len(delta) == 1 and not choice.get("finish_reason"):
+                text = delta.get("content")
+                if type(text) is str:
+                    if not text:
+                        return []
+                    message.deltas += 1
+                    delta = {"type": "text_delta", "text": text}
+                    return [{"type": "content_block_delta", "index": message.index, "delta": delta}]
+        out: list[JSON] = []
         if not self._started:
             self._started = True
             out.append(message.start(event.get("id") or event))
         usage = event.get("usage")
         if usage is not None:
             message.usage.openai(usage)
-        choices = event.get("choices")
         if type(choices) is not list or not choices:
             return out
         choice = choices[0]
