@@ -6,7 +6,7 @@ py-spy. Each sample goes to the innermost frame that belongs to an area below (s
 frames count for the code that called them); what is left is the event loop itself.
 
     pip install py-spy    # once, if the dev extra is not installed
-    python bench/cpu_profile.py [--stream] [-c 32] [--seconds 6] [--raw out.txt]
+    python bench/cpu_profile.py [--stream] [-c 32] [--seconds 6] [--raw out.txt] [--route /v1/messages]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from bench import run as bench
 
 AREAS = [
     ("stream frame parsing (dialects/streams)", r"turnout/dialects/streams\.py"),
+    ("translation (the client API's dialect)", r"turnout/dialects/(anthropic|ollama)/"),
     (
         "routing (dispatch, views, route, placement)",
         r"turnout/(gateway/dispatch|core/(routing|placement|patterns|names))",
@@ -73,6 +74,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6.0, help="load and sampling time (default 6)")
     parser.add_argument("--raw", type=Path, help="also keep py-spy's raw samples here")
     parser.add_argument("--native", action="store_true", help="sample C frames too (py-spy --native)")
+    parser.add_argument(
+        "--route",
+        default=bench.CHAT,
+        choices=[bench.CHAT, *bench.TRANSLATED],
+        help="the client route to load (default /v1/chat/completions; the others are translated onto it)",
+    )
     args = parser.parse_args()
     spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if spy is None:
@@ -86,6 +93,8 @@ def main() -> None:
         target = bench.start_turnout("turnout", tmp / "turnout", mock_url, procs, None, cpus=pin)
         bench.wait_ready(target.url, target.proc, target.key)
         assert target.proc is not None
+        if args.route != bench.CHAT:
+            target.path, target.body = args.route, bench.TRANSLATED[args.route]
         # --nonblocking: a paused process stops at its next entry to the kernel, so pausing to sample would
         # pile the samples onto the lines just after system calls (getpid in get_running_loop, socket writes)
         record = [spy, "record", "-r", "250", "-d", f"{args.seconds + 2:g}", "-f", "raw", "--nonblocking"]
@@ -101,7 +110,8 @@ def main() -> None:
         bench.stop_all(procs)
     total, areas = summarise(raw)
     mode = "stream (64 SSE chunks)" if args.stream else "non-stream"
-    print(f"\n{mode}, c={args.c}: {got['rps']:.0f} req/s, {bench._us(got):.0f} us CPU per request, {total} samples")
+    cpu = f"{bench._us(got):.0f} us CPU per request"
+    print(f"\n{args.route} {mode}, c={args.c}: {got['rps']:.0f} req/s, {cpu}, {total} samples")
     print("\n| area | share of the gateway's main thread |\n|---|---:|")
     for name, n in areas:
         print(f"| {name} | {100 * n / total:.0f}% |")

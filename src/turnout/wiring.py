@@ -35,7 +35,7 @@ from turnout.fleet.state import Fleet
 from turnout.gateway.access import AccessLog
 from turnout.gateway.accounting import Accountant
 from turnout.gateway.dispatch import Dispatcher
-from turnout.gateway.frame import middleware
+from turnout.gateway.frame import middleware, request_ids
 from turnout.gateway.keys import (
     ACCOUNTANT,
     ADMIN_GATE,
@@ -49,6 +49,7 @@ from turnout.gateway.keys import (
     PEERS,
     POLLER,
     PROXY,
+    REQUEST_IDS,
     SETTINGS,
     USAGE,
 )
@@ -216,6 +217,7 @@ def create_app(
         claims.on_change = dispatcher.wake_all
         app[PROXY].claims = claims
     app[PEERS] = _peers(settings, processes, lambda: _catch_up(app))
+    app[REQUEST_IDS] = request_ids()
     add_client_routes(app)
     add_admin_routes(app)
     add_account_routes(app)

@@ -9,10 +9,11 @@ metrics, catching up with the other processes of `turnout serve --workers N`, an
 
 from __future__ import annotations
 
+import itertools
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import hdrs, web
 from aiohttp.web_urldispatcher import AbstractRoute, PlainResource, UrlMappingMatchInfo
@@ -22,16 +23,23 @@ from turnout.dialects import dialect_of
 from turnout.dialects.base import Dialect
 from turnout.errors import NotFound, TurnoutError
 from turnout.gateway.access import REQUEST_ID
-from turnout.gateway.keys import ADMIN_GATE, METRICS, PEERS
+from turnout.gateway.keys import ADMIN_GATE, METRICS, PEERS, REQUEST_IDS
 from turnout.responses import error_response
 
-__all__ = ["Handler", "fixed_routes", "middleware", "request_handler"]
+__all__ = ["Handler", "fixed_routes", "middleware", "request_handler", "request_ids"]
 
 log = logging.getLogger("turnout.gateway")
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]  # web.Server's request_handler
 
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def request_ids() -> Iterator[str]:
+    """The ids of a process's requests (``app[REQUEST_IDS]``): a random part of the process's own, so that the
+    processes of `serve --workers N` and replicas never share one, then a counter (no system call per request)."""
+    prefix = f"req_{secrets.token_hex(8)}"
+    return (f"{prefix}{n:08x}" for n in itertools.count())
 
 
 def _dialect(path: str) -> Dialect:
@@ -64,7 +72,8 @@ async def _respond(
     peers = app[PEERS]  # always set: .get() of a missing key costs an exception on every request
     request_id = None
     if dialect is Dialect.ANTHROPIC:  # every Anthropic answer names its request (header request-id)
-        request_id = request[REQUEST_ID] = f"req_{secrets.token_hex(12)}"
+        ids: Iterator[str] = app[REQUEST_IDS]
+        request_id = request[REQUEST_ID] = next(ids)
     try:
         if peers is not None and peers.moved():
             await peers.catch_up()  # another process changed keys, placement or endpoints: take them first

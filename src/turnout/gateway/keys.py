@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -35,6 +35,7 @@ __all__ = [
     "PEERS",
     "POLLER",
     "PROXY",
+    "REQUEST_IDS",
     "SETTINGS",
     "USAGE",
 ]
@@ -56,3 +57,5 @@ PEERS: web.AppKey[Peers | None] = web.AppKey("peers")
 # The admin package's gate for /admin/... (a Bearer token, or a browser session + CSRF), run by the request frame;
 # set by turnout.wiring.create_app, so that the gateway does not import the admin package it serves.
 ADMIN_GATE: web.AppKey[Callable[[web.Request], Awaitable[None]]] = web.AppKey("admin_gate")
+# The ids of this process's requests, for APIs whose answers carry one (turnout.gateway.frame.request_ids).
+REQUEST_IDS: web.AppKey[Iterator[str]] = web.AppKey("request_ids")

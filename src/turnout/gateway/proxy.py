@@ -424,27 +424,29 @@ class Proxy:
                 if chunk:
                     worker.record_progress(now)
                     watch.feed(chunk)
-                frames = _translate_events(translator, watch.frames, worker.name) if watch.frames else ()
-                watch.frames.clear()
-                if frames:
-                    if not first_ns:
+                data = b""
+                if watch.frames:
+                    data = b"".join(map(translation.frame, _translate_events(translator, watch.frames, worker.name)))
+                    watch.frames.clear()
+                    if data and not first_ns:
                         first_ns = time.perf_counter_ns() - started
-                    await resp.write(b"".join(map(translation.frame, frames)))
+                if watch.ended:  # this chunk's frames go out with the last ones, in one write
+                    up.finish_later(_DRAIN_S)
+                    await self._finish_translated(
+                        resp, call, worker, model, watch, translation, translator, started, first_ns, outcome, data
+                    )
+                    answered = True
+                    break
+                if data:
+                    await resp.write(data)
                     quiet_since = now
                 elif idle is not None and now - quiet_since >= idle:  # the worker silent, or sending what
                     await resp.write(ping)  # type: ignore[arg-type]  # the client is not sent yet (tool calls)
                     quiet_since = now
-                if watch.ended:
-                    up.finish_later(_DRAIN_S)
-                    await self._finish_translated(
-                        resp, call, worker, model, watch, translation, translator, started, first_ns, outcome
-                    )
-                    answered = True
-                    break
             if not answered:
                 watch.close()
                 await self._finish_translated(
-                    resp, call, worker, model, watch, translation, translator, started, first_ns, outcome
+                    resp, call, worker, model, watch, translation, translator, started, first_ns, outcome, b""
                 )
                 answered = True
         except (UpstreamError, FrameError) as exc:
@@ -468,21 +470,29 @@ class Proxy:
         started: int,
         first_ns: int,
         outcome: Outcome,
+        pending: bytes,
     ) -> None:
+        """The worker's stream ended: ``pending`` (the client's frames of its last chunk) and the client's last
+        frames go out with the end of the answer; a stream that did not end with the model's finish raises, after
+        ``pending`` (the caller then ends the answer with an error frame)."""
         now = asyncio.get_running_loop().time()
+        failure = None
         if watch.error is not None:
-            raise UpstreamError(f"{worker.name}: {watch.error}")
-        if translator.finish_reason is None:  # [DONE] or a close before the model's own finish
-            raise UpstreamError(f"{worker.name}: the stream ended before the model finished")
+            failure = UpstreamError(f"{worker.name}: {watch.error}")
+        elif translator.finish_reason is None:  # [DONE] or a close before the model's own finish
+            failure = UpstreamError(f"{worker.name}: the stream ended before the model finished")
+        if failure is not None:
+            if pending:
+                await resp.write(pending)
+            raise failure
         timing = Timing(iso_time(), time.perf_counter_ns() - started, first_ns)
         try:
             final, counts = translator.finish(timing)
         except _SHAPE_ERRORS as exc:
             raise UpstreamError(f"{worker.name}: the worker's stream has an unexpected shape ({exc})") from None
-        await resp.write(b"".join(translation.frame(obj) for obj in final))
         self._observe(worker, call.model, counts, outcome)
         worker.record_success(now, model)
-        await resp.write_eof()
+        await resp.write_eof(pending + b"".join(map(translation.frame, final)))
 
     async def _count_tokens(
         self, call: Call, lease: Lease, counter: TokenCounter, outcome: Outcome

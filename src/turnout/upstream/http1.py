@@ -280,18 +280,22 @@ class Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(True)
 
-    async def wait(self, timeout_s: float | None = None) -> bool:
-        """Until something happens on the connection (True), or ``timeout_s`` passed without anything (False)."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bool] = loop.create_future()
+    async def wait(self) -> bool:
+        """Until something happens on the connection (True), or :meth:`interrupt` (False)."""
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiter = waiter
-        timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, waiter)
         try:
             return await waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
+
+    def interrupt(self) -> bool:
+        """End the current :meth:`wait` with False; False when nothing waits."""
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return False
+        waiter.set_result(False)
+        return True
 
     def take(self) -> bytes:
         chunk = b"".join(self.body) if len(self.body) > 1 else self.body[0]
@@ -310,11 +314,6 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.abort()
         self.lost = True
-
-
-def _expire(waiter: asyncio.Future[bool]) -> None:
-    if not waiter.done():
-        waiter.set_result(False)
 
 
 class Pool:

@@ -142,17 +142,21 @@ class OpenAIEvents:
         message = self._message
         choices = event.get("choices")
         # the usual event, one more piece of the text being written: {"choices": [{"delta": {"content": "..."}}]}
-        if type(choices) is list and len(choices) == 1 and message.kind == "text" and "usage" not in event:
+        if message.kind == "text" and type(choices) is list and len(choices) == 1:
             choice = choices[0]
-            delta = choice.get("delta") if type(choice) is dict else None
-            if type(delta) is dict and len(delta) == 1 and not choice.get("finish_reason"):
-                text = delta.get("content")
-                if type(text) is str:
-                    if not text:
-                        return []
-                    message.deltas += 1
-                    delta = {"type": "text_delta", "text": text}
-                    return [{"type": "content_block_delta", "index": message.index, "delta": delta}]
+            if type(choice) is dict:
+                delta = choice.get("delta")
+                if type(delta) is dict and len(delta) == 1:
+                    text = delta.get("content")
+                    if type(text) is str and text and choice.get("finish_reason") is None and "usage" not in event:
+                        message.deltas += 1
+                        return [
+                            {
+                                "type": "content_block_delta",
+                                "index": message.index,
+                                "delta": {"type": "text_delta", "text": text},
+                            }
+                        ]
         out: list[JSON] = []
         if not self._started:
             self._started = True
