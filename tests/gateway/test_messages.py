@@ -202,6 +202,22 @@ async def test_usage_rows_limits_and_access_log(setup: Setup, caplog: pytest.Log
     assert any('"POST /v1/messages/count_tokens HTTP/1.1" 200' in line for line in lines), lines
 
 
+async def test_sdk_lists_the_models(setup: Setup) -> None:
+    """GET /v1/models with an anthropic-version header (as every Anthropic SDK sends) has Anthropic's fields beside
+    OpenAI's, so both SDKs read the same listing; without it, it is OpenAI's as before."""
+    async with setup.sdk() as client:
+        listed = [model async for model in client.models.list()]
+        assert {m.id for m in listed} == {"tiny", "qwen3:8b", "llama3.2:latest", "gpt-oss:20b", "native:1"}
+        assert all(m.type == "model" and m.display_name == m.id and m.created_at.year >= 2000 for m in listed)
+        one = await client.models.retrieve("tiny")
+        assert one.id == "tiny" and one.type == "model"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(setup.url + "/v1/models", headers={"Authorization": f"Bearer {setup.key}"}) as r,
+    ):
+        assert set((await r.json())["data"][0]) == {"id", "object", "created", "owned_by"}
+
+
 # -- translation onto Ollama (/api/chat) ----------------------------------------------------------------------------
 async def test_onto_ollama_thinking_tools_and_history(setup: Setup) -> None:
     """/api/chat keeps thinking (both ways), tool calls as objects, tool names on tool results, top_k and images;
