@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import orjson
@@ -307,31 +308,78 @@ ollama_events = st.fixed_dictionaries(
 )
 
 
-def check_stream(converter: OpenAIEvents | OllamaEvents, events: list[dict[str, Any]]) -> None:
-    out = [e for event in events for e in converter.feed(event, TIMING.created_at)]
-    if converter.finish_reason is None:  # the proxy ends such a stream with an error event, never a finish
-        assert not any(e["type"] in ("message_delta", "message_stop") for e in out)
-        return
+def run_stream(
+    converter: OpenAIEvents | OllamaEvents, events: list[dict[str, Any]], cuts: list[int]
+) -> tuple[list[dict[str, Any]], Any]:
+    """Feed ``events`` in batches (split at ``cuts``), as reads of a worker's stream bring them."""
+    bounds = [0, *sorted({c % (len(events) + 1) for c in cuts}), len(events)]
+    out = [e for a, b in itertools.pairwise(bounds) if b > a for e in converter.feed(events[a:b], "t")]
+    if converter.finish_reason is None:
+        return out, None
     final, counts = converter.finish(TIMING)
-    stream = out + final
-    assert_well_formed(stream)
+    return out + final, counts
+
+
+def content(stream: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Each block's type and everything its deltas carry, joined (what a client builds from the stream)."""
+    blocks: list[tuple[str, str]] = []
     for event in stream:
-        assert sse_frame(event).endswith(b"\n\n")
+        if event["type"] == "content_block_start":
+            blocks.append((event["content_block"]["type"], ""))
+        elif event["type"] == "content_block_delta":
+            delta = event["delta"]
+            piece = delta.get("text") or delta.get("thinking") or delta.get("partial_json") or ""
+            blocks[-1] = (blocks[-1][0], blocks[-1][1] + piece)
+    return blocks
+
+
+def check_stream(make: Any, events: list[dict[str, Any]], cuts: list[int]) -> None:
+    one_by_one, counts = run_stream(make(), [e for e in events], list(range(len(events) + 1)))
+    batched, batched_counts = run_stream(make(), events, cuts)
+    assert content(batched) == content(one_by_one)  # batches join pieces, never change what the client builds
+    if counts is None:  # the proxy ends such a stream with an error event, never a finish
+        assert batched_counts is None
+        assert not any(e["type"] in ("message_delta", "message_stop") for e in one_by_one + batched)
+        return
+    for stream in (one_by_one, batched):
+        assert_well_formed(stream)
+        for event in stream:
+            assert sse_frame(event).endswith(b"\n\n")
     assert counts.completion_tokens is not None and counts.completion_tokens >= 0
+    assert batched_counts == counts
+
+
+cuts = st.lists(st.integers(0, 9), max_size=4)
 
 
 @FUZZ
-@given(events=st.lists(openai_events, max_size=8), stops=st.lists(texts, max_size=2))
+@given(events=st.lists(openai_events, max_size=8), stops=st.lists(texts, max_size=2), cuts=cuts)
 def test_any_openai_stream_converts_to_a_well_formed_messages_stream(
-    events: list[dict[str, Any]], stops: list[str]
+    events: list[dict[str, Any]], stops: list[str], cuts: list[int]
 ) -> None:
-    check_stream(OpenAIEvents("m", stops, 10), events)
+    check_stream(lambda: OpenAIEvents("m", stops, 10), events, cuts)
 
 
 @FUZZ
-@given(events=st.lists(ollama_events, max_size=8))
-def test_any_ollama_stream_converts_to_a_well_formed_messages_stream(events: list[dict[str, Any]]) -> None:
-    check_stream(OllamaEvents("m", 10), events)
+@given(events=st.lists(ollama_events, max_size=8), cuts=cuts)
+def test_any_ollama_stream_converts_to_a_well_formed_messages_stream(
+    events: list[dict[str, Any]], cuts: list[int]
+) -> None:
+    check_stream(lambda: OllamaEvents("m", 10), events, cuts)
+
+
+def test_pieces_that_arrive_together_are_one_delta() -> None:
+    """Text arriving in one read of the worker's stream is one text_delta (fewer frames when the worker outpaces
+    the gateway); the output count still counts the pieces."""
+    stream = OpenAIEvents("m", [], 10)
+    chunk = [{"choices": [{"index": 0, "delta": {"content": word}}]} for word in ("Hel", "lo", " wor", "ld")]
+    first = stream.feed(chunk[:1], "t")
+    assert [e["type"] for e in first] == ["message_start", "content_block_start", "content_block_delta"]
+    rest = stream.feed(chunk[1:], "t")
+    assert rest == [{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "lo world"}}]
+    stream.feed([{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}], "t")
+    final, counts = stream.finish(TIMING)
+    assert final[-2]["usage"]["output_tokens"] == 4 and counts.completion_tokens == 4
 
 
 @FUZZ

@@ -55,7 +55,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         out["worker_alternate"] = alternate
     if "worker_stream" in case:
         stream = translation.stream(call)
-        events = [e for event in case["worker_stream"] for e in stream.feed(event, TIMING.created_at)]
+        events = [e for event in case["worker_stream"] for e in stream.feed([event], TIMING.created_at)]
         final, counts = stream.finish(TIMING)
         out["events"] = events + final
     else:

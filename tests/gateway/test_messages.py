@@ -119,7 +119,9 @@ async def test_sdk_messages_create_and_stream_on_llama_cpp(setup: Setup) -> None
         assert "message_delta" in seen and final.stop_reason in ("end_turn", "max_tokens")
         deltas = [e.delta.text for e in events if e.type == "content_block_delta" and e.delta.type == "text_delta"]
         text = "".join(block.text for block in final.content if block.type == "text")
-        assert text == "".join(deltas) and final.usage.output_tokens == len(deltas)  # llama.cpp streams no usage
+        # llama.cpp streams no usage: the output count is the pieces of text (several in one delta when they
+        # arrived together)
+        assert text == "".join(deltas) and len(deltas) <= final.usage.output_tokens <= 6
         assert final.usage.input_tokens > 0
 
 

@@ -140,8 +140,9 @@ class StreamTranslation(Protocol):
         """None until the worker's stream said why the model stopped."""
         ...
 
-    def feed(self, event: JSON, created_at: str) -> list[JSON]:
-        """The client's frames for one of the worker's stream events."""
+    def feed(self, events: list[JSON], created_at: str) -> list[JSON]:
+        """The client's frames for the worker's stream events that arrived together (one read of its stream:
+        a translator may join what they carry into fewer frames)."""
         ...
 
     def finish(self, timing: Timing) -> tuple[list[JSON], Counts]:

@@ -416,6 +416,7 @@ class Proxy:
         ping = keepalive(api(call.dialect).stream_kind)
         idle = None if ping is None else self.settings.limits.stream_keepalive_s
         quiet_since = loop.time()  # when the client was last sent something
+        stamp, stamped = "", 0.0  # the events' timestamp, made again when a millisecond has passed (not per chunk)
         first_ns = 0
         answered = False
         try:
@@ -426,7 +427,10 @@ class Proxy:
                     watch.feed(chunk)
                 data = b""
                 if watch.frames:
-                    data = b"".join(map(translation.frame, _translate_events(translator, watch.frames, worker.name)))
+                    if now - stamped >= 0.001:
+                        stamp, stamped = iso_time(), now
+                    events = _translate_events(translator, watch.frames, stamp, worker.name)
+                    data = b"".join(map(translation.frame, events))
                     watch.frames.clear()
                     if data and not first_ns:
                         first_ns = time.perf_counter_ns() - started
@@ -672,14 +676,12 @@ def _streaming(call: Call, up: UpstreamResponse) -> bool:
     return call.stream and up.content_type != "application/json"
 
 
-def _translate_events(translator: StreamTranslation, events: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
-    """The client's frames for the worker's events that arrived together (they share one timestamp)."""
-    created = iso_time()
-    feed = translator.feed
+def _translate_events(
+    translator: StreamTranslation, events: list[dict[str, Any]], created: str, label: str
+) -> list[dict[str, Any]]:
+    """The client's frames for the worker's events that arrived together (stamped ``created``)."""
     try:
-        if len(events) == 1:
-            return feed(events[0], created)
-        return [obj for event in events for obj in feed(event, created)]
+        return translator.feed(events, created)
     except _SHAPE_ERRORS as exc:
         raise UpstreamError(f"{label}: the worker's stream has an unexpected shape ({exc})") from None
 

@@ -1,10 +1,12 @@
 """Worker streams as Anthropic Messages streams (pure; rules shared with whole answers in :mod:`.answers`).
 
-A converter is fed the worker's decoded stream events one by one (OpenAI SSE ``data:`` objects, or Ollama's
-NDJSON objects) and returns the Messages events to send: ``message_start`` on the first one; then
-``content_block_start`` / ``content_block_delta`` (``thinking_delta``, ``text_delta``, ``input_json_delta``) /
-``content_block_stop`` as the model writes; and once the worker's stream ended with the model's finish,
-``message_delta`` (``stop_reason``, ``stop_sequence``, usage) and ``message_stop``.
+A converter is fed the worker's decoded stream events as they arrive together (OpenAI SSE ``data:`` objects,
+or Ollama's NDJSON objects) and returns the Messages events to send for them: ``message_start`` on the first
+one; then ``content_block_start`` / ``content_block_delta`` (``thinking_delta``, ``text_delta``,
+``input_json_delta``) / ``content_block_stop`` as the model writes; and once the worker's stream ended with the
+model's finish, ``message_delta`` (``stop_reason``, ``stop_sequence``, usage) and ``message_stop``. Pieces of
+text (or of thinking) that arrived together are one delta: fewer, larger frames when the worker outpaces the
+gateway, and one frame a piece when it does not.
 
 OpenAI-style workers stream a tool call's arguments in fragments, and may interleave two calls: each call is
 gathered whole and sent at the end as one ``tool_use`` block whose ``input_json_delta`` is always one JSON object
@@ -48,7 +50,7 @@ def sse_frame(event: JSON) -> bytes:
 class _Message:
     """The message being streamed: its id, its open content block, and the events that open and close blocks."""
 
-    __slots__ = ("blocks", "deltas", "id", "index", "kind", "model", "usage")
+    __slots__ = ("blocks", "deltas", "id", "index", "kind", "last", "model", "pieces", "usage")
 
     def __init__(self, model: str, estimate: int) -> None:
         self.model = model
@@ -56,8 +58,10 @@ class _Message:
         self.id = ""
         self.index = -1  # the last block's index
         self.kind: str | None = None  # the open block's type
-        self.deltas = 0  # content deltas sent (the output count when the worker reports none)
+        self.deltas = 0  # content pieces sent (the output count when the worker reports none)
         self.blocks = 0
+        self.last: JSON | None = None  # the batch's last text or thinking delta, which more pieces join
+        self.pieces: list[str] = []  # its pieces, joined by flush()
 
     def start(self, source: object) -> JSON:
         self.id = message_id(source)
@@ -83,21 +87,39 @@ class _Message:
 
     def close(self, out: list[JSON]) -> None:
         if self.kind is not None:
+            self.flush()
             out.append({"type": "content_block_stop", "index": self.index})
             self.kind = None
 
     def text(self, text: str, out: list[JSON]) -> None:
         if self.kind != "text":
             self.open({"type": "text", "text": ""}, out)
-        self.deltas += 1
-        out.append({"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": text}})
+        self.piece("text_delta", "text", text, out)
 
     def thinking(self, text: str, out: list[JSON]) -> None:
         if self.kind != "thinking":
             self.open({"type": "thinking", "thinking": "", "signature": ""}, out)
+        self.piece("thinking_delta", "thinking", text, out)
+
+    def piece(self, kind: str, field: str, text: str, out: list[JSON]) -> None:
+        """One more piece of the open block: it joins the last delta when that one is of this batch (``out``'s
+        last event), else it starts a delta."""
         self.deltas += 1
-        delta = {"type": "thinking_delta", "thinking": text}
-        out.append({"type": "content_block_delta", "index": self.index, "delta": delta})
+        if out and out[-1] is self.last:
+            self.pieces.append(text)
+            return
+        self.flush()
+        event = {"type": "content_block_delta", "index": self.index, "delta": {"type": kind, field: text}}
+        out.append(event)
+        self.last, self.pieces = event, [text]
+
+    def flush(self) -> None:
+        """The last delta gets all its pieces (called before the batch's events are sent)."""
+        last, pieces = self.last, self.pieces
+        if last is not None and len(pieces) > 1:
+            delta = last["delta"]
+            delta["text" if delta["type"] == "text_delta" else "thinking"] = "".join(pieces)
+        self.last, self.pieces = None, []
 
     def tool_use(self, worker_id: object, name: str, arguments: object, out: list[JSON]) -> None:
         call_id = tool_use_id(worker_id, self.id, self.blocks)
@@ -138,26 +160,27 @@ class OpenAIEvents:
         self._matched: str | None = None
         self.finish_reason: str | None = None
 
-    def feed(self, event: JSON, created_at: str) -> list[JSON]:
-        message = self._message
-        choices = event.get("choices")
-        # the usual event, one more piece of the text being written: {"choices": [{"delta": {"content": "..."}}]}
-        if message.kind == "text" and type(choices) is list and len(choices) == 1:
-            choice = choices[0]
-            if type(choice) is dict:
-                delta = choice.get("delta")
-                if type(delta) is dict and len(delta) == 1:
-                    text = delta.get("content")
-                    if type(text) is str and text and choice.get("finish_reason") is None and "usage" not in event:
-                        message.deltas += 1
-                        return [
-                            {
-                                "type": "content_block_delta",
-                                "index": message.index,
-                                "delta": {"type": "text_delta", "text": text},
-                            }
-                        ]
+    def feed(self, events: list[JSON], created_at: str) -> list[JSON]:
         out: list[JSON] = []
+        message = self._message
+        for event in events:
+            choices = event.get("choices")
+            # the usual event, one more piece of the text being written: {"choices": [{"delta": {"content": ..}}]}
+            if message.kind == "text" and type(choices) is list and len(choices) == 1:
+                choice = choices[0]
+                if type(choice) is dict:
+                    delta = choice.get("delta")
+                    if type(delta) is dict and len(delta) == 1:
+                        text = delta.get("content")
+                        if type(text) is str and text and choice.get("finish_reason") is None and "usage" not in event:
+                            message.piece("text_delta", "text", text, out)
+                            continue
+            self._event(event, choices, out)
+        message.flush()
+        return out
+
+    def _event(self, event: JSON, choices: object, out: list[JSON]) -> None:
+        message = self._message
         if not self._started:
             self._started = True
             out.append(message.start(event.get("id") or event))
@@ -165,10 +188,10 @@ class OpenAIEvents:
         if usage is not None:
             message.usage.openai(usage)
         if type(choices) is not list or not choices:
-            return out
+            return
         choice = choices[0]
         if type(choice) is not dict:
-            return out
+            return
         delta = choice.get("delta")
         if type(delta) is dict:
             thinking = delta.get("reasoning_content") or delta.get("reasoning")
@@ -186,7 +209,6 @@ class OpenAIEvents:
             matched = choice.get("stop_reason")
             if isinstance(matched, str) and matched in self._stops:
                 self._matched = matched
-        return out
 
     def _gather(self, calls: object) -> None:
         for position, call in enumerate(calls if isinstance(calls, list) else []):
@@ -233,8 +255,14 @@ class OllamaEvents:
         self._final: JSON = {}
         self.finish_reason: str | None = None
 
-    def feed(self, event: JSON, created_at: str) -> list[JSON]:
+    def feed(self, events: list[JSON], created_at: str) -> list[JSON]:
         out: list[JSON] = []
+        for event in events:
+            self._event(event, out)
+        self._message.flush()
+        return out
+
+    def _event(self, event: JSON, out: list[JSON]) -> None:
         message = self._message
         if not self._started:
             self._started = True
@@ -257,7 +285,6 @@ class OllamaEvents:
             self._final = event
             reason = event.get("done_reason")
             self.finish_reason = reason if isinstance(reason, str) and reason else "stop"
-        return out
 
     def finish(self, timing: Timing) -> tuple[list[JSON], Counts]:
         out: list[JSON] = []
