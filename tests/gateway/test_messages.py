@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import EmulatorFactory, Engine, Gateway, GatewayFactory, create_key, start_llama, worker
 from tests.support.ollama_emulator import OllamaEmulator
+from tests.support.raw_worker import RawWorker, Reply, http
 from turnout.gateway.keys import ACCOUNTANT, USAGE
 
 HI = [{"role": "user", "content": "hi"}]
@@ -474,3 +475,23 @@ async def test_every_captured_request_is_taken(setup: Setup, worker_kind: str) -
             assert kinds(events)[0] == "message_start" and kinds(events)[-1] == "message_stop", (path.name, events)
         else:
             assert json.loads(data)["type"] == "message", (path.name, data[:500])
+
+
+async def test_count_tokens_on_a_worker_that_serves_messages_itself(gateway: GatewayFactory) -> None:
+    """An OpenAI-style worker with native_apis anthropic (llama-server) counts with its own count_tokens route (an
+    Ollama one does not serve it: the gateway's estimate, test_every_captured_request_is_taken)."""
+    raw = RawWorker(models=["n:1"])
+    raw.default = Reply([http(200, b'{"input_tokens": 42}')])
+    url = await raw.start()
+    try:
+        gw = await gateway([worker("server", url, type="openai", native_apis=["anthropic"])], auth={"open": True})
+        body = {"model": "n:1", "messages": HI}
+        async with (
+            aiohttp.ClientSession() as http_session,
+            http_session.post(gw.url + "/v1/messages/count_tokens", json=body) as r,
+        ):
+            assert r.status == 200 and await r.json() == {"input_tokens": 42}
+            assert r.headers["X-Turnout-Token-Count"] == "tokenizer"
+        assert [json.loads(p) for p in raw.posts] == [body]  # passed through as it was
+    finally:
+        await raw.stop()
