@@ -53,3 +53,21 @@ def test_the_session_is_claude_codes_session_id() -> None:
 
 def test_prompt_parts_of_a_request_that_cannot_be_read_are_none() -> None:
     assert anthropic.API.prompt_parts(call_of({"model": "m", "messages": "hi"})) == []
+
+
+def test_the_plainest_form_for_a_strict_server() -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 5,
+        "top_k": 3,
+        "stop_sequences": ["a", "b", "c", "d", "e"],
+        "tool_choice": {"type": "any"},
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    request = prompt.openai_request(body, "w", stream=False)
+    assert request["top_k"] == 3 and request["tool_choice"] == "required" and len(request["stop"]) == 5
+    plain = prompt.openai_alternate(request)
+    assert plain is not None and "top_k" not in plain and plain["tool_choice"] == "auto"
+    assert plain["stop"] == ["a", "b", "c", "d"]
+    assert prompt.openai_alternate(plain) is None  # nothing plainer to try

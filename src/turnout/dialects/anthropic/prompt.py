@@ -44,6 +44,7 @@ _JOIN = "\n\n"
 # Fields of an OpenAI chat request that are not OpenAI's own: sent when the client asked for what they carry, and
 # left out of the alternate request a strict server (OpenAI's own API) is sent after it refuses them.
 EXTRA_FIELDS = ("top_k", "reasoning_effort", "chat_template_kwargs")
+_OPENAI_STOPS = 4  # stop sequences OpenAI's own API takes
 _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high", "xhigh": "high"}
 
 
@@ -380,14 +381,19 @@ def openai_request(body: JSON, model: str, *, stream: bool) -> JSON:
 
 def openai_alternate(request: JSON) -> JSON | None:
     """``request`` in the plainest form a strict or older server takes: without the fields that are not OpenAI's
-    own, and ``tool_choice: "required"`` as ``"auto"`` (best effort: the model may then answer in text). None when
-    it is that already."""
+    own, ``tool_choice: "required"`` as ``"auto"`` (best effort: the model may then answer in text) and at most
+    the 4 stop sequences OpenAI's API takes. None when it is that already."""
     required = request.get("tool_choice") == "required"
-    if not required and not any(name in request for name in EXTRA_FIELDS):
+    stops = request.get("stop")
+    stops = stops if isinstance(stops, list) else []
+    many = len(stops) > _OPENAI_STOPS
+    if not required and not many and not any(name in request for name in EXTRA_FIELDS):
         return None
     plain = {k: v for k, v in request.items() if k not in EXTRA_FIELDS}
     if required:
         plain["tool_choice"] = "auto"
+    if many:
+        plain["stop"] = stops[:_OPENAI_STOPS]
     return plain
 
 
