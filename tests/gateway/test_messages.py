@@ -262,6 +262,8 @@ async def test_onto_ollama_thinking_tools_and_history(setup: Setup) -> None:
         assert answer.stop_reason == "end_turn" and [b.type for b in answer.content] == ["thinking", "text"]
         path, sent = setup.ollama.calls[-1]
         assert path == "/api/chat" and "think" not in sent
+        # the SDK's anthropic-version (and any anthropic-beta) go nowhere but to a worker that speaks Anthropic
+        assert not any(k.lower().startswith("anthropic-") for k in setup.ollama.headers_seen[-1])
         assert sent["options"] == {"num_predict": 64, "top_k": 5, "stop": ["\n\nHuman:"]}
         assert sent["messages"] == [
             {"role": "system", "content": "You are helpful."},
