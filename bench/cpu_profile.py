@@ -6,9 +6,10 @@ py-spy. Each sample goes to the innermost frame that belongs to an area below (s
 frames count for the code that called them); what is left is the event loop itself.
 
     pip install py-spy    # once, if the dev extra is not installed
-    python bench/cpu_profile.py [--stream] [-c 32] [--seconds 6] [--raw out.txt] [--api responses]
+    python bench/cpu_profile.py [--stream] [-c 32] [--seconds 6] [--raw out.txt] [--api /v1/responses]
 
-``--api responses`` puts the load on ``/v1/responses`` (translated onto the mock's chat route) instead.
+``--api /v1/responses`` (or ``/v1/messages``...: any of bench/run.py's TRANSLATED) puts the load on that client API,
+translated onto the mock's chat route, instead.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from bench import run as bench
 
 AREAS = [
     ("stream frame parsing (dialects/streams)", r"turnout/dialects/streams\.py"),
-    ("translation (dialects/responses, dialects/ollama)", r"turnout/dialects/(responses|ollama)/"),
+    ("translation (the client API's dialect)", r"turnout/dialects/(responses|anthropic|ollama)/"),
     ("stored responses (gateway/stored)", r"turnout/gateway/stored\.py"),
     (
         "routing (dispatch, views, route, placement)",

@@ -17,7 +17,8 @@ process: ``turnout /v1/responses`` posts the Responses API's equivalent request 
 false}``, as Codex sends it), which Turnout translates onto the mock's ``/v1/chat/completions`` and whose answer and
 stream (64 SSE chunks, then 64 ``response.output_text.delta`` events among the Responses events) it turns back;
 ``turnout /v1/responses stored`` leaves ``store`` at the API's default, so each answer is also written to the
-store. The table ends with each one's CPU per request against the chat route's.
+store; ``turnout /v1/messages`` posts the Anthropic Messages API's (Claude Code's), translated both ways the same
+way. The table ends with each one's CPU per request against the chat route's.
 
 Turnout runs at ``--log-level warning`` (its access log is on, as by default, but lines are written at info,
 so none is built); ``--access-log`` adds a second Turnout target at ``--log-level info`` (``turnout serve``'s
@@ -64,6 +65,11 @@ CHAT = "/v1/chat/completions"
 TRANSLATED = {
     "/v1/responses": ("/v1/responses", {"model": "mock", "input": "hi", "store": False}),
     "/v1/responses stored": ("/v1/responses", {"model": "mock", "input": "hi"}),
+    # the Anthropic Messages API (Claude Code's), its calls and streams translated both ways
+    "/v1/messages": (
+        "/v1/messages",
+        {"model": "mock", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]},
+    ),
 }
 # LiteLLM refuses to start without a master key; every target gets the same header (others ignore it).
 MASTER_KEY = "sk-bench-" + "7f3a9c2e5b8d1f4a6c0e9b2d7a5f3c1e"

@@ -174,6 +174,13 @@ class Limits(_Model):
         600, gt=0, le=MAX_TIMEOUT_S, description="total time allowed for one upstream request"
     )
     connect_timeout_s: float = Field(5, gt=0, le=MAX_CONNECT_S, description="time allowed to connect to a worker")
+    stream_keepalive_s: float = Field(
+        10,
+        gt=0,
+        le=MAX_CONNECT_S,
+        description="a streamed Anthropic Messages answer gets a ping event each time the worker has sent nothing "
+        "(or nothing the client is sent) for this long",
+    )
 
 
 class EndpointEnv(_Model):

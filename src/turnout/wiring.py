@@ -39,7 +39,7 @@ from turnout.gateway.access import AccessLog
 from turnout.gateway.accounting import Accountant
 from turnout.gateway.aliases import Aliases
 from turnout.gateway.dispatch import Dispatcher
-from turnout.gateway.frame import middleware
+from turnout.gateway.frame import middleware, request_ids
 from turnout.gateway.keys import (
     ACCOUNTANT,
     ADMIN_GATE,
@@ -54,6 +54,7 @@ from turnout.gateway.keys import (
     PEERS,
     POLLER,
     PROXY,
+    REQUEST_IDS,
     SETTINGS,
     STORED,
     USAGE,
@@ -288,6 +289,7 @@ def create_app(
 
         claims.on_change = changed
     app[PEERS] = _peers(settings, processes, lambda: _catch_up(app))
+    app[REQUEST_IDS] = request_ids()
     add_client_routes(app)
     add_admin_routes(app)
     add_account_routes(app)

@@ -3,9 +3,18 @@
 Implements the routes Turnout uses with Ollama's field names and framing: ``/api/tags``, ``/api/ps``
 (``size_vram``, ``expires_at``), ``/api/version``, ``/api/chat`` and ``/api/generate`` (NDJSON streams
 ending in the stats object, ``stream`` defaulting to true), ``/api/embed``, ``/api/embeddings``,
-``/api/show``, and Ollama's OpenAI-compatible ``/v1`` routes (SSE with ``data: [DONE]``), ``/v1/responses``
-included (the OpenAI Responses API, which Ollama serves itself: a worker configured with ``native_apis:
-["responses"]`` gets Responses calls passed through).
+``/api/show``, Ollama's OpenAI-compatible ``/v1`` routes (SSE with ``data: [DONE]``), ``/v1/responses`` (the
+OpenAI Responses API, which Ollama serves itself: a worker configured with ``native_apis: ["responses"]`` gets
+Responses calls passed through) and its Anthropic Messages route ``/v1/messages`` (SSE with ``event:`` lines).
+
+Models can think and call tools, as Ollama's ``ChatHandler`` (server/routes.go) answers them: a model in
+``thinking_models`` thinks unless ``think`` is false (``message.thinking`` chunks before the content), and
+``think: true`` for any other model is a 400 (``"<model>" does not support thinking``); with ``tool_call`` set, a
+request that offers tools and does not end with a tool result is answered with that call (``tool_calls`` with
+an ``id`` of ``call_`` and 8 characters, arguments an object; on ``/v1`` a JSON string) and ``done_reason``
+``stop``. ``/v1/messages`` converts as Ollama's anthropic package does (anthropic/anthropic.go
+``FromMessagesRequest``, ``ToMessagesResponse``, ``StreamConverter``; middleware/anthropic.go frames each event
+as ``event: <type>`` + ``data:``).
 
 Behaviour is configurable at run time: inventory, residency, per-token latency, HTTP failures,
 dropping the connection mid-stream, broken listings (``/api/tags`` slow, 500 or not JSON while
@@ -19,6 +28,7 @@ import asyncio
 import hashlib
 import json
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -52,6 +62,9 @@ class Behaviour:
     # "broken_stream" (the answer starts, then the connection closes mid-body), "reset" (the connection closes
     # before any answer).
     model_faults: dict[str, str] = field(default_factory=dict)
+    thinking_models: list[str] = field(default_factory=list)  # models with Ollama's "thinking" capability
+    tool_call: dict[str, Any] | None = None  # {"name": ..., "arguments": {...}}: the call made when tools are offered
+    native_no_stop: bool = False  # /v1/messages streams end without message_stop (a worker that omits it)
 
 
 class OllamaEmulator:
@@ -103,6 +116,7 @@ class OllamaEmulator:
         r.add_post("/v1/completions", self.v1_completions)
         r.add_post("/v1/embeddings", self.v1_embeddings)
         r.add_post("/v1/responses", self.v1_responses)
+        r.add_post("/v1/messages", self.v1_messages)
         return app
 
     async def start(self, port: int = 0) -> str:
@@ -187,6 +201,19 @@ class OllamaEmulator:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._infer(request, "/api/chat", lambda t: {"message": {"role": "assistant", "content": t}})
 
+    def _thinks(self, model: str, think: object) -> bool | str:
+        """Whether ``model`` thinks for this request; a string: Ollama's 400 for think on a model that cannot."""
+        if model in self.behaviour.thinking_models:
+            return think is not False
+        if think is True or think in ("low", "medium", "high"):
+            return f'"{model}" does not support thinking'
+        return False
+
+    def _calls_tool(self, body: dict[str, Any]) -> bool:
+        messages = body.get("messages") or []
+        last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+        return bool(self.behaviour.tool_call and body.get("tools") and last.get("role") != "tool")
+
     async def generate(self, request: web.Request) -> web.StreamResponse:
         return await self._infer(request, "/api/generate", lambda t: {"response": t}, final_extra={"context": [1, 2]})
 
@@ -205,6 +232,10 @@ class OllamaEmulator:
         fault = await self._fault(request, model, body, openai=False)
         if fault is not None:
             return fault
+        chat = path == "/api/chat"
+        thinks = self._thinks(model, body.get("think")) if chat else False
+        if isinstance(thinks, str):
+            return web.json_response({"error": thinks}, status=400)
         self._load(model)
         started = time.monotonic_ns()
         stream = body.get("stream", True)
@@ -213,24 +244,34 @@ class OllamaEmulator:
             if self.behaviour.hang_s:
                 await asyncio.sleep(self.behaviour.hang_s)
             words = self._words()
+            parts: list[dict[str, Any]] = [piece(w) for w in words]
+            if thinks:
+                parts = [{"message": {"role": "assistant", "content": "", "thinking": w}} for w in self._thoughts()]
+                parts += [piece(w) for w in words]
+            if chat and self._calls_tool(body):
+                call = {"id": "call_" + uuid.uuid4().hex[:8], "function": {"index": 0, **self.behaviour.tool_call}}  # type: ignore[dict-item]
+                parts = [p for p in parts if p["message"].get("thinking")]
+                parts.append({"message": {"role": "assistant", "content": "", "tool_calls": [call]}})
             if not stream:
-                await asyncio.sleep(self.behaviour.token_delay_s * len(words))
-                out = {"model": body["model"], "created_at": _now(), **piece("".join(words))}
-                out.update(self._stats(started, len(words)), **(final_extra or {}))
+                await asyncio.sleep(self.behaviour.token_delay_s * len(parts))
+                out = {"model": body["model"], "created_at": _now(), **piece("".join(w for w in words))}
+                if chat:
+                    out["message"] = _accumulate(parts)
+                out.update(self._stats(started, len(parts)), **(final_extra or {}))
                 return web.json_response(out)
             resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
             await resp.prepare(request)
-            for i, word in enumerate(words):
+            for i, part in enumerate(parts):
                 if self.behaviour.drop_after_chunks is not None and i >= self.behaviour.drop_after_chunks:
                     request.transport.close()  # type: ignore[union-attr]
                     return resp
                 if self.behaviour.stall_after_chunks is not None and i >= self.behaviour.stall_after_chunks:
                     await asyncio.sleep(3600)
-                chunk = {"model": body["model"], "created_at": _now(), **piece(word), "done": False}
+                chunk = {"model": body["model"], "created_at": _now(), **part, "done": False}
                 await resp.write(json.dumps(chunk).encode() + b"\n")
                 await asyncio.sleep(self.behaviour.token_delay_s)
             final = {"model": body["model"], "created_at": _now(), **piece("")}
-            final.update(self._stats(started, len(words)), **(final_extra or {}))
+            final.update(self._stats(started, len(parts)), **(final_extra or {}))
             await resp.write(json.dumps(final).encode() + b"\n")
             await resp.write_eof()
             return resp
@@ -349,8 +390,21 @@ class OllamaEmulator:
         words = self._words()
         kind = "chat.completion" if chat else "text_completion"
         usage = {"prompt_tokens": 7, "completion_tokens": len(words), "total_tokens": 7 + len(words)}
+        call = None
+        if chat and self._calls_tool(body):
+            # Ollama's /v1 middleware (openai/openai.go toToolCalls): arguments as a JSON string, finish_reason
+            # "tool_calls"
+            arguments = json.dumps(self.behaviour.tool_call.get("arguments", {}))  # type: ignore[union-attr]
+            call = {
+                "id": "call_" + uuid.uuid4().hex[:8],
+                "index": 0,
+                "type": "function",
+                "function": {"name": self.behaviour.tool_call["name"], "arguments": arguments},  # type: ignore[index]
+            }
         self._enter()
         try:
+            if call is not None:
+                return await self._v1_tool_call(request, body, call, kind, usage)
             if not body.get("stream"):
                 await asyncio.sleep(self.behaviour.token_delay_s * len(words))
                 text = "".join(words)
@@ -473,6 +527,104 @@ class OllamaEmulator:
         await resp.write_eof()
         return resp
 
+    async def _v1_tool_call(
+        self, request: web.Request, body: dict[str, Any], call: dict[str, Any], kind: str, usage: dict[str, int]
+    ) -> web.StreamResponse:
+        head = {"id": "chatcmpl-1", "object": kind, "created": int(time.time()), "model": body["model"]}
+        if not body.get("stream"):
+            message = {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{k: v for k, v in call.items() if k != "index"}],
+            }
+            choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+            return web.json_response({**head, "choices": [choice], "usage": usage})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        head["object"] = f"{kind}.chunk"
+        delta = {"role": "assistant", "content": "", "tool_calls": [call]}
+        for choice in (
+            {"index": 0, "delta": delta, "finish_reason": None},
+            {"index": 0, "delta": {}, "finish_reason": "tool_calls"},
+        ):
+            await resp.write(b"data: " + json.dumps({**head, "choices": [choice]}).encode() + b"\n\n")
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await resp.write(b"data: " + json.dumps({**head, "choices": [], "usage": usage}).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    # -- Anthropic Messages (Ollama's own /v1/messages) -------------------------------------------------
+    async def v1_messages(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.calls.append(("/v1/messages", body))
+        model = self._resolve(body.get("model", ""))
+        if model is None:
+            return _anthropic_error(404, f'model "{body.get("model")}" not found, try pulling it first')
+        if self.behaviour.fail_status:
+            return _anthropic_error(self.behaviour.fail_status, "emulated failure")
+        thinking = body.get("thinking") or {}
+        # FromMessagesRequest: thinking enabled -> think true, disabled -> false; the Anthropic route relaxes a
+        # think the model cannot do to nil (server/routes.go "relax_thinking")
+        think = {"enabled": True, "disabled": False}.get(thinking.get("type")) if isinstance(thinking, dict) else None
+        thinks = self._thinks(model, think) is True
+        self._load(model)
+        chat = {"messages": body.get("messages") or [], "tools": body.get("tools")}
+        last = chat["messages"][-1] if chat["messages"] else {}
+        answered = isinstance(last.get("content"), list) and any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in last["content"]
+        )
+        blocks: list[dict[str, Any]] = []
+        if thinks:
+            blocks.append({"type": "thinking", "thinking": "".join(self._thoughts())})
+        tool = self.behaviour.tool_call if body.get("tools") and not answered else None
+        if tool is None:
+            blocks.append({"type": "text", "text": "".join(self._words())})
+        else:
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": "call_" + uuid.uuid4().hex[:8],
+                    "name": tool["name"],
+                    "input": tool.get("arguments", {}),
+                }
+            )
+        usage = {"input_tokens": 7, "output_tokens": len(self._words())}
+        msg_id = "msg_" + uuid.uuid4().hex[:24]
+        stop = "tool_use" if tool is not None else "end_turn"
+        self._enter()
+        try:
+            if not body.get("stream"):
+                await asyncio.sleep(self.behaviour.token_delay_s)
+                answer = {
+                    "id": msg_id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": body["model"],
+                    "content": blocks,
+                    "stop_reason": stop,
+                    "usage": usage,
+                }
+                return web.json_response(answer)
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            events = _anthropic_events(msg_id, body["model"], blocks, stop, usage, self._words())
+            if self.behaviour.native_no_stop:
+                events = events[:-1]
+            for i, event in enumerate(events):
+                if self.behaviour.drop_after_chunks is not None and i >= self.behaviour.drop_after_chunks:
+                    request.transport.close()  # type: ignore[union-attr]
+                    return resp
+                await resp.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+                await asyncio.sleep(self.behaviour.token_delay_s)
+            await resp.write_eof()
+            return resp
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+
     async def v1_embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.calls.append(("/v1/embeddings", body))
@@ -505,6 +657,9 @@ class OllamaEmulator:
 
     def _words(self) -> list[str]:
         return [f"[{self.name}]"] + [f" w{i}" for i in range(1, self.behaviour.tokens)]
+
+    def _thoughts(self) -> list[str]:
+        return [f"[{self.name} thinks]", " t1"]
 
     def _stats(self, started: int, count: int) -> dict[str, Any]:
         total = max(time.monotonic_ns() - started, 1000)
@@ -540,6 +695,81 @@ class OllamaEmulator:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat()
+
+
+def _accumulate(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A non-streamed /api/chat message: the chunks' content, thinking and tool calls joined (routes.go)."""
+    message: dict[str, Any] = {"role": "assistant", "content": ""}
+    for part in parts:
+        chunk = part["message"]
+        message["content"] += chunk.get("content", "")
+        if chunk.get("thinking"):
+            message["thinking"] = message.get("thinking", "") + chunk["thinking"]
+        if chunk.get("tool_calls"):
+            message.setdefault("tool_calls", []).extend(chunk["tool_calls"])
+    return message
+
+
+def _anthropic_error(status: int, message: str) -> web.Response:
+    """anthropic.NewError: the error type of the status, a request id."""
+    kinds = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        429: "rate_limit_error",
+        503: "overloaded_error",
+    }
+    body = {
+        "type": "error",
+        "error": {"type": kinds.get(status, "api_error"), "message": message},
+        "request_id": "req_" + uuid.uuid4().hex[:24],
+    }
+    return web.json_response(body, status=status)
+
+
+def _anthropic_events(
+    msg_id: str, model: str, blocks: list[dict[str, Any]], stop: str, usage: dict[str, int], words: list[str]
+) -> list[dict[str, Any]]:
+    """StreamConverter.Process's events for these blocks: text word by word, thinking and tool input whole."""
+    start = {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "usage": {"input_tokens": usage["input_tokens"], "output_tokens": 0},
+    }
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
+    for index, block in enumerate(blocks):
+        if block["type"] == "text":
+            events.append(
+                {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+            )
+            for word in words:
+                events.append(
+                    {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": word}}
+                )
+        elif block["type"] == "thinking":
+            events.append(
+                {"type": "content_block_start", "index": index, "content_block": {"type": "thinking", "thinking": ""}}
+            )
+            events.append(
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "thinking_delta", "thinking": block["thinking"]},
+                }
+            )
+        else:
+            start_block = {**block, "input": {}}
+            events.append({"type": "content_block_start", "index": index, "content_block": start_block})
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+            events.append({"type": "content_block_delta", "index": index, "delta": delta})
+        events.append({"type": "content_block_stop", "index": index})
+    events.append({"type": "message_delta", "delta": {"stop_reason": stop}, "usage": usage})
+    events.append({"type": "message_stop"})
+    return events
 
 
 def _vector(text: str) -> list[float]:

@@ -2,6 +2,10 @@
 
 Output is gibberish, but everything else is real: tokenisation, chat template, sampling,
 streaming, usage counts, stop reasons. Nothing is downloaded.
+
+``eos_logit``: a model that ends its answers (the end token ``<|im_end|>`` gets about this logit whatever the
+input, so a sampled answer is a few tokens long): for clients that treat reaching ``max_tokens`` as an error,
+as Claude Code does.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(x) for x in types]
 
 
-def write_tiny_model(path: Path, seed: int = 0) -> Path:
+def write_tiny_model(path: Path, seed: int = 0, eos_logit: float = 0.0) -> Path:
     rng = np.random.default_rng(seed)
     tokens, scores, types = _vocab()
     n_vocab = len(tokens)
@@ -69,9 +73,15 @@ def write_tiny_model(path: Path, seed: int = 0) -> Path:
     writer.add_chat_template(CHAT_TEMPLATE)
     writer.add_pooling_type(gguf.PoolingType.MEAN)  # one vector per input on /v1/embeddings
 
-    writer.add_tensor("token_embd.weight", weight(n_vocab, N_EMBD))
+    embeddings, output = weight(n_vocab, N_EMBD), weight(n_vocab, N_EMBD)
+    if eos_logit:
+        # every token's embedding carries 1.0 in dimension 0, which dominates the (small) residual stream: after
+        # the final RMS norm it is about sqrt(N_EMBD), and the end token's output row turns it into eos_logit
+        embeddings[:, 0] = 1.0
+        output[4, 0] = eos_logit / np.sqrt(N_EMBD)
+    writer.add_tensor("token_embd.weight", embeddings)
     writer.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-    writer.add_tensor("output.weight", weight(n_vocab, N_EMBD))
+    writer.add_tensor("output.weight", output)
     for i in range(N_LAYER):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.attn_q.weight", weight(N_EMBD, N_EMBD))

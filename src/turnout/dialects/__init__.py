@@ -10,19 +10,24 @@ Pure, like :mod:`turnout.core`: no I/O, no clock, no web framework (an import-li
 
 from __future__ import annotations
 
-from turnout.dialects import admin, ollama, openai, responses
+from turnout.dialects import admin, anthropic, ollama, openai, responses
 from turnout.dialects.base import ClientAPI, Dialect
 from turnout.dialects.ollama.translate import ollama_error_from_openai
 
-__all__ = ["CLIENT_APIS", "api", "dialect_of", "worker_error_message"]
+__all__ = ["CLIENT_APIS", "NATIVE_HEADERS", "api", "dialect_of", "worker_error_message"]
 
 # Every client API the gateway serves, by dialect (the admin API's entry gives only its error shape).
 CLIENT_APIS: dict[Dialect, ClientAPI] = {
     Dialect.OPENAI: openai.API,
     Dialect.OLLAMA: ollama.API,
     Dialect.RESPONSES: responses.API,
+    Dialect.ANTHROPIC: anthropic.API,
     Dialect.ADMIN: admin.API,
 }
+
+# Client headers of an API's own that a worker serving that API natively is sent with the call (the gateway sends
+# a worker no other client header: never the client's key).
+NATIVE_HEADERS: dict[Dialect, tuple[str, ...]] = {Dialect.ANTHROPIC: ("anthropic-version", "anthropic-beta")}
 
 
 def api(dialect: Dialect) -> ClientAPI:
@@ -37,6 +42,8 @@ def dialect_of(path: str) -> Dialect:
         return Dialect.OLLAMA
     if path.startswith("/v1/responses") and (len(path) == 13 or path[13] == "/"):
         return Dialect.RESPONSES
+    if path.startswith("/v1/messages") and (len(path) == 12 or path[12] == "/"):
+        return Dialect.ANTHROPIC
     return Dialect.OPENAI
 
 

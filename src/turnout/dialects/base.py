@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from turnout.dialects.streams import StreamKind, StreamWatch
 from turnout.errors import TurnoutError
@@ -41,6 +41,7 @@ __all__ = [
     "Route",
     "StreamTranslation",
     "Timing",
+    "TokenCounter",
     "Translation",
     "TranslationError",
     "WorkerAPI",
@@ -55,6 +56,7 @@ class Dialect(StrEnum):
     OPENAI = "openai"
     OLLAMA = "ollama"
     RESPONSES = "responses"  # the OpenAI Responses API (its usage rows and access lines say "openai:responses")
+    ANTHROPIC = "anthropic"  # the Anthropic Messages API
     ADMIN = "admin"
 
 
@@ -80,13 +82,20 @@ class Endpoint(StrEnum):
     EMBED_LEGACY = "embeddings_legacy"  # /api/embeddings
     SHOW = "show"  # /api/show
     RESPONSES = "responses"  # /v1/responses
+    MESSAGES = "messages"  # /v1/messages (Anthropic)
+    COUNT_TOKENS = "count_tokens"  # /v1/messages/count_tokens (Anthropic)
 
     @property
     def streams(self) -> bool:
         return self in _STREAMING
 
+    @property
+    def generates(self) -> bool:
+        """Whether a call produces tokens (and so reserves a completion against token limits)."""
+        return self not in (Endpoint.SHOW, Endpoint.COUNT_TOKENS)
 
-_STREAMING = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.GENERATE, Endpoint.RESPONSES})
+
+_STREAMING = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.GENERATE, Endpoint.RESPONSES, Endpoint.MESSAGES})
 # The API family a dialect's calls are named by in usage rows and the access log, where it is not the dialect's own
 _FAMILY = {Dialect.RESPONSES: "openai"}
 
@@ -145,8 +154,9 @@ class StreamTranslation(Protocol):
         """None until the worker's stream said why the model stopped."""
         ...
 
-    def feed(self, event: JSON, created_at: str) -> list[JSON]:
-        """The client's frames for one of the worker's stream events."""
+    def feed(self, events: list[JSON], created_at: str) -> list[JSON]:
+        """The client's frames for the worker's stream events that arrived together (one read of its stream:
+        a translator may join what they carry into fewer frames)."""
         ...
 
     def finish(self, timing: Timing) -> tuple[list[JSON], Counts]:
@@ -187,6 +197,24 @@ class Translation(Protocol):
         ...
 
 
+@runtime_checkable
+class TokenCounter(Protocol):
+    """How a token-counting call (:attr:`Endpoint.COUNT_TOKENS`) is answered by a worker that does not serve the
+    client's API itself: with the worker's own tokenizer where it has one, else the gateway's estimate."""
+
+    def tokenize(self, call: Call, model: str) -> list[tuple[str, JSON]]:
+        """The tokenizer requests (path, body) to try in turn on the worker (empty: it has none)."""
+        ...
+
+    def count(self, answer: JSON) -> int | None:
+        """The token count in a tokenizer's answer (None: not one)."""
+        ...
+
+    def answer(self, call: Call, tokens: int | None) -> JSON:
+        """The client's answer: ``tokens`` from the worker's tokenizer, or None for the gateway's estimate."""
+        ...
+
+
 class ClientAPI(Protocol):
     """A client-facing dialect (see the module's docstring)."""
 
@@ -213,7 +241,10 @@ class ClientAPI(Protocol):
         """Whether a worker's error body already has this dialect's shape (then it is relayed as it is)."""
         ...
 
-    def translation(self, worker: WorkerAPI, endpoint: Endpoint, native: frozenset[str]) -> Translation | None:
+    def translation(
+        self, worker: WorkerAPI, endpoint: Endpoint, native: frozenset[str]
+    ) -> Translation | TokenCounter | None:
         """How a call reaches a worker that speaks ``worker`` and serves the client APIs in ``native`` itself
-        (:data:`NATIVE_APIS`): None when it takes the call as it is."""
+        (:data:`NATIVE_APIS`): None when it takes the call as it is; a :class:`TokenCounter` for
+        :attr:`Endpoint.COUNT_TOKENS`, a :class:`Translation` for every other endpoint."""
         ...

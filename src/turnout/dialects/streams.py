@@ -16,6 +16,11 @@ returns. Whether a stream ended properly is decided by parsing frames, never by 
   kept, so that a stream the gateway has to end itself goes on numbering its events.
 * Any: an object with a top-level ``error`` (and no ``done: true``, ``choices`` or ``type``) is the worker's own
   error frame.
+* Anthropic SSE (the Messages API, from a worker that serves it natively): ``event:`` + ``data:`` events. The
+  model finished with a ``message_delta`` carrying a ``stop_reason``; ``message_stop`` is the terminator (a
+  worker that closes after the finish without it gets one added: :attr:`StreamWatch.tail`); ``event: error``
+  is the worker's own error frame. Usage (``input_tokens`` and the cache counters, ``output_tokens``) is kept
+  under OpenAI's names in :attr:`StreamWatch.usage`.
 
 Only whole lines (SSE: whole events) are forwarded, so a worker that dies mid-line never leaves half a
 frame in the client's stream, and the gateway's error frame always starts on a line of its own.
@@ -33,7 +38,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["MAX_LINE", "FrameError", "LineSplitter", "StreamKind", "StreamWatch", "parse_object"]
+__all__ = ["MAX_LINE", "FrameError", "LineSplitter", "StreamKind", "StreamWatch", "keepalive", "parse_object"]
 
 MAX_LINE = 4 << 20  # bytes; one SSE/NDJSON line longer than this ends the stream with an error frame
 _DONE = b"[DONE]"
@@ -101,6 +106,7 @@ class StreamKind(StrEnum):
     SSE = "sse"
     NDJSON = "ndjson"
     RESPONSES = "responses"  # SSE events of the OpenAI Responses API
+    ANTHROPIC = "anthropic"  # SSE with event: lines, as the Anthropic Messages API frames it
 
 
 # Responses events that end a stream: the model's finish (its answer complete), or the worker's failure
@@ -108,10 +114,23 @@ _RESPONSES_FINISH = frozenset({"response.completed", "response.incomplete"})
 _RESPONSES_FAILED = "response.failed"
 
 
+# Stream kinds whose events carry an ``event:`` line besides their ``data:`` line.
+_EVENT_LINES = frozenset({StreamKind.ANTHROPIC, StreamKind.RESPONSES})
+# Anthropic's keep-alive event and last event (a Messages stream ends with it).
+ANTHROPIC_PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+ANTHROPIC_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+
+
+def keepalive(kind: StreamKind) -> bytes | None:
+    """What a client's stream of this kind is sent while the worker is silent (None: nothing)."""
+    return ANTHROPIC_PING if kind is StreamKind.ANTHROPIC else None
+
+
 @dataclass(slots=True)
 class StreamWatch:
     """Frames one worker stream and records how it ended. ``collect``: keep decoded frames in ``frames``
-    for a translator to drain."""
+    for a translator to drain; the translator then decides whether the model finished (an OpenAI SSE stream's
+    choices are not followed here: ``finished``, ``usage`` and ``events`` stay unset)."""
 
     kind: StreamKind
     collect: bool = False
@@ -124,17 +143,17 @@ class StreamWatch:
     sequence: int = -1  # Responses: the last event's sequence_number
     response: dict[str, Any] | None = None  # Responses: the response of response.created (its id, model...)
     events: int = 0  # content frames (a stand-in for the token count when the worker reports none)
+    tail: bytes = b""  # what the client's stream still needs after the worker closed it (a missing terminator)
     frames: list[dict[str, Any]] = field(default_factory=list)
     _lines: LineSplitter = field(init=False)
     _event: list[bytes] = field(default_factory=list)  # raw lines of the SSE event being read
     _data: list[bytes] = field(default_factory=list)  # its data fields
     _open: set[int] = field(default_factory=set)  # choice indices seen without a finish_reason yet
     _closed: set[int] = field(default_factory=set)
-    _sse: bool = field(init=False)  # SSE framing (OpenAI's or the Responses API's)
+    _counted: dict[str, int] = field(default_factory=dict)  # Anthropic usage counters seen so far
 
     def __post_init__(self) -> None:
         self._lines = LineSplitter(self.max_line)
-        self._sse = self.kind is not StreamKind.NDJSON
 
     @property
     def truncated(self) -> bool:
@@ -164,10 +183,10 @@ class StreamWatch:
                 return fast
         out: list[bytes] = []
         for line in self._lines.feed(chunk):
-            if self._sse:
-                self._sse_line(line, out)
-            else:
+            if self.kind is StreamKind.NDJSON:
                 self._ndjson_line(line, out)
+            else:
+                self._sse_line(line, out)
             if self.ended:
                 break
         return b"".join(out)
@@ -175,8 +194,8 @@ class StreamWatch:
     def _feed_whole(self, chunk: bytes) -> bytes | None:
         """The common case, a chunk of whole frames and nothing pending: each frame is parsed exactly as
         the line path would, but the chunk is forwarded as it came. None: take the line path instead."""
-        if b"\r" in chunk or len(chunk) > self.max_line or self.kind is StreamKind.RESPONSES:
-            return None  # Responses events carry an event: line: taken line by line
+        if b"\r" in chunk or len(chunk) > self.max_line or self.kind in _EVENT_LINES:
+            return None  # Anthropic and Responses events carry an event: line: taken line by line
         if self.kind is StreamKind.SSE:
             if not chunk.endswith(b"\n\n"):
                 return None
@@ -237,47 +256,13 @@ class StreamWatch:
                 out.append(b"\n".join(raw) + b"\n\n")
             return
         payload = data[0] if len(data) == 1 else b"\n".join(data)
-        if self._dispatch(payload) or self.finished or self.error is not None:
+        kind = self.kind
+        if kind is StreamKind.SSE:
+            dispatch = self._dispatch
+        else:
+            dispatch = self._anthropic if kind is StreamKind.ANTHROPIC else self._responses_event
+        if dispatch(payload) or self.finished or self.error is not None:
             out.append(b"\n".join(raw) + b"\n\n")
-
-    def _dispatch(self, payload: bytes) -> bool:
-        """Apply one SSE event's data. False when it ended the stream (``finished`` then says whether it is
-        forwarded: an early ``[DONE]`` is withheld, the caller ends the stream with an error frame)."""
-        if self.kind is StreamKind.RESPONSES:
-            return self._responses_event(payload)
-        if payload[:1] == b"{":  # the usual frame: decoded here, and a JSON text that starts so is an object
-            try:
-                obj = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                raise FrameError("the worker sent a stream frame that is not valid JSON") from None
-        elif payload.strip() == _DONE:
-            self.ended = True
-            self.finished = self._finished_all()
-            return False
-        else:
-            obj = _frame(payload)
-        if "error" in obj and "choices" not in obj:
-            self.error = _message(obj["error"])
-            self.ended = True
-            return False
-        choices = obj.get("choices")
-        first = choices[0] if type(choices) is list and len(choices) == 1 else None
-        if type(first) is dict and not self._closed and first.get("index", 0) == 0:
-            # one choice, index 0, none finished yet: the usual token frame, decided without the general walk
-            self.events += 1
-            if first.get("finish_reason") in (None, ""):
-                self._open.add(0)
-            else:
-                self._closed.add(0)
-                self._open.discard(0)
-                self.finished = not self._open
-        else:
-            self._observe_choices(obj)
-        if isinstance(obj.get("usage"), dict):
-            self.usage = obj["usage"]
-        if self.collect:
-            self.frames.append(obj)
-        return True
 
     def _responses_event(self, payload: bytes) -> bool:
         """One Responses event (see the module's docstring)."""
@@ -320,6 +305,90 @@ class StreamWatch:
             self.response = response
         return True
 
+    def _anthropic(self, payload: bytes) -> bool:
+        """Apply one Anthropic SSE event (by its data's ``type``; the ``event:`` line repeats it). False when it
+        ended the stream: ``message_stop`` (the model's finish) or an ``error`` event (the worker's error)."""
+        obj = _frame(payload)
+        kind = obj.get("type")
+        if kind == "content_block_delta":
+            self.events += 1
+        elif kind == "message_start":
+            message = obj.get("message")
+            self._count_anthropic(message.get("usage") if isinstance(message, dict) else None)
+        elif kind == "message_delta":
+            delta = obj.get("delta")
+            if isinstance(delta, dict) and delta.get("stop_reason") not in (None, ""):
+                self.finished = True
+            self._count_anthropic(obj.get("usage"))
+        elif kind == "message_stop":
+            self.finished = self.ended = True
+            return False
+        elif kind == "error":
+            self.error = _message(obj.get("error"))
+            self.ended = True
+            return False
+        if self.collect:
+            self.frames.append(obj)
+        return True
+
+    def _count_anthropic(self, usage: object) -> None:
+        """Anthropic's counters (cumulative in each event that has them) as OpenAI's ``usage``: the prompt is
+        ``input_tokens`` plus the cache reads and writes, which Anthropic counts apart."""
+        if not isinstance(usage, dict):
+            return
+        for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens"):
+            value = usage.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                self._counted[name] = value
+        counted = self._counted
+        prompt = [
+            counted[n]
+            for n in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+            if n in counted
+        ]
+        self.usage = {
+            **({"prompt_tokens": sum(prompt)} if prompt else {}),
+            **({"completion_tokens": counted["output_tokens"]} if "output_tokens" in counted else {}),
+        }
+
+    def _dispatch(self, payload: bytes) -> bool:
+        """Apply one SSE event's data. False when it ended the stream (``finished`` then says whether it is
+        forwarded: an early ``[DONE]`` is withheld, the caller ends the stream with an error frame)."""
+        if payload[:1] == b"{":  # the usual frame: decoded here, and a JSON text that starts so is an object
+            try:
+                obj = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                raise FrameError("the worker sent a stream frame that is not valid JSON") from None
+        elif payload.strip() == _DONE:
+            self.ended = True
+            self.finished = self._finished_all()
+            return False
+        else:
+            obj = _frame(payload)
+        if "error" in obj and "choices" not in obj:
+            self.error = _message(obj["error"])
+            self.ended = True
+            return False
+        if self.collect:  # a translator takes the frames and decides when the model finished
+            self.frames.append(obj)
+            return True
+        choices = obj.get("choices")
+        first = choices[0] if type(choices) is list and len(choices) == 1 else None
+        if type(first) is dict and not self._closed and first.get("index", 0) == 0:
+            # one choice, index 0, none finished yet: the usual token frame, decided without the general walk
+            self.events += 1
+            if first.get("finish_reason") in (None, ""):
+                self._open.add(0)
+            else:
+                self._closed.add(0)
+                self._open.discard(0)
+                self.finished = not self._open
+        else:
+            self._observe_choices(obj)
+        if isinstance(obj.get("usage"), dict):
+            self.usage = obj["usage"]
+        return True
+
     def _observe_choices(self, obj: dict[str, Any]) -> None:
         choices = obj.get("choices")
         if type(choices) is not list or not choices:
@@ -345,9 +414,13 @@ class StreamWatch:
         return bool(self._closed) and not self._open
 
     def close(self) -> None:
-        """The worker closed the body. A stream whose model finished is complete even without ``[DONE]``."""
-        if self.kind is StreamKind.SSE and not self.ended and self._finished_all():
-            self.finished = True
+        """The worker closed the body. A stream whose model finished is complete even without ``[DONE]`` (or
+        Anthropic's ``message_stop``, which the client is then sent in :attr:`tail`)."""
+        if not self.ended:
+            if self.kind is StreamKind.SSE and self._finished_all():
+                self.finished = True
+            elif self.kind is StreamKind.ANTHROPIC and self.finished:
+                self.tail = ANTHROPIC_STOP
         self.ended = True
 
 

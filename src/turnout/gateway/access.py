@@ -37,12 +37,14 @@ if TYPE_CHECKING:
     from turnout.store.keys import KeyRecord
     from turnout.store.usage import UsageRow
 
-__all__ = ["CALLER", "ERROR_CODE", "USAGE_ROW", "AccessLog"]
+__all__ = ["CALLER", "ERROR_CODE", "REQUEST_ID", "USAGE_ROW", "AccessLog"]
 
 # The caller's key (None: open access without one), set once the request is authenticated.
 CALLER: web.RequestKey[KeyRecord | None] = web.RequestKey("access_caller")
 # The usage row of a proxied request (api, model, worker, tokens), set when it is accounted.
 USAGE_ROW: web.RequestKey[UsageRow] = web.RequestKey("access_usage")
+# The request's id, for APIs whose answers carry one (Anthropic's ``request-id`` header and error field).
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
 
 # aiohttp answers a request it could not parse through a placeholder request built from this message.
 _PLACEHOLDER = getattr(web_protocol, "ERROR", None)

@@ -154,21 +154,28 @@ class Accountant:
 
     # -- auth ------------------------------------------------------------------------------------
     async def authenticate(self, request: web.Request) -> KeyRecord | None:
-        """The caller's key; None only under open access without a key. Raises Unauthorized."""
-        header = request.headers.get("Authorization")
+        """The caller's key, from ``Authorization: Bearer <key>`` or, without that header, ``x-api-key: <key>``
+        (what the Anthropic SDKs and Claude Code send); None only under open access without a key. Raises
+        Unauthorized."""
+        headers = request.headers
+        header = headers.get("Authorization")
         if not header:
-            if self.open:
-                return None
-            raise Unauthorized(
-                "missing API key: send 'Authorization: Bearer <key>' (create one: turnout key create)",
-                code="missing_api_key",
-            )
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            if self.open:
-                return None
-            raise Unauthorized("the Authorization header must be 'Bearer <key>'", code="invalid_api_key")
+            token = headers.get("x-api-key", "").strip()
+            if not token:
+                if self.open:
+                    return None
+                raise Unauthorized(
+                    "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>' "
+                    "(create one: turnout key create)",
+                    code="missing_api_key",
+                )
+        else:
+            scheme, _, token = header.partition(" ")
+            token = token.strip()
+            if scheme.lower() != "bearer" or not token:
+                if self.open:
+                    return None
+                raise Unauthorized("the Authorization header must be 'Bearer <key>'", code="invalid_api_key")
         record = await self._lookup(token)
         why = "invalid API key" if record is None else record.usable(time.time())
         if why is None:
@@ -249,11 +256,13 @@ class Accountant:
     async def admit(self, key: KeyRecord | None, call: Call) -> Ticket:
         """Admit against every limit that applies; a refusal by one undoes the others (all or nothing)."""
         started = time.perf_counter()
-        prompt = estimate_tokens(len(call.body), None, 0)  # no completion: the prompt part alone
+        generates = call.endpoint.generates  # a token count (count_tokens) costs a request, never tokens
+        prompt = estimate_tokens(len(call.body), None, 0) if generates else 0  # the prompt part alone
         subjects = self.subjects(key)
         if not subjects:
             return Ticket(key, 0, [], started, prompt)
-        reserved = estimate_tokens(len(call.body), _max_tokens(call), self.settings.auth.default_completion_tokens)
+        default = self.settings.auth.default_completion_tokens
+        reserved = estimate_tokens(len(call.body), _max_tokens(call), default) if generates else 0
         admitted: list[tuple[Subject, Decision]] = []
         try:
             for subject in subjects:

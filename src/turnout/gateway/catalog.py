@@ -46,6 +46,8 @@ from turnout.store.db import StoreError
 
 __all__ = [
     "NEVER_EXPIRES",
+    "anthropic_model",
+    "anthropic_models",
     "iso_time",
     "model_digest",
     "modified_at",
@@ -219,6 +221,30 @@ def openai_models(
             owner = "library"
         data.append({"id": m.name, "object": "model", "created": int(created), "owned_by": owner})
     return {"object": "list", "data": data}
+
+
+def anthropic_models(listing: dict[str, Any]) -> dict[str, Any]:
+    """An :func:`openai_models` listing that the Anthropic SDKs read as well (``GET /v1/models`` with an
+    ``anthropic-version`` header): each entry also has Anthropic's ``type``, ``display_name``, ``created_at``
+    (RFC 3339) and ``lifecycle``, and the list Anthropic's ``has_more``, ``first_id`` and ``last_id``."""
+    data = [
+        {**m, "type": "model", "display_name": m["id"], "created_at": iso_time(m["created"]), "lifecycle": "active"}
+        for m in listing["data"]
+    ]
+    ids = [m["id"] for m in data]
+    return {
+        **listing,
+        "data": data,
+        "has_more": False,
+        "first_id": ids[0] if ids else None,
+        "last_id": ids[-1] if ids else None,
+    }
+
+
+def anthropic_model(entry: dict[str, Any]) -> dict[str, Any]:
+    """One entry of :func:`anthropic_models` (``GET /v1/models/{id}``)."""
+    model: dict[str, Any] = anthropic_models({"object": "list", "data": [entry]})["data"][0]
+    return model
 
 
 def ollama_ps(fleet: Fleet, allowed: Visible = _everything, endpoint: str | None = None) -> dict[str, Any]:

@@ -9,9 +9,11 @@ metrics, catching up with the other processes of `turnout serve --workers N`, an
 
 from __future__ import annotations
 
+import itertools
 import logging
+import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import hdrs, web
 from aiohttp.web_urldispatcher import AbstractRoute, PlainResource, UrlMappingMatchInfo
@@ -20,16 +22,24 @@ from turnout.core.endpoint_urls import api_path
 from turnout.dialects import dialect_of
 from turnout.dialects.base import Dialect
 from turnout.errors import NotFound, TurnoutError
-from turnout.gateway.keys import ADMIN_GATE, METRICS, PEERS
+from turnout.gateway.access import REQUEST_ID
+from turnout.gateway.keys import ADMIN_GATE, METRICS, PEERS, REQUEST_IDS
 from turnout.responses import error_response
 
-__all__ = ["Handler", "fixed_routes", "middleware", "request_handler"]
+__all__ = ["Handler", "fixed_routes", "middleware", "request_handler", "request_ids"]
 
 log = logging.getLogger("turnout.gateway")
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]  # web.Server's request_handler
 
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def request_ids() -> Iterator[str]:
+    """The ids of a process's requests (``app[REQUEST_IDS]``): a random part of the process's own, so that the
+    processes of `serve --workers N` and replicas never share one, then a counter (no system call per request)."""
+    prefix = f"req_{secrets.token_hex(8)}"
+    return (f"{prefix}{n:08x}" for n in itertools.count())
 
 
 def _dialect(path: str) -> Dialect:
@@ -60,6 +70,10 @@ async def _respond(
     started = time.perf_counter()
     metrics.requests_in_flight += 1
     peers = app[PEERS]  # always set: .get() of a missing key costs an exception on every request
+    request_id = None
+    if dialect is Dialect.ANTHROPIC:  # every Anthropic answer names its request (header request-id)
+        ids: Iterator[str] = app[REQUEST_IDS]
+        request_id = request[REQUEST_ID] = next(ids)
     try:
         if peers is not None and peers.moved():
             await peers.catch_up()  # another process changed keys, placement or endpoints: take them first
@@ -70,23 +84,31 @@ async def _respond(
         if peers is not None and dialect is Dialect.ADMIN and request.method not in _READS and response.status < 400:
             peers.announce()  # before the answer leaves: the other processes re-read before their next request
     except TurnoutError as exc:
-        response = error_response(dialect, exc)
+        response = _error(dialect, exc, request_id)
     except web.HTTPException as exc:
         if exc.status == 404:
             err: TurnoutError = NotFound(f"no route {request.method} {request.path}", code="unknown_route")
         else:
             err = TurnoutError(exc.reason, code="http_error")
             err.status = exc.status
-        response = error_response(dialect, err)
+        response = _error(dialect, err, request_id)
     except ConnectionResetError:
         raise  # the client went away mid-response: nothing to answer, not a gateway error
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        response = error_response(dialect, TurnoutError("internal error; see the gateway log"))
+        response = _error(dialect, TurnoutError("internal error; see the gateway log"), request_id)
     finally:
         metrics.requests_in_flight -= 1
+    if request_id is not None and not response.prepared:  # a stream sent its own (the proxy's stream headers)
+        response.headers["request-id"] = request_id
     metrics.request_done(dialect.value, endpoint, response.status, time.perf_counter() - started)
     return response
+
+
+def _error(dialect: Dialect, err: TurnoutError, request_id: str | None) -> web.Response:
+    if request_id is not None:
+        err.headers["request-id"] = request_id  # the answer's header, and Anthropic's error body names it too
+    return error_response(dialect, err)
 
 
 def fixed_routes(app: web.Application) -> dict[tuple[str, str], tuple[AbstractRoute, Dialect, str]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -38,6 +38,7 @@ __all__ = [
     "PEERS",
     "POLLER",
     "PROXY",
+    "REQUEST_IDS",
     "SETTINGS",
     "STORED",
     "USAGE",
@@ -63,3 +64,5 @@ PEERS: web.AppKey[Peers | None] = web.AppKey("peers")
 # the handler: None lets the request in, a response is the refusal to send instead (a UI page's 403); set by
 # turnout.wiring.create_app, so that the gateway does not import the admin package it serves.
 ADMIN_GATE: web.AppKey[Callable[[web.Request], Awaitable[web.StreamResponse | None]]] = web.AppKey("admin_gate")
+# The ids of this process's requests, for APIs whose answers carry one (turnout.gateway.frame.request_ids).
+REQUEST_IDS: web.AppKey[Iterator[str]] = web.AppKey("request_ids")

