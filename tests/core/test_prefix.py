@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnout.core.prefix import NO_MATCH, Match, PrefixIndex, Prompt, home_of, prompt_of
+from turnout.core.prefix import NO_MATCH, PrefixIndex, Prompt, home_of, prompt_of
 
 B = 16  # block bytes in these tests: small, so that short texts have several blocks
 TTL = 600.0
@@ -49,7 +49,7 @@ SYSTEM = "You are a careful assistant. Answer briefly. " * 4  # 180 bytes: 11 wh
 )
 def test_match(texts: tuple[str, ...], query: str, slots: int | None, expected_blocks: int) -> None:
     index = sent(*texts)
-    assert index.match(p(query), float(len(texts)), TTL, slots) == Match(expected_blocks * B, 0)
+    assert index.match(p(query), float(len(texts)), TTL, slots).prefix == expected_blocks * B
 
 
 def test_a_prompt_for_another_model_is_another_prefix() -> None:
@@ -107,6 +107,25 @@ def test_a_session_displaced_from_a_one_slot_engine_no_longer_counts() -> None:
     index.record(Prompt((), 1000, B, "s2"), 1.0)
     assert index.match(p(SYSTEM, "s1"), 2.0, TTL, slots=1).session == 0
     assert index.match(p(SYSTEM, "s1"), 2.0, TTL, slots=2).session == len(SYSTEM)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "slots", "age_s", "expected"),
+    [
+        ((), 1, 0.0, 0),  # nothing held: nothing pushed out
+        ((100,), 1, 0.0, 100),  # one slot holding a prompt: that one goes
+        ((100,), 2, 0.0, 0),  # a slot still free
+        ((100, 300), 2, 0.0, 100),  # both slots hold one: the oldest goes
+        ((100, 300, 50), 2, 0.0, 300),
+        ((100,), 1, TTL + 1, 0),  # what it held no longer counts
+        ((100,), None, 0.0, 0),  # a paged cache evicts what was least recently used: not counted
+    ],
+)
+def test_what_a_send_would_push_out(sizes: tuple[int, ...], slots: int | None, age_s: float, expected: int) -> None:
+    index = PrefixIndex(100)
+    for size in sizes:
+        index.record(Prompt((), size, B), 0.0)
+    assert index.match(p("x"), age_s, TTL, slots).evicts == expected
 
 
 def test_home_is_the_same_for_a_conversation_and_differs_between_them() -> None:

@@ -16,6 +16,9 @@ each with the number of the send that last carried it. A key counts (:meth:`Pref
 - it is among the ``max_blocks`` most recently sent keys: the memory bound, and for a paged cache (vLLM, SGLang)
   the engine's capacity in blocks when that is smaller (the caller passes the smaller of the two).
 
+For an engine with slots it also says what a send would push out (:attr:`Match.evicts`): the prompt in the slot
+the engine reuses, when all of its slots hold prompts that still count.
+
 It remembers sessions the same way (the client's own names for its conversations,
 :meth:`turnout.dialects.base.ClientAPI.session_key`): the send that last carried each, and how long its prompt was.
 
@@ -63,10 +66,12 @@ class Prompt(NamedTuple):
 
 
 class Match(NamedTuple):
-    """What a worker is expected to hold of a prompt, in bytes: by the prefix index, and by the session."""
+    """What a worker is expected to hold of a prompt, in bytes: by the prefix index, and by the session; and, for
+    an engine with slots, the size of the prompt that sending this one would push out of its cache."""
 
     prefix: int = 0
     session: int = 0
+    evicts: int = 0
 
     @property
     def cached(self) -> int:
@@ -116,9 +121,9 @@ class PrefixIndex:
         self._keys: OrderedDict[int, int] = OrderedDict()  # key -> the send that last carried it
         # hash of a session's name -> (send, prompt bytes); the hash, so that a client's long names cost nothing
         self._sessions: OrderedDict[int, tuple[int, int]] = OrderedDict()
-        # (send, time) of the recent sends, oldest first: what ages keys out. A key whose send has left this
-        # window no longer counts, so the window needs no more entries than there can be keys.
-        self._sends: deque[tuple[int, float]] = deque(maxlen=max_blocks)
+        # (send, time, prompt bytes) of the recent sends, oldest first: what ages keys out. A key whose send has
+        # left this window no longer counts, so the window needs no more entries than there can be keys.
+        self._sends: deque[tuple[int, float, int]] = deque(maxlen=max_blocks)
         self._send = 0
 
     def __len__(self) -> int:
@@ -136,7 +141,7 @@ class PrefixIndex:
         """``prompt`` was sent to this worker at ``now``: its keys (and session) are now the most recent."""
         self._send += 1
         send = self._send
-        self._sends.append((send, now))
+        self._sends.append((send, now, prompt.size))
         keys = self._keys
         # The deepest block first, so that the first block ends the most recent: the least recently sent keys go
         # first, and the deep end of an old prompt goes before its beginning (which other prompts may share).
@@ -155,7 +160,8 @@ class PrefixIndex:
 
     def match(self, prompt: Prompt, now: float, ttl_s: float, slots: int | None = None) -> Match:
         """How much of ``prompt`` this worker is expected to hold: the bytes of its longest indexed prefix whose
-        keys still count (see the module's docstring), and the bytes its session's last prompt here had."""
+        keys still count (see the module's docstring), the bytes its session's last prompt here had, and (with
+        ``slots``) the bytes of the prompt this one would push out."""
         oldest = self._oldest_counted(now, ttl_s, slots)
         get = self._keys.get
         matched = 0
@@ -169,7 +175,10 @@ class PrefixIndex:
             seen = self._sessions.get(hash(prompt.session))
             if seen is not None and seen[0] >= oldest:
                 session = min(seen[1], prompt.size)
-        return Match(matched * prompt.block, session)
+        # with slots, when every slot holds a prompt that still counts, the engine reuses the oldest one's slot
+        sends = self._sends
+        evicts = sends[-slots][2] if slots is not None and len(sends) >= slots else 0
+        return Match(matched * prompt.block, session, evicts)
 
     def _oldest_counted(self, now: float, ttl_s: float, slots: int | None) -> int:
         """The number of the oldest send whose keys still count."""

@@ -107,6 +107,7 @@ class StreamWatch:
     finished: bool = False  # the model's own finish (finish_reason / done: true) was seen
     error: str | None = None  # the worker's own error frame, if it sent one
     usage: dict[str, Any] | None = None  # the last OpenAI usage object
+    timings: dict[str, Any] | None = None  # llama.cpp's server's ``timings`` (in its frames that finish a choice)
     final: dict[str, Any] | None = None  # Ollama's final ``done: true`` object
     events: int = 0  # content frames (a stand-in for the token count when the worker reports none)
     frames: list[dict[str, Any]] = field(default_factory=list)
@@ -252,13 +253,22 @@ class StreamWatch:
                 self._closed.add(0)
                 self._open.discard(0)
                 self.finished = not self._open
+                self._timings(obj)
         else:
             self._observe_choices(obj)
         if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
+            self._timings(obj)
         if self.collect:
             self.frames.append(obj)
         return True
+
+    def _timings(self, obj: dict[str, Any]) -> None:
+        """llama.cpp's server adds ``timings`` to the frame that finishes the answer (and to the usage frame): read
+        there only, not on every token's frame."""
+        timings = obj.get("timings")
+        if isinstance(timings, dict):
+            self.timings = timings
 
     def _observe_choices(self, obj: dict[str, Any]) -> None:
         choices = obj.get("choices")

@@ -3,11 +3,13 @@
 Text (``turnout serve``, the default; ``--no-access-log`` or ``logging.access_log: false`` turns it off)::
 
     127.0.0.1 "POST /v1/chat/completions HTTP/1.1" 200 1432 0.532s key=tk_AbCdEfG app=starter \
-api=openai:chat model=llama3 worker=w1 tokens=12+30
+api=openai:chat model=llama3 worker=w1 tokens=12+30 route="prefix 0.83"
 
-With ``--log-format json`` the same facts are fields of the record's JSON object (``remote``, ``method``,
-``path``, ``status``, ``bytes``, ``latency_ms``, ``key``, ``app``, ``api``, ``model``, ``worker``,
-``prompt_tokens``, ``completion_tokens``, ``error``, ``fallback_from``). ``key`` is the key's display prefix
+``route`` says why the request went to that worker (:attr:`turnout.core.routing.Route.why`: ``prefix 0.83``,
+``session``, ``load guard``, ``least expected time``, ``only candidate``). With ``--log-format json`` the same
+facts are fields of the record's JSON object (``remote``, ``method``, ``path``, ``status``, ``bytes``,
+``latency_ms``, ``key``, ``app``, ``api``, ``model``, ``worker``, ``prompt_tokens``, ``completion_tokens``,
+``route``, ``error``, ``fallback_from``). ``key`` is the key's display prefix
 (``turnout key list`` shows the same), never the key; no header is ever written and secret-looking query
 values are redacted.
 
@@ -34,12 +36,14 @@ if TYPE_CHECKING:
     from turnout.store.keys import KeyRecord
     from turnout.store.usage import UsageRow
 
-__all__ = ["CALLER", "ERROR_CODE", "USAGE_ROW", "AccessLog"]
+__all__ = ["CALLER", "ERROR_CODE", "ROUTE", "USAGE_ROW", "AccessLog"]
 
 # The caller's key (None: open access without one), set once the request is authenticated.
 CALLER: web.RequestKey[KeyRecord | None] = web.RequestKey("access_caller")
 # The usage row of a proxied request (api, model, worker, tokens), set when it is accounted.
 USAGE_ROW: web.RequestKey[UsageRow] = web.RequestKey("access_usage")
+# Why the proxy sent it to its worker (``prefix 0.83``, ``load guard``...), set when a worker was chosen.
+ROUTE: web.RequestKey[str] = web.RequestKey("access_route")
 
 # aiohttp answers a request it could not parse through a placeholder request built from this message.
 _PLACEHOLDER = getattr(web_protocol, "ERROR", None)
@@ -93,6 +97,11 @@ def _served(api: str, model: str, worker: str | None) -> tuple[str, str]:
     return shown, f" api={api} model={_value(shown)} worker={_value(worker or '-')}"
 
 
+def _route(why: str) -> str:
+    """``why`` quoted as the line writes a value with a space (the router's own words: no escaping needed)."""
+    return f'"{why}"' if " " in why else why
+
+
 class AccessLog(AbstractAccessLogger):
     """One record per request: a human line as the message, the same facts as record attributes (the JSON
     formatter writes them as fields). A request aiohttp could not parse is left to the server log, which
@@ -140,6 +149,10 @@ class AccessLog(AbstractAccessLogger):
             fields.update(api=row.endpoint, model=model, worker=row.worker)
             fields.update(prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens)
             line += f"{part} tokens={row.prompt_tokens}+{row.completion_tokens}"
+            why = request.get(ROUTE)
+            if why is not None:
+                fields["route"] = why
+                line += f" route={_route(why)}"
             if row.fallback_from is not None:
                 origin = fields["fallback_from"] = redact(row.fallback_from)
                 line += f" fallback_from={_value(origin)}"

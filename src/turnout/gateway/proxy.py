@@ -25,12 +25,12 @@ from aiohttp import web
 
 from turnout.config import Settings
 from turnout.core.health import failure_reason
+from turnout.core.prefix import BYTES_PER_TOKEN
 from turnout.core.routing import NoRoute
-from turnout.core.signals import tokens_per_second
+from turnout.core.signals import Reported, Sample, reported
 from turnout.dialects import api, worker_error_message
 from turnout.dialects.base import (
     Call,
-    Counts,
     Dialect,
     Endpoint,
     StreamTranslation,
@@ -43,9 +43,10 @@ from turnout.dialects.streams import FrameError, StreamWatch, parse_object
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
 from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
+from turnout.gateway.access import ROUTE
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.catalog import iso_time, modified_at, unknown_details
-from turnout.gateway.dispatch import Dispatcher, Lease, no_route_error
+from turnout.gateway.dispatch import Ask, Dispatcher, Lease, no_route_error
 from turnout.metrics import Metrics
 from turnout.responses import error_frame, error_response, json_response
 from turnout.upstream.client import ConnectFailed, NoAnswer, UpstreamClient, UpstreamResponse
@@ -61,6 +62,7 @@ _UNROUTABLE = frozenset({"no_healthy_worker", "no_workers", "model_not_found", "
 # for at most this long, and a worker still sending then loses the connection.
 _DRAIN_S = 1.0
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+EXPLAIN_HEADER = "X-Turnout-Route"  # routing.explain_header: "<worker>; <why>"
 
 
 class Proxy:
@@ -78,6 +80,7 @@ class Proxy:
         self.client = client
         self.metrics = metrics
         self.claims: ClaimBindings | None = None  # set when GPU pools are configured
+        self._explain = settings.routing.explain_header
         # workers that refused OpenAI's json_schema response_format and took llama-cpp-python's form
         self._json_object_schema: set[str] = set()
 
@@ -128,16 +131,22 @@ class Proxy:
     async def _serve_once(self, request: web.Request, call: Call, outcome: Outcome, tenant: str) -> web.StreamResponse:
         exclude: set[str] = set()
         failure: ConnectFailed | None = None
-        for _ in range(self.settings.routing.max_attempts):
+        routing = self.settings.routing
+        ask = Ask(call, request.headers, routing.session_header)
+        for _ in range(routing.max_attempts):
             try:
-                lease = await self.dispatcher.acquire(call.model, frozenset(exclude), tenant)
+                lease = await self.dispatcher.acquire(call.model, frozenset(exclude), tenant, ask)
             except TurnoutError:
                 if failure is not None:  # every reachable candidate failed: report the real cause
                     raise failure from None
                 raise
             outcome.worker = lease.worker.name
+            request[ROUTE] = lease.why
             try:
-                return await self._attempt(request, call, lease, outcome)
+                response = await self._attempt(request, call, lease, outcome)
+                if self._explain and not response.prepared:  # a stream has it already (_stream_headers)
+                    response.headers[EXPLAIN_HEADER] = _explained(lease)
+                return response
             except ConnectFailed as exc:
                 self.metrics.upstream_errors.labels(lease.worker.name, "connect").inc()
                 lease.worker.mark_down(exc.message, failure_reason(exc.code))
@@ -163,13 +172,14 @@ class Proxy:
         upstream = _upstream_name(worker, lease.model)
         if upstream != call.model:
             body = orjson.dumps({**call.payload, "model": upstream})
-        return await self._passthrough(request, call, worker, lease.model, body, outcome)
+        return await self._passthrough(request, call, lease, body, outcome)
 
     # -- same dialect ----------------------------------------------------------------------------
     async def _passthrough(
-        self, request: web.Request, call: Call, worker: WorkerState, model: str, body: bytes, outcome: Outcome
+        self, request: web.Request, call: Call, lease: Lease, body: bytes, outcome: Outcome
     ) -> web.StreamResponse:
-        """``model``: the name the worker knows it by (its failures and successes are counted under it)."""
+        """``lease.model``: the name the worker knows it by (its failures and successes are counted under it)."""
+        worker, model = lease.worker, lease.model
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         async with self._post(worker, call.path, body) as up:
@@ -179,11 +189,11 @@ class Proxy:
             if not _streaming(call, up):
                 data = await up.read()
                 answer = self._answer(worker, model, data, loop.time())
-                self._learn(worker, call.model, answer, time.perf_counter() - started, outcome)
+                self._learn(lease, call, answer, started, None, outcome)
                 return _raw_json(data, up.status, call)
             kind = api(call.dialect).stream_kind
             watch = StreamWatch(kind)
-            resp = web.StreamResponse(status=up.status, headers=_stream_headers(call))
+            resp = web.StreamResponse(status=up.status, headers=self._stream_headers(call, lease))
             resp.content_type = up.content_type
             await resp.prepare(request)
             first: float | None = None
@@ -214,9 +224,8 @@ class Proxy:
                     await _cut_short(resp, call.dialect)
                 raise
             if watch.finished:
-                final = watch.final if watch.final is not None else {"usage": watch.usage}
-                elapsed = time.perf_counter() - (first or started)
-                self._learn(worker, call.model, final, elapsed, outcome, stream_events=max(watch.events - 1, 0))
+                final = watch.final if watch.final is not None else {"usage": watch.usage, "timings": watch.timings}
+                self._learn(lease, call, final, started, first, outcome, stream_events=max(watch.events - 1, 0))
             return resp
 
     async def _end_stream(
@@ -362,23 +371,25 @@ class Proxy:
                 out, counts = translation.answer(call, parsed, timing)
             except _SHAPE_ERRORS as exc:
                 raise UpstreamError(f"{worker.name}: the worker's answer has an unexpected shape ({exc})") from None
-            self._observe(worker, call.model, counts, outcome)
+            outcome.prompt_tokens = counts.prompt_tokens
+            outcome.completion_tokens = counts.completion_tokens
+            self._observe(lease, call, reported(parsed), counts.completion_tokens, None, timing.total_ns / 1e9)
             return _json(out, 200, call)
-        return await self._translate_stream(request, call, worker, lease.model, translation, up, started, outcome)
+        return await self._translate_stream(request, call, lease, translation, up, started, outcome)
 
     async def _translate_stream(
         self,
         request: web.Request,
         call: Call,
-        worker: WorkerState,
-        model: str,
+        lease: Lease,
         translation: Translation,
         up: UpstreamResponse,
         started: int,
         outcome: Outcome,
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
-        resp = web.StreamResponse(status=200, headers=_stream_headers(call))
+        worker, model = lease.worker, lease.model
+        resp = web.StreamResponse(status=200, headers=self._stream_headers(call, lease))
         resp.content_type = translation.content_type
         await resp.prepare(request)
         translator = translation.stream(call)
@@ -401,14 +412,14 @@ class Proxy:
                 if watch.ended:
                     up.finish_later(_DRAIN_S)
                     await self._finish_translated(
-                        resp, call, worker, model, watch, translation, translator, started, first_ns, outcome
+                        resp, call, lease, watch, translation, translator, started, first_ns, outcome
                     )
                     answered = True
                     break
             if not answered:
                 watch.close()
                 await self._finish_translated(
-                    resp, call, worker, model, watch, translation, translator, started, first_ns, outcome
+                    resp, call, lease, watch, translation, translator, started, first_ns, outcome
                 )
                 answered = True
         except (UpstreamError, FrameError) as exc:
@@ -424,8 +435,7 @@ class Proxy:
         self,
         resp: web.StreamResponse,
         call: Call,
-        worker: WorkerState,
-        model: str,
+        lease: Lease,
         watch: StreamWatch,
         translation: Translation,
         translator: StreamTranslation,
@@ -434,6 +444,7 @@ class Proxy:
         outcome: Outcome,
     ) -> None:
         now = asyncio.get_running_loop().time()
+        worker, model = lease.worker, lease.model
         if watch.error is not None:
             raise UpstreamError(f"{worker.name}: {watch.error}")
         if translator.finish_reason is None:  # [DONE] or a close before the model's own finish
@@ -444,7 +455,11 @@ class Proxy:
         except _SHAPE_ERRORS as exc:
             raise UpstreamError(f"{worker.name}: the worker's stream has an unexpected shape ({exc})") from None
         await resp.write(b"".join(translation.frame(obj) for obj in final))
-        self._observe(worker, call.model, counts, outcome)
+        outcome.prompt_tokens = counts.prompt_tokens
+        outcome.completion_tokens = counts.completion_tokens
+        rep = Reported(counts.prompt_tokens, counts.completion_tokens)
+        total_s = (time.perf_counter_ns() - started) / 1e9
+        self._observe(lease, call, rep, counts.completion_tokens, first_ns / 1e9 if first_ns else None, total_s)
         worker.record_success(now, model)
         await resp.write_eof()
 
@@ -491,34 +506,75 @@ class Proxy:
             **_dial_options(worker),
         )
 
+    def _stream_headers(self, call: Call, lease: Lease) -> dict[str, str]:
+        headers = _stream_headers(call)
+        return {**headers, EXPLAIN_HEADER: _explained(lease)} if self._explain else headers
+
     def _learn(
         self,
-        worker: WorkerState,
-        model: str,
+        lease: Lease,
+        call: Call,
         answer: dict[str, Any],
-        seconds: float,
+        started: float,
+        first: float | None,
         outcome: Outcome,
         *,
         stream_events: int = 0,
     ) -> None:
-        """Token counts for accounting (None when the worker reported none: accounting estimates), and
-        tokens/s from Ollama's eval stats, else OpenAI usage (or stream events) over wall time."""
-        usage = _obj(answer.get("usage"))
-        outcome.prompt_tokens = _first(_count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"))
-        count, duration = _count(answer, "eval_count"), _count(answer, "eval_duration")
-        if count is not None and duration is not None:
-            outcome.completion_tokens = count
-            worker.observe_speed(model, tokens_per_second(count, duration / 1e9))
-            return
-        tokens = _count(usage, "completion_tokens")
-        outcome.completion_tokens = tokens if tokens is not None else (stream_events or None)
-        worker.observe_speed(model, tokens_per_second(outcome.completion_tokens or 0, seconds))
+        """Token counts for accounting (None when the worker reported none: accounting estimates), and what the
+        answer says of the worker's speed. ``started``, ``first``: ``perf_counter`` times of sending and of the
+        first bytes of a stream."""
+        rep = reported(answer)
+        outcome.prompt_tokens = rep.prompt_tokens
+        completion = rep.completion_tokens if rep.completion_tokens is not None else (stream_events or None)
+        outcome.completion_tokens = completion
+        now = time.perf_counter()
+        self._observe(lease, call, rep, completion, None if first is None else first - started, now - started)
 
-    def _observe(self, worker: WorkerState, model: str, counts: Counts, outcome: Outcome) -> None:
-        """Accounting for a translated answer: the worker's own counts where it reported them."""
-        outcome.prompt_tokens = counts.prompt_tokens
-        outcome.completion_tokens = counts.completion_tokens
-        worker.observe_speed(model, tokens_per_second(counts.completion_tokens, counts.seconds))
+    def _observe(
+        self,
+        lease: Lease,
+        call: Call,
+        rep: Reported,
+        completion: int | None,
+        first_s: float | None,
+        total_s: float,
+    ) -> None:
+        """Learn the worker's prefill and decode rates from one answer (:func:`turnout.core.signals.speeds`): the
+        prompt's tokens as reported (else the prefix index's estimate), those served from the engine's cache as it
+        reported them (else what the prefix index expected it to hold)."""
+        worker = lease.worker
+        if completion:
+            self.fleet.answered(call.model, completion)
+        prompt_tokens = rep.prompt_tokens
+        if prompt_tokens is None and lease.prompt is not None:
+            prompt_tokens = round(lease.prompt.size / BYTES_PER_TOKEN)
+        cached = rep.cached_tokens
+        if cached is not None and rep.prompt_tokens:
+            worker.engine_counted(rep.prompt_tokens, cached)
+            self.metrics.engine_tokens(worker.name, rep.prompt_tokens, cached)
+        else:
+            cached = round((prompt_tokens or 0) * lease.share)
+        prefill_tokens = rep.prefill_tokens
+        if prefill_tokens is not None and rep.prefill_counts_cache:
+            prefill_tokens = max(prefill_tokens - cached, 0)
+        sample = Sample(
+            prompt_tokens,
+            cached,
+            completion,
+            first_s,
+            total_s,
+            lease.queued,
+            prefill_tokens,
+            rep.prefill_s,
+            rep.decode_tokens,
+            rep.decode_s,
+        )
+        worker.observe(call.model, sample, time.monotonic(), self.settings.routing.speed_ttl_s)
+
+
+def _explained(lease: Lease) -> str:
+    return f"{lease.worker.name}; {lease.why}"
 
 
 class _NeedFallback(Exception):
