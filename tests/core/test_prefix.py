@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnout.core.prefix import NO_MATCH, PrefixIndex, Prompt, home_of, prompt_of
+from turnout.core.prefix import NO_MATCH, PrefixIndex, Prompt, prompt_of
 
 B = 16  # block bytes in these tests: small, so that short texts have several blocks
 TTL = 600.0
@@ -97,14 +97,14 @@ def test_the_oldest_keys_go_first_and_a_prompt_loses_its_end_before_its_beginnin
 def test_sessions(recorded: tuple[str, int], query: tuple[str | None, str], slots: int | None, expected: int) -> None:
     index = PrefixIndex(100)
     session, size = recorded
-    index.record(Prompt((), size, B, session), 0.0)
+    index.record(prompt_of([], B, "m", session)._replace(size=size), 0.0)
     assert index.match(p(query[1], query[0]), 1.0, TTL, slots).session == expected
 
 
 def test_a_session_displaced_from_a_one_slot_engine_no_longer_counts() -> None:
     index = PrefixIndex(100)
-    index.record(Prompt((), 1000, B, "s1"), 0.0)
-    index.record(Prompt((), 1000, B, "s2"), 1.0)
+    index.record(prompt_of([], B, "m", "s1")._replace(size=1000), 0.0)
+    index.record(prompt_of([], B, "m", "s2")._replace(size=1000), 1.0)
     assert index.match(p(SYSTEM, "s1"), 2.0, TTL, slots=1).session == 0
     assert index.match(p(SYSTEM, "s1"), 2.0, TTL, slots=2).session == len(SYSTEM)
 
@@ -126,14 +126,6 @@ def test_what_a_send_would_push_out(sizes: tuple[int, ...], slots: int | None, a
     for size in sizes:
         index.record(Prompt((), size, B), 0.0)
     assert index.match(p("x"), age_s, TTL, slots).evicts == expected
-
-
-def test_home_is_the_same_for_a_conversation_and_differs_between_them() -> None:
-    first, later = p(SYSTEM + "user: hi"), p(SYSTEM + "user: hi\x1eassistant: hello\x1euser: more")
-    assert home_of(first, "m") == home_of(later, "m")
-    assert home_of(p("Another system prompt, long enough to fill a block or four."), "m") != home_of(first, "m")
-    assert home_of(p("x", "session-1"), "m") == home_of(p("y", "session-1"), "m")
-    assert home_of(p("x", "session-1"), "m") != home_of(p("x", "session-2"), "m")
 
 
 # -- properties ------------------------------------------------------------------------------------------------

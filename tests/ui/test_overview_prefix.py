@@ -32,6 +32,6 @@ async def test_each_worker_shows_its_prefix_cache_hit_rate(page, gateway, emulat
     assert 50 <= rate < 100, cells  # three of its four turns found most of the prompt there (the first none)
     assert "prefix index's estimate" in cells[served[0]]  # the emulator reports no cached tokens of its own
     other = next(name for name in cells if name not in served)
-    assert cells[other] == "–"
+    assert cells[other] == "\N{EN DASH}"  # nothing sent there: no rate
     header = await page.inner_text("#workers thead")
     assert "Prefix cache hits" in header

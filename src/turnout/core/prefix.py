@@ -22,16 +22,15 @@ the engine reuses, when all of its slots hold prompts that still count.
 It remembers sessions the same way (the client's own names for its conversations,
 :meth:`turnout.dialects.base.ClientAPI.session_key`): the send that last carried each, and how long its prompt was.
 
-Keys are Python's ``hash`` of bytes (SipHash, salted per interpreter): equal in one process and in the processes
-forked from it (``turnout serve --workers N``), never compared across machines. :func:`home_of` is the stable hash
-for what must agree across replicas.
+Keys (and sessions) are Python's ``hash`` of bytes and strings (SipHash, salted per interpreter): equal in one
+process and in the processes forked from it (``turnout serve --workers N`` shares records between them), never
+compared across machines.
 
 Pure: no clock (``now`` is a parameter), no I/O. One event loop owns an index; it is not thread-safe.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -42,13 +41,11 @@ __all__ = [
     "Match",
     "PrefixIndex",
     "Prompt",
-    "home_of",
     "prompt_of",
 ]
 
 BYTES_PER_TOKEN = 4  # what a token of English text or code takes, about: bytes -> tokens where no tokenizer is at hand
 _JOIN = "\x1e"  # between parts: ["ab", "c"] and ["a", "bc"] are different prompts
-HOME_BLOCKS = 4  # the blocks that name a prompt's "home" when its client names no session (see home_of)
 
 
 class Prompt(NamedTuple):
@@ -57,8 +54,7 @@ class Prompt(NamedTuple):
     keys: tuple[int, ...]  # one per whole block, each standing for the prompt up to that block's end
     size: int  # bytes of the joined prompt
     block: int  # block_bytes it was cut with
-    session: str | None = None  # the client's name for its conversation, when it gives one
-    head: bytes = b""  # the first HOME_BLOCKS blocks (or less), for home_of
+    session: int | None = None  # a hash of the client's name for its conversation, when it gives one
 
     @property
     def tokens(self) -> float:
@@ -95,16 +91,7 @@ def prompt_of(parts: Sequence[str], block_bytes: int, salt: str, session: str | 
     for start in range(0, len(data) - block_bytes + 1, block_bytes):
         key = hash((key, view[start : start + block_bytes]))
         keys.append(key)
-    return Prompt(tuple(keys), len(data), block_bytes, session, data[: HOME_BLOCKS * block_bytes])
-
-
-def home_of(prompt: Prompt, salt: str) -> int:
-    """A hash that every process and replica computes alike for this conversation: of its session when the client
-    names one, else of the prompt's first blocks (its system prompt, typically). Used to agree on where a prompt
-    that no worker is known to hold goes first."""
-    seed = prompt.session.encode("utf-8", "replace") if prompt.session is not None else prompt.head
-    digest = hashlib.blake2b(seed, digest_size=8, person=b"turnout-home", key=salt.encode()[:64]).digest()
-    return int.from_bytes(digest, "big")
+    return Prompt(tuple(keys), len(data), block_bytes, None if session is None else hash((salt, session)))
 
 
 class PrefixIndex:
@@ -119,7 +106,7 @@ class PrefixIndex:
         self.max_blocks = max_blocks
         self.max_sessions = max_sessions
         self._keys: OrderedDict[int, int] = OrderedDict()  # key -> the send that last carried it
-        # hash of a session's name -> (send, prompt bytes); the hash, so that a client's long names cost nothing
+        # a session's hash -> (send, prompt bytes)
         self._sessions: OrderedDict[int, tuple[int, int]] = OrderedDict()
         # (send, time, prompt bytes) of the recent sends, oldest first: what ages keys out. A key whose send has
         # left this window no longer counts, so the window needs no more entries than there can be keys.
@@ -152,9 +139,8 @@ class PrefixIndex:
             keys.popitem(last=False)
         if prompt.session is not None:
             sessions = self._sessions
-            name = hash(prompt.session)
-            sessions[name] = (send, prompt.size)
-            sessions.move_to_end(name)
+            sessions[prompt.session] = (send, prompt.size)
+            sessions.move_to_end(prompt.session)
             if len(sessions) > self.max_sessions:
                 sessions.popitem(last=False)
 
@@ -172,7 +158,7 @@ class PrefixIndex:
             matched += 1
         session = 0
         if prompt.session is not None:
-            seen = self._sessions.get(hash(prompt.session))
+            seen = self._sessions.get(prompt.session)
             if seen is not None and seen[0] >= oldest:
                 session = min(seen[1], prompt.size)
         # with slots, when every slot holds a prompt that still counts, the engine reuses the oldest one's slot

@@ -10,7 +10,8 @@ Where a model has more than one candidate worker, the request's prompt (its part
 and the client's session, through the dialect: :class:`Ask`) is matched against each worker's prefix index and
 the router ranks them by expected time (:mod:`turnout.core.routing`); the prompt is then recorded in the index of
 the worker it goes to, at once, so that the next request of the same conversation follows it even while this
-one runs. With a single candidate none of this is computed.
+one runs (and, with `serve --workers N`, in the other processes' copies: :mod:`.shared_prefixes`). With a single
+candidate none of this is computed.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from turnout.dialects import api
 from turnout.dialects.base import Call
 from turnout.errors import Forbidden, NotFound, TurnoutError, Unavailable
 from turnout.fleet.state import Fleet, WorkerState
+from turnout.gateway.shared_prefixes import SharedPrefixes
 from turnout.metrics import Metrics
 
 __all__ = ["Ask", "Dispatcher", "Lease", "no_route_error"]
@@ -170,6 +172,7 @@ class Dispatcher:
         self._routed = metrics.routing.labels("routed")
         self._reasons = {reason: metrics.route_reasons.labels(reason.value) for reason in Reason}
         self._guard = LoadGuard(routing.load_guard_absolute, routing.load_guard_relative)
+        self.shared: SharedPrefixes | None = None  # `serve --workers N`: the other processes record it too
 
     def _tenant_cap(self, tenant: str) -> int | None:
         cfg = self.tenants.get(tenant)
@@ -272,6 +275,8 @@ class Dispatcher:
         cached = decision.best.cached
         lease.share = min(cached / prompt.size, 1.0) if prompt.size else 0.0
         worker.prefix.record(prompt, now)
+        if self.shared is not None:
+            self.shared.recorded(worker.name, prompt)
         worker.routed(prompt.size / BYTES_PER_TOKEN, cached / BYTES_PER_TOKEN)
         self.metrics.prefix_tokens(worker.name, prompt.size / BYTES_PER_TOKEN, cached / BYTES_PER_TOKEN)
 

@@ -1,6 +1,6 @@
 """The Overview page: workers and endpoints with health (and why when down), models, load, requests per
-minute, each worker's prefix cache hit rate, and ModelClaims by phase. The body is a fragment (``/admin/overview/fragment``) that the page polls
-with htmx, so it refreshes itself without a reload.
+minute, each worker's prefix cache hit rate, and ModelClaims by phase. The body is a fragment
+(``/admin/overview/fragment``) that the page polls with htmx, so it refreshes itself without a reload.
 
 Requests per minute come from the usage store (all replicas' traffic, flushed first): the requests of the
 previous and the current minute, scaled to one minute.
