@@ -201,12 +201,16 @@ def start_turnout(
     engines: list[Engine], tmp: Path, src: Path, processes: int, extra: dict[str, Any]
 ) -> tuple[str, subprocess.Popen[bytes]]:
     home = Path(tempfile.mkdtemp(prefix="gw-", dir=tmp))
+    current = (src / "turnout" / "core" / "prefix.py").is_file()  # an earlier tree knows no slots nor explain_header
     config = {
         "storage": {"data_dir": str(home / "data")},
         "auth": {"open": True},
         "health": {"interval_s": 30, "timeout_s": 10},
-        "routing": {"explain_header": True, "queue_timeout_s": 600, **extra},
-        "workers": [{"name": f"e{n}", "url": e.url, "type": "openai", "slots": 1} for n, e in enumerate(engines)],
+        "routing": {**({"explain_header": True} if current else {}), "queue_timeout_s": 600, **extra},
+        "workers": [
+            {"name": f"e{n}", "url": e.url, "type": "openai", **({"slots": 1} if current else {})}
+            for n, e in enumerate(engines)
+        ],
     }
     (home / "config.json").write_text(json.dumps(config))
     port = free_port()
@@ -254,12 +258,15 @@ async def send(http: Any, url: str, turn: Turn, max_tokens: int, hints: bool) ->
         body["user"] = f"conversation-{turn.group}.{turn.session}"
     started = time.perf_counter()
     first = None
+    seen = b""
     async with http.post(url + "/v1/chat/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:300]}")
-        async for _ in resp.content.iter_any():
+        async for chunk in resp.content.iter_any():
             if first is None:
-                first = time.perf_counter() - started
+                seen += chunk  # the first data event, not the server's ": ping" comments (every 15 s)
+                if b"data:" in seen:
+                    first = time.perf_counter() - started
         return first if first is not None else time.perf_counter() - started, resp.headers.get("X-Turnout-Route")
 
 
@@ -287,14 +294,13 @@ async def run_pass(
                 except TimeoutError:
                     continue
                 turn = pending[index].pop(0)
-                url, name = pick(turn)
+                url = pick(turn)
                 ttft, routed = await send(http, url, turn, max_tokens, hints)
                 if routed is not None:
-                    name, _, why = routed.partition("; ")
+                    why = routed.partition("; ")[2]
                     kind = why.split()[0] if why.startswith("prefix") else why
                     result.why[kind] = result.why.get(kind, 0) + 1
                 result.ttft.append(ttft)
-                result.per_worker[name] = result.per_worker.get(name, 0) + 1
                 left -= 1
                 if pending[index]:
                     ready.put_nowait(index)
@@ -309,16 +315,19 @@ _HIT = re.compile(rb"Llama.generate: (\d+) prefix-match hit")
 _EVAL = re.compile(rb"prompt eval time = +[\d.]+ ms / +(\d+) tokens")
 
 
-def engine_counts(engines: list[Engine], offsets: list[int]) -> tuple[int, int]:
-    """(prompt tokens reused, prompt tokens evaluated) the engines logged since ``offsets``."""
+def engine_counts(engines: list[Engine], offsets: list[int]) -> tuple[int, int, list[int]]:
+    """(prompt tokens reused, prompt tokens evaluated, requests per engine) the engines logged since ``offsets``."""
     reused = evaluated = 0
+    served = []
     for engine, offset in zip(engines, offsets, strict=True):
         with engine.log.open("rb") as f:
             f.seek(offset)
             text = f.read()
         reused += sum(int(n) for n in _HIT.findall(text))
-        evaluated += sum(int(n) for n in _EVAL.findall(text))
-    return reused, evaluated
+        counts = _EVAL.findall(text)
+        evaluated += sum(int(n) for n in counts)
+        served.append(len(counts))
+    return reused, evaluated, served
 
 
 def flush(engines: list[Engine], tag: str) -> None:
@@ -412,6 +421,7 @@ def main() -> None:
     results: dict[tuple[str, str], Result] = {(s, r): Result() for s in scenarios for r in routers}
     load_before = os.getloadavg()
     started = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the engines are stopped on the way out
     try:
         flush(engines, "warm-up")  # the first answer of a fresh engine pages its model in
         for round_ in range(args.rounds):
@@ -430,19 +440,17 @@ def main() -> None:
                             engines, tmp, args.src.resolve(), args.processes, json.loads(args.routing)
                         )
 
-                        def pick(turn: Turn, url: str = url) -> tuple[str, str]:
-                            return url, "?"
+                        def pick(turn: Turn, url: str = url) -> str:
+                            return url
                     elif router == "oracle":
 
-                        def pick(turn: Turn, placement: dict[tuple[int, int], int] = placement) -> tuple[str, str]:
-                            n = placement[(turn.group, turn.session)]
-                            return engines[n].url, f"e{n}"
+                        def pick(turn: Turn, placement: dict[tuple[int, int], int] = placement) -> str:
+                            return engines[placement[(turn.group, turn.session)]].url
                     else:
                         counter = iter(range(10**9))
 
-                        def pick(turn: Turn, counter: Any = counter) -> tuple[str, str]:
-                            n = next(counter) % len(engines)
-                            return engines[n].url, f"e{n}"
+                        def pick(turn: Turn, counter: Any = counter) -> str:
+                            return engines[next(counter) % len(engines)].url
 
                     try:
                         asyncio.run(
@@ -451,9 +459,11 @@ def main() -> None:
                     finally:
                         if gateway is not None:
                             stop(gateway)
-                    reused, evaluated = engine_counts(engines, offsets)
+                    reused, evaluated, served = engine_counts(engines, offsets)
                     result.reused += reused
                     result.evaluated += evaluated
+                    for n, count in enumerate(served):
+                        result.per_worker[f"e{n}"] = result.per_worker.get(f"e{n}", 0) + count
                     print(
                         f"round {round_ + 1} {scenario:6} {router:11} wall {result.walls[-1]:6.1f} s  "
                         f"reused {reused / max(reused + evaluated, 1):.0%}",

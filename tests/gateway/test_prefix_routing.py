@@ -119,7 +119,8 @@ async def test_a_worker_slow_once_gets_traffic_again_when_it_is_fast(
     emulator: EmulatorFactory, gateway: GatewayFactory
 ) -> None:
     """Its figure is forgotten after routing.speed_ttl_s, it counts as average and gets its turn, and what it
-    then does (fast) is what it is judged by: it is not starved by one slow answer."""
+    then does (fast) is what it is judged by: it is not starved by one slow answer. (Which of two equally fast
+    workers then gets an idle fleet's next request is a coin toss of their measured rates.)"""
     fast = await emulator("fast", [MODEL], tokens=6, token_delay_s=0.001)
     slow = await emulator("slow", [MODEL], tokens=6, token_delay_s=0.08)
     ttl_s = 1.5
@@ -144,6 +145,7 @@ async def test_a_worker_slow_once_gets_traffic_again_when_it_is_fast(
         assert set(while_slow) == {"fast"}  # judged by what it did
         slow.behaviour.token_delay_s = 0.001  # it is fast now; nothing tells the gateway yet
         await asyncio.sleep(ttl_s + 0.2)  # its old figure goes stale (the fast one keeps being renewed below)
-        after = [await served() for _ in range(10)]
+        after = [await served() for _ in range(6)]
+        figures = {name: state.learned[MODEL].decode for name, state in learned.items()}
     assert "slow" in after[:3], after  # forgotten: average again, it gets its turn at once
-    assert after.count("slow") >= 3, after  # and, measured fast, keeps its share
+    assert figures["slow"] > figures["fast"] / 3, figures  # and is judged by what it does now: as fast

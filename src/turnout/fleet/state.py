@@ -410,8 +410,9 @@ class Fleet:
             candidates = self.candidates(model)
         choice = len(candidates) > 1
         now = time.monotonic() if choice or any(state.models for state in candidates) else 0.0
-        routing = self.settings.routing
-        ttl_s, prefix_ttl_s = routing.speed_ttl_s, routing.prefix_ttl_s
+        if choice:
+            routing = self.settings.routing
+            ttl_s, prefix_ttl_s = routing.speed_ttl_s, routing.prefix_ttl_s
         out = []
         for state in candidates:
             rules, _ = self.rules(state.name)

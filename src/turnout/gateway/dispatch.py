@@ -100,6 +100,7 @@ class Lease:
     _dispatcher: Dispatcher
     _released: bool = False
     why: str = Reason.ONLY.value  # why this worker (the access log's route=)
+    choice: bool = False  # there were other candidates (only then are speeds learned: they rank candidates)
     prompt: Prompt | None = None  # as recorded in its prefix index (None: no choice, or no prompt)
     share: float = 0.0  # of the prompt it was expected to hold
     queued: bool = False  # all its slots were busy when this was sent: the engine queues it
@@ -268,6 +269,7 @@ class Dispatcher:
         in that worker's prefix index at once (the engine will hold it once it starts on it)."""
         worker = lease.worker
         lease.why = decision.why
+        lease.choice = True
         lease.queued = worker.config.slots is not None and worker.in_flight > worker.config.slots
         if prompt is None:
             return

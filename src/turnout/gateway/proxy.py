@@ -373,7 +373,8 @@ class Proxy:
                 raise UpstreamError(f"{worker.name}: the worker's answer has an unexpected shape ({exc})") from None
             outcome.prompt_tokens = counts.prompt_tokens
             outcome.completion_tokens = counts.completion_tokens
-            self._observe(lease, call, reported(parsed), counts.completion_tokens, None, timing.total_ns / 1e9)
+            if lease.choice:
+                self._observe(lease, call, reported(parsed), counts.completion_tokens, None, timing.total_ns / 1e9)
             return _json(out, 200, call)
         return await self._translate_stream(request, call, lease, translation, up, started, outcome)
 
@@ -457,9 +458,10 @@ class Proxy:
         await resp.write(b"".join(translation.frame(obj) for obj in final))
         outcome.prompt_tokens = counts.prompt_tokens
         outcome.completion_tokens = counts.completion_tokens
-        rep = Reported(counts.prompt_tokens, counts.completion_tokens)
-        total_s = (time.perf_counter_ns() - started) / 1e9
-        self._observe(lease, call, rep, counts.completion_tokens, first_ns / 1e9 if first_ns else None, total_s)
+        if lease.choice:
+            rep = Reported(counts.prompt_tokens, counts.completion_tokens)
+            total_s = (time.perf_counter_ns() - started) / 1e9
+            self._observe(lease, call, rep, counts.completion_tokens, first_ns / 1e9 if first_ns else None, total_s)
         worker.record_success(now, model)
         await resp.write_eof()
 
@@ -521,9 +523,16 @@ class Proxy:
         *,
         stream_events: int = 0,
     ) -> None:
-        """Token counts for accounting (None when the worker reported none: accounting estimates), and what the
-        answer says of the worker's speed. ``started``, ``first``: ``perf_counter`` times of sending and of the
-        first bytes of a stream."""
+        """Token counts for accounting (None when the worker reported none: accounting estimates), and, where the
+        router had a choice of workers, what the answer says of the worker's speed (its learned rates rank
+        candidates, and nothing else reads them). ``started``, ``first``: ``perf_counter`` times of sending and
+        of the first bytes of a stream."""
+        if not lease.choice:  # the usual single-worker model: the counts alone, as cheaply as they come
+            usage = _obj(answer.get("usage"))
+            outcome.prompt_tokens = _first(_count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"))
+            completion = _first(_count(answer, "eval_count"), _count(usage, "completion_tokens"))
+            outcome.completion_tokens = completion if completion is not None else (stream_events or None)
+            return
         rep = reported(answer)
         outcome.prompt_tokens = rep.prompt_tokens
         completion = rep.completion_tokens if rep.completion_tokens is not None else (stream_events or None)
