@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from turnout.fleet.state import Fleet
@@ -49,6 +49,25 @@ class _InFlightCollector(Collector):
         )
 
 
+class _ReasonsCollector(Collector):
+    """Why routed requests went where they did: counts the dispatcher keeps (``Metrics.route_reasons``), read at
+    scrape time (a Counter takes a lock on every request)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        family = CounterMetricFamily(
+            "turnout_route_reasons",
+            "why routed requests went to the worker they went to: prefix (it held the largest part of the prompt), "
+            "session (it held the client's session), load guard, least expected time, only candidate",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.metrics.route_reasons.items()):
+            family.add_metric([reason], float(count))
+        yield family
+
+
 class Metrics:
     def __init__(self, fleet: Fleet) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -65,13 +84,8 @@ class Metrics:
         self.requests_in_flight = 0  # exported as turnout_in_flight_requests
         self.registry.register(_InFlightCollector(self))
         self.routing = Counter("turnout_routing_decisions", "routing outcomes", ["outcome"], registry=self.registry)
-        self.route_reasons = Counter(
-            "turnout_route_reasons",
-            "why routed requests went to the worker they went to: prefix (it held the largest part of the prompt), "
-            "session (it held the client's session), load guard, least expected time, only candidate",
-            ["reason"],
-            registry=self.registry,
-        )
+        self.route_reasons: dict[str, int] = {}  # reason -> routed requests: plain counts, read at scrape time
+        self.registry.register(_ReasonsCollector(self))
         self.routed_prompt_tokens = Counter(
             "turnout_prefix_prompt_tokens",
             "prompt tokens (estimated, 4 bytes each) of requests routed with a choice of workers, by the worker chosen",

@@ -149,3 +149,40 @@ async def test_a_worker_slow_once_gets_traffic_again_when_it_is_fast(
         figures = {name: state.learned[MODEL].decode for name, state in learned.items()}
     assert "slow" in after[:3], after  # forgotten: average again, it gets its turn at once
     assert figures["slow"] > figures["fast"] / 3, figures  # and is judged by what it does now: as fast
+
+
+def test_the_access_line_says_why() -> None:
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from tests.gateway.test_access_line import _access_log, _row
+    from turnout.gateway.access import ROUTE, USAGE_ROW
+
+    log, capture = _access_log()
+    for why, written in (("prefix 0.83", 'route="prefix 0.83"'), ("session", "route=session")):
+        request = make_mocked_request("POST", "/v1/chat/completions")
+        request[USAGE_ROW] = _row("m")
+        request[ROUTE] = why
+        log.log(request, web.Response(status=200), 0.25)
+        assert capture.records[-1].getMessage().endswith(f"tokens=5+4 {written}")
+        assert capture.records[-1].route == why  # type: ignore[attr-defined]  # the JSON log's field
+
+
+async def test_metrics_count_reasons_and_matched_tokens(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
+    gw = await gateway(await fleet(emulator, ["a", "b"]))
+    async with aiohttp.ClientSession() as http:
+        for turn in range(1, 4):
+            async with http.post(f"{gw.url}/v1/chat/completions", json=chat(SYSTEMS[0], turn)) as resp:
+                assert resp.status == 200
+        async with http.get(f"{gw.url}/metrics") as resp:
+            text = await resp.text()
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("turnout_")
+    }
+    assert samples['turnout_route_reasons_total{reason="least expected time"}'] == 1
+    assert samples['turnout_route_reasons_total{reason="prefix"}'] == 2
+    prompt = sum(v for k, v in samples.items() if k.startswith("turnout_prefix_prompt_tokens_total"))
+    matched = sum(v for k, v in samples.items() if k.startswith("turnout_prefix_matched_tokens_total"))
+    assert prompt > 0 and 0.4 < matched / prompt < 1, (prompt, matched)  # two of three turns held most of it

@@ -171,7 +171,9 @@ class Dispatcher:
         self._queued = 0
         self._rotation = 0
         self._routed = metrics.routing.labels("routed")
-        self._reasons = {reason: metrics.route_reasons.labels(reason.value) for reason in Reason}
+        self._reasons = metrics.route_reasons
+        for reason in Reason:
+            self._reasons[reason.value] = 0
         self._guard = LoadGuard(routing.load_guard_absolute, routing.load_guard_relative)
         self.shared: SharedPrefixes | None = None  # `serve --workers N`: the other processes record it too
 
@@ -224,7 +226,7 @@ class Dispatcher:
                     if waited:
                         self.metrics.queue_wait.observe(loop.time() - started)
                     self._routed.inc()
-                    self._reasons[decision.reason].inc()
+                    self._reasons[decision.reason] += 1
                     self._rotation += 1
                     best = decision.best
                     lease = self._take(self.fleet.workers[best.worker], best.model, model, tenant)
