@@ -13,7 +13,8 @@ groups) and `hot` (one group has `--hot-sessions` conversations, the others one 
 
 The routers, each run on the same requests, interleaved (round after round, each router's pass in turn, the
 order rotating) so that the machine's drift falls on all alike; before each pass every engine is sent an
-unrelated prompt, so each pass starts cold, and Turnout starts afresh (empty index, nothing learned):
+unrelated prompt, so each pass starts cold (Turnout runs through the whole run, as a gateway does: what it learned
+it keeps, and its prefix index is not told of these prompts, as it is not told of other clients'):
 
 - **turnout**: `turnout serve` with the three engines as `openai` workers with `slots: 1`;
 - **oracle**: knows every conversation's group and how much traffic each group sends: it places the groups'
@@ -29,6 +30,7 @@ per engine, and Turnout's ratios to the oracle. Then what the prefix index itsel
     python bench/prefix.py                      # 2 rounds, both scenarios: a few minutes
     python bench/prefix.py --rounds 4 --turns 4 # longer
     python bench/prefix.py --processes 2        # turnout serve --workers 2
+    python bench/prefix.py --baseline /tmp/base/src   # and an earlier tree, as the router "baseline"
 """
 
 from __future__ import annotations
@@ -205,7 +207,10 @@ def start_turnout(
     config = {
         "storage": {"data_dir": str(home / "data")},
         "auth": {"open": True},
-        "health": {"interval_s": 30, "timeout_s": 10},
+        # one poll at start: a later one may reach an engine in the middle of another router's pass, where
+        # llama-cpp-python answers /v1/models only after the generation it runs (and a probe that times out
+        # takes the worker down)
+        "health": {"interval_s": 3600, "timeout_s": 30},
         "routing": {**({"explain_header": True} if current else {}), "queue_timeout_s": 600, **extra},
         "workers": [
             {"name": f"e{n}", "url": e.url, "type": "openai", **({"slots": 1} if current else {})}
@@ -405,6 +410,9 @@ def main() -> None:
     parser.add_argument("--session-hints", action="store_true", help="clients name their conversation (user)")
     parser.add_argument("--routing", default="{}", help="JSON merged into Turnout's routing section")
     parser.add_argument("--src", type=Path, default=ROOT / "src", help="the Turnout source tree to run")
+    parser.add_argument(
+        "--baseline", type=Path, help="also run this Turnout source tree (e.g. an earlier commit's), as 'baseline'"
+    )
     parser.add_argument("--n-ctx", type=int, default=2048)
     args = parser.parse_args()
 
@@ -412,7 +420,9 @@ def main() -> None:
     model = gguf()
     tmp = Path(tempfile.mkdtemp(prefix="turnout-prefix-"))
     engines = start_engines(model, args.engines, tmp, args.n_ctx)
-    routers = args.routers.split(",")
+    (tmp / "engines.pid").write_text(" ".join(str(e.proc.pid) for e in engines))
+    print(f"engines and gateways in {tmp} (pids in engines.pid)", file=sys.stderr, flush=True)
+    routers = args.routers.split(",") + (["baseline"] if args.baseline else [])
     scenarios = args.scenarios.split(",")
     shapes = {
         "spread": [args.sessions] * args.groups,
@@ -422,7 +432,13 @@ def main() -> None:
     load_before = os.getloadavg()
     started = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the engines are stopped on the way out
+    gateways: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
     try:
+        # one gateway per Turnout tree for the whole run, as a gateway runs: what it learns (speeds) it keeps;
+        # its prefix index is not told of the flushes, as it is not told of what other clients send the engines
+        for router, src in (("turnout", args.src), ("baseline", args.baseline)):
+            if router in routers:
+                gateways[router] = start_turnout(engines, tmp, src.resolve(), args.processes, json.loads(args.routing))
         flush(engines, "warm-up")  # the first answer of a fresh engine pages its model in
         for round_ in range(args.rounds):
             for scenario in scenarios:
@@ -434,11 +450,8 @@ def main() -> None:
                     flush(engines, f"{round_}-{scenario}-{router}")
                     offsets = [e.log.stat().st_size for e in engines]
                     result = results[(scenario, router)]
-                    gateway = None
-                    if router == "turnout":
-                        url, gateway = start_turnout(
-                            engines, tmp, args.src.resolve(), args.processes, json.loads(args.routing)
-                        )
+                    if router in gateways:
+                        url = gateways[router][0]
 
                         def pick(turn: Turn, url: str = url) -> str:
                             return url
@@ -452,13 +465,7 @@ def main() -> None:
                         def pick(turn: Turn, counter: Any = counter) -> str:
                             return engines[next(counter) % len(engines)].url
 
-                    try:
-                        asyncio.run(
-                            run_pass(convos, pick, args.concurrency, args.max_tokens, args.session_hints, result)
-                        )
-                    finally:
-                        if gateway is not None:
-                            stop(gateway)
+                    asyncio.run(run_pass(convos, pick, args.concurrency, args.max_tokens, args.session_hints, result))
                     reused, evaluated, served = engine_counts(engines, offsets)
                     result.reused += reused
                     result.evaluated += evaluated
@@ -471,6 +478,8 @@ def main() -> None:
                         flush=True,
                     )
     finally:
+        for _, proc in gateways.values():
+            stop(proc)
         for engine in engines:
             engine.proc.terminate()
         for engine in engines:

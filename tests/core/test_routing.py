@@ -274,6 +274,17 @@ def ranked(decision: Route | NoRoute) -> list[str]:
         ),
         # ... and better when the request ahead is short
         ([w("a", cached=3600, slots=1, in_flight=1, service_s=0.2), w("b", slots=1)], ["a", "b"], "prefix 0.90"),
+        # ... what is ahead is the expected work of the requests in flight there, when they were ranked
+        (
+            [w("a", cached=3600, slots=1, in_flight=1, ranked=1, backlog_s=0.2, service_s=60.0), w("b", slots=1)],
+            ["a", "b"],
+            "prefix 0.90",
+        ),
+        (
+            [w("a", cached=3600, slots=1, in_flight=1, ranked=1, backlog_s=60.0, service_s=0.2), w("b", slots=1)],
+            ["b", "a"],
+            "least expected time",
+        ),
         # a slot still free: no wait at all
         ([w("a", cached=3600, slots=2, in_flight=1, service_s=60.0), w("b", slots=2)], ["a", "b"], "prefix 0.90"),
         # the load guard: far more in flight than the least loaded one -> by load, whatever it holds
@@ -320,6 +331,8 @@ views = st.builds(
     prefill_rate=st.one_of(st.none(), st.floats(10, 5000)),
     decode_rate=st.one_of(st.none(), st.floats(1, 200)),
     service_s=st.one_of(st.none(), st.floats(0.01, 30)),
+    backlog_s=st.floats(0, 100),
+    ranked=st.integers(0, 6),
     gpu_util=st.one_of(st.none(), st.floats(0, 1)),
     cached=st.integers(0, 4000),
     evicts=st.integers(0, 8000),

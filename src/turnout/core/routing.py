@@ -16,7 +16,8 @@ The order is fixed and each step has its own failure:
    and an operator that the model is missing; neither is true of a model whose worker is down.
 4. enforce the global, per-model and per-worker concurrency limits                  -> SATURATED
 5. rank what is left by the time each would take to answer (:func:`expected_seconds`), the least first:
-   the wait for its slots (requests ahead of this one times the time a request holds the worker), the prefill of
+   the wait for its slots (the expected work of the requests in flight there, each estimated when it was ranked;
+   a request without an estimate counts as long as a request holds the worker, learned), the prefill of
    the part of the prompt it is not expected to hold in its KV cache (``WorkerView.cached``: from the prefix
    index or the client's session, at its learned prefill rate), the decode (at its learned decode rate), the
    whole work slowed by GPU utilisation and VRAM pressure, a cold load where the model is known not to be
@@ -108,6 +109,8 @@ class WorkerView(NamedTuple):
     prefill_rate: float | None = None  # learned for this model here, uncached prompt tokens/s; None: unknown/stale
     decode_rate: float | None = None  # learned, completion tokens/s after the first
     service_s: float | None = None  # learned, how long a request holds it
+    backlog_s: float = 0.0  # the expected work of its requests in flight that were ranked here (each its own)
+    ranked: int = 0  # how many of its requests in flight that is (the others count service_s each)
     cached: int = 0  # bytes of this request's prompt it is expected to hold in its KV cache
     by_session: bool = False  # ``cached`` is what the client's session sent here last (not the prefix index)
     evicts: int = 0  # bytes of a held prompt this one would push out of its slots (an engine with slots)
@@ -161,6 +164,7 @@ class Candidate(NamedTuple):  # one per eligible worker on every request: a tupl
     model: str  # the name to send upstream (e.g. ``gemma4:latest`` for a request for ``gemma4``)
     score: float  # minus the expected seconds: higher is better
     cached: int = 0  # bytes of the prompt it was expected to hold
+    work: float = 0.0  # of those seconds, its own work there (prefill, decode, a load): what it adds to the backlog
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,23 +347,33 @@ class _Neutral(NamedTuple):
     vram: float
 
 
-def expected_seconds(view: WorkerView, name: str, demand: Demand, neutral: _Neutral) -> float:
-    """How long ``view``'s worker would take to answer ``demand`` (see the module's docstring, step 5)."""
+def expected_seconds(view: WorkerView, name: str, demand: Demand, neutral: _Neutral) -> tuple[float, float]:
+    """(how long ``view``'s worker would take to answer ``demand``, of which the request's own work there): see
+    the module's docstring, step 5."""
     prefill = view.prefill_rate or neutral.prefill
     decode = view.decode_rate or neutral.decode
     uncached = max(demand.prompt_bytes - view.cached, 0) / BYTES_PER_TOKEN
-    if view.evicts > view.cached:
-        uncached += W_EVICT * (view.evicts - view.cached) / BYTES_PER_TOKEN
     slowdown = 1.0 + W_GPU * (neutral.gpu if view.gpu_util is None else view.gpu_util)
     slowdown += W_VRAM * (neutral.vram if view.vram_pressure is None else view.vram_pressure)
-    work = (uncached / prefill + demand.output_tokens / decode) * slowdown
+    decoding = demand.output_tokens / decode * slowdown
+    work = uncached / prefill * slowdown + decoding
+    cold = demand.prompt_bytes / BYTES_PER_TOKEN / prefill * slowdown + decoding  # this request, nothing held
+    if name not in view.loaded:
+        work += LOAD_S
+    seconds = work
+    if view.evicts > view.cached:  # a held prompt pushed out: its prefill again, if its conversation comes back
+        seconds += W_EVICT * (view.evicts - view.cached) / BYTES_PER_TOKEN / prefill
     if view.in_flight:
-        # a request it is running holds it this long; unknown: as long as this one would take cold
-        service = view.service_s or neutral.service or (demand.prompt_bytes / BYTES_PER_TOKEN / prefill + work)
+        # what is ahead: the expected work of the requests in flight there (each estimated when it was ranked),
+        # those without an estimate at the time a request holds it (unknown: as long as this one would take cold)
+        service = view.service_s or neutral.service or cold
+        pending = view.backlog_s + max(view.in_flight - view.ranked, 0) * service
         slots = view.slots
-        ahead = max(view.in_flight - slots + 1, 0) / slots if slots else view.in_flight / SOFT_SLOTS
-        work += ahead * service
-    return work if name in view.loaded else work + LOAD_S
+        if slots is None:
+            seconds += pending / SOFT_SLOTS
+        elif view.in_flight >= slots:
+            seconds += pending / slots
+    return seconds, work
 
 
 def _rank(free: list[tuple[WorkerView, str]], rotation: int, demand: Demand, guard: LoadGuard) -> Route:
@@ -377,8 +391,8 @@ def _rank(free: list[tuple[WorkerView, str]], rotation: int, demand: Demand, gua
     n = len(free)
     scored: list[tuple[float, int, int, bool, Candidate]] = []
     for index, (worker, name) in enumerate(free):
-        seconds = expected_seconds(worker, name, demand, neutral)
-        candidate = Candidate(worker.name, name, -round(seconds, 6), worker.cached)
+        seconds, work = expected_seconds(worker, name, demand, neutral)
+        candidate = Candidate(worker.name, name, -round(seconds, 6), worker.cached, work)
         scored.append((seconds, (index - rotation) % n, worker.in_flight, worker.by_session, candidate))
     scored.sort(key=lambda item: (item[0], item[1]))
     first = scored[0]

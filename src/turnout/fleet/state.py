@@ -119,6 +119,9 @@ class WorkerState:
     loaded: frozenset[str] = frozenset()
     ps: list[dict[str, Any]] = field(default_factory=list)  # raw /api/ps entries
     in_flight: int = 0
+    # of those, the ones ranked here with an expected work, and that work's sum (the router's wait estimate)
+    ranked_in_flight: int = 0
+    backlog_s: float = 0.0
     completed: int = 0  # requests finished here (success or not), for idle detection
     learned: dict[str, Learned] = field(default_factory=dict)  # model (as requested) -> its learned figures
     prefix: PrefixIndex = field(default_factory=lambda: PrefixIndex(16384))  # what it was recently sent
@@ -439,6 +442,8 @@ class Fleet:
                     prefill_rate=prefill,
                     decode_rate=decode,
                     service_s=service,
+                    backlog_s=state.backlog_s,
+                    ranked=state.ranked_in_flight,
                     cached=0 if match is None else match.cached,
                     by_session=match is not None and match.by_session,
                     evicts=0 if match is None else match.evicts,

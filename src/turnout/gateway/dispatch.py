@@ -104,6 +104,7 @@ class Lease:
     prompt: Prompt | None = None  # as recorded in its prefix index (None: no choice, or no prompt)
     share: float = 0.0  # of the prompt it was expected to hold
     queued: bool = False  # all its slots were busy when this was sent: the engine queues it
+    work: float = 0.0  # its expected work on the worker (in the worker's backlog while it runs)
 
     def release(self) -> None:
         if not self._released:
@@ -207,7 +208,8 @@ class Dispatcher:
                 message = f'tenant "{tenant}" is at its limit of {cap} concurrent requests'
             else:
                 candidates = self.fleet.candidates(model)
-                prompt, demand = self._demand(model, ask) if len(candidates) > 1 else (None, NO_DEMAND)
+                choice = len(candidates) > 1
+                prompt, demand = self._demand(model, ask) if choice else (None, NO_DEMAND)
                 decision = route(
                     model,
                     self.fleet.views(model, prompt, candidates),
@@ -230,7 +232,7 @@ class Dispatcher:
                     self._rotation += 1
                     best = decision.best
                     lease = self._take(self.fleet.workers[best.worker], best.model, model, tenant)
-                    if decision.reason is not Reason.ONLY:
+                    if choice:  # (even when only one of them was free just now)
                         self._placed(lease, decision, prompt, time.monotonic())
                     return lease
                 if decision.reason is not NoRouteReason.SATURATED:
@@ -267,12 +269,15 @@ class Dispatcher:
         return prompt, Demand(size, ask.output_tokens(self.fleet.completion.get(model)))
 
     def _placed(self, lease: Lease, decision: Route, prompt: Prompt | None, now: float) -> None:
-        """A request with a choice of workers goes to ``lease.worker``: why, what it holds, and its prompt recorded
-        in that worker's prefix index at once (the engine will hold it once it starts on it)."""
+        """A request for a model with several candidate workers goes to ``lease.worker``: why, what it holds, and
+        its prompt recorded in that worker's prefix index at once (the engine will hold it once it starts)."""
         worker = lease.worker
         lease.why = decision.why
         lease.choice = True
         lease.queued = worker.config.slots is not None and worker.in_flight > worker.config.slots
+        lease.work = decision.best.work
+        worker.ranked_in_flight += 1
+        worker.backlog_s += lease.work
         if prompt is None:
             return
         lease.prompt = prompt
@@ -292,6 +297,11 @@ class Dispatcher:
         return Lease(worker, upstream_model, model, tenant, self)
 
     def _release(self, lease: Lease) -> None:
+        if lease.choice:
+            lease.worker.ranked_in_flight -= 1
+            lease.worker.backlog_s = (
+                max(lease.worker.backlog_s - lease.work, 0.0) if lease.worker.ranked_in_flight else 0.0
+            )
         lease.worker.in_flight -= 1
         lease.worker.completed += 1
         self.global_in_flight -= 1

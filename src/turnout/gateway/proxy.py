@@ -564,9 +564,13 @@ class Proxy:
             self.metrics.engine_tokens(worker.name, rep.prompt_tokens, cached)
         else:
             cached = round((prompt_tokens or 0) * lease.share)
+            if lease.share:
+                # the index's word only: when the engine no longer held what it expected, a prefill rate from this
+                # would be far too slow, so only answers expected cold (or counted by the engine) teach it
+                prompt_tokens = None
         prefill_tokens = rep.prefill_tokens
-        if prefill_tokens is not None and rep.prefill_counts_cache:
-            prefill_tokens = max(prefill_tokens - cached, 0)
+        if prefill_tokens is not None and rep.prefill_counts_cache:  # Ollama's count includes its cache
+            prefill_tokens = None if prompt_tokens is None else max(prefill_tokens - cached, 0)
         sample = Sample(
             prompt_tokens,
             cached,
