@@ -14,7 +14,9 @@ groups) and `hot` (one group has `--hot-sessions` conversations, the others one 
 The routers, each run on the same requests, interleaved (round after round, each router's pass in turn, the
 order rotating) so that the machine's drift falls on all alike; before each pass every engine is sent an
 unrelated prompt, so each pass starts cold (Turnout runs through the whole run, as a gateway does: what it learned
-it keeps, and its prefix index is not told of these prompts, as it is not told of other clients'):
+it keeps, and its prefix index is not told of these prompts, as it is not told of other clients'; before the first
+round each Turnout gateway is sent one unrelated cold prompt per engine, as a gateway that has been running has
+learned its engines' rates):
 
 - **turnout**: `turnout serve` with the three engines as `openai` workers with `slots: 1`;
 - **oracle**: knows every conversation's group and how much traffic each group sends: it places the groups'
@@ -221,7 +223,7 @@ def start_turnout(
     port = free_port()
     env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "bench", "PYTHONPATH": str(src)}
     cmd = [sys.executable, "-m", "turnout", "serve", "--config", str(home / "config.json"), "--port", str(port)]
-    cmd += ["--log-level", "warning", *([] if processes == 1 else ["--workers", str(processes)])]
+    cmd += ["--log-level", "info", *([] if processes == 1 else ["--workers", str(processes)])]  # access lines: route=
     with (home / "gateway.log").open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -413,6 +415,13 @@ def main() -> None:
     parser.add_argument(
         "--baseline", type=Path, help="also run this Turnout source tree (e.g. an earlier commit's), as 'baseline'"
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="also run Turnout with this routing section merged in, as the router NAME (repeatable)",
+    )
     parser.add_argument("--n-ctx", type=int, default=2048)
     args = parser.parse_args()
 
@@ -422,7 +431,8 @@ def main() -> None:
     engines = start_engines(model, args.engines, tmp, args.n_ctx)
     (tmp / "engines.pid").write_text(" ".join(str(e.proc.pid) for e in engines))
     print(f"engines and gateways in {tmp} (pids in engines.pid)", file=sys.stderr, flush=True)
-    routers = args.routers.split(",") + (["baseline"] if args.baseline else [])
+    variants = dict(v.split("=", 1) for v in args.variant)
+    routers = args.routers.split(",") + (["baseline"] if args.baseline else []) + list(variants)
     scenarios = args.scenarios.split(",")
     shapes = {
         "spread": [args.sessions] * args.groups,
@@ -436,10 +446,18 @@ def main() -> None:
     try:
         # one gateway per Turnout tree for the whole run, as a gateway runs: what it learns (speeds) it keeps;
         # its prefix index is not told of the flushes, as it is not told of what other clients send the engines
-        for router, src in (("turnout", args.src), ("baseline", args.baseline)):
+        trees = [("turnout", args.src, {}), ("baseline", args.baseline, {})]
+        trees += [(name, args.src, json.loads(extra)) for name, extra in variants.items()]
+        for router, src, extra in trees:
             if router in routers:
-                gateways[router] = start_turnout(engines, tmp, src.resolve(), args.processes, json.loads(args.routing))
+                routing = {**json.loads(args.routing), **extra}
+                gateways[router] = start_turnout(engines, tmp, src.resolve(), args.processes, routing)
         flush(engines, "warm-up")  # the first answer of a fresh engine pages its model in
+        for url, _ in gateways.values():
+            # a gateway that has been running has learned each engine's rates: one cold prompt through it per
+            # engine (system prompts other than the workload's)
+            teach = conversations([1] * len(engines), 1, args.system_words, seed=99)
+            asyncio.run(run_pass(teach, lambda turn, url=url: url, len(engines), args.max_tokens, False, Result()))
         for round_ in range(args.rounds):
             for scenario in scenarios:
                 groups = shapes[scenario]
@@ -512,7 +530,7 @@ def main() -> None:
             shares = " ".join(f"{k} {v / total:.0%}" for k, v in sorted(r.per_worker.items()))
             p50, p90, wall = pct(r.ttft, 0.5), pct(r.ttft, 0.9), statistics.median(r.walls)
             ratio = "-"
-            if oracle is not None and oracle.ttft and router != "oracle":
+            if oracle is not None and oracle.ttft and router != "oracle" and r.walls:
                 o50, o90, owall = pct(oracle.ttft, 0.5), pct(oracle.ttft, 0.9), statistics.median(oracle.walls)
                 ratio = f"{p50 / o50:.2f}x / {p90 / o90:.2f}x / {wall / owall:.2f}x"
             why = " ".join(f"{k}: {v}" for k, v in sorted(r.why.items())) or "-"

@@ -74,8 +74,10 @@ SOFT_SLOTS = 8
 # Pushing a held prompt out of an engine's slot costs its prefill again if its conversation comes back: counted
 # at this share of that prefill (it may not come back).
 W_EVICT = 0.5
-# Rates assumed while no candidate has a fresh learned one (only their ratio to the other terms matters).
-DEFAULT_PREFILL = 1000.0  # prompt tokens/s
+# Rates assumed while no candidate has a fresh learned one (their ratio to each other is what matters): prefill
+# ten times decode, between a GPU's (a hundred times) and a CPU's llama.cpp (two to five times), so that a held
+# prefix counts for something before the first cold answer has taught the real rate.
+DEFAULT_PREFILL = 300.0  # prompt tokens/s
 DEFAULT_DECODE = 30.0  # completion tokens/s
 DEFAULT_OUTPUT_TOKENS = 64.0  # completion length assumed for a model none has been learned for
 
