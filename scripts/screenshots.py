@@ -83,6 +83,17 @@ async def seed(url: str) -> None:
                 f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
             ) as r:
                 await r.read()
+        # multi-turn conversations sharing a system prompt: the workers' prefix cache hit rates
+        system = "You are the research team's assistant. Cite sources and keep answers short. " * 10
+        for turn in range(5):
+            for conversation in range(3):
+                messages = [{"role": "system", "content": system}]
+                messages += [{"role": "user", "content": f"question {n} of {conversation}"} for n in range(turn + 1)]
+                body = {"model": "qwen3:8b", "messages": messages, "stream": False}
+                async with http.post(
+                    f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+                ) as r:
+                    await r.read()
 
 
 async def main(out: Path) -> None:

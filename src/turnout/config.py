@@ -115,6 +115,52 @@ class Routing(_Model):
         1024, ge=0, le=MAX_CONCURRENT, description="requests allowed to wait at once; more get 503 at once"
     )
     max_attempts: int = Field(3, ge=1, le=10, description="workers tried when one cannot be reached")
+    prefix_affinity: bool = Field(
+        True,
+        description="send a request where the beginning of its prompt is likely still in the engine's KV cache (a "
+        "prefix index per worker, weighed against the wait by expected time); false: expected time without it",
+    )
+    prefix_block_bytes: int = Field(
+        256, ge=16, le=65536, description="the prefix index hashes prompts in blocks of this many bytes"
+    )
+    prefix_max_blocks: int = Field(
+        16384,
+        ge=1,
+        le=10_000_000,
+        description="blocks the prefix index keeps per worker at most, the least recently sent forgotten first "
+        "(at most 320 bytes each: about 5 MB per worker by default)",
+    )
+    prefix_ttl_s: float = Field(
+        600, gt=0, le=MAX_WAIT_S * 24, description="a prompt sent longer ago than this no longer counts as cached"
+    )
+    session_header: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$",
+        description="a request header that names the client's session (e.g. X-Session-Id); requests naming one "
+        "go where that session went last, as the body fields clients send for it do (prompt_cache_key, user)",
+    )
+    load_guard_absolute: int = Field(
+        2,
+        ge=0,
+        le=MAX_CONCURRENT,
+        description="the load guard: when the worker ranked first has more than this many requests in flight "
+        "above the least loaded candidate, and load_guard_relative times as many, rank by load instead",
+    )
+    load_guard_relative: float = Field(1.5, ge=1, le=1000, description="the load guard's relative threshold")
+    speed_ttl_s: float = Field(
+        300,
+        gt=0,
+        le=MAX_WAIT_S * 24,
+        description="a learned prefill or decode rate older than this is forgotten: the worker counts as average "
+        "again and gets requests, so that one slow answer never starves it",
+    )
+    explain_header: bool = Field(
+        False,
+        description="answer every routed request with an X-Turnout-Route header: the worker and why it was chosen "
+        "(off by default: it tells clients the workers' names)",
+    )
 
     @field_validator("model_max_concurrent")
     @classmethod
@@ -514,6 +560,22 @@ class Worker(_Model):
         default_factory=list,
         description="client APIs this worker serves itself, passed through to it unchanged instead of translated: "
         '"anthropic" (Messages: recent llama.cpp llama-server, Ollama), "responses" (vLLM, Ollama, LM Studio)',
+    )
+    slots: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_CONCURRENT,
+        description="requests its engine runs at once, each slot keeping the KV cache of the last prompt it ran "
+        "(llama.cpp's --parallel, Ollama's OLLAMA_NUM_PARALLEL; 1 for llama-cpp-python's server): more wait in its "
+        "queue, and only its last `slots` prompts count as cached; unset: a batching engine with a shared cache "
+        "(vLLM, SGLang)",
+    )
+    cache_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000_000,
+        description="tokens its engine's prefix cache holds (a paged KV cache's capacity): the prefix index "
+        "counts no more than this as cached here; unset: routing.prefix_max_blocks alone bounds it",
     )
     model_placement: ModelPlacement = Field(default_factory=ModelPlacement)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from turnout.fleet.state import Fleet
@@ -49,6 +49,25 @@ class _InFlightCollector(Collector):
         )
 
 
+class _ReasonsCollector(Collector):
+    """Why routed requests went where they did: counts the dispatcher keeps (``Metrics.route_reasons``), read at
+    scrape time (a Counter takes a lock on every request)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        family = CounterMetricFamily(
+            "turnout_route_reasons",
+            "why routed requests went to the worker they went to: prefix (it held the largest part of the prompt), "
+            "session (it held the client's session), load guard, least expected time, only candidate",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.metrics.route_reasons.items()):
+            family.add_metric([reason], float(count))
+        yield family
+
+
 class Metrics:
     def __init__(self, fleet: Fleet) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -65,6 +84,36 @@ class Metrics:
         self.requests_in_flight = 0  # exported as turnout_in_flight_requests
         self.registry.register(_InFlightCollector(self))
         self.routing = Counter("turnout_routing_decisions", "routing outcomes", ["outcome"], registry=self.registry)
+        self.route_reasons: dict[str, int] = {}  # reason -> routed requests: plain counts, read at scrape time
+        self.registry.register(_ReasonsCollector(self))
+        self.routed_prompt_tokens = Counter(
+            "turnout_prefix_prompt_tokens",
+            "prompt tokens (estimated, 4 bytes each) of requests routed with a choice of workers, by the worker chosen",
+            ["worker"],
+            registry=self.registry,
+        )
+        self.matched_prompt_tokens = Counter(
+            "turnout_prefix_matched_tokens",
+            "of those, the tokens the chosen worker was expected to hold in its KV cache (prefix index or session); "
+            "matched / prompt is the matched share",
+            ["worker"],
+            registry=self.registry,
+        )
+        self.engine_cached_tokens = Counter(
+            "turnout_engine_cached_prompt_tokens",
+            "prompt tokens the worker's engine said it served from its cache (usage.prompt_tokens_details, llama.cpp "
+            "timings.cache_n), where it says so",
+            ["worker"],
+            registry=self.registry,
+        )
+        self.engine_prompt_tokens = Counter(
+            "turnout_engine_prompt_tokens",
+            "prompt tokens of the answers whose engine said how many it served from its cache",
+            ["worker"],
+            registry=self.registry,
+        )
+        self._prefix_children: dict[str, tuple[Counter, Counter]] = {}
+        self._engine_children: dict[str, tuple[Counter, Counter]] = {}
         self.queue_wait = Histogram(
             "turnout_queue_wait_seconds",
             "time a request waited for a free slot",
@@ -99,6 +148,24 @@ class Metrics:
             self._done[key] = children
         children[0].inc()
         children[1].observe(seconds)
+
+    def prefix_tokens(self, worker: str, prompt: float, matched: float) -> None:
+        """A request routed with a choice of workers: its prompt's tokens and those its worker was expected to hold."""
+        children = self._prefix_children.get(worker)
+        if children is None:
+            children = (self.routed_prompt_tokens.labels(worker), self.matched_prompt_tokens.labels(worker))
+            self._prefix_children[worker] = children
+        children[0].inc(prompt)
+        children[1].inc(matched)
+
+    def engine_tokens(self, worker: str, prompt: int, cached: int) -> None:
+        """An engine's own count of a prompt and of what it served from its cache."""
+        children = self._engine_children.get(worker)
+        if children is None:
+            children = (self.engine_prompt_tokens.labels(worker), self.engine_cached_tokens.labels(worker))
+            self._engine_children[worker] = children
+        children[0].inc(prompt)
+        children[1].inc(cached)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

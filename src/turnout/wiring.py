@@ -64,6 +64,7 @@ from turnout.gateway.peers import Peers
 from turnout.gateway.proxy import Proxy
 from turnout.gateway.routes import add_client_routes
 from turnout.gateway.shared_limits import SharedLimiter
+from turnout.gateway.shared_prefixes import SharedPrefixes
 from turnout.gateway.stored import StoredResponses
 from turnout.masking import SECRETS
 from turnout.metrics import Metrics
@@ -221,13 +222,15 @@ def create_app(
     """Build the gateway. Raises PlacementFileError if the override file is unusable, StoreError if the
     database cannot be opened or migrated. ``processes`` > 1: one of the processes of `turnout serve
     --workers N`: its rate and token limits are counted by the supervisor through ``limits`` (its end of the
-    supervisor's socket pair) unless Redis is configured; admin changes are shared."""
+    supervisor's socket pair) unless Redis is configured; admin changes are shared, and so are the records of
+    the workers' prefix indexes (through ``limits`` too)."""
     placement = PlacementStore(settings.placement_file)
     placement.load()
     database = Database(database_url(settings.storage.database_url, settings.data_dir))
     database.migrate()
     keys, usage = KeyStore(database), UsageStore(database)
-    accountant = Accountant(settings, keys, usage, limiter=_limiter(settings, processes, limits))
+    limiter = _limiter(settings, processes, limits)
+    accountant = Accountant(settings, keys, usage, limiter=limiter)
     secrets = SecretBox.load(settings.data_dir, settings.endpoint_env.secret_key)
     fleet = Fleet(settings, placement)
     listings = ModelListings(database)
@@ -246,6 +249,10 @@ def create_app(
         retry_after_s=max(1, int(settings.health.interval_s)),
         tenants=settings.tenants,
     )
+    shared = None
+    if processes > 1 and limits is not None:  # one prefix index for all the processes
+        channel = limiter if isinstance(limiter, SharedLimiter) else SharedLimiter(limits)
+        shared = dispatcher.shared = SharedPrefixes(channel, fleet)
     poller = Poller(fleet, client, on_change=dispatcher.wake_all)
     endpoints = EndpointManager(settings, fleet, client, EndpointStore(database), secrets)
     endpoints.on_change = dispatcher.wake_all
@@ -312,6 +319,8 @@ def create_app(
         for value in credentials:
             SECRETS.add(value)
         await client.start()
+        if shared is not None:
+            shared.listen()
         await accountant.start()
         await poller.poll_all()
         poller.start()

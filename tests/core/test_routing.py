@@ -126,13 +126,13 @@ def test_no_route(workers: list[WorkerView], reason: NoRouteReason, fragment: st
         ([w("a", in_flight=3, max_concurrent=4), w("b", in_flight=1, max_concurrent=4)], "b"),
         # saturated workers are skipped
         ([w("a", in_flight=4, max_concurrent=4, loaded=frozenset({M})), w("b")], "b"),
-        # learned speed
-        ([w("a", tokens_per_s=10.0), w("b", tokens_per_s=50.0)], "b"),
+        # learned decode rate
+        ([w("a", decode_rate=10.0), w("b", decode_rate=50.0)], "b"),
         # unknown speed is neutral: better than the slow one, worse than the fast one
-        ([w("a", tokens_per_s=10.0), w("b"), w("c", tokens_per_s=50.0)], "c"),
+        ([w("a", decode_rate=10.0), w("b"), w("c", decode_rate=50.0)], "c"),
         # one known value has nothing to compare with: a tie, broken by order
-        ([w("a", tokens_per_s=10.0), w("b")], "a"),
-        ([w("b"), w("a", tokens_per_s=10.0)], "b"),
+        ([w("a", decode_rate=10.0), w("b")], "a"),
+        ([w("b"), w("a", decode_rate=10.0)], "b"),
         # GPU utilisation and VRAM pressure
         ([w("a", gpu_util=0.9), w("b", gpu_util=0.1)], "b"),
         ([w("a", vram_pressure=0.5), w("b", vram_pressure=0.0)], "b"),
@@ -209,7 +209,7 @@ def test_absent_inputs_rank_between_known_ones() -> None:
     decision = route(M, [w("a", gpu_util=0.9), w("b"), w("c", gpu_util=0.1)])
     assert isinstance(decision, Route)
     assert [c.worker for c in decision.candidates] == ["c", "b", "a"]
-    decision = route(M, [w("a", tokens_per_s=5.0), w("b"), w("c", tokens_per_s=50.0)])
+    decision = route(M, [w("a", decode_rate=5.0), w("b"), w("c", decode_rate=50.0)])
     assert isinstance(decision, Route)
     assert [c.worker for c in decision.candidates] == ["c", "b", "a"]
 
@@ -237,3 +237,143 @@ def test_known_nowhere_uses_the_design_wording() -> None:
     decision = route("ghost:1b", [w("a", inventory=frozenset({"m:1b"}))])
     assert isinstance(decision, NoRoute)
     assert decision.message == 'model "ghost:1b" is not installed on any eligible worker'
+
+
+# -- expected time: prefix, session, learned rates, the load guard -------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from turnout.core.routing import Demand, LoadGuard, Reason  # noqa: E402
+
+PROMPT = Demand(prompt_bytes=4000, output_tokens=16)
+
+
+def ranked(decision: Route | NoRoute) -> list[str]:
+    assert isinstance(decision, Route), decision
+    return [c.worker for c in decision.candidates]
+
+
+@pytest.mark.parametrize(
+    ("workers", "order", "why"),
+    [
+        # the worker holding more of the prompt, at equal everything else
+        ([w("a"), w("b", cached=3200)], ["b", "a"], "prefix 0.80"),
+        ([w("a", cached=800), w("b", cached=3200), w("c")], ["b", "a", "c"], "prefix 0.80"),
+        # ... by the client's session
+        ([w("a"), w("b", cached=4000, by_session=True)], ["b", "a"], "session"),
+        # nothing held anywhere: time alone
+        ([w("a", prefill_rate=100.0), w("b", prefill_rate=1000.0)], ["b", "a"], "least expected time"),
+        # a slow prefill rate can outweigh a small held prefix
+        ([w("a", prefill_rate=50.0, cached=400), w("b", prefill_rate=2000.0)], ["b", "a"], "least expected time"),
+        # held but busy: a one-slot engine running a long request is worse than a cold prefill elsewhere ...
+        (
+            [w("a", cached=3600, slots=1, in_flight=1, service_s=60.0), w("b", slots=1)],
+            ["b", "a"],
+            "least expected time",
+        ),
+        # ... and better when the request ahead is short
+        ([w("a", cached=3600, slots=1, in_flight=1, service_s=0.2), w("b", slots=1)], ["a", "b"], "prefix 0.90"),
+        # ... what is ahead is the expected work of the requests in flight there, when they were ranked
+        (
+            [w("a", cached=3600, slots=1, in_flight=1, ranked=1, backlog_s=0.2, service_s=60.0), w("b", slots=1)],
+            ["a", "b"],
+            "prefix 0.90",
+        ),
+        (
+            [w("a", cached=3600, slots=1, in_flight=1, ranked=1, backlog_s=60.0, service_s=0.2), w("b", slots=1)],
+            ["b", "a"],
+            "least expected time",
+        ),
+        # a slot still free: no wait at all
+        ([w("a", cached=3600, slots=2, in_flight=1, service_s=60.0), w("b", slots=2)], ["a", "b"], "prefix 0.90"),
+        # the load guard: far more in flight than the least loaded one -> by load, whatever it holds
+        ([w("a", cached=4000, in_flight=3), w("b", in_flight=0)], ["b", "a"], "load guard"),
+        # ... both thresholds must be exceeded: 3 more, but not 1.5 times as many
+        ([w("a", cached=4000, in_flight=10), w("b", in_flight=7)], ["a", "b"], "prefix 1.00"),
+        # ... and 2 more is not more than 2
+        ([w("a", cached=4000, in_flight=2), w("b", in_flight=0)], ["a", "b"], "prefix 1.00"),
+    ],
+)
+def test_expected_time(workers: list[WorkerView], order: list[str], why: str) -> None:
+    decision = route(M, workers, demand=PROMPT)
+    assert ranked(decision) == order
+    assert isinstance(decision, Route) and decision.why == why
+
+
+def test_only_candidate() -> None:
+    decision = route(M, [w("a", cached=400)], demand=PROMPT)
+    assert isinstance(decision, Route) and decision.why == "only candidate" and decision.best.cached == 400
+
+
+def test_a_worker_with_no_fresh_figure_is_tried_again() -> None:
+    """No figure (never learned, or forgotten once stale) is the mean of the others: with one fast and one
+    forgotten worker, the forgotten one ties with it and the rotation sends it its turn."""
+    workers = [w("fast", prefill_rate=500.0, decode_rate=40.0, service_s=1.0), w("forgotten")]
+    picks = {pick(route(M, workers, demand=PROMPT, rotation=r)) for r in range(4)}
+    assert picks == {"fast", "forgotten"}
+
+
+def test_the_load_guard_thresholds_are_configurable() -> None:
+    workers = [w("a", cached=4000, in_flight=3), w("b")]
+    assert ranked(route(M, workers, demand=PROMPT, guard=LoadGuard(absolute=3, relative=1.5))) == ["a", "b"]
+    assert ranked(route(M, workers, demand=PROMPT, guard=LoadGuard(absolute=1, relative=1.5))) == ["b", "a"]
+
+
+views = st.builds(
+    WorkerView,
+    name=st.just("x"),
+    healthy=st.just(True),
+    inventory=st.just(frozenset({M})),
+    loaded=st.sampled_from([frozenset(), frozenset({M})]),
+    in_flight=st.integers(0, 6),
+    slots=st.one_of(st.none(), st.integers(1, 4)),
+    prefill_rate=st.one_of(st.none(), st.floats(10, 5000)),
+    decode_rate=st.one_of(st.none(), st.floats(1, 200)),
+    service_s=st.one_of(st.none(), st.floats(0.01, 30)),
+    backlog_s=st.floats(0, 100),
+    ranked=st.integers(0, 6),
+    gpu_util=st.one_of(st.none(), st.floats(0, 1)),
+    cached=st.integers(0, 4000),
+    evicts=st.integers(0, 8000),
+    vram_pressure=st.none(),
+    rules=st.just(ALLOW),
+    max_concurrent=st.none(),
+    down_reason=st.none(),
+    model_out=st.none(),
+    by_session=st.just(False),
+)
+
+
+@given(st.lists(views, min_size=2, max_size=4), st.integers(0, 3), st.integers(0, 4000), st.integers(0, 8000))
+@settings(max_examples=300, deadline=None)
+def test_a_longer_held_prefix_never_scores_lower(pool: list[WorkerView], pick_: int, more: int, size: int) -> None:
+    pool = [v._replace(name=f"w{i}") for i, v in enumerate(pool)]
+    i = pick_ % len(pool)
+    demand = Demand(prompt_bytes=size)
+    longer = [v._replace(cached=v.cached + more) if n == i else v for n, v in enumerate(pool)]
+    no_guard = LoadGuard(absolute=10**6, relative=10**6)
+    before = route(M, pool, demand=demand, guard=no_guard)
+    after = route(M, longer, demand=demand, guard=no_guard)
+    assert isinstance(before, Route), before
+    assert isinstance(after, Route), after
+    score = {c.worker: c.score for c in before.candidates}
+    score_after = {c.worker: c.score for c in after.candidates}
+    assert score_after[f"w{i}"] >= score[f"w{i}"]
+    assert ranked(after).index(f"w{i}") <= ranked(before).index(f"w{i}")
+    # the other workers' scores are not touched by it
+    assert all(score_after[k] == score[k] for k in score if k != f"w{i}")
+
+
+def test_reasons_are_the_documented_words() -> None:
+    assert [r.value for r in Reason] == ["prefix", "session", "load guard", "least expected time", "only candidate"]
+
+
+def test_a_new_conversation_goes_where_it_pushes_nothing_out() -> None:
+    """One-slot engines: the one holding another conversation's prompt costs that prompt's prefill again later."""
+    workers = [w("busy", slots=1, evicts=4000), w("free", slots=1)]
+    decision = route(M, workers, demand=PROMPT)
+    assert ranked(decision) == ["free", "busy"]
+    # ... unless what it holds is this conversation's own beginning
+    workers = [w("same", slots=1, evicts=4000, cached=3600), w("free", slots=1)]
+    assert ranked(route(M, workers, demand=PROMPT)) == ["same", "free"]

@@ -1,6 +1,16 @@
 import pytest
 
-from turnout.core.signals import gpu_from_samples, smooth, tokens_per_second, vram_pressure_from_ps
+from turnout.core.signals import (
+    Reported,
+    Sample,
+    Speeds,
+    gpu_from_samples,
+    smooth,
+    speeds,
+    tokens_per_second,
+    reported,
+    vram_pressure_from_ps,
+)
 
 
 @pytest.mark.parametrize(
@@ -54,3 +64,115 @@ def test_tokens_per_second(tokens: int | None, seconds: float | None, rate: floa
 def test_smooth() -> None:
     assert smooth(None, 10.0) == 10.0
     assert smooth(10.0, 20.0, alpha=0.5) == 15.0
+
+
+@pytest.mark.parametrize(
+    ("sample", "known", "expected"),
+    [
+        # a stream: the first token splits prefill from decode
+        (Sample(1000, 0, 11, first_s=2.0, total_s=3.0), (None, None), Speeds(500.0, 10.0, 3.0)),
+        # ... the first token's own decode step taken out of the prefill when the decode rate is known
+        (Sample(1000, 0, 11, first_s=2.1, total_s=3.1), (None, 10.0), Speeds(500.0, 10.0, 3.1)),
+        # only the uncached part of the prompt was evaluated
+        (Sample(1000, 900, 11, first_s=0.5, total_s=1.5), (None, None), Speeds(200.0, 10.0, 1.5)),
+        # too little uncached to say anything about prefill
+        (Sample(1000, 990, 11, first_s=0.1, total_s=1.1), (None, None), Speeds(None, 10.0, 1.1)),
+        # one completion token: nothing after the first to time
+        (Sample(1000, 0, 1, first_s=2.0, total_s=2.0), (None, None), Speeds(500.0, None, 2.0)),
+        # no prompt count at all (nothing reported, nothing estimated): no prefill
+        (Sample(None, 0, 11, first_s=2.0, total_s=3.0), (None, None), Speeds(None, 10.0, 3.0)),
+        # queued behind another request: the gateway's clock says nothing about the engine's speed
+        (Sample(1000, 0, 11, first_s=5.0, total_s=6.0, queued=True), (None, None), Speeds(None, None, None)),
+        # ... its own stats still do (Ollama's, llama.cpp's timings exclude the wait)
+        (
+            Sample(
+                1000, 0, 11, total_s=9.0, queued=True, prefill_tokens=600, prefill_s=1.2, decode_tokens=50, decode_s=2.5
+            ),
+            (None, None),
+            Speeds(500.0, 20.0, None),
+        ),
+        # an unstreamed answer: one duration, split with the rate known for the other half
+        (Sample(1000, 0, 10, total_s=3.0), (500.0, None), Speeds(None, 10.0, 3.0)),
+        (Sample(1000, 0, 10, total_s=3.0), (None, 10.0), Speeds(500.0, None, 3.0)),
+        (Sample(1000, 0, 10, total_s=3.0), (500.0, 10.0), Speeds(500.0, 10.0, 3.0)),
+        # ... nothing known: nothing learned but how long it held the worker
+        (Sample(1000, 0, 10, total_s=3.0), (None, None), Speeds(None, None, 3.0)),
+        # ... a fully cached prompt: all of it was decode
+        (Sample(1000, 1000, 10, total_s=0.5), (None, None), Speeds(None, 20.0, 0.5)),
+        # ... a split that leaves the learned half under a quarter of the time is not trusted
+        (Sample(1000, 0, 10, total_s=2.2), (500.0, None), Speeds(None, None, 2.2)),
+        # engine stats below the prefill floor are ignored, the rest is learned from the clock
+        (
+            Sample(100, 0, 11, first_s=0.4, total_s=1.4, prefill_tokens=20, prefill_s=0.1),
+            (None, None),
+            Speeds(250.0, 10.0, 1.4),
+        ),
+    ],
+)
+def test_speeds(sample: Sample, known: tuple[float | None, float | None], expected: Speeds) -> None:
+    got = speeds(sample, *known)
+    assert got == pytest.approx(expected)
+
+
+def test_a_warm_answer_does_not_make_a_worker_look_faster() -> None:
+    """The defect this replaces: completion tokens over the whole request made an engine that had just served a
+    warm request (its prompt cached) look many times faster than one that served the same answer cold."""
+    decode_s = 1.0  # 20 tokens at 20/s on both
+    cold = Sample(2000, 0, 20, total_s=2000 / 400 + decode_s)
+    warm = Sample(2000, 1900, 20, total_s=100 / 400 + decode_s)
+    assert tokens_per_second(20, cold.total_s) == pytest.approx(3.33, abs=0.01)  # what was learned before
+    assert tokens_per_second(20, warm.total_s) == pytest.approx(16.0)
+    assert speeds(cold, 400.0, None).decode is None  # a sixth of the time: too little to split off reliably
+    assert speeds(warm, 400.0, None).decode == pytest.approx(20.0)
+    cold_stream = Sample(2000, 0, 21, first_s=5.0, total_s=6.0)
+    warm_stream = Sample(2000, 1900, 21, first_s=0.25, total_s=1.25)
+    assert speeds(cold_stream, None, None) == pytest.approx(Speeds(400.0, 20.0, 6.0))
+    assert speeds(warm_stream, None, None) == pytest.approx(Speeds(400.0, 20.0, 1.25))
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ({}, Reported()),
+        ({"usage": "x"}, Reported()),
+        # OpenAI chat usage, with vLLM's / SGLang's cached count
+        (
+            {"usage": {"prompt_tokens": 120, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 96}}},
+            Reported(120, 9, 96),
+        ),
+        ({"usage": {"prompt_tokens": True, "completion_tokens": -1}}, Reported()),
+        # llama.cpp's server: timings say what it evaluated, what its cache served, and how long each part took
+        (
+            {
+                "usage": {"prompt_tokens": 100, "completion_tokens": 8},
+                "timings": {"prompt_n": 20, "cache_n": 80, "prompt_ms": 400.0, "predicted_n": 8, "predicted_ms": 200},
+            },
+            Reported(100, 8, 80, 20, 0.4, 8, 0.2),
+        ),
+        # Ollama: prompt_eval_count is the whole prompt, its duration only what was evaluated
+        (
+            {"prompt_eval_count": 50, "prompt_eval_duration": 2_000_000_000, "eval_count": 10, "eval_duration": 10**9},
+            Reported(50, 10, None, 50, 2.0, 10, 1.0, prefill_counts_cache=True),
+        ),
+        # the Responses API's usage names
+        (
+            {"usage": {"input_tokens": 70, "output_tokens": 5, "input_tokens_details": {"cached_tokens": 64}}},
+            Reported(70, 5, 64),
+        ),
+        # Anthropic's: input_tokens leaves out what the cache wrote and served
+        (
+            {
+                "usage": {
+                    "input_tokens": 10,
+                    "output_tokens": 4,
+                    "cache_creation_input_tokens": 30,
+                    "cache_read_input_tokens": 200,
+                }
+            },
+            Reported(240, 4, 200),
+        ),
+        ({"usage": {"input_tokens": 12, "output_tokens": 3}}, Reported(12, 3, None)),
+    ],
+)
+def test_reported_reads_each_engines_counts(answer: dict[str, object], expected: Reported) -> None:
+    assert reported(answer) == expected

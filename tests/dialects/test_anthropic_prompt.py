@@ -46,9 +46,16 @@ def test_the_session_is_claude_codes_session_id() -> None:
     header = dict((k.lower(), v) for k, v in captured["headers"])["x-claude-code-session-id"]
     call = call_of(captured["request"])
     assert anthropic.API.session_key(call, {}) == header
-    sdk = call_of(case("sdk_tools_metadata_stop_sequence_openai")["request"])  # a plain user_id: no session
-    assert anthropic.API.session_key(sdk, {}) is None
+    # a plain user_id (the SDK's own example sets one) is the client's key as it is, as OpenAI chat's `user` is
+    sdk = call_of(case("sdk_tools_metadata_stop_sequence_openai")["request"])
+    assert anthropic.API.session_key(sdk, {}) == "capture-user-1"
+    # Claude Code before its JSON user_id: user_<hash>_account_<uuid>_session_<uuid>
+    legacy = {"model": "m", "messages": [], "metadata": {"user_id": "user_ab12_account_u-1_session_s-2"}}
+    assert anthropic.API.session_key(call_of(legacy), {}) == "s-2"
+    no_session = {"model": "m", "messages": [], "metadata": {"user_id": '{"device_id": "d"}'}}
+    assert anthropic.API.session_key(call_of(no_session), {}) == '{"device_id": "d"}'
     assert anthropic.API.session_key(call_of({"model": "m", "messages": []}), {}) is None
+    assert anthropic.API.session_key(call_of({"model": "m", "messages": [], "metadata": {"user_id": ""}}), {}) is None
 
 
 def test_prompt_parts_of_a_request_that_cannot_be_read_are_none() -> None:

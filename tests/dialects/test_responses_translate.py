@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from turnout.dialects import responses
+from turnout.dialects import openai, responses
 from turnout.dialects.base import Call, Dialect, Endpoint, Timing, TranslationError, WorkerAPI
 from turnout.errors import UpstreamError
 
@@ -168,9 +168,12 @@ def test_prompt_parts_and_session_key() -> None:
     parts = responses.API.prompt_parts(call)
     body = case["worker_request"]["body"]
     assert len(parts) == 1 + 1 + (len(body["messages"]) - 1)  # system, tools, then each message
-    assert parts[0] == "system: " + body["messages"][0]["content"]
-    assert parts[1] == json.dumps(body["tools"], separators=(",", ":"), ensure_ascii=False)
-    assert parts[-1].startswith("tool: Chunk ID")
+    # the worker sees the chat request it becomes: its parts are that chat request's, so a conversation keeps its
+    # worker whichever of the two APIs a client speaks
+    chat = Call(Dialect.OPENAI, Endpoint.CHAT, "/v1/chat/completions", b"", body, body["model"], True, None, "")
+    assert parts == openai.API.prompt_parts(chat)
+    assert body["messages"][0]["content"] in parts[0]
+    assert "Chunk ID" in parts[-1]
     assert responses.API.session_key(call, {}) == case["request"]["prompt_cache_key"]
     assert responses.API.session_key(call_of({"model": "m", "input": "x"}), {}) is None
     assert responses.API.prompt_parts(call_of({"model": "m", "input": 5})) == []

@@ -92,14 +92,16 @@ async def test_gpu_and_vram_signals(emulator: EmulatorFactory, gateway: GatewayF
 
 
 async def test_learned_speed_is_recorded(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
-    emu = await emulator("a", ["m:1"], tokens=10, token_delay_s=0.001)
-    gw = await gateway([worker("a", emu.url)])
+    """Where the router has a choice of workers: the learned rates rank them (a model on one worker learns none)."""
+    a = await emulator("a", ["m:1"], tokens=10, token_delay_s=0.001)
+    b = await emulator("b", ["m:1"], tokens=10, token_delay_s=0.001)
+    gw = await gateway([worker("a", a.url), worker("b", b.url)])
     async with aiohttp.ClientSession() as http:
-        for stream in (False, True):
+        for stream in (False, True, False, True):
             async with http.post(f"{gw.url}/api/chat", json={"model": "m:1", "messages": [], "stream": stream}) as r:
                 await r.read()
-    speed = gw.app[FLEET].workers["a"].speed["m:1"]
-    assert speed > 0
+    learned = [state.learned["m:1"] for state in gw.app[FLEET].workers.values() if "m:1" in state.learned]
+    assert learned and all(f.decode is not None and f.decode > 0 for f in learned)  # eval_count / eval_duration
 
 
 async def _chat(url: str, model: str = "m:1") -> tuple[int, str]:

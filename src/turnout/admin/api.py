@@ -328,6 +328,7 @@ async def _audit_rules(
 
 async def inventory(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
+    now, ttl_s = time.monotonic(), fleet.settings.routing.speed_ttl_s
     return json_response(
         {
             "workers": [
@@ -348,7 +349,11 @@ async def inventory(request: web.Request) -> web.Response:
                     "loaded": sorted(s.loaded),
                     "in_flight": s.in_flight,
                     "max_concurrent": s.config.max_concurrent,
-                    "tokens_per_s": {m: round(v, 2) for m, v in s.speed.items()},
+                    # learned per model, fresh ones only: decode (completion tokens/s after the first) and prefill
+                    # (uncached prompt tokens/s); and the share of prompt tokens served from the engine's cache
+                    "tokens_per_s": {m: round(v, 2) for m, v in s.decode_rates(now, ttl_s).items()},
+                    "prefill_tokens_per_s": {m: round(v, 2) for m, v in s.prefill_rates(now, ttl_s).items()},
+                    "prefix_hit_rate": None if s.hit_rate is None else round(s.hit_rate, 3),
                     "gpu_util": s.gpu_util,
                     "vram_pressure": s.vram_pressure,
                 }

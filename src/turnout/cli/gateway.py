@@ -324,7 +324,8 @@ def _serve_processes(
         count,
         groups,
         serve_one,
-        keeper=None if settings.storage.redis_url else LimitKeeper(),  # with Redis, Redis counts
+        # limits (unless Redis counts them) and the prefix indexes' records go through the supervisor
+        keeper=LimitKeeper(),
         on_ready=lambda: typer.echo(serving),
         on_stopping=lambda: typer.echo(
             f"turnout: stopping {count} gateway processes; requests in flight get up to {drain_timeout:g} s to finish"

@@ -15,8 +15,24 @@ The order is fixed and each step has its own failure:
    installed only on w1, which is down (requests failing: HTTP 500)``). A 404 tells a client not to retry
    and an operator that the model is missing; neither is true of a model whose worker is down.
 4. enforce the global, per-model and per-worker concurrency limits                  -> SATURATED
-5. score what is left by loaded affinity, load, learned tokens/s, GPU utilisation and
-   VRAM pressure; an absent input is neutral (the mean of the known ones), never zero.
+5. rank what is left by the time each would take to answer (:func:`expected_seconds`), the least first:
+   the wait for its slots (the expected work of the requests in flight there, each estimated when it was ranked;
+   a request without an estimate counts as long as a request holds the worker, learned), the prefill of
+   the part of the prompt it is not expected to hold in its KV cache (``WorkerView.cached``: from the prefix
+   index or the client's session, at its learned prefill rate), the decode (at its learned decode rate), the
+   whole work slowed by GPU utilisation and VRAM pressure, a cold load where the model is known not to be
+   loaded, and, on an engine whose slots all hold prompts that still count, half the prefill of the one this
+   request would push out (so that a new conversation goes to a worker with a free or stale slot rather than
+   evicting another conversation's prefix). An absent input is neutral (the mean of the known ones), never
+   zero; ties rotate round-robin.
+6. the load guard: when the worker ranked first has far more requests in flight than the least loaded one
+   (more than ``LoadGuard.absolute`` more, and more than ``LoadGuard.relative`` times as many, as SGLang's
+   router checks), rank by load instead, so that a hot prefix spreads over several workers rather than
+   queueing on the one that holds it (the prefix index then learns the new placement).
+
+The decision says why (:attr:`Route.why`): ``prefix 0.83`` (the first holds the largest share of the prompt,
+0.83 of it), ``session`` (it holds the client's session), ``load guard``, ``least expected time`` (no held prefix
+decided it), or ``only candidate``.
 """
 
 from __future__ import annotations
@@ -28,28 +44,42 @@ from typing import NamedTuple
 
 from turnout.core.names import lookup
 from turnout.core.placement import PlacementRules, Verdict, resolve_placement
+from turnout.core.prefix import BYTES_PER_TOKEN
 
 ALLOW_ALL = PlacementRules()  # no rules: every model allowed
 
 __all__ = [
+    "DEFAULT_GUARD",
     "Candidate",
     "Capacity",
+    "Demand",
+    "LoadGuard",
     "NoRoute",
     "NoRouteReason",
+    "Reason",
     "Route",
     "WorkerView",
+    "expected_seconds",
     "installed_name",
     "route",
 ]
 
-# Weights of the scoring terms. Loaded affinity dominates: a cold load costs seconds, a busy slot less.
-W_LOADED = 2.0
-W_LOAD = 1.0
-W_SPEED = 0.5
+# GPU utilisation and VRAM pressure (0..1) slow the work down by this much each, at most.
 W_GPU = 0.5
 W_VRAM = 0.5
-# Load is in_flight / max_concurrent; a worker with no limit is scored as if it had this many slots.
+# A worker whose residency is known and lacks the model first loads it: assumed to take this long.
+LOAD_S = 5.0
+# A worker with no known slot count (a batching engine) is taken to run this many requests at once.
 SOFT_SLOTS = 8
+# Pushing a held prompt out of an engine's slot costs its prefill again if its conversation comes back: counted
+# at this share of that prefill (it may not come back).
+W_EVICT = 0.5
+# Rates assumed while no candidate has a fresh learned one (their ratio to each other is what matters): prefill
+# ten times decode, between a GPU's (a hundred times) and a CPU's llama.cpp (two to five times), so that a held
+# prefix counts for something before the first cold answer has taught the real rate.
+DEFAULT_PREFILL = 300.0  # prompt tokens/s
+DEFAULT_DECODE = 30.0  # completion tokens/s
+DEFAULT_OUTPUT_TOKENS = 64.0  # completion length assumed for a model none has been learned for
 
 
 class NoRouteReason(StrEnum):
@@ -73,11 +103,19 @@ class WorkerView(NamedTuple):
     loaded: frozenset[str] = frozenset()
     in_flight: int = 0
     max_concurrent: int | None = None
-    tokens_per_s: float | None = None  # learned for this model on this worker
     gpu_util: float | None = None  # 0..1
     vram_pressure: float | None = None  # 0..1, share of resident model bytes not in VRAM
     down_reason: str | None = None  # why an unhealthy worker is down (``connection refused``), when known
     model_out: str | None = None  # why this model is out on this (healthy) worker (``requests failing: HTTP 500``)
+    slots: int | None = None  # requests its engine runs at once; None: unknown (a batching engine)
+    prefill_rate: float | None = None  # learned for this model here, uncached prompt tokens/s; None: unknown/stale
+    decode_rate: float | None = None  # learned, completion tokens/s after the first
+    service_s: float | None = None  # learned, how long a request holds it
+    backlog_s: float = 0.0  # the expected work of its requests in flight that were ranked here (each its own)
+    ranked: int = 0  # how many of its requests in flight that is (the others count service_s each)
+    cached: int = 0  # bytes of this request's prompt it is expected to hold in its KV cache
+    by_session: bool = False  # ``cached`` is what the client's session sent here last (not the prefix index)
+    evicts: int = 0  # bytes of a held prompt this one would push out of its slots (an engine with slots)
 
 
 class Capacity(NamedTuple):  # built on every request: a tuple, like WorkerView
@@ -92,19 +130,61 @@ class Capacity(NamedTuple):  # built on every request: a tuple, like WorkerView
 NO_LIMITS = Capacity()  # nothing counted, nothing capped: route()'s default
 
 
+class Demand(NamedTuple):
+    """What the request asks of a worker: its prompt (bytes, the prefix index's unit) and its answer's length."""
+
+    prompt_bytes: int = 0
+    output_tokens: float = DEFAULT_OUTPUT_TOKENS
+
+
+NO_DEMAND = Demand()
+
+
+class LoadGuard(NamedTuple):
+    """When the worker ranked first is this far above the least loaded one (in requests in flight, both
+    thresholds exceeded), rank by load instead."""
+
+    absolute: int = 2
+    relative: float = 1.5
+
+
+DEFAULT_GUARD = LoadGuard()
+
+
+class Reason(StrEnum):
+    """Why the first candidate is first."""
+
+    PREFIX = "prefix"
+    SESSION = "session"
+    LOAD_GUARD = "load guard"
+    LEAST_TIME = "least expected time"
+    ONLY = "only candidate"
+
+
 class Candidate(NamedTuple):  # one per eligible worker on every request: a tuple, like WorkerView
     worker: str
     model: str  # the name to send upstream (e.g. ``gemma4:latest`` for a request for ``gemma4``)
-    score: float
+    score: float  # minus the expected seconds: higher is better
+    cached: int = 0  # bytes of the prompt it was expected to hold
+    work: float = 0.0  # of those seconds, its own work there (prefill, decode, a load): what it adds to the backlog
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
     candidates: tuple[Candidate, ...]  # best first; the rest are failover options
+    reason: Reason = Reason.ONLY
+    share: float = 0.0  # the share of the prompt the first is expected to hold (0..1)
 
     @property
     def best(self) -> Candidate:
         return self.candidates[0]
+
+    @property
+    def why(self) -> str:
+        """``prefix 0.83``, ``session``, ``load guard``, ``least expected time`` or ``only candidate``."""
+        if self.reason is Reason.PREFIX:
+            return f"prefix {self.share:.2f}"
+        return self.reason.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +206,11 @@ def route(
     *,
     exclude: frozenset[str] = frozenset(),
     rotation: int = 0,
+    demand: Demand = NO_DEMAND,
+    guard: LoadGuard = DEFAULT_GUARD,
 ) -> Route | NoRoute:
-    """Choose workers for ``model``. ``rotation`` breaks score ties round-robin (the caller advances it)."""
+    """Choose workers for ``model``. ``rotation`` breaks ties round-robin (the caller advances it); ``demand``:
+    the request's prompt and answer; ``guard``: the load guard's thresholds."""
     if not workers:
         return NoRoute(NoRouteReason.NO_WORKERS, 'no workers are configured; add one under "workers" in the config')
 
@@ -187,7 +270,7 @@ def route(
         busy = ", ".join(w.name for w, _ in eligible)
         return NoRoute(NoRouteReason.SATURATED, f'every worker for model "{model}" is busy ({busy})')
 
-    return Route(_rank(free, rotation))
+    return _rank(free, rotation, demand, guard)
 
 
 def _why_down(worker: WorkerView, exclude: frozenset[str]) -> str:
@@ -256,39 +339,78 @@ def _unknown_model(model: str) -> NoRoute:
     return NoRoute(NoRouteReason.UNKNOWN_MODEL, _not_installed(model))
 
 
-def _rank(free: list[tuple[WorkerView, str]], rotation: int) -> tuple[Candidate, ...]:
+class _Neutral(NamedTuple):
+    """What a candidate without its own value takes: the mean of the candidates' known values."""
+
+    prefill: float
+    decode: float
+    service: float | None
+    gpu: float
+    vram: float
+
+
+def expected_seconds(view: WorkerView, name: str, demand: Demand, neutral: _Neutral) -> tuple[float, float]:
+    """(how long ``view``'s worker would take to answer ``demand``, of which the request's own work there): see
+    the module's docstring, step 5."""
+    prefill = view.prefill_rate or neutral.prefill
+    decode = view.decode_rate or neutral.decode
+    uncached = max(demand.prompt_bytes - view.cached, 0) / BYTES_PER_TOKEN
+    slowdown = 1.0 + W_GPU * (neutral.gpu if view.gpu_util is None else view.gpu_util)
+    slowdown += W_VRAM * (neutral.vram if view.vram_pressure is None else view.vram_pressure)
+    decoding = demand.output_tokens / decode * slowdown
+    work = uncached / prefill * slowdown + decoding
+    cold = demand.prompt_bytes / BYTES_PER_TOKEN / prefill * slowdown + decoding  # this request, nothing held
+    if name not in view.loaded:
+        work += LOAD_S
+    seconds = work
+    if view.evicts > view.cached:  # a held prompt pushed out: its prefill again, if its conversation comes back
+        seconds += W_EVICT * (view.evicts - view.cached) / BYTES_PER_TOKEN / prefill
+    if view.in_flight:
+        # what is ahead: the expected work of the requests in flight there (each estimated when it was ranked),
+        # those without an estimate at the time a request holds it (unknown: as long as this one would take cold)
+        service = view.service_s or neutral.service or cold
+        pending = view.backlog_s + max(view.in_flight - view.ranked, 0) * service
+        slots = view.slots
+        if slots is None:
+            seconds += pending / SOFT_SLOTS
+        elif view.in_flight >= slots:
+            seconds += pending / slots
+    return seconds, work
+
+
+def _rank(free: list[tuple[WorkerView, str]], rotation: int, demand: Demand, guard: LoadGuard) -> Route:
     if len(free) == 1:  # nothing to compare: skip scoring (the common single-worker-per-model case)
         worker, name = free[0]
-        return (Candidate(worker.name, name, 0.0),)
-    speeds = _normalised([w.tokens_per_s for w, _ in free])
-    gpu = _neutral([w.gpu_util for w, _ in free])
-    vram = _neutral([w.vram_pressure for w, _ in free])
-    scored: list[tuple[float, int, Candidate]] = []
+        return Route((Candidate(worker.name, name, 0.0, worker.cached),))
+    views = [w for w, _ in free]
+    neutral = _Neutral(
+        _mean([w.prefill_rate for w in views]) or DEFAULT_PREFILL,
+        _mean([w.decode_rate for w in views]) or DEFAULT_DECODE,
+        _mean([w.service_s for w in views]),
+        _mean([w.gpu_util for w in views]) or 0.0,
+        _mean([w.vram_pressure for w in views]) or 0.0,
+    )
     n = len(free)
+    scored: list[tuple[float, int, int, bool, Candidate]] = []
     for index, (worker, name) in enumerate(free):
-        slots = worker.max_concurrent or SOFT_SLOTS
-        score = (
-            W_LOADED * (name in worker.loaded)
-            - W_LOAD * (worker.in_flight / slots)
-            + W_SPEED * speeds[index]
-            - W_GPU * gpu[index]
-            - W_VRAM * vram[index]
-        )
-        scored.append((score, (index - rotation) % n, Candidate(worker.name, name, round(score, 6))))
-    scored.sort(key=lambda item: (-item[0], item[1]))
-    return tuple(c for _, _, c in scored)
+        seconds, work = expected_seconds(worker, name, demand, neutral)
+        candidate = Candidate(worker.name, name, -round(seconds, 6), worker.cached, work)
+        scored.append((seconds, (index - rotation) % n, worker.in_flight, worker.by_session, candidate))
+    scored.sort(key=lambda item: (item[0], item[1]))
+    first = scored[0]
+    least = min(item[2] for item in scored)
+    if first[2] - least > guard.absolute and first[2] > guard.relative * least:
+        scored.sort(key=lambda item: item[2])  # stable: at equal load, the expected time's order
+        return Route(tuple(item[4] for item in scored), Reason.LOAD_GUARD)
+    ranked = tuple(item[4] for item in scored)
+    best = ranked[0]
+    if best.cached and best.cached == max(c.cached for c in ranked):
+        share = min(best.cached / demand.prompt_bytes, 1.0) if demand.prompt_bytes else 1.0
+        return Route(ranked, Reason.SESSION if first[3] else Reason.PREFIX, share)
+    return Route(ranked, Reason.LEAST_TIME)
 
 
-def _neutral(values: list[float | None]) -> list[float]:
-    """Absent values become the mean of the known ones (0 when none is known): no bonus, no penalty."""
+def _mean(values: list[float | None]) -> float | None:
+    """The mean of the known values, or None when none is known."""
     known = [v for v in values if v is not None]
-    mean = sum(known) / len(known) if known else 0.0
-    return [mean if v is None else v for v in values]
-
-
-def _normalised(values: list[float | None]) -> list[float]:
-    """Scale to 0..1 by the fastest known value, then fill absent ones with the mean."""
-    peak = max((v for v in values if v is not None and v > 0), default=None)
-    if peak is None:
-        return [0.0] * len(values)
-    return _neutral([None if v is None else max(v, 0.0) / peak for v in values])
+    return sum(known) / len(known) if known else None

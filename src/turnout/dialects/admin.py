@@ -3,8 +3,10 @@ to it). Not a client API: it serves no proxied route and translates nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from turnout.dialects import openai
-from turnout.dialects.base import JSON, Dialect, Endpoint, Route, Translation, WorkerAPI
+from turnout.dialects.base import JSON, Call, Dialect, Endpoint, Route, Translation, WorkerAPI
 from turnout.dialects.streams import StreamKind, StreamWatch
 from turnout.errors import TurnoutError
 
@@ -32,6 +34,12 @@ class AdminShape:
         return openai.API.error_in_dialect(body)
 
     def translation(self, worker: WorkerAPI, endpoint: Endpoint, native: frozenset[str]) -> Translation | None:
+        return None
+
+    def prompt_parts(self, call: Call) -> list[str]:
+        return []
+
+    def session_key(self, call: Call, headers: Mapping[str, str]) -> str | None:
         return None
 
 

@@ -9,7 +9,10 @@ A client-facing dialect (:class:`ClientAPI`) owns, for its API:
   (given what the stream carried so far: the Responses API numbers its events);
 - its stream framing (:class:`~turnout.dialects.streams.StreamKind`);
 - its translation onto a worker that speaks another dialect (:meth:`ClientAPI.translation`: None when the worker
-  takes the client's request as it is).
+  takes the client's request as it is);
+- what the router reads of a request for prefix-cache-aware routing: the prompt's parts in the order the worker
+  will see them (:meth:`ClientAPI.prompt_parts`), and the session the client names, if it names one
+  (:meth:`ClientAPI.session_key`).
 
 Everything here is pure (no I/O, no clock, no web framework): the gateway turns these bytes and objects into
 answers (:mod:`turnout.responses`, :mod:`turnout.gateway.proxy`).
@@ -19,10 +22,28 @@ A :class:`Translation` carries one call from the client's dialect to the worker'
 refuses the first), ``headers`` (what the client's answer says about the translation, such as tools the worker
 cannot run), ``answer`` (a whole answer) and ``stream`` (a :class:`StreamTranslation` fed with the worker's
 stream events). Each says what the worker counted (:class:`Counts`) for accounting and learned speeds.
+
+Prefix routing (:mod:`turnout.core.prefix`) hashes the prompt in fixed-size blocks and remembers which worker was
+sent which chain of blocks, so that a request goes where its prefix is likely still in the engine's KV cache. It
+needs two things from a dialect, both cheap and both total (never raising, whatever the body holds; a call the
+request rules accepted may still carry odd fields):
+
+- ``prompt_parts(call)``: the prompt as a list of strings, in the order the worker's chat template renders them:
+  the system (or developer) instructions first, then the tools' definitions, then every message or input item in
+  order, each with its role and everything the template renders of it (text, tool calls and results, a stable
+  stand-in for images). Two requests whose rendered prompts share a beginning must give parts that share a
+  beginning, and a change anywhere must change the parts from there on; the exact rendering does not matter
+  (the parts are joined and hashed, never sent). ``[]`` for calls with no prompt to cache (embeddings).
+- ``session_key(call, headers)``: the name the client gives its conversation, when its API has one (OpenAI chat's
+  ``prompt_cache_key`` or ``user``, Anthropic's ``metadata.user_id``, the Responses API's ``prompt_cache_key``, a
+  header its well-known clients send), else None. The gateway checks the operator's own header
+  (``routing.session_header``) before asking, so a dialect never looks for that one. The value is only compared
+  with other calls' values: it may be any string (the gateway hashes it and never logs it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -247,4 +268,14 @@ class ClientAPI(Protocol):
         """How a call reaches a worker that speaks ``worker`` and serves the client APIs in ``native`` itself
         (:data:`NATIVE_APIS`): None when it takes the call as it is; a :class:`TokenCounter` for
         :attr:`Endpoint.COUNT_TOKENS`, a :class:`Translation` for every other endpoint."""
+        ...
+
+    def prompt_parts(self, call: Call) -> list[str]:
+        """The prompt's parts in the order the worker renders them (system, tools, then each message or input
+        item); ``[]`` when the call has no prompt worth caching. Never raises (see the module's docstring)."""
+        ...
+
+    def session_key(self, call: Call, headers: Mapping[str, str]) -> str | None:
+        """The client's own name for its session (a body field or a header of this API), or None. Never raises;
+        the operator's header (``routing.session_header``) is checked by the gateway before this is asked."""
         ...

@@ -139,6 +139,7 @@ class StreamWatch:
     finished: bool = False  # the model's own finish (finish_reason / done: true) was seen
     error: str | None = None  # the worker's own error frame, if it sent one
     usage: dict[str, Any] | None = None  # the last OpenAI usage object (Responses: its counts under these names)
+    timings: dict[str, Any] | None = None  # llama.cpp's server's ``timings`` (in its frames that finish a choice)
     final: dict[str, Any] | None = None  # Ollama's final ``done: true`` object; the Responses terminal event
     sequence: int = -1  # Responses: the last event's sequence_number
     response: dict[str, Any] | None = None  # Responses: the response of response.created (its id, model...)
@@ -371,6 +372,8 @@ class StreamWatch:
             return False
         if self.collect:  # a translator takes the frames and decides when the model finished
             self.frames.append(obj)
+            if "timings" in obj:
+                self._timings(obj)
             return True
         choices = obj.get("choices")
         first = choices[0] if type(choices) is list and len(choices) == 1 else None
@@ -383,11 +386,20 @@ class StreamWatch:
                 self._closed.add(0)
                 self._open.discard(0)
                 self.finished = not self._open
+                self._timings(obj)
         else:
             self._observe_choices(obj)
         if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
+            self._timings(obj)
         return True
+
+    def _timings(self, obj: dict[str, Any]) -> None:
+        """llama.cpp's server adds ``timings`` to the frame that finishes the answer (and to the usage frame): read
+        there only, not on every token's frame."""
+        timings = obj.get("timings")
+        if isinstance(timings, dict):
+            self.timings = timings
 
     def _observe_choices(self, obj: dict[str, Any]) -> None:
         choices = obj.get("choices")

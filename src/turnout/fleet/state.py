@@ -6,6 +6,11 @@ writes in-flight counts, speed observations and what its proxied requests saw (`
 serving?) and inventory (what does it hold?) are kept apart, so a failed listing never takes a serving
 worker out of routing. ``views()`` freezes what the pure router needs for one request.
 
+Each worker keeps what it was recently sent (its :class:`~turnout.core.prefix.PrefixIndex`) and, per model, its
+learned prefill and decode rates (:func:`turnout.core.signals.speeds`), each with the time it was learned: a
+figure older than ``routing.speed_ttl_s`` is forgotten, so a worker that was slow once counts as average again
+and is tried again (none starves on an old figure).
+
 Every change of a worker's health is logged once, with its reason (``worker "w1" is down: connection refused``,
 ``worker "w1" is up again``), never once per poll; so is an endpoint or worker rejecting its credential, and a
 model taken out on one worker while the worker keeps serving its others (``worker "w1": model "m" is out
@@ -25,15 +30,18 @@ from turnout.core.endpoint_health import EndpointState
 from turnout.core.health import Event, Health, ModelHealth, after, model_after
 from turnout.core.names import lookup
 from turnout.core.placement import PlacementRules
+from turnout.core.prefix import BYTES_PER_TOKEN, PrefixIndex, Prompt
 from turnout.core.routing import WorkerView
-from turnout.core.signals import smooth
+from turnout.core.signals import Sample, smooth, speeds
 from turnout.dialects.base import WorkerAPI
 from turnout.state.placement_store import PlacementStore
 from turnout.upstream.http1 import DialGuard
 
-__all__ = ["External", "Fleet", "WorkerState"]
+__all__ = ["External", "Fleet", "Learned", "WorkerState"]
 
 log = logging.getLogger("turnout.fleet")
+
+MAX_SESSIONS = 4096  # client sessions each worker's prefix index remembers at most
 
 
 @dataclass(slots=True)
@@ -51,6 +59,41 @@ class External:
 
     def upstream_name(self, model: str) -> str:
         return model.removeprefix(self.prefix)
+
+
+@dataclass(slots=True)
+class Learned:
+    """One model's learned figures on one worker, each with the monotonic time it was last learned."""
+
+    prefill: float | None = None  # uncached prompt tokens/s
+    prefill_at: float = 0.0
+    decode: float | None = None  # completion tokens/s after the first
+    decode_at: float = 0.0
+    service: float | None = None  # seconds a request held the worker
+    service_at: float = 0.0
+
+    def learn(self, sample: Sample, now: float, ttl_s: float) -> None:
+        """Fold one answer in: each rate it teaches smoothed into the fresh figure, or replacing a stale one."""
+        limit = now - ttl_s
+        prefill = self.prefill if self.prefill_at >= limit else None
+        decode = self.decode if self.decode_at >= limit else None
+        learned = speeds(sample, prefill, decode)
+        if learned.prefill is not None:
+            self.prefill, self.prefill_at = smooth(prefill, learned.prefill), now
+        if learned.decode is not None:
+            self.decode, self.decode_at = smooth(decode, learned.decode), now
+        if learned.service_s is not None:
+            service = self.service if self.service_at >= limit else None
+            self.service, self.service_at = smooth(service, learned.service_s), now
+
+    def fresh(self, now: float, ttl_s: float) -> tuple[float | None, float | None, float | None]:
+        """(prefill, decode, service) learned within ``ttl_s`` of ``now``; None where older or never learned."""
+        limit = now - ttl_s
+        return (
+            self.prefill if self.prefill_at >= limit else None,
+            self.decode if self.decode_at >= limit else None,
+            self.service if self.service_at >= limit else None,
+        )
 
 
 @dataclass(slots=True)
@@ -77,8 +120,18 @@ class WorkerState:
     loaded: frozenset[str] = frozenset()
     ps: list[dict[str, Any]] = field(default_factory=list)  # raw /api/ps entries
     in_flight: int = 0
+    # of those, the ones ranked here with an expected work, and that work's sum (the router's wait estimate)
+    ranked_in_flight: int = 0
+    backlog_s: float = 0.0
     completed: int = 0  # requests finished here (success or not), for idle detection
-    speed: dict[str, float] = field(default_factory=dict)  # model -> smoothed tokens/s
+    learned: dict[str, Learned] = field(default_factory=dict)  # model (as requested) -> its learned figures
+    prefix: PrefixIndex = field(default_factory=lambda: PrefixIndex(16384))  # what it was recently sent
+    # prompt tokens of the requests routed here with a choice of workers, and how many of them it was expected
+    # to hold (the prefix index, or the session); and where the engine said so itself, its own two counts
+    routed_tokens: float = 0.0
+    expected_cached_tokens: float = 0.0
+    engine_prompt_tokens: int = 0
+    engine_cached_tokens: int = 0
     gpu_util: float | None = None
     gpu_memory: float | None = None
     offload: float | None = None
@@ -111,9 +164,39 @@ class WorkerState:
             return memory
         return offload if memory is None else max(offload, memory)
 
-    def observe_speed(self, model: str, rate: float | None) -> None:
-        if rate is not None:
-            self.speed[model] = smooth(self.speed.get(model), rate)
+    def observe(self, model: str, sample: Sample, now: float, ttl_s: float) -> None:
+        """What one answer for ``model`` (as requested) taught about this worker's speed."""
+        learned = self.learned.get(model)
+        if learned is None:
+            learned = self.learned[model] = Learned()
+        learned.learn(sample, now, ttl_s)
+
+    def decode_rates(self, now: float, ttl_s: float) -> dict[str, float]:
+        """Fresh decode rates by model (the admin API and UI show them)."""
+        return {m: r for m, f in self.learned.items() if (r := f.fresh(now, ttl_s)[1]) is not None}
+
+    def prefill_rates(self, now: float, ttl_s: float) -> dict[str, float]:
+        return {m: r for m, f in self.learned.items() if (r := f.fresh(now, ttl_s)[0]) is not None}
+
+    def routed(self, prompt_tokens: float, cached_tokens: float) -> None:
+        """A request with a choice of workers came here: its prompt, and what it was expected to hold of it."""
+        self.routed_tokens += prompt_tokens
+        self.expected_cached_tokens += cached_tokens
+
+    def engine_counted(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """The engine's own count of a prompt and of what it served from its cache."""
+        self.engine_prompt_tokens += prompt_tokens
+        self.engine_cached_tokens += cached_tokens
+
+    @property
+    def hit_rate(self) -> float | None:
+        """The share of prompt tokens served from the engine's cache: its own counts where it reports them, else
+        what the prefix index expected it to hold; None before any request with a choice came here."""
+        if self.engine_prompt_tokens:
+            return self.engine_cached_tokens / self.engine_prompt_tokens
+        if self.routed_tokens:
+            return self.expected_cached_tokens / self.routed_tokens
+        return None
 
     @property
     def kind(self) -> str:
@@ -283,16 +366,28 @@ class Fleet:
         self.keep_listing: Callable[[str, float], float] | None = None
         # model name -> its /v1/models entry, for claimed models listed whether or not routable now (asleep)
         self.claim_listing: dict[str, dict[str, Any]] = {}
+        # model (as requested) -> its answers' mean length in completion tokens (smoothed): routing's estimate
+        # of the decode a request will take
+        self.completion: dict[str, float] = {}
+
+    def answered(self, model: str, completion_tokens: int) -> None:
+        """An answer for ``model`` had this many completion tokens."""
+        self.completion[model] = smooth(self.completion.get(model), float(completion_tokens))
 
     def state_for(self, config: Worker, **extra: Any) -> WorkerState:
         """A new worker's state, with the ``health`` settings every worker takes: the config's workers, the
         endpoints and the claims' engines alike (``extra``: ``external=...``, ``claim=...``)."""
         health = self.settings.health
+        routing = self.settings.routing
+        blocks = routing.prefix_max_blocks
+        if config.cache_tokens is not None:  # the engine's cache, when smaller, is the bound
+            blocks = max(1, min(blocks, config.cache_tokens * BYTES_PER_TOKEN // routing.prefix_block_bytes))
         return WorkerState(
             config,
             failures_to_down=health.failures_to_down,
             request_failures_to_down=health.request_failures_to_down,
             model_retry_s=health.model_retry_s,
+            prefix=PrefixIndex(blocks, min(blocks, MAX_SESSIONS)),
             **extra,
         )
 
@@ -303,36 +398,62 @@ class Fleet:
             return override, "override"
         return self.workers[name].baseline, "config"
 
-    def views(self, model: str) -> list[WorkerView]:
-        """Views of the workers that may serve ``model``: its endpoint alone for "<endpoint>/<model>",
-        otherwise the fleet's own workers (endpoints never serve un-namespaced names)."""
+    def candidates(self, model: str) -> list[WorkerState]:
+        """The workers that may serve ``model``: its endpoint alone for "<endpoint>/<model>", otherwise the fleet's
+        own workers (endpoints never serve un-namespaced names)."""
         endpoint = self.endpoint_for(model) or self.bindings.get(model)
         if endpoint is not None:
-            candidates = [endpoint]
-        elif self.endpoints or self.bindings:
-            candidates = [s for s in self.workers.values() if s.external is None and s.claim is None]
-        else:
-            candidates = list(self.workers.values())
+            return [endpoint]
+        if self.endpoints or self.bindings:
+            return [s for s in self.workers.values() if s.external is None and s.claim is None]
+        return list(self.workers.values())
+
+    def views(
+        self, model: str, prompt: Prompt | None = None, candidates: list[WorkerState] | None = None
+    ) -> list[WorkerView]:
+        """What the router needs of each candidate (:meth:`candidates` unless given) for one request for ``model``;
+        with ``prompt``, what each is expected to hold of it (its prefix index and the client's session). Learned
+        figures are read only when there is more than one candidate (there is nothing to compare otherwise)."""
+        if candidates is None:
+            candidates = self.candidates(model)
+        choice = len(candidates) > 1
+        now = time.monotonic() if choice or any(state.models for state in candidates) else 0.0
+        if choice:
+            routing = self.settings.routing
+            ttl_s, prefix_ttl_s = routing.speed_ttl_s, routing.prefix_ttl_s
         out = []
-        now = time.monotonic() if any(state.models for state in candidates) else 0.0
         for state in candidates:
             rules, _ = self.rules(state.name)
-            out.append(
-                WorkerView(
-                    name=state.name,
-                    healthy=state.healthy,
-                    rules=rules,
-                    inventory=state.inventory,
-                    loaded=state.loaded,
-                    in_flight=state.in_flight,
-                    max_concurrent=state.config.max_concurrent,
-                    tokens_per_s=state.speed.get(model),
-                    gpu_util=state.gpu_util,
-                    vram_pressure=state.vram_pressure,
-                    down_reason=None if state.healthy else state.down_reason,
-                    model_out=state.model_out(model, now) if state.models else None,
-                )
+            slots = state.config.slots
+            view = WorkerView(
+                name=state.name,
+                healthy=state.healthy,
+                rules=rules,
+                inventory=state.inventory,
+                loaded=state.loaded,
+                in_flight=state.in_flight,
+                max_concurrent=state.config.max_concurrent,
+                gpu_util=state.gpu_util,
+                vram_pressure=state.vram_pressure,
+                down_reason=None if state.healthy else state.down_reason,
+                model_out=state.model_out(model, now) if state.models else None,
+                slots=slots,
             )
+            if choice:
+                learned = state.learned.get(model)
+                prefill, decode, service = (None, None, None) if learned is None else learned.fresh(now, ttl_s)
+                match = state.prefix.match(prompt, now, prefix_ttl_s, slots) if prompt is not None else None
+                view = view._replace(
+                    prefill_rate=prefill,
+                    decode_rate=decode,
+                    service_s=service,
+                    backlog_s=state.backlog_s,
+                    ranked=state.ranked_in_flight,
+                    cached=0 if match is None else match.cached,
+                    by_session=match is not None and match.by_session,
+                    evicts=0 if match is None else match.evicts,
+                )
+            out.append(view)
         return out
 
     def endpoint_for(self, model: str) -> WorkerState | None:

@@ -3,13 +3,15 @@
 Text (``turnout serve``, the default; ``--no-access-log`` or ``logging.access_log: false`` turns it off)::
 
     127.0.0.1 "POST /v1/chat/completions HTTP/1.1" 200 1432 0.532s key=tk_AbCdEfG app=starter \
-api=openai:chat model=llama3 worker=w1 tokens=12+30
+api=openai:chat model=llama3 worker=w1 tokens=12+30 route="prefix 0.83"
 
+``route`` says why the request went to that worker (:attr:`turnout.core.routing.Route.why`: ``prefix 0.83``,
+``session``, ``load guard``, ``least expected time``, ``only candidate``).
 A request that named a model alias has ``model=`` the model served and ``alias=`` the name it asked for.
 With ``--log-format json`` the same facts are fields of the record's JSON object (``remote``, ``method``,
 ``path``, ``status``, ``bytes``, ``latency_ms``, ``key``, ``app``, ``api``, ``model``, ``worker``,
-``prompt_tokens``, ``completion_tokens``, ``error``, ``fallback_from``, ``alias`` (the model alias the client named),
-``dropped_tools``: the hosted tools of a Responses request that its worker cannot run, as the answer's
+``prompt_tokens``, ``completion_tokens``, ``route``, ``error``, ``fallback_from``, ``alias`` (the model alias the
+client named), ``dropped_tools``: the hosted tools of a Responses request that its worker cannot run, as the answer's
 ``X-Turnout-Dropped-Tools`` header says). ``key`` is the key's display prefix (``turnout key list`` shows the same),
 never the key; no request header is ever written and secret-looking query values are redacted.
 
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
     from turnout.store.keys import KeyRecord
     from turnout.store.usage import UsageRow
 
-__all__ = ["CALLER", "ERROR_CODE", "REQUEST_ID", "USAGE_ROW", "AccessLog"]
+__all__ = ["CALLER", "ERROR_CODE", "REQUEST_ID", "ROUTE", "USAGE_ROW", "AccessLog"]
 
 # The caller's key (None: open access without one), set once the request is authenticated.
 CALLER: web.RequestKey[KeyRecord | None] = web.RequestKey("access_caller")
@@ -45,6 +47,8 @@ CALLER: web.RequestKey[KeyRecord | None] = web.RequestKey("access_caller")
 USAGE_ROW: web.RequestKey[UsageRow] = web.RequestKey("access_usage")
 # The request's id, for APIs whose answers carry one (Anthropic's ``request-id`` header and error field).
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
+# Why the proxy sent it to its worker (``prefix 0.83``, ``load guard``...), set when a worker was chosen.
+ROUTE: web.RequestKey[str] = web.RequestKey("access_route")
 
 # aiohttp answers a request it could not parse through a placeholder request built from this message.
 _PLACEHOLDER = getattr(web_protocol, "ERROR", None)
@@ -98,6 +102,11 @@ def _served(api: str, model: str, worker: str | None) -> tuple[str, str]:
     return shown, f" api={api} model={_value(shown)} worker={_value(worker or '-')}"
 
 
+def _route(why: str) -> str:
+    """``why`` quoted as the line writes a value with a space (the router's own words: no escaping needed)."""
+    return f'"{why}"' if " " in why else why
+
+
 class AccessLog(AbstractAccessLogger):
     """One record per request: a human line as the message, the same facts as record attributes (the JSON
     formatter writes them as fields). A request aiohttp could not parse is left to the server log, which
@@ -148,6 +157,10 @@ class AccessLog(AbstractAccessLogger):
             if row.alias is not None:
                 asked = fields["alias"] = redact(row.alias)
                 line += f" alias={_value(asked)}"
+            why = request.get(ROUTE)
+            if why is not None:
+                fields["route"] = why
+                line += f" route={_route(why)}"
             if row.fallback_from is not None:
                 origin = fields["fallback_from"] = redact(row.fallback_from)
                 line += f" fallback_from={_value(origin)}"

@@ -5,12 +5,20 @@ bounded wait queue per model. Inside a model's queue each tenant has its own FIF
 slot goes to the tenants in weighted round-robin (:mod:`turnout.core.fairness`), so one tenant's burst
 cannot starve another. A woken waiter re-runs routing and keeps its place at the head of its line if it
 still cannot go. A tenant at its ``max_concurrent`` waits without blocking other tenants.
+
+Where a model has more than one candidate worker, the request's prompt (its parts as the worker will see them,
+and the client's session, through the dialect: :class:`Ask`) is matched against each worker's prefix index and
+the router ranks them by expected time (:mod:`turnout.core.routing`); the prompt is then recorded in the index of
+the worker it goes to, at once, so that the next request of the same conversation follows it even while this
+one runs (and, with `serve --workers N`, in the other processes' copies: :mod:`.shared_prefixes`). With a single
+candidate none of this is computed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,12 +26,67 @@ from dataclasses import dataclass
 from turnout.config import Routing, Tenant
 from turnout.core.fairness import WeightedRoundRobin
 from turnout.core.patterns import best_value
-from turnout.core.routing import Capacity, NoRoute, NoRouteReason, Route, route
+from turnout.core.prefix import BYTES_PER_TOKEN, Prompt, prompt_of
+from turnout.core.routing import (
+    DEFAULT_OUTPUT_TOKENS,
+    NO_DEMAND,
+    Capacity,
+    Demand,
+    LoadGuard,
+    NoRoute,
+    NoRouteReason,
+    Reason,
+    Route,
+    route,
+)
+from turnout.dialects import api
+from turnout.dialects.base import Call
 from turnout.errors import Forbidden, NotFound, TurnoutError, Unavailable
 from turnout.fleet.state import Fleet, WorkerState
+from turnout.gateway.shared_prefixes import SharedPrefixes
 from turnout.metrics import Metrics
 
-__all__ = ["Dispatcher", "Lease", "no_route_error"]
+__all__ = ["Ask", "Dispatcher", "Lease", "no_route_error"]
+
+
+class Ask:
+    """What routing reads of one call beyond its model: its prompt (with the client's session) and the length of
+    the answer it asks for. Worked out once per request, on first use, and only where there is a choice of
+    workers."""
+
+    __slots__ = ("_done", "_prompt", "call", "headers", "session_header")
+
+    def __init__(self, call: Call, headers: Mapping[str, str], session_header: str | None = None) -> None:
+        self.call = call
+        self.headers = headers
+        self.session_header = session_header
+        self._prompt: Prompt | None = None
+        self._done = False
+
+    def prompt(self, block_bytes: int) -> Prompt | None:
+        """The prompt as the prefix index sees it; None when the call has neither a prompt nor a session."""
+        if not self._done:
+            self._done = True
+            call = self.call
+            dialect = api(call.dialect)
+            session = self.headers.get(self.session_header) if self.session_header else None
+            session = session or dialect.session_key(call, self.headers)
+            parts = dialect.prompt_parts(call)
+            if parts or session:
+                self._prompt = prompt_of(parts, block_bytes, call.model, session)
+        return self._prompt
+
+    def output_tokens(self, learned: float | None) -> float:
+        """The answer's expected length: the model's learned mean, within the call's own limit."""
+        expected = learned or DEFAULT_OUTPUT_TOKENS
+        payload = self.call.payload
+        limit = payload.get("max_tokens", payload.get("max_completion_tokens"))
+        options = payload.get("options")
+        if limit is None and isinstance(options, dict):
+            limit = options.get("num_predict")
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            return min(expected, float(limit))
+        return expected
 
 
 @dataclass(slots=True)
@@ -36,6 +99,12 @@ class Lease:
     tenant: str
     _dispatcher: Dispatcher
     _released: bool = False
+    why: str = Reason.ONLY.value  # why this worker (the access log's route=)
+    choice: bool = False  # there were other candidates (only then are speeds learned: they rank candidates)
+    prompt: Prompt | None = None  # as recorded in its prefix index (None: no choice, or no prompt)
+    share: float = 0.0  # of the prompt it was expected to hold
+    queued: bool = False  # all its slots were busy when this was sent: the engine queues it
+    work: float = 0.0  # its expected work on the worker (in the worker's backlog while it runs)
 
     def release(self) -> None:
         if not self._released:
@@ -103,6 +172,11 @@ class Dispatcher:
         self._queued = 0
         self._rotation = 0
         self._routed = metrics.routing.labels("routed")
+        self._reasons = metrics.route_reasons
+        for reason in Reason:
+            self._reasons[reason.value] = 0
+        self._guard = LoadGuard(routing.load_guard_absolute, routing.load_guard_relative)
+        self.shared: SharedPrefixes | None = None  # `serve --workers N`: the other processes record it too
 
     def _tenant_cap(self, tenant: str) -> int | None:
         cfg = self.tenants.get(tenant)
@@ -116,7 +190,9 @@ class Dispatcher:
         cap = self._tenant_cap(tenant)
         return cap is None or self.tenant_in_flight.get(tenant, 0) < cap
 
-    async def acquire(self, model: str, exclude: frozenset[str] = frozenset(), tenant: str = "") -> Lease:
+    async def acquire(
+        self, model: str, exclude: frozenset[str] = frozenset(), tenant: str = "", ask: Ask | None = None
+    ) -> Lease:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self.routing.queue_timeout_s
@@ -131,9 +207,12 @@ class Dispatcher:
             if cap is not None and self.tenant_in_flight.get(tenant, 0) >= cap:
                 message = f'tenant "{tenant}" is at its limit of {cap} concurrent requests'
             else:
+                candidates = self.fleet.candidates(model)
+                choice = len(candidates) > 1
+                prompt, demand = self._demand(model, ask) if choice else (None, NO_DEMAND)
                 decision = route(
                     model,
-                    self.fleet.views(model),
+                    self.fleet.views(model, prompt, candidates),
                     Capacity(
                         global_in_flight=self.global_in_flight,
                         global_max=self.routing.max_concurrent,
@@ -142,14 +221,20 @@ class Dispatcher:
                     ),
                     exclude=exclude,
                     rotation=self._rotation,
+                    demand=demand,
+                    guard=self._guard,
                 )
                 if not isinstance(decision, NoRoute):
                     if waited:
                         self.metrics.queue_wait.observe(loop.time() - started)
                     self._routed.inc()
+                    self._reasons[decision.reason] += 1
                     self._rotation += 1
                     best = decision.best
-                    return self._take(self.fleet.workers[best.worker], best.model, model, tenant)
+                    lease = self._take(self.fleet.workers[best.worker], best.model, model, tenant)
+                    if choice:  # (even when only one of them was free just now)
+                        self._placed(lease, decision, prompt, time.monotonic())
+                    return lease
                 if decision.reason is not NoRouteReason.SATURATED:
                     self.metrics.routing.labels(decision.reason.value).inc()
                     raise no_route_error(decision, self.retry_after_s)
@@ -175,6 +260,35 @@ class Dispatcher:
             queue.wake_next(self._can_go, self._weight)
 
     # -- internals -------------------------------------------------------------------------------
+    def _demand(self, model: str, ask: Ask | None) -> tuple[Prompt | None, Demand]:
+        """The request's prompt (when prefix affinity is on) and what it asks of a worker."""
+        if ask is None:
+            return None, NO_DEMAND
+        prompt = ask.prompt(self.routing.prefix_block_bytes) if self.routing.prefix_affinity else None
+        size = prompt.size if prompt is not None else len(ask.call.body)
+        return prompt, Demand(size, ask.output_tokens(self.fleet.completion.get(model)))
+
+    def _placed(self, lease: Lease, decision: Route, prompt: Prompt | None, now: float) -> None:
+        """A request for a model with several candidate workers goes to ``lease.worker``: why, what it holds, and
+        its prompt recorded in that worker's prefix index at once (the engine will hold it once it starts)."""
+        worker = lease.worker
+        lease.why = decision.why
+        lease.choice = True
+        lease.queued = worker.config.slots is not None and worker.in_flight > worker.config.slots
+        lease.work = decision.best.work
+        worker.ranked_in_flight += 1
+        worker.backlog_s += lease.work
+        if prompt is None:
+            return
+        lease.prompt = prompt
+        cached = decision.best.cached
+        lease.share = min(cached / prompt.size, 1.0) if prompt.size else 0.0
+        worker.prefix.record(prompt, now)
+        if self.shared is not None:
+            self.shared.recorded(worker.name, prompt)
+        worker.routed(prompt.size / BYTES_PER_TOKEN, cached / BYTES_PER_TOKEN)
+        self.metrics.prefix_tokens(worker.name, prompt.size / BYTES_PER_TOKEN, cached / BYTES_PER_TOKEN)
+
     def _take(self, worker: WorkerState, upstream_model: str, model: str, tenant: str) -> Lease:
         worker.in_flight += 1
         self.global_in_flight += 1
@@ -183,6 +297,11 @@ class Dispatcher:
         return Lease(worker, upstream_model, model, tenant, self)
 
     def _release(self, lease: Lease) -> None:
+        if lease.choice:
+            lease.worker.ranked_in_flight -= 1
+            lease.worker.backlog_s = (
+                max(lease.worker.backlog_s - lease.work, 0.0) if lease.worker.ranked_in_flight else 0.0
+            )
         lease.worker.in_flight -= 1
         lease.worker.completed += 1
         self.global_in_flight -= 1

@@ -17,6 +17,8 @@ too and ends them at once.
 What must be exact across the processes is counted where they all see it: rate windows and token budgets
 by the supervisor (``turnout.gateway.shared_limits``) or Redis; admin changes through a shared change counter
 (``turnout.gateway.peers``); concurrency caps are split between the processes (:func:`split_caps`). The
+supervisor also relays what each process records in its workers' prefix indexes to the others
+(``turnout.gateway.shared_prefixes``). The
 in-process claims controller (``pools.agents``) cannot run N times and is refused.
 """
 
@@ -151,7 +153,7 @@ class Supervisor:
     on_ready: Callable[[], None]
     on_stopping: Callable[[], None]
     on_restart: Callable[[int, int, str, float], None]  # index, pid, how it ended, delay
-    keeper: LimitKeeper | None = None  # counts the limits of every process (its own socket pair each)
+    keeper: LimitKeeper | None = None  # counts every process's limits, relays prefix records (a socket pair each)
     children: dict[int, _Child] = field(default_factory=dict)
     drained: Drained = field(default_factory=Drained)
     _signals: list[int] = field(default_factory=list)

@@ -36,12 +36,12 @@ from aiohttp import web
 
 from turnout.config import Settings
 from turnout.core.health import failure_reason
+from turnout.core.prefix import BYTES_PER_TOKEN
 from turnout.core.routing import NoRoute
-from turnout.core.signals import tokens_per_second
+from turnout.core.signals import Reported, Sample, reported
 from turnout.dialects import NATIVE_HEADERS, api, worker_error_message
 from turnout.dialects.base import (
     Call,
-    Counts,
     Dialect,
     Endpoint,
     StreamTranslation,
@@ -54,10 +54,10 @@ from turnout.dialects.streams import FrameError, StreamKind, StreamWatch, keepal
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
 from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
-from turnout.gateway.access import REQUEST_ID
+from turnout.gateway.access import REQUEST_ID, ROUTE
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.catalog import iso_time, modified_at, unknown_details
-from turnout.gateway.dispatch import Dispatcher, Lease, no_route_error
+from turnout.gateway.dispatch import Ask, Dispatcher, Lease, no_route_error
 from turnout.metrics import Metrics
 from turnout.responses import error_frame, error_response, json_response
 from turnout.upstream.client import ConnectFailed, NoAnswer, UpstreamClient, UpstreamResponse
@@ -76,6 +76,7 @@ _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _TOKENIZER_S = 10.0  # a tokenizer's answer later than this: the gateway's estimate instead
 _TOKENIZER_ANSWER = 64 << 20  # bytes: a tokenizer's answer (a list of token ids) larger than this is not read
 COUNT_SOURCE = "X-Turnout-Token-Count"  # on a count_tokens answer: "tokenizer" (the worker's) or "estimate"
+EXPLAIN_HEADER = "X-Turnout-Route"  # routing.explain_header: "<worker>; <why>"
 
 
 class Proxy:
@@ -97,6 +98,7 @@ class Proxy:
         # json_schema response_format for llama-cpp-python's; fields that are not OpenAI's own for OpenAI's API)
         self._alternate_form: set[tuple[str, Dialect]] = set()
         self._tokenizers: dict[str, int] = {}  # worker -> which of a TokenCounter's requests its tokenizer took
+        self._explain = settings.routing.explain_header
 
     async def serve(self, request: web.Request, call: Call, outcome: Outcome, tenant: str = "") -> web.StreamResponse:
         if call.endpoint is Endpoint.SHOW:
@@ -148,16 +150,22 @@ class Proxy:
     async def _serve_once(self, request: web.Request, call: Call, outcome: Outcome, tenant: str) -> web.StreamResponse:
         exclude: set[str] = set()
         failure: ConnectFailed | None = None
-        for _ in range(self.settings.routing.max_attempts):
+        routing = self.settings.routing
+        ask = Ask(call, request.headers, routing.session_header)
+        for _ in range(routing.max_attempts):
             try:
-                lease = await self.dispatcher.acquire(call.model, frozenset(exclude), tenant)
+                lease = await self.dispatcher.acquire(call.model, frozenset(exclude), tenant, ask)
             except TurnoutError:
                 if failure is not None:  # every reachable candidate failed: report the real cause
                     raise failure from None
                 raise
             outcome.worker = lease.worker.name
+            request[ROUTE] = lease.why
             try:
-                return await self._attempt(request, call, lease, outcome)
+                response = await self._attempt(request, call, lease, outcome)
+                if self._explain and not response.prepared:  # a stream has it already (_stream_headers)
+                    response.headers[EXPLAIN_HEADER] = _explained(lease)
+                return response
             except ConnectFailed as exc:
                 self.metrics.upstream_errors.labels(lease.worker.name, "connect").inc()
                 lease.worker.mark_down(exc.message, failure_reason(exc.code))
@@ -186,13 +194,14 @@ class Proxy:
         upstream = _upstream_name(worker, lease.model)
         if upstream != call.model:
             body = orjson.dumps({**call.payload, "model": upstream})
-        return await self._passthrough(request, call, worker, lease.model, body, outcome)
+        return await self._passthrough(request, call, lease, body, outcome)
 
     # -- same dialect ----------------------------------------------------------------------------
     async def _passthrough(
-        self, request: web.Request, call: Call, worker: WorkerState, model: str, body: bytes, outcome: Outcome
+        self, request: web.Request, call: Call, lease: Lease, body: bytes, outcome: Outcome
     ) -> web.StreamResponse:
-        """``model``: the name the worker knows it by (its failures and successes are counted under it)."""
+        """``lease.model``: the name the worker knows it by (its failures and successes are counted under it)."""
+        worker, model = lease.worker, lease.model
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         forward = NATIVE_HEADERS.get(call.dialect)
@@ -204,7 +213,7 @@ class Proxy:
             if not _streaming(call, up):
                 data = await up.read()
                 answer = self._answer(worker, model, data, loop.time())
-                self._learn(worker, call.model, answer, time.perf_counter() - started, outcome)
+                self._learn(lease, call, answer, started, None, outcome)
                 if outcome.keep is not None:
                     await outcome.keep(answer)
                 reply = _raw_json(data, up.status, call)
@@ -217,7 +226,7 @@ class Proxy:
             def fail(err: TurnoutError) -> bytes:
                 return error_frame(call.dialect, err, watch)
 
-            resp = web.StreamResponse(status=up.status, headers=_stream_headers(request, call))
+            resp = web.StreamResponse(status=up.status, headers=self._stream_headers(request, call, lease))
             resp.content_type = up.content_type
             await resp.prepare(request)
             ping = keepalive(kind)
@@ -255,9 +264,11 @@ class Proxy:
                     await _cut_short(resp, fail)
                 raise
             if watch.finished:
-                final = watch.final if kind is StreamKind.NDJSON and watch.final else {"usage": watch.usage}
-                elapsed = time.perf_counter() - (first or started)
-                self._learn(worker, call.model, final, elapsed, outcome, stream_events=max(watch.events - 1, 0))
+                if kind is StreamKind.NDJSON and watch.final:
+                    final = watch.final
+                else:
+                    final = {"usage": watch.usage, "timings": watch.timings}
+                self._learn(lease, call, final, started, first, outcome, stream_events=max(watch.events - 1, 0))
             return resp
 
     async def _end_stream(
@@ -408,22 +419,22 @@ class Proxy:
                 out, counts = translation.answer(call, parsed, timing)
             except _SHAPE_ERRORS as exc:
                 raise UpstreamError(f"{worker.name}: the worker's answer has an unexpected shape ({exc})") from None
-            self._observe(worker, call.model, counts, outcome)
+            outcome.prompt_tokens = counts.prompt_tokens
+            outcome.completion_tokens = counts.completion_tokens
+            if lease.choice:
+                self._observe(lease, call, reported(parsed), counts.completion_tokens, None, timing.total_ns / 1e9)
             if outcome.keep is not None:
                 await outcome.keep(out)
             response = _json(out, 200, call)
             response.headers.update(headers)
             return response
-        return await self._translate_stream(
-            request, call, worker, lease.model, translation, up, started, outcome, headers
-        )
+        return await self._translate_stream(request, call, lease, translation, up, started, outcome, headers)
 
     async def _translate_stream(
         self,
         request: web.Request,
         call: Call,
-        worker: WorkerState,
-        model: str,
+        lease: Lease,
         translation: Translation,
         up: UpstreamResponse,
         started: int,
@@ -431,7 +442,8 @@ class Proxy:
         headers: dict[str, str],
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
-        stream_headers = _stream_headers(request, call)
+        worker = lease.worker
+        stream_headers = self._stream_headers(request, call, lease)
         resp = web.StreamResponse(status=200, headers={**stream_headers, **headers} if headers else stream_headers)
         resp.content_type = translation.content_type
         await resp.prepare(request)
@@ -465,7 +477,7 @@ class Proxy:
                 if watch.ended:  # this chunk's frames go out with the last ones, in one write
                     up.finish_later(_DRAIN_S)
                     await self._finish_translated(
-                        resp, call, worker, model, watch, translation, translator, started, first_ns, outcome, data
+                        resp, call, lease, watch, translation, translator, started, first_ns, outcome, data
                     )
                     answered = True
                     break
@@ -478,12 +490,12 @@ class Proxy:
             if not answered:
                 watch.close()
                 await self._finish_translated(
-                    resp, call, worker, model, watch, translation, translator, started, first_ns, outcome, b""
+                    resp, call, lease, watch, translation, translator, started, first_ns, outcome, b""
                 )
                 answered = True
         except (UpstreamError, FrameError) as exc:
             if not answered:
-                await self._stream_failed(resp, fail, worker, model, exc, outcome, loop.time())
+                await self._stream_failed(resp, fail, worker, lease.model, exc, outcome, loop.time())
         except asyncio.CancelledError:
             if not answered:
                 await _cut_short(resp, fail)
@@ -494,8 +506,7 @@ class Proxy:
         self,
         resp: web.StreamResponse,
         call: Call,
-        worker: WorkerState,
-        model: str,
+        lease: Lease,
         watch: StreamWatch,
         translation: Translation,
         translator: StreamTranslation,
@@ -508,6 +519,7 @@ class Proxy:
         frames go out with the end of the answer; a stream that did not end with the model's finish raises, after
         ``pending`` (the caller then ends the answer with an error frame)."""
         now = asyncio.get_running_loop().time()
+        worker, model = lease.worker, lease.model
         failure = None
         if watch.error is not None:
             failure = UpstreamError(f"{worker.name}: {watch.error}")
@@ -524,7 +536,12 @@ class Proxy:
             raise UpstreamError(f"{worker.name}: the worker's stream has an unexpected shape ({exc})") from None
         if outcome.keep is not None:  # the answer is whole: kept before its last frame goes out
             await outcome.keep(final[-1])
-        self._observe(worker, call.model, counts, outcome)
+        outcome.prompt_tokens = counts.prompt_tokens
+        outcome.completion_tokens = counts.completion_tokens
+        if lease.choice:
+            rep = Reported(counts.prompt_tokens, counts.completion_tokens)
+            total_s = (time.perf_counter_ns() - started) / 1e9
+            self._observe(lease, call, rep, counts.completion_tokens, first_ns / 1e9 if first_ns else None, total_s)
         worker.record_success(now, model)
         await resp.write_eof(pending + b"".join(map(translation.frame, final)))
 
@@ -614,36 +631,91 @@ class Proxy:
             **_dial_options(worker),
         )
 
+    def _stream_headers(self, request: web.Request, call: Call, lease: Lease) -> dict[str, str]:
+        headers = _stream_headers(request, call)
+        return {**headers, EXPLAIN_HEADER: _explained(lease)} if self._explain else headers
+
     def _learn(
         self,
-        worker: WorkerState,
-        model: str,
+        lease: Lease,
+        call: Call,
         answer: dict[str, Any],
-        seconds: float,
+        started: float,
+        first: float | None,
         outcome: Outcome,
         *,
         stream_events: int = 0,
     ) -> None:
-        """Token counts for accounting (None when the worker reported none: accounting estimates), and
-        tokens/s from Ollama's eval stats, else OpenAI usage (or stream events) over wall time."""
-        usage = _obj(answer.get("usage"))
-        outcome.prompt_tokens = _first(
-            _count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"), _input_tokens(usage)
-        )
-        count, duration = _count(answer, "eval_count"), _count(answer, "eval_duration")
-        if count is not None and duration is not None:
-            outcome.completion_tokens = count
-            worker.observe_speed(model, tokens_per_second(count, duration / 1e9))
+        """Token counts for accounting (None when the worker reported none: accounting estimates), and, where the
+        router had a choice of workers, what the answer says of the worker's speed (its learned rates rank
+        candidates, and nothing else reads them). ``started``, ``first``: ``perf_counter`` times of sending and
+        of the first bytes of a stream."""
+        if not lease.choice or call.endpoint is Endpoint.COUNT_TOKENS:
+            # the usual single-worker model: the counts alone, as cheaply as they come (a token count is no answer)
+            usage = _obj(answer.get("usage"))
+            outcome.prompt_tokens = _first(
+                _count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"), _input_tokens(usage)
+            )
+            completion = _first(
+                _count(answer, "eval_count"), _count(usage, "completion_tokens"), _count(usage, "output_tokens")
+            )
+            outcome.completion_tokens = completion if completion is not None else (stream_events or None)
             return
-        tokens = _first(_count(usage, "completion_tokens"), _count(usage, "output_tokens"))
-        outcome.completion_tokens = tokens if tokens is not None else (stream_events or None)
-        worker.observe_speed(model, tokens_per_second(outcome.completion_tokens or 0, seconds))
+        rep = reported(answer)
+        outcome.prompt_tokens = rep.prompt_tokens
+        completion = rep.completion_tokens if rep.completion_tokens is not None else (stream_events or None)
+        outcome.completion_tokens = completion
+        now = time.perf_counter()
+        self._observe(lease, call, rep, completion, None if first is None else first - started, now - started)
 
-    def _observe(self, worker: WorkerState, model: str, counts: Counts, outcome: Outcome) -> None:
-        """Accounting for a translated answer: the worker's own counts where it reported them."""
-        outcome.prompt_tokens = counts.prompt_tokens
-        outcome.completion_tokens = counts.completion_tokens
-        worker.observe_speed(model, tokens_per_second(counts.completion_tokens, counts.seconds))
+    def _observe(
+        self,
+        lease: Lease,
+        call: Call,
+        rep: Reported,
+        completion: int | None,
+        first_s: float | None,
+        total_s: float,
+    ) -> None:
+        """Learn the worker's prefill and decode rates from one answer (:func:`turnout.core.signals.speeds`): the
+        prompt's tokens as reported (else the prefix index's estimate), those served from the engine's cache as it
+        reported them (else what the prefix index expected it to hold)."""
+        worker = lease.worker
+        if completion:
+            self.fleet.answered(call.model, completion)
+        prompt_tokens = rep.prompt_tokens
+        if prompt_tokens is None and lease.prompt is not None:
+            prompt_tokens = round(lease.prompt.size / BYTES_PER_TOKEN)
+        cached = rep.cached_tokens
+        if cached is not None and rep.prompt_tokens:
+            worker.engine_counted(rep.prompt_tokens, cached)
+            self.metrics.engine_tokens(worker.name, rep.prompt_tokens, cached)
+        else:
+            cached = round((prompt_tokens or 0) * lease.share)
+            if lease.share:
+                # the index's word only: when the engine no longer held what it expected, a prefill rate from this
+                # would be far too slow, so only answers expected cold (or counted by the engine) teach it
+                prompt_tokens = None
+        prefill_tokens = rep.prefill_tokens
+        if prefill_tokens is not None and rep.prefill_counts_cache:  # Ollama's count includes its cache
+            prefill_tokens = None if prompt_tokens is None else max(prefill_tokens - cached, 0)
+        sample = Sample(
+            prompt_tokens,
+            cached,
+            completion,
+            first_s,
+            total_s,
+            lease.queued,
+            prefill_tokens,
+            rep.prefill_s,
+            rep.decode_tokens,
+            rep.decode_s,
+        )
+        worker.observe(call.model, sample, time.monotonic(), self.settings.routing.speed_ttl_s)
+
+
+def _explained(lease: Lease) -> str:
+    return f"{lease.worker.name}; {lease.why}"
 
 
 class _NeedFallback(Exception):

@@ -14,6 +14,11 @@ estimate]`` and the keeper answers ``[n, <the Decision's fields>]``; ``[0, "sett
 actual]`` and ``[0, "release", subject, day, at, reserved]`` get no answer (they are applied in the order they
 were sent, after the admission they belong to). Admission times are the keeper's clock, so the window is one
 sequence whatever process asked.
+
+The same channel carries what each process records in its workers' prefix indexes
+(:mod:`turnout.gateway.shared_prefixes`): ``[0, "relay", ...]`` is passed on as it is to every other process,
+which hands it to :attr:`SharedLimiter.on_relay`. The keeper keeps none of it. With ``storage.redis_url`` the
+limits are Redis's, and the channel carries only these.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ log = logging.getLogger("turnout.serve")
 _HEAD = struct.Struct("!I")
 _MAX_FRAME = 64 << 10  # a frame is a few hundred bytes: anything near this is a broken peer
 _ANSWER_S = 5.0  # an admission the keeper has not answered in this time is refused as "limits unavailable"
+_RELAY = b'[0,"relay"'  # how a frame to pass on starts (orjson writes no spaces)
 
 
 def _frame(message: list[Any]) -> bytes:
@@ -119,17 +125,38 @@ class LimitKeeper:
             if not data:
                 raise ConnectionResetError("the gateway process closed its end")
             answers = []
+            relays = []
             for frame in frames.feed(data):
+                if frame.startswith(_RELAY):
+                    relays.append(_HEAD.pack(len(frame)) + frame)
+                    continue
                 answer = self._apply(frame)
                 if answer is not None:
                     answers.append(answer)
             if answers:
                 sock.sendall(b"".join(answers))
         except (OSError, ValueError) as exc:  # the process ended (or misbehaved): its end is gone
-            if not isinstance(exc, ConnectionResetError):
-                log.warning("dropping a gateway process's limits channel: %s", exc)
-            del self._peers[fd]
-            sock.close()
+            self._drop(fd, exc)
+            return
+        if relays:
+            self._relay(fd, b"".join(relays))
+
+    def _relay(self, origin: int, data: bytes) -> None:
+        """Pass frames on to every process but the one that sent them."""
+        for fd, (sock, _) in list(self._peers.items()):
+            if fd != origin:
+                try:
+                    sock.sendall(data)
+                except OSError as exc:  # it stopped reading (the socket's timeout) or ended
+                    self._drop(fd, exc)
+
+    def _drop(self, fd: int, exc: Exception) -> None:
+        peer = self._peers.pop(fd, None)
+        if peer is None:
+            return
+        if not isinstance(exc, ConnectionResetError):
+            log.warning("dropping a gateway process's limits channel: %s", exc)
+        peer[0].close()
 
     def _apply(self, frame: bytes) -> bytes | None:
         message = orjson.loads(frame)
@@ -154,7 +181,8 @@ class LimitKeeper:
 
 class SharedLimiter:
     """A gateway process's side (a :class:`turnout.gateway.limiter.TokenLimiter`): asks the keeper over
-    ``sock``, its end of the pair the supervisor made for it."""
+    ``sock``, its end of the pair the supervisor made for it. It also passes records to the other processes
+    (:meth:`relay`) and hands theirs to ``on_relay``; :meth:`listen` starts reading before anything is sent."""
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -166,11 +194,21 @@ class SharedLimiter:
         self._next = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._broken: str | None = None
+        self.on_relay: Callable[[list[Any]], None] | None = None  # what the other processes relayed here
 
-    def _send(self, message: list[Any]) -> None:
-        if self._loop is None:  # the first call, on the process's event loop
+    def listen(self) -> None:
+        """Read the channel from now on (on the process's event loop; :meth:`_send` starts it too)."""
+        if self._loop is None:
             self._loop = asyncio.get_running_loop()
             self._loop.add_reader(self._sock.fileno(), self._on_readable)
+
+    def relay(self, message: list[Any]) -> None:
+        """Pass ``message`` (``[0, "relay", ...]``) to every other process; dropped when the channel is broken."""
+        with contextlib.suppress(Unavailable):
+            self._send(message)
+
+    def _send(self, message: list[Any]) -> None:
+        self.listen()  # the first call, on the process's event loop
         if self._broken is not None:
             raise _unavailable(self._broken)
         try:
@@ -197,6 +235,10 @@ class SharedLimiter:
             return
         for frame in frames:
             message = orjson.loads(frame)
+            if message[0] == 0:  # not an answer: another process's record
+                if self.on_relay is not None:
+                    self.on_relay(message)
+                continue
             future = self._waiting.pop(message[0], None)
             if future is not None and not future.done():
                 future.set_result(message)

@@ -1,6 +1,6 @@
 """The Overview page: workers and endpoints with health (and why when down), models, load, requests per
-minute, and ModelClaims by phase. The body is a fragment (``/admin/overview/fragment``) that the page polls
-with htmx, so it refreshes itself without a reload.
+minute, each worker's prefix cache hit rate, and ModelClaims by phase. The body is a fragment
+(``/admin/overview/fragment``) that the page polls with htmx, so it refreshes itself without a reload.
 
 Requests per minute come from the usage store (all replicas' traffic, flushed first): the requests of the
 previous and the current minute, scaled to one minute.
@@ -57,6 +57,9 @@ async def overview_state(request: web.Request) -> dict[str, Any]:
             "in_flight": state.in_flight,
             "max_concurrent": state.config.max_concurrent,
             "rpm": rpm.get(state.name, 0.0),
+            # the share of prompt tokens served from its engine's cache: the engine's count, else the index's
+            "hit_rate": state.hit_rate,
+            "hit_source": "engine" if state.engine_prompt_tokens else "index",
         }
         if state.external is not None:
             ext = state.external

@@ -102,16 +102,21 @@ class AnthropicAPI:
             return []
 
     def session_key(self, call: Call, headers: Mapping[str, str]) -> str | None:
-        """The session id inside ``metadata.user_id`` (Claude Code sends a JSON string there), else None."""
+        """The session inside ``metadata.user_id``: Claude Code sends a JSON string with its ``session_id`` (the
+        captures in tests/golden), earlier versions ``user_<hash>_account_<uuid>_session_<uuid>``; any other
+        value is the client's own key as it is."""
         value = prompt.user_id(call.payload)
-        if value is None or not value.startswith("{"):
+        if not value:
             return None
-        try:
-            parsed = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return None
-        session = parsed.get("session_id") if isinstance(parsed, dict) else None
-        return session if isinstance(session, str) and session else None
+        if value.startswith("{"):
+            try:
+                parsed = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                return value
+            session = parsed.get("session_id") if isinstance(parsed, dict) else None
+            return session if isinstance(session, str) and session else value
+        _, marker, session = value.rpartition("_session_")
+        return session if marker and session else value
 
 
 def estimate(call: Call) -> int:

@@ -7,10 +7,15 @@ takes the model as ``name`` (older clients).
 
 An Ollama worker takes these requests as they are. An OpenAI-style worker (llama.cpp, vLLM, SGLang, LM Studio,
 mlx_lm) gets them translated (:class:`OllamaOnOpenAI`, rules in :mod:`.translate`), answers and streams included.
+
+For prefix routing, a chat's prompt is its leading system messages, its tools, then its other messages; a
+generate's its ``system`` then its ``prompt`` (a ``raw`` one: the prompt alone); an embedding has none. Ollama's
+API has no field naming a session: only the operator's header (``routing.session_header``) names one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -27,6 +32,7 @@ from turnout.dialects.base import (
     WorkerAPI,
 )
 from turnout.dialects.ollama import translate
+from turnout.dialects.parts import chat_parts, stable_text
 from turnout.dialects.streams import StreamKind, StreamWatch
 from turnout.errors import TurnoutError
 
@@ -34,6 +40,8 @@ __all__ = ["API", "OllamaAPI", "OllamaOnOpenAI"]
 
 _TRANSLATED = (Endpoint.CHAT, Endpoint.GENERATE, Endpoint.EMBED, Endpoint.EMBED_LEGACY)
 _NO_HEADERS: dict[str, str] = {}
+# What Ollama's templates render of a message besides its role and content.
+_MESSAGE_EXTRA = ("images", "tool_calls", "tool_name")
 
 
 class OllamaAPI:
@@ -68,6 +76,21 @@ class OllamaAPI:
     def translation(self, worker: WorkerAPI, endpoint: Endpoint, native: frozenset[str]) -> Translation | None:
         if worker is WorkerAPI.OPENAI and endpoint in _TRANSLATED:
             return ON_OPENAI
+        return None
+
+    def prompt_parts(self, call: Call) -> list[str]:
+        payload = call.payload
+        if call.endpoint is Endpoint.CHAT:
+            return chat_parts(payload.get("messages"), payload.get("tools"), _MESSAGE_EXTRA)
+        if call.endpoint is Endpoint.GENERATE:
+            prompt = stable_text(payload.get("prompt", ""))
+            system = payload.get("system")
+            if payload.get("raw") or not system:
+                return [prompt]
+            return [stable_text(system), prompt]
+        return []
+
+    def session_key(self, call: Call, headers: Mapping[str, str]) -> str | None:
         return None
 
 

@@ -34,6 +34,7 @@ from turnout.dialects.base import (
     WorkerAPI,
 )
 from turnout.dialects.ollama.translate import schema_as_json_object
+from turnout.dialects.parts import chat_parts
 from turnout.dialects.responses import answer as answers
 from turnout.dialects.responses import request
 from turnout.dialects.responses.stream import ResponsesStream, failed_response
@@ -80,21 +81,13 @@ class ResponsesAPI:
 
     # -- for prefix-aware routing (issue 24) --------------------------------------------------------
     def prompt_parts(self, call: Call) -> list[str]:
-        """The prompt's parts in order as a chat worker sees them: the system message (instructions and leading
-        developer messages), the tools, then each message. Empty when the request cannot be translated."""
+        """The prompt's parts as the chat request it becomes gives them (the same parts as that chat request's, as
+        the worker sees the same prompt). Empty when the request cannot be translated."""
         try:
             chat, _ = request.to_chat(call.payload, call.model, stream=False)
         except (TranslationError, TypeError, ValueError, RecursionError):
             return []
-        messages = chat["messages"]
-        parts: list[str] = []
-        if messages and messages[0]["role"] == "system":
-            parts.append(_text(messages[0]))
-            messages = messages[1:]
-        if chat.get("tools"):
-            parts.append(orjson.dumps(chat["tools"]).decode())
-        parts.extend(_text(m) for m in messages)
-        return parts
+        return chat_parts(chat["messages"], chat.get("tools"), openai.MESSAGE_EXTRA)
 
     def session_key(self, call: Call, headers: Mapping[str, str]) -> str | None:
         """The client's own conversation key: ``prompt_cache_key`` (Codex sends its session id there)."""
@@ -158,20 +151,6 @@ _HEADS = {
 
 def _response_id(call: Call) -> str:
     return call.answer_id or "resp_0"
-
-
-def _text(message: JSON) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        text = content
-    elif content is None:
-        text = ""
-    else:
-        text = orjson.dumps(content).decode()
-    calls = message.get("tool_calls")
-    if calls:
-        text += orjson.dumps(calls).decode()
-    return f"{message['role']}: {text}"
 
 
 def _count(value: object) -> int | None:

