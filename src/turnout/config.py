@@ -141,12 +141,13 @@ class Routing(_Model):
         description="a request header that names the client's session (e.g. X-Session-Id); requests naming one "
         "go where that session went last, as the body fields clients send for it do (prompt_cache_key, user)",
     )
-    load_guard_absolute: int = Field(
-        2,
+    load_guard_absolute: int | None = Field(
+        None,
         ge=0,
         le=MAX_CONCURRENT,
         description="the load guard: when the worker ranked first has more than this many requests in flight "
-        "above the least loaded candidate, and load_guard_relative times as many, rank by load instead",
+        "above the least loaded candidate, and load_guard_relative times as many, rank by load instead; unset: "
+        "that worker's slots (a whole engine's worth waiting), 32 for a batching engine",
     )
     load_guard_relative: float = Field(1.5, ge=1, le=1000, description="the load guard's relative threshold")
     speed_ttl_s: float = Field(

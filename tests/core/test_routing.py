@@ -244,7 +244,7 @@ def test_known_nowhere_uses_the_design_wording() -> None:
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from turnout.core.routing import Demand, LoadGuard, Reason  # noqa: E402
+from turnout.core.routing import Demand, LoadGuard, Reason, credible_rate  # noqa: E402
 
 PROMPT = Demand(prompt_bytes=4000, output_tokens=16)
 
@@ -287,12 +287,40 @@ def ranked(decision: Route | NoRoute) -> list[str]:
         ),
         # a slot still free: no wait at all
         ([w("a", cached=3600, slots=2, in_flight=1, service_s=60.0), w("b", slots=2)], ["a", "b"], "prefix 0.90"),
-        # the load guard: far more in flight than the least loaded one -> by load, whatever it holds
-        ([w("a", cached=4000, in_flight=3), w("b", in_flight=0)], ["b", "a"], "load guard"),
+        # the load guard: far more in flight than the least loaded one -> by load, whatever it holds. Unset, its
+        # absolute threshold is the first worker's slots: a one-slot engine with two in flight (one waiting)
+        # against an idle one ...
+        (
+            [w("a", cached=4000, in_flight=2, slots=1, service_s=0.1), w("b", in_flight=0, slots=1)],
+            ["b", "a"],
+            "load guard",
+        ),
+        # ... one in flight is not more than one slot's worth
+        (
+            [w("a", cached=4000, in_flight=1, slots=1, service_s=0.1), w("b", in_flight=0, slots=1)],
+            ["a", "b"],
+            "prefix 1.00",
+        ),
+        # ... an engine of 4 slots: more than 4 more
+        (
+            [w("a", cached=4000, in_flight=4, slots=4, service_s=0.1), w("b", in_flight=0, slots=4)],
+            ["a", "b"],
+            "prefix 1.00",
+        ),
+        (
+            [w("a", cached=4000, in_flight=5, slots=4, service_s=0.1), w("b", in_flight=0, slots=4)],
+            ["b", "a"],
+            "load guard",
+        ),
+        # ... a batching engine (no slots): more than 32 more
+        ([w("a", cached=4000, in_flight=32, service_s=0.1), w("b", in_flight=0)], ["a", "b"], "prefix 1.00"),
+        ([w("a", cached=4000, in_flight=33, service_s=0.1), w("b", in_flight=0)], ["b", "a"], "load guard"),
         # ... both thresholds must be exceeded: 3 more, but not 1.5 times as many
-        ([w("a", cached=4000, in_flight=10), w("b", in_flight=7)], ["a", "b"], "prefix 1.00"),
-        # ... and 2 more is not more than 2
-        ([w("a", cached=4000, in_flight=2), w("b", in_flight=0)], ["a", "b"], "prefix 1.00"),
+        (
+            [w("a", cached=4000, in_flight=10, slots=1, service_s=0.01), w("b", in_flight=7, slots=1)],
+            ["a", "b"],
+            "prefix 1.00",
+        ),
     ],
 )
 def test_expected_time(workers: list[WorkerView], order: list[str], why: str) -> None:
@@ -312,6 +340,31 @@ def test_a_worker_with_no_fresh_figure_is_tried_again() -> None:
     workers = [w("fast", prefill_rate=500.0, decode_rate=40.0, service_s=1.0), w("forgotten")]
     picks = {pick(route(M, workers, demand=PROMPT, rotation=r)) for r in range(4)}
     assert picks == {"fast", "forgotten"}
+
+
+def test_a_rate_taught_by_one_answer_counts_less_than_one_taught_by_many() -> None:
+    """One slow answer (it shared the CPUs with two others) must not starve a worker: its rate is drawn towards the
+    candidates' mean, so a held prefix or a queue elsewhere still sends it requests. Many slow answers are
+    believed."""
+    # the slow-once worker holds the prompt's beginning; the others are idle and cold
+    once = [w("slow", prefill_rate=40.0, prefill_samples=1, cached=2000), w("b", prefill_rate=120.0, prefill_samples=8)]
+    assert pick(route(M, once, demand=PROMPT)) == "slow"
+    often = [once[0]._replace(prefill_samples=20), once[1]]
+    assert pick(route(M, often, demand=PROMPT)) == "b"
+
+
+@pytest.mark.parametrize(
+    ("rate", "samples", "mean", "expected"),
+    [
+        (None, 0, 100.0, 100.0),  # none learned: the mean
+        (100.0, 1, 100.0, 100.0),  # at the mean: unchanged
+        (100.0 / 3, 1, 100.0, 60.0),  # a third of the mean, once: 0.6 of it
+        (100.0 / 3, 1000, 100.0, 33.4),  # ... a thousand times: believed
+        (300.0, 1, 100.0, 128.6),  # faster, once: drawn down as much
+    ],
+)
+def test_credible_rate(rate: float | None, samples: int, mean: float, expected: float) -> None:
+    assert credible_rate(rate, samples, mean) == pytest.approx(expected, abs=0.05)
 
 
 def test_the_load_guard_thresholds_are_configurable() -> None:

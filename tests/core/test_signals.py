@@ -5,10 +5,10 @@ from turnout.core.signals import (
     Sample,
     Speeds,
     gpu_from_samples,
+    reported,
     smooth,
     speeds,
     tokens_per_second,
-    reported,
     vram_pressure_from_ps,
 )
 

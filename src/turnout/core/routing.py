@@ -28,7 +28,15 @@ The order is fixed and each step has its own failure:
 6. the load guard: when the worker ranked first has far more requests in flight than the least loaded one
    (more than ``LoadGuard.absolute`` more, and more than ``LoadGuard.relative`` times as many, as SGLang's
    router checks), rank by load instead, so that a hot prefix spreads over several workers rather than
-   queueing on the one that holds it (the prefix index then learns the new placement).
+   queueing on the one that holds it (the prefix index then learns the new placement). Unless configured, the
+   absolute threshold is the first worker's slots (a whole engine's worth of requests waiting beyond what it
+   runs at once: 1 for a one-slot engine), or :data:`BATCH_GUARD` for a batching engine.
+
+Learned rates are noisy (one answer that shared the machine with others, one that waited in an engine's own
+queue) and a worker judged slow by one of them would never be sent another to correct it. So a rate counts by
+how many answers taught it: each candidate's is drawn towards the candidates' mean as if :data:`PRIOR_SAMPLES`
+answers had taught the mean (:func:`credible_rate`); a worker that is really slower stays slower once a few
+answers say so.
 
 The decision says why (:attr:`Route.why`): ``prefix 0.83`` (the first holds the largest share of the prompt,
 0.83 of it), ``session`` (it holds the client's session), ``load guard``, ``least expected time`` (no held prefix
@@ -59,6 +67,7 @@ __all__ = [
     "Reason",
     "Route",
     "WorkerView",
+    "credible_rate",
     "expected_seconds",
     "installed_name",
     "route",
@@ -74,6 +83,10 @@ SOFT_SLOTS = 8
 # Pushing a held prompt out of an engine's slot costs its prefill again if its conversation comes back: counted
 # at this share of that prefill (it may not come back).
 W_EVICT = 0.5
+# A learned rate counts as if this many answers at the candidates' mean rate had been folded in with it.
+PRIOR_SAMPLES = 2.0
+# The load guard's absolute threshold for a batching engine (no slots), unless configured.
+BATCH_GUARD = 4 * SOFT_SLOTS
 # Rates assumed while no candidate has a fresh learned one (their ratio to each other is what matters): prefill
 # ten times decode, between a GPU's (a hundred times) and a CPU's llama.cpp (two to five times), so that a held
 # prefix counts for something before the first cold answer has taught the real rate.
@@ -110,6 +123,8 @@ class WorkerView(NamedTuple):
     slots: int | None = None  # requests its engine runs at once; None: unknown (a batching engine)
     prefill_rate: float | None = None  # learned for this model here, uncached prompt tokens/s; None: unknown/stale
     decode_rate: float | None = None  # learned, completion tokens/s after the first
+    prefill_samples: int = 1  # how many answers taught prefill_rate (since it was last forgotten)
+    decode_samples: int = 1  # ... and decode_rate
     service_s: float | None = None  # learned, how long a request holds it
     backlog_s: float = 0.0  # the expected work of its requests in flight that were ranked here (each its own)
     ranked: int = 0  # how many of its requests in flight that is (the others count service_s each)
@@ -142,9 +157,10 @@ NO_DEMAND = Demand()
 
 class LoadGuard(NamedTuple):
     """When the worker ranked first is this far above the least loaded one (in requests in flight, both
-    thresholds exceeded), rank by load instead."""
+    thresholds exceeded), rank by load instead. ``absolute`` None: the first worker's slots, or
+    :data:`BATCH_GUARD` for a batching engine."""
 
-    absolute: int = 2
+    absolute: int | None = None
     relative: float = 1.5
 
 
@@ -349,11 +365,21 @@ class _Neutral(NamedTuple):
     vram: float
 
 
+def credible_rate(rate: float | None, samples: int, mean: float) -> float:
+    """A learned ``rate`` drawn towards the candidates' ``mean`` as if :data:`PRIOR_SAMPLES` answers had taught
+    the mean (a harmonic blend: the times per token are averaged, as the router adds times); ``mean`` where
+    none is learned."""
+    if not rate:
+        return mean
+    n = max(samples, 1)
+    return mean * (n + PRIOR_SAMPLES) / (n * mean / rate + PRIOR_SAMPLES)  # exactly ``mean`` at the mean
+
+
 def expected_seconds(view: WorkerView, name: str, demand: Demand, neutral: _Neutral) -> tuple[float, float]:
     """(how long ``view``'s worker would take to answer ``demand``, of which the request's own work there): see
     the module's docstring, step 5."""
-    prefill = view.prefill_rate or neutral.prefill
-    decode = view.decode_rate or neutral.decode
+    prefill = credible_rate(view.prefill_rate, view.prefill_samples, neutral.prefill)
+    decode = credible_rate(view.decode_rate, view.decode_samples, neutral.decode)
     uncached = max(demand.prompt_bytes - view.cached, 0) / BYTES_PER_TOKEN
     slowdown = 1.0 + W_GPU * (neutral.gpu if view.gpu_util is None else view.gpu_util)
     slowdown += W_VRAM * (neutral.vram if view.vram_pressure is None else view.vram_pressure)
@@ -399,7 +425,11 @@ def _rank(free: list[tuple[WorkerView, str]], rotation: int, demand: Demand, gua
     scored.sort(key=lambda item: (item[0], item[1]))
     first = scored[0]
     least = min(item[2] for item in scored)
-    if first[2] - least > guard.absolute and first[2] > guard.relative * least:
+    absolute = guard.absolute
+    if absolute is None:
+        slots = next(w.slots for w, _ in free if w.name == first[4].worker)
+        absolute = BATCH_GUARD if slots is None else slots
+    if first[2] - least > absolute and first[2] > guard.relative * least:
         scored.sort(key=lambda item: item[2])  # stable: at equal load, the expected time's order
         return Route(tuple(item[4] for item in scored), Reason.LOAD_GUARD)
     ranked = tuple(item[4] for item in scored)

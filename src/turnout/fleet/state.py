@@ -67,8 +67,10 @@ class Learned:
 
     prefill: float | None = None  # uncached prompt tokens/s
     prefill_at: float = 0.0
+    prefill_n: int = 0  # answers folded into ``prefill`` since it was last forgotten
     decode: float | None = None  # completion tokens/s after the first
     decode_at: float = 0.0
+    decode_n: int = 0
     service: float | None = None  # seconds a request held the worker
     service_at: float = 0.0
 
@@ -79,8 +81,10 @@ class Learned:
         decode = self.decode if self.decode_at >= limit else None
         learned = speeds(sample, prefill, decode)
         if learned.prefill is not None:
+            self.prefill_n = 1 if prefill is None else self.prefill_n + 1
             self.prefill, self.prefill_at = smooth(prefill, learned.prefill), now
         if learned.decode is not None:
+            self.decode_n = 1 if decode is None else self.decode_n + 1
             self.decode, self.decode_at = smooth(decode, learned.decode), now
         if learned.service_s is not None:
             service = self.service if self.service_at >= limit else None
@@ -446,6 +450,8 @@ class Fleet:
                 view = view._replace(
                     prefill_rate=prefill,
                     decode_rate=decode,
+                    prefill_samples=0 if learned is None else learned.prefill_n,
+                    decode_samples=0 if learned is None else learned.decode_n,
                     service_s=service,
                     backlog_s=state.backlog_s,
                     ranked=state.ranked_in_flight,
