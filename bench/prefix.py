@@ -186,6 +186,8 @@ def start_engines(model: Path, count: int, tmp: Path, n_ctx: int) -> list[Engine
             str(port),
             "--n_threads",
             "1",
+            "--n_threads_batch",
+            "1",  # its default is every CPU for prompts: one thread each, prompts too
             "--n_ctx",
             str(n_ctx),
             "--interrupt_requests",
@@ -221,7 +223,9 @@ def start_turnout(
     }
     (home / "config.json").write_text(json.dumps(config))
     port = free_port()
-    env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "bench", "PYTHONPATH": str(src)}
+    # the tree first, then whatever the environment already adds (packages installed with --target)
+    path = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "bench", "PYTHONPATH": path}
     cmd = [sys.executable, "-m", "turnout", "serve", "--config", str(home / "config.json"), "--port", str(port)]
     cmd += ["--log-level", "info", *([] if processes == 1 else ["--workers", str(processes)])]  # access lines: route=
     with (home / "gateway.log").open("wb") as out:

@@ -60,7 +60,8 @@ class _ReasonsCollector(Collector):
         family = CounterMetricFamily(
             "turnout_route_reasons",
             "why routed requests went to the worker they went to: prefix (it held the largest part of the prompt), "
-            "session (it held the client's session), load guard, least expected time, only candidate",
+            "session (it held the client's session), history (none held any of it; it was sent it recently), "
+            "load guard, least expected time, only candidate",
             labels=["reason"],
         )
         for reason, count in sorted(self.metrics.route_reasons.items()):

@@ -186,3 +186,17 @@ def test_memory_stays_within_the_documented_bound() -> None:
     used = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
     assert len(index) == cap
     assert used / cap <= 320, f"{used / cap:.0f} bytes a block"
+
+
+def test_history_counts_what_was_sent_whether_or_not_a_slot_still_holds_it() -> None:
+    """One slot, taken since by another group's prompt: nothing is held, but the worker was sent the group's
+    beginning (history); past the time limit, not even that."""
+    other = "Another group entirely, another system prompt. " * 4
+    index = sent(SYSTEM + "user: one", other + "user: two", slots=1)
+    match = index.match(p(SYSTEM + "user: three"), 2.0, TTL, slots=1)
+    assert match.prefix == 0 and match.history == len(SYSTEM.encode()) // B * B
+    assert index.match(p(SYSTEM + "user: three"), 2.0, TTL, slots=2).prefix == match.history
+    # the last prompt is held (and sent): both
+    held = index.match(p(other + "user: four"), 2.0, TTL, slots=1)
+    assert held.prefix == held.history >= len(other.encode()) // B * B
+    assert index.match(p(SYSTEM + "user: three"), 2.0 + TTL, TTL, slots=1).history == 0  # (time only goes on)

@@ -419,7 +419,36 @@ def test_a_longer_held_prefix_never_scores_lower(pool: list[WorkerView], pick_: 
 
 
 def test_reasons_are_the_documented_words() -> None:
-    assert [r.value for r in Reason] == ["prefix", "session", "load guard", "least expected time", "only candidate"]
+    assert [r.value for r in Reason] == [
+        "prefix",
+        "session",
+        "history",
+        "load guard",
+        "least expected time",
+        "only candidate",
+    ]
+
+
+def test_a_group_held_nowhere_goes_back_to_where_it_was() -> None:
+    """One-slot engines, each slot taken by another group's prompt since: the engine this group was on before
+    goes first, unless it is expected to take more than a quarter longer."""
+    workers = [w("a", slots=1, evicts=4000), w("b", slots=1, evicts=4000, history=2000), w("c", slots=1, evicts=4000)]
+    decision = route(M, workers, demand=PROMPT)
+    assert ranked(decision) == ["b", "a", "c"]
+    assert isinstance(decision, Route) and decision.why == "history 0.50"
+    # ... the most of it first
+    workers[0] = workers[0]._replace(history=3000)
+    assert ranked(route(M, workers, demand=PROMPT))[0] == "a"
+    # ... but not when it is far slower
+    slow = [
+        w("a", slots=1, prefill_rate=100.0, prefill_samples=9),
+        w("b", slots=1, prefill_rate=40.0, prefill_samples=9, history=4000),
+    ]
+    decision = route(M, slow, demand=PROMPT)
+    assert ranked(decision) == ["a", "b"] and isinstance(decision, Route) and decision.why == "least expected time"
+    # ... and never over a worker that holds some of it
+    held = [w("a", slots=1, cached=800), w("b", slots=1, history=4000)]
+    assert ranked(route(M, held, demand=PROMPT))[0] == "a"
 
 
 def test_a_new_conversation_goes_where_it_pushes_nothing_out() -> None:

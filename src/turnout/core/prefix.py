@@ -17,7 +17,9 @@ each with the number of the send that last carried it. A key counts (:meth:`Pref
   the engine's capacity in blocks when that is smaller (the caller passes the smaller of the two).
 
 For an engine with slots it also says what a send would push out (:attr:`Match.evicts`): the prompt in the slot
-the engine reuses, when all of its slots hold prompts that still count.
+the engine reuses, when all of its slots hold prompts that still count; and how much of the prompt the worker was
+sent within ``ttl_s`` whether or not a slot still holds it (:attr:`Match.history`): where a conversation group
+went before, so that groups keep to their engines when none holds them any more.
 
 It remembers sessions the same way (the client's own names for its conversations,
 :meth:`turnout.dialects.base.ClientAPI.session_key`): the send that last carried each, and how long its prompt was.
@@ -68,6 +70,7 @@ class Match(NamedTuple):
     prefix: int = 0
     session: int = 0
     evicts: int = 0
+    history: int = 0  # bytes of the prompt sent here within the time limit, held in a slot or not
 
     @property
     def cached(self) -> int:
@@ -148,14 +151,17 @@ class PrefixIndex:
         """How much of ``prompt`` this worker is expected to hold: the bytes of its longest indexed prefix whose
         keys still count (see the module's docstring), the bytes its session's last prompt here had, and (with
         ``slots``) the bytes of the prompt this one would push out."""
-        oldest = self._oldest_counted(now, ttl_s, slots)
+        recent = self._oldest_recent(now, ttl_s)
+        oldest = recent if slots is None else max(recent, self._send - slots + 1)
         get = self._keys.get
-        matched = 0
+        matched = history = 0
         for key in prompt.keys:
             send = get(key)
-            if send is None or send < oldest:
+            if send is None or send < recent:
                 break
-            matched += 1
+            history += 1
+            if send >= oldest and matched == history - 1:
+                matched = history
         session = 0
         if prompt.session is not None:
             seen = self._sessions.get(prompt.session)
@@ -164,15 +170,12 @@ class PrefixIndex:
         # with slots, when every slot holds a prompt that still counts, the engine reuses the oldest one's slot
         sends = self._sends
         evicts = sends[-slots][2] if slots is not None and len(sends) >= slots else 0
-        return Match(matched * prompt.block, session, evicts)
+        return Match(matched * prompt.block, session, evicts, history * prompt.block)
 
-    def _oldest_counted(self, now: float, ttl_s: float, slots: int | None) -> int:
-        """The number of the oldest send whose keys still count."""
+    def _oldest_recent(self, now: float, ttl_s: float) -> int:
+        """The number of the oldest send within ``ttl_s`` of ``now`` (older ones are dropped)."""
         sends = self._sends
         limit = now - ttl_s
         while sends and sends[0][1] < limit:
             sends.popleft()
-        oldest = sends[0][0] if sends else self._send + 1
-        if slots is not None:
-            oldest = max(oldest, self._send - slots + 1)
-        return oldest
+        return sends[0][0] if sends else self._send + 1

@@ -39,8 +39,9 @@ answers had taught the mean (:func:`credible_rate`); a worker that is really slo
 answers say so.
 
 The decision says why (:attr:`Route.why`): ``prefix 0.83`` (the first holds the largest share of the prompt,
-0.83 of it), ``session`` (it holds the client's session), ``load guard``, ``least expected time`` (no held prefix
-decided it), or ``only candidate``.
+0.83 of it), ``session`` (it holds the client's session), ``history 0.70`` (no candidate holds any of it, and the
+first was sent 0.70 of it recently: see :data:`HISTORY_SLACK`), ``load guard``, ``least expected time`` (no held
+prefix decided it), or ``only candidate``.
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ SOFT_SLOTS = 8
 # Pushing a held prompt out of an engine's slot costs its prefill again if its conversation comes back: counted
 # at this share of that prefill (it may not come back).
 W_EVICT = 0.5
+# Where no candidate holds any of the prompt, one that was sent its beginning recently (its slot since reused) is
+# preferred when it is expected to take at most this share longer than the quickest: conversation groups keep to
+# the engines they were on, so each engine's slots keep holding their groups' prefixes instead of every group
+# pushing every other out of every engine.
+HISTORY_SLACK = 0.25
 # A learned rate counts as if this many answers at the candidates' mean rate had been folded in with it.
 PRIOR_SAMPLES = 2.0
 # The load guard's absolute threshold for a batching engine (no slots), unless configured.
@@ -131,6 +137,7 @@ class WorkerView(NamedTuple):
     cached: int = 0  # bytes of this request's prompt it is expected to hold in its KV cache
     by_session: bool = False  # ``cached`` is what the client's session sent here last (not the prefix index)
     evicts: int = 0  # bytes of a held prompt this one would push out of its slots (an engine with slots)
+    history: int = 0  # bytes of this request's prompt sent here recently, whether or not a slot still holds them
 
 
 class Capacity(NamedTuple):  # built on every request: a tuple, like WorkerView
@@ -172,6 +179,7 @@ class Reason(StrEnum):
 
     PREFIX = "prefix"
     SESSION = "session"
+    HISTORY = "history"
     LOAD_GUARD = "load guard"
     LEAST_TIME = "least expected time"
     ONLY = "only candidate"
@@ -198,8 +206,8 @@ class Route:
     @property
     def why(self) -> str:
         """``prefix 0.83``, ``session``, ``load guard``, ``least expected time`` or ``only candidate``."""
-        if self.reason is Reason.PREFIX:
-            return f"prefix {self.share:.2f}"
+        if self.reason is Reason.PREFIX or self.reason is Reason.HISTORY:
+            return f"{self.reason.value} {self.share:.2f}"
         return self.reason.value
 
 
@@ -434,10 +442,31 @@ def _rank(free: list[tuple[WorkerView, str]], rotation: int, demand: Demand, gua
         return Route(tuple(item[4] for item in scored), Reason.LOAD_GUARD)
     ranked = tuple(item[4] for item in scored)
     best = ranked[0]
+    if not any(w.cached for w, _ in free):
+        returning = _returning(scored, free, demand)
+        if returning is not None:
+            return returning
     if best.cached and best.cached == max(c.cached for c in ranked):
         share = min(best.cached / demand.prompt_bytes, 1.0) if demand.prompt_bytes else 1.0
         return Route(ranked, Reason.SESSION if first[3] else Reason.PREFIX, share)
     return Route(ranked, Reason.LEAST_TIME)
+
+
+def _returning(
+    scored: list[tuple[float, int, int, bool, Candidate]], free: list[tuple[WorkerView, str]], demand: Demand
+) -> Route | None:
+    """Nothing of the prompt is held anywhere: the candidate that was sent the most of it recently, among those
+    expected within :data:`HISTORY_SLACK` of the quickest, first (None when none was sent any of it)."""
+    history = {w.name: w.history for w, _ in free}
+    limit = scored[0][0] * (1 + HISTORY_SLACK)
+    near = [item for item in scored if item[0] <= limit]
+    chosen = max(near, key=lambda item: history[item[4].worker])  # the first of equals: the quickest
+    seen = history[chosen[4].worker]
+    if not seen:
+        return None
+    rest = tuple(item[4] for item in scored if item is not chosen)
+    share = min(seen / demand.prompt_bytes, 1.0) if demand.prompt_bytes else 1.0
+    return Route((chosen[4], *rest), Reason.HISTORY, share)
 
 
 def _mean(values: list[float | None]) -> float | None:

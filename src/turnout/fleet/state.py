@@ -458,6 +458,7 @@ class Fleet:
                     cached=0 if match is None else match.cached,
                     by_session=match is not None and match.by_session,
                     evicts=0 if match is None else match.evicts,
+                    history=0 if match is None else match.history,
                 )
             out.append(view)
         return out

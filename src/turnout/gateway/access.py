@@ -6,7 +6,7 @@ Text (``turnout serve``, the default; ``--no-access-log`` or ``logging.access_lo
 api=openai:chat model=llama3 worker=w1 tokens=12+30 route="prefix 0.83"
 
 ``route`` says why the request went to that worker (:attr:`turnout.core.routing.Route.why`: ``prefix 0.83``,
-``session``, ``load guard``, ``least expected time``, ``only candidate``).
+``session``, ``history 0.70``, ``load guard``, ``least expected time``, ``only candidate``).
 A request that named a model alias has ``model=`` the model served and ``alias=`` the name it asked for.
 With ``--log-format json`` the same facts are fields of the record's JSON object (``remote``, ``method``,
 ``path``, ``status``, ``bytes``, ``latency_ms``, ``key``, ``app``, ``api``, ``model``, ``worker``,
