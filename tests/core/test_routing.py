@@ -389,6 +389,10 @@ views = st.builds(
     gpu_util=st.one_of(st.none(), st.floats(0, 1)),
     cached=st.integers(0, 4000),
     evicts=st.integers(0, 8000),
+    evicts_age_s=st.floats(0, 10_000),
+    history=st.integers(0, 8000),
+    prefill_samples=st.integers(0, 50),
+    decode_samples=st.integers(0, 50),
     vram_pressure=st.none(),
     rules=st.just(ALLOW),
     max_concurrent=st.none(),
@@ -459,3 +463,6 @@ def test_a_new_conversation_goes_where_it_pushes_nothing_out() -> None:
     # ... unless what it holds is this conversation's own beginning
     workers = [w("same", slots=1, evicts=4000, cached=3600), w("free", slots=1)]
     assert ranked(route(M, workers, demand=PROMPT)) == ["same", "free"]
+    # every slot taken: the one whose prompt was sent longest ago goes (least likely to come back soon)
+    workers = [w("recent", slots=1, evicts=4000, evicts_age_s=2.0), w("old", slots=1, evicts=4000, evicts_age_s=90.0)]
+    assert ranked(route(M, workers, demand=PROMPT)) == ["old", "recent"]

@@ -71,6 +71,7 @@ class Match(NamedTuple):
     session: int = 0
     evicts: int = 0
     history: int = 0  # bytes of the prompt sent here within the time limit, held in a slot or not
+    evicts_age_s: float = 0.0  # how long ago the prompt ``evicts`` counts was sent
 
     @property
     def cached(self) -> int:
@@ -169,8 +170,11 @@ class PrefixIndex:
                 session = min(seen[1], prompt.size)
         # with slots, when every slot holds a prompt that still counts, the engine reuses the oldest one's slot
         sends = self._sends
-        evicts = sends[-slots][2] if slots is not None and len(sends) >= slots else 0
-        return Match(matched * prompt.block, session, evicts, history * prompt.block)
+        evicts, age = 0, 0.0
+        if slots is not None and len(sends) >= slots:
+            _, sent_at, evicts = sends[-slots]
+            age = max(now - sent_at, 0.0)
+        return Match(matched * prompt.block, session, evicts, history * prompt.block, age)
 
     def _oldest_recent(self, now: float, ttl_s: float) -> int:
         """The number of the oldest send within ``ttl_s`` of ``now`` (older ones are dropped)."""

@@ -84,6 +84,10 @@ SOFT_SLOTS = 8
 # Pushing a held prompt out of an engine's slot costs its prefill again if its conversation comes back: counted
 # at this share of that prefill (it may not come back).
 W_EVICT = 0.5
+# ... and the less the longer ago it was sent (a conversation that has not come back for a while is less likely to
+# come back soon): halved for every this many seconds. So a new conversation takes the slot of the prompt sent
+# longest ago, as llama.cpp's server itself picks the least recently used slot.
+EVICT_HALF_LIFE_S = 60.0
 # Where no candidate holds any of the prompt, one that was sent its beginning recently (its slot since reused) is
 # preferred when it is expected to take at most this share longer than the quickest: conversation groups keep to
 # the engines they were on, so each engine's slots keep holding their groups' prefixes instead of every group
@@ -137,6 +141,7 @@ class WorkerView(NamedTuple):
     cached: int = 0  # bytes of this request's prompt it is expected to hold in its KV cache
     by_session: bool = False  # ``cached`` is what the client's session sent here last (not the prefix index)
     evicts: int = 0  # bytes of a held prompt this one would push out of its slots (an engine with slots)
+    evicts_age_s: float = 0.0  # how long ago that prompt was sent there
     history: int = 0  # bytes of this request's prompt sent here recently, whether or not a slot still holds them
 
 
@@ -398,7 +403,8 @@ def expected_seconds(view: WorkerView, name: str, demand: Demand, neutral: _Neut
         work += LOAD_S
     seconds = work
     if view.evicts > view.cached:  # a held prompt pushed out: its prefill again, if its conversation comes back
-        seconds += W_EVICT * (view.evicts - view.cached) / BYTES_PER_TOKEN / prefill
+        weight = W_EVICT * 0.5 ** (max(view.evicts_age_s, 0.0) / EVICT_HALF_LIFE_S)
+        seconds += weight * (view.evicts - view.cached) / BYTES_PER_TOKEN / prefill
     if view.in_flight:
         # what is ahead: the expected work of the requests in flight there (each estimated when it was ranked),
         # those without an estimate at the time a request holds it (unknown: as long as this one would take cold)

@@ -459,6 +459,7 @@ class Fleet:
                     by_session=match is not None and match.by_session,
                     evicts=0 if match is None else match.evicts,
                     history=0 if match is None else match.history,
+                    evicts_age_s=0.0 if match is None else match.evicts_age_s,
                 )
             out.append(view)
         return out
