@@ -358,9 +358,9 @@ def test_a_rate_taught_by_one_answer_counts_less_than_one_taught_by_many() -> No
     [
         (None, 0, 100.0, 100.0),  # none learned: the mean
         (100.0, 1, 100.0, 100.0),  # at the mean: unchanged
-        (100.0 / 3, 1, 100.0, 60.0),  # a third of the mean, once: 0.6 of it
+        (100.0 / 3, 1, 100.0, 71.4),  # a third of the mean, once: 0.71 of it
         (100.0 / 3, 1000, 100.0, 33.4),  # ... a thousand times: believed
-        (300.0, 1, 100.0, 128.6),  # faster, once: drawn down as much
+        (300.0, 1, 100.0, 115.4),  # faster, once: drawn down as much
     ],
 )
 def test_credible_rate(rate: float | None, samples: int, mean: float, expected: float) -> None:

@@ -94,7 +94,7 @@ EVICT_HALF_LIFE_S = 60.0
 # pushing every other out of every engine.
 HISTORY_SLACK = 0.25
 # A learned rate counts as if this many answers at the candidates' mean rate had been folded in with it.
-PRIOR_SAMPLES = 2.0
+PRIOR_SAMPLES = 4.0
 # The load guard's absolute threshold for a batching engine (no slots), unless configured.
 BATCH_GUARD = 4 * SOFT_SLOTS
 # Rates assumed while no candidate has a fresh learned one (their ratio to each other is what matters): prefill
