@@ -273,10 +273,12 @@ def test_access_log_is_on_by_default_one_line_per_request(tmp_path: Path, llama_
     assert first["rest"] == (
         f" key={prefix} app=starter api=openai:chat model=tiny worker=llama"
         f" tokens={usage['prompt_tokens']}+{usage['completion_tokens']}"
+        ' route="only candidate"'  # why it went to that worker: the model has one
     )
     assert second["request"] == "POST /api/chat HTTP/1.1" and second["status"] == "200"
     assert re.fullmatch(
-        rf" key={prefix} app=starter api=ollama:chat model=tiny worker=llama tokens=\d+\+\d+", second["rest"]
+        rf' key={prefix} app=starter api=ollama:chat model=tiny worker=llama tokens=\d+\+\d+ route="only candidate"',
+        second["rest"],
     )
     assert missing["status"] == "404"
     assert (
