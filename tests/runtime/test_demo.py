@@ -219,6 +219,8 @@ async def test_it_idles_into_sleep_wakes_on_demand_and_shows_on_the_pools_page(g
     page = await _pools_fragment(gw)
     assert 'data-pool="demo"' in page or "data-pool=demo" in page, page[:2000]
     assert f"data-claim={MODEL}" in page or f'data-claim="{MODEL}"' in page
+    # llama.cpp's KV figures cannot be read: the agent says so with AIBrix's -1, the page says "not reported"
+    assert "not reported" in page and "-1 B" not in page
     first = await _engine(gw)
     assert first["phase"] == "active" and first["alive"] and first["engine"] == "llamacpp"
     assert first["args"]["--n_threads"] == "1"

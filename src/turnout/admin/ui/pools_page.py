@@ -31,7 +31,9 @@ EVENTS_SHOWN = 50  # the newest events (the local controller keeps 200)
 
 
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A figure, or None when absent or unknown (AIBrix's KV_UNKNOWN, -1, which agents send for an engine whose
+    KV cache cannot be read: llama.cpp's)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _engine(engine: dict[str, Any]) -> dict[str, Any]:
