@@ -94,8 +94,19 @@ json_values = st.recursive(
 )
 
 
-@given(st.dictionaries(st.sampled_from(["messages", "tools", "prompt", "system", "raw", "user"]), json_values))
-@settings(max_examples=300, deadline=None)
+# message-shaped objects whose fields hold anything (a role that is a list, content that is a number...)
+messages = st.dictionaries(
+    st.sampled_from(["role", "content", "tool_calls", "name", "images", "tool_name", "tool_call_id", "type"]),
+    json_values,
+    max_size=4,
+)
+fields = st.sampled_from(
+    ["messages", "tools", "prompt", "system", "raw", "user", "input", "instructions", "metadata", "prompt_cache_key"]
+)
+
+
+@given(st.dictionaries(fields, json_values | st.lists(messages, max_size=3) | messages))
+@settings(max_examples=500, deadline=None)
 def test_parts_and_sessions_never_raise(payload: dict[str, Any]) -> None:
     for dialect, client in CLIENT_APIS.items():
         for endpoint in Endpoint:

@@ -47,7 +47,8 @@ def chat_parts(messages: object, tools: object, extra: tuple[str, ...]) -> list[
     lead = 0
     while lead < len(messages):
         message = messages[lead]
-        if not (isinstance(message, dict) and message.get("role") in _INSTRUCTIONS):
+        role = message.get("role") if isinstance(message, dict) else None
+        if not (isinstance(role, str) and role in _INSTRUCTIONS):
             break
         lead += 1
     parts = [_message(m, extra) for m in messages[:lead]]
