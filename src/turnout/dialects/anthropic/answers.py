@@ -148,27 +148,8 @@ def message_from_openai(
     if not isinstance(message, dict):
         raise ResponseShapeError("the answer's choice has no message")
     msg_id = message_id(answer.get("id") or answer)
-    content: list[JSON] = []
     thinking = _text(message.get("reasoning_content")) or _text(message.get("reasoning"))
-    if thinking:
-        content.append({"type": "thinking", "thinking": thinking, "signature": ""})
-    text = _text(message.get("content"))
-    if text:
-        content.append({"type": "text", "text": text})
-    calls = message.get("tool_calls")
-    for n, call in enumerate(calls if isinstance(calls, list) else []):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
-            continue
-        call_id = tool_use_id(call.get("id"), msg_id, n)
-        content.append(
-            {
-                "type": "tool_use",
-                "id": call_id,
-                "name": function["name"],
-                "input": tool_input(function.get("arguments")),
-            }
-        )
+    content = _blocks(message, thinking, msg_id)
     usage = Usage(estimate)
     usage.openai(answer.get("usage"))
     matched = _matched(choice, stops)
@@ -178,14 +159,10 @@ def message_from_openai(
     return out, usage.counts(0, timing.total_ns / 1e9)
 
 
-def message_from_ollama(answer: JSON, model: str, estimate: int, timing: Timing) -> tuple[JSON, Counts]:
-    """An ``/api/chat`` answer (``done: true``) as a Message."""
-    message = answer.get("message")
-    if not isinstance(message, dict):
-        raise ResponseShapeError("the answer has no message")
-    msg_id = message_id(answer)
+def _blocks(message: JSON, thinking: str, msg_id: str) -> list[JSON]:
+    """A worker's answer message (OpenAI's or Ollama's: the same ``content`` and ``tool_calls`` fields) as a
+    Message's content blocks: its thinking, its text, then each named tool call."""
     content: list[JSON] = []
-    thinking = _text(message.get("thinking"))
     if thinking:
         content.append({"type": "thinking", "thinking": thinking, "signature": ""})
     text = _text(message.get("content"))
@@ -205,6 +182,16 @@ def message_from_ollama(answer: JSON, model: str, estimate: int, timing: Timing)
                 "input": tool_input(function.get("arguments")),
             }
         )
+    return content
+
+
+def message_from_ollama(answer: JSON, model: str, estimate: int, timing: Timing) -> tuple[JSON, Counts]:
+    """An ``/api/chat`` answer (``done: true``) as a Message."""
+    message = answer.get("message")
+    if not isinstance(message, dict):
+        raise ResponseShapeError("the answer has no message")
+    msg_id = message_id(answer)
+    content = _blocks(message, _text(message.get("thinking")), msg_id)
     usage = Usage(estimate)
     usage.ollama(answer)
     tools = any(block["type"] == "tool_use" for block in content)
