@@ -28,6 +28,7 @@ __all__ = [
     "Sample",
     "Speeds",
     "gpu_from_samples",
+    "input_counts",
     "reported",
     "smooth",
     "speeds",
@@ -91,7 +92,7 @@ def reported(answer: Mapping[str, object]) -> Reported:
         completion = _count(usage.get("completion_tokens"))
         cached = _count(details.get("cached_tokens"))
     else:  # the Responses API's names, or Anthropic's (whose input_tokens leaves out what its cache served)
-        prompt, completion, cached = _input_counts(usage)
+        prompt, completion, cached = input_counts(usage)
     if timings:
         cache_n = _count(timings.get("cache_n"))
         return Reported(
@@ -119,7 +120,7 @@ def reported(answer: Mapping[str, object]) -> Reported:
     )
 
 
-def _input_counts(usage: Mapping[str, object]) -> tuple[int | None, int | None, int | None]:
+def input_counts(usage: Mapping[str, object]) -> tuple[int | None, int | None, int | None]:
     """(prompt, completion, cached) from a Responses usage (``input_tokens``, ``output_tokens``,
     ``input_tokens_details.cached_tokens``) or an Anthropic one (``input_tokens`` plus
     ``cache_creation_input_tokens`` and ``cache_read_input_tokens``, the last served from cache)."""

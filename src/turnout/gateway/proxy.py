@@ -38,7 +38,7 @@ from turnout.config import Settings
 from turnout.core.health import failure_reason
 from turnout.core.prefix import BYTES_PER_TOKEN
 from turnout.core.routing import NoRoute
-from turnout.core.signals import Reported, Sample, reported
+from turnout.core.signals import Reported, Sample, input_counts, reported
 from turnout.dialects import NATIVE_HEADERS, api, worker_error_message
 from turnout.dialects.base import (
     Call,
@@ -654,7 +654,7 @@ class Proxy:
             # the usual single-worker model: the counts alone, as cheaply as they come (a token count is no answer)
             usage = _obj(answer.get("usage"))
             outcome.prompt_tokens = _first(
-                _count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"), _input_tokens(usage)
+                _count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"), input_counts(usage)[0]
             )
             completion = _first(
                 _count(answer, "eval_count"), _count(usage, "completion_tokens"), _count(usage, "output_tokens")
@@ -765,12 +765,6 @@ def _stream_headers(request: web.Request, call: Call) -> dict[str, str]:
     if request_id is not None:
         headers["request-id"] = request_id
     return headers
-
-
-def _input_tokens(usage: dict[str, Any]) -> int | None:
-    """Anthropic's (and the Responses API's) prompt count: ``input_tokens`` plus Anthropic's cache counters."""
-    counted = [_count(usage, n) for n in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")]
-    return None if counted[0] is None else sum(c for c in counted if c is not None)
 
 
 def _streaming(call: Call, up: UpstreamResponse) -> bool:
