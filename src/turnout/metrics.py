@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -27,13 +29,24 @@ class _FleetCollector(Collector):
         models = GaugeMetricFamily(
             "turnout_worker_models", "models in the worker's inventory (-1: unknown)", labels=["worker"]
         )
+        parallel = GaugeMetricFamily(
+            "turnout_worker_parallelism",
+            "requests the worker's engine runs at once for the model (-1: a batching engine of unknown capacity; model "
+            '"*": none answered yet), and how that was found: declared, engine, learned or assumed',
+            labels=["worker", "model", "source"],
+        )
+        now = time.monotonic()
         for state in self.fleet.workers.values():
             healthy.add_metric([state.name], 1.0 if state.healthy else 0.0)
             in_flight.add_metric([state.name], float(state.in_flight))
             models.add_metric([state.name], float(-1 if state.inventory is None else len(state.inventory)))
+            for model, figure in state.parallelisms(now).items():
+                slots = -1.0 if figure.slots is None else float(figure.slots)
+                parallel.add_metric([state.name, model, figure.source.value], slots)
         yield healthy
         yield in_flight
         yield models
+        yield parallel
 
 
 class _InFlightCollector(Collector):
@@ -61,7 +74,8 @@ class _ReasonsCollector(Collector):
             "turnout_route_reasons",
             "why routed requests went to the worker they went to: prefix (it held the largest part of the prompt), "
             "session (it held the client's session), history (none held any of it; it was sent it recently), "
-            "load guard, least expected time, only candidate",
+            "free slot (work-conserving: it had one, the one that held more of the prompt had a queue), load guard, "
+            "least expected time, only candidate",
             labels=["reason"],
         )
         for reason, count in sorted(self.metrics.route_reasons.items()):

@@ -244,7 +244,7 @@ def test_known_nowhere_uses_the_design_wording() -> None:
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from turnout.core.routing import Demand, LoadGuard, Reason, credible_rate  # noqa: E402
+from turnout.core.routing import Demand, LoadGuard, Reason, credible_rate, expected_seconds, neutral_of  # noqa: E402
 
 PROMPT = Demand(prompt_bytes=4000, output_tokens=16)
 
@@ -385,6 +385,7 @@ views = st.builds(
     decode_rate=st.one_of(st.none(), st.floats(1, 200)),
     service_s=st.one_of(st.none(), st.floats(0.01, 30)),
     backlog_s=st.floats(0, 100),
+    busy_s=st.floats(0, 100),
     ranked=st.integers(0, 6),
     gpu_util=st.one_of(st.none(), st.floats(0, 1)),
     cached=st.integers(0, 4000),
@@ -428,6 +429,7 @@ def test_reasons_are_the_documented_words() -> None:
         "session",
         "history",
         "load guard",
+        "free slot",
         "least expected time",
         "only candidate",
     ]
@@ -466,3 +468,125 @@ def test_a_new_conversation_goes_where_it_pushes_nothing_out() -> None:
     # every slot taken: the one whose prompt was sent longest ago goes (least likely to come back soon)
     workers = [w("recent", slots=1, evicts=4000, evicts_age_s=2.0), w("old", slots=1, evicts=4000, evicts_age_s=90.0)]
     assert ranked(route(M, workers, demand=PROMPT)) == ["old", "recent"]
+
+
+# -- work-conserving: an engine with a free slot is never passed over for one with a queue unless the expected time,
+# the wait in that queue included, says so ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("workers", "order", "why"),
+    [
+        # a one-slot engine holds the prompt but runs another request; the idle one takes it ...
+        (
+            [w("a", cached=3600, slots=1, in_flight=1, ranked=1, backlog_s=5.0), w("b", slots=1)],
+            ["b", "a"],
+            "least expected time",
+        ),
+        # ... unless that request is nearly done: the wait shrinks as the slot works through it
+        (
+            [w("a", cached=3600, slots=1, in_flight=1, ranked=1, backlog_s=5.0, busy_s=4.5), w("b", slots=1)],
+            ["a", "b"],
+            "prefix 0.90",
+        ),
+        # ... but never below a share of it (an answer running longer than expected has some left)
+        (
+            [w("a", cached=3600, slots=1, in_flight=1, ranked=1, backlog_s=30.0, busy_s=60.0), w("b", slots=1)],
+            ["b", "a"],
+            "least expected time",
+        ),
+        # the cost of pushing another conversation's prompt out of the idle engine's slot does not keep it idle
+        # while this request would queue elsewhere ...
+        (
+            [
+                w("a", slots=1, in_flight=1, ranked=1, backlog_s=1.0),
+                w("b", slots=1, evicts=40_000, evicts_age_s=0.0),
+            ],
+            ["b", "a"],
+            "free slot",
+        ),
+        # ... it still decides between engines that both have a free slot
+        (
+            [w("a", slots=1, evicts=40_000, evicts_age_s=0.0), w("b", slots=1)],
+            ["b", "a"],
+            "least expected time",
+        ),
+        # a batching engine of unknown capacity never queues (its wait is spread over SOFT_SLOTS)
+        ([w("a", cached=3600, in_flight=3, ranked=3, backlog_s=3.0), w("b")], ["a", "b"], "prefix 0.90"),
+    ],
+)
+def test_work_conserving(workers: list[WorkerView], order: list[str], why: str) -> None:
+    decision = route(M, workers, demand=PROMPT)
+    assert ranked(decision) == order
+    assert isinstance(decision, Route) and decision.why == why
+
+
+def test_history_only_picks_among_free_engines_when_one_is_free() -> None:
+    """A conversation group's old engine is busy: the group goes to the free one, not into a queue."""
+    workers = [w("old", slots=1, in_flight=1, ranked=1, backlog_s=0.5, history=4000), w("free", slots=1)]
+    decision = route(M, workers, demand=PROMPT)
+    assert ranked(decision)[0] == "free"
+
+
+@given(st.lists(views, min_size=2, max_size=5), st.integers(0, 8000), st.integers(0, 7))
+@settings(max_examples=500, deadline=None)
+def test_a_queued_engine_goes_first_only_when_it_is_expected_sooner(
+    pool: list[WorkerView], size: int, rotation: int
+) -> None:
+    pool = [v._replace(name=f"w{i}") for i, v in enumerate(pool)]
+    demand = Demand(prompt_bytes=size)
+    no_guard = LoadGuard(absolute=10**6, relative=10**6)
+    decision = route(M, pool, demand=demand, guard=no_guard, rotation=rotation)
+    assert isinstance(decision, Route)
+    neutral = neutral_of(pool)
+    expected = {v.name: expected_seconds(v, M, demand, neutral) for v in pool}
+    first = expected[decision.best.worker]
+    if first.queued and decision.reason is not Reason.HISTORY:
+        assert all(e.own > first.own for e in expected.values() if not e.queued), (decision, expected)
+    if decision.reason is Reason.HISTORY and any(not e.queued for e in expected.values()):
+        assert not first.queued
+
+
+@pytest.mark.parametrize(
+    ("workers", "reason", "fragment"),
+    [
+        # a worker whose inventory was never fetched is unknown, not empty: down, it may hold the model (after a
+        # gateway restart with the box switched off): 503, naming it, never "not installed"
+        (
+            [w("box", healthy=False, inventory=None, down_reason="connection refused"), w("b", inventory=frozenset())],
+            NoRouteReason.NO_HEALTHY,
+            'model "llama3:8b" is not installed on any healthy worker, and box is down with models not known yet '
+            "(never listed): box: connection refused",
+        ),
+        (
+            [
+                w("x", healthy=False, inventory=None, down_reason="timeout"),
+                w("y", healthy=False, inventory=None),
+                w("b", inventory=frozenset()),
+            ],
+            NoRouteReason.NO_HEALTHY,
+            "x and y are down with models not known yet (never listed): x: timeout; y: not answering",
+        ),
+        # ... unless its placement could never serve it there
+        (
+            [w("box", healthy=False, inventory=None, rules=DENY_M), w("b", inventory=frozenset())],
+            NoRouteReason.NOT_INSTALLED,
+            "not installed on any eligible worker",
+        ),
+        # ... and a known holder that is down is named as before
+        (
+            [
+                w("box", healthy=False, down_reason="timeout"),
+                w("c", healthy=False, inventory=None),
+                w("b", inventory=frozenset()),
+            ],
+            NoRouteReason.NO_HEALTHY,
+            'model "llama3:8b" is installed only on box, which is down (timeout)',
+        ),
+    ],
+)
+def test_a_down_worker_never_listed_may_hold_the_model(
+    workers: list[WorkerView], reason: NoRouteReason, fragment: str
+) -> None:
+    decision = route(M, workers)
+    assert isinstance(decision, NoRoute), decision
+    assert decision.reason is reason
+    assert fragment in decision.message, decision.message

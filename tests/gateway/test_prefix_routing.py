@@ -39,15 +39,22 @@ async def ask(http: aiohttp.ClientSession, url: str, body: dict[str, Any], **hea
         return match.group(1), explained.split("; ", 1)[1]
 
 
+BATCHING = "batching"  # fleet(slots=BATCHING): workers whose listing says vLLM's (a batching engine, a shared cache)
+
+
 async def fleet(
-    emulator: EmulatorFactory, names: list[str], slots: int | None = 1, **behaviour: Any
+    emulator: EmulatorFactory, names: list[str], slots: int | str | None = 1, **behaviour: Any
 ) -> list[dict[str, Any]]:
-    """Emulated OpenAI-style workers; ``slots``: 1 is an engine that keeps one prompt (llama-cpp-python's
-    server), None a batching engine with a shared cache (vLLM)."""
+    """Emulated OpenAI-style workers; ``slots``: declared in the config (1: an engine that keeps one prompt, as
+    llama-cpp-python's server), :data:`BATCHING` (undeclared, and their listing names vLLM: a batching engine with
+    a shared cache), None (nothing declared or named: routing assumes one at a time until it learns)."""
     workers = []
     for name in names:
+        if slots == BATCHING:
+            behaviour = {**behaviour, "owned_by": "vllm"}
         emu = await emulator(name, [MODEL], **behaviour)
-        workers.append(worker(name, emu.url, type="openai", **({} if slots is None else {"slots": slots})))
+        declared = {"slots": slots} if isinstance(slots, int) else {}
+        workers.append(worker(name, emu.url, type="openai", **declared))
     return workers
 
 
@@ -76,11 +83,12 @@ async def test_the_load_guard_spreads_a_hot_prefix(emulator: EmulatorFactory, ga
     than the threshold above it (by expected time alone, more of them queue on the holder first). Unset, the
     threshold is the holder's slots (one for a one-slot engine), 32 for a batching engine."""
     body = chat(SYSTEMS[0], 3)
-    cases = (
-        (None, {"load_guard_absolute": 1000}, False),
-        (None, {}, False),  # a batching engine: 8 in flight is not 32 more
-        (None, {"load_guard_absolute": 2}, True),
+    cases: tuple[tuple[int | str | None, dict[str, int], bool | None], ...] = (
+        (BATCHING, {"load_guard_absolute": 1000}, False),
+        (BATCHING, {}, False),  # a batching engine: 8 in flight is not 32 more
+        (BATCHING, {"load_guard_absolute": 2}, True),
         (1, {}, None),  # one-slot engines: more than one more in flight (the wait may spread them first)
+        (None, {}, None),  # nothing declared: one at a time until learned, as a one-slot engine
     )
     for slots, guard, on in cases:  # on: the guard fires (None: it or the expected wait spreads them)
         workers = await fleet(emulator, ["a", "b"], slots=slots, tokens=5, token_delay_s=0.05)
@@ -102,7 +110,7 @@ async def test_session_hints_keep_a_conversation_on_its_worker(
 ) -> None:
     """Prompts too short for the prefix index: the client's own session name (OpenAI's ``user`` or
     ``prompt_cache_key``, or the operator's header) keeps each conversation where it went first."""
-    workers = await fleet(emulator, ["a", "b", "c"], slots=None)  # a shared cache: every session stays held
+    workers = await fleet(emulator, ["a", "b", "c"], slots=BATCHING)  # a shared cache: every session stays held
     gw = await gateway(workers, routing={"explain_header": True, "session_header": "X-Session-Id"})
     async with aiohttp.ClientSession() as http:
         for hint in ("user", "prompt_cache_key", "header"):

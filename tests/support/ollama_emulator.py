@@ -65,6 +65,33 @@ class Behaviour:
     thinking_models: list[str] = field(default_factory=list)  # models with Ollama's "thinking" capability
     tool_call: dict[str, Any] | None = None  # {"name": ..., "arguments": {...}}: the call made when tools are offered
     native_no_stop: bool = False  # /v1/messages streams end without message_stop (a worker that omits it)
+    # OLLAMA_NUM_PARALLEL: requests one model runs at once; more wait for a slot before any byte of their answer
+    # (Ollama's llm/server.go: llmServer.sem, a semaphore of numParallel acquired in Completion). None: no limit.
+    num_parallel: int | None = None
+    # Prefill: seconds per KiB of the prompt its slot does not hold, before the first token. Each slot keeps the
+    # last prompt it ran, and a request takes the free slot holding the longest prefix of its prompt (Ollama's
+    # runner/ollamarunner/cache.go: LoadCacheSlot, findLongestCacheSlot; only the rest is evaluated). 0: free.
+    prefill_s_per_kib: float = 0.0
+    owned_by: str = "library"  # what /v1/models says owns each model (Ollama's openai/openai.go: "library")
+
+
+def _held(cached: str, prompt: str) -> int:
+    """How many leading characters of ``prompt`` a slot holding ``cached`` holds."""
+    n = 0
+    for a, b in zip(cached, prompt, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+class _Slots:
+    """One model's slots: how many are free, which are busy, and the last prompt each ran."""
+
+    def __init__(self, size: int) -> None:
+        self.free = asyncio.Semaphore(size)
+        self.busy = [False] * size
+        self.prompts = [""] * size
 
 
 class OllamaEmulator:
@@ -75,6 +102,8 @@ class OllamaEmulator:
         self.listings: list[str] = []  # /api/version, /api/tags and /v1/models calls, in order
         self.active = 0
         self.peak_active = 0
+        self._slots: dict[str, _Slots] = {}  # model -> its num_parallel slots
+        self.waited = 0  # requests that found every slot busy and waited for one
         self.cancelled = 0
         self.headers_seen: list[dict[str, str]] = []
         self._runner: web.AppRunner | None = None
@@ -239,6 +268,7 @@ class OllamaEmulator:
         self._load(model)
         started = time.monotonic_ns()
         stream = body.get("stream", True)
+        slot = await self._slot(model, body)
         self._enter()
         try:
             if self.behaviour.hang_s:
@@ -280,6 +310,7 @@ class OllamaEmulator:
             raise
         finally:
             self.active -= 1
+            self._free(model, slot)
 
     async def _fault(
         self, request: web.Request, model: str, body: dict[str, Any], *, openai: bool
@@ -351,7 +382,7 @@ class OllamaEmulator:
             {
                 "object": "list",
                 "data": [
-                    {"id": m, "object": "model", "created": 1700000000, "owned_by": "library"}
+                    {"id": m, "object": "model", "created": 1700000000, "owned_by": self.behaviour.owned_by}
                     for m in self.behaviour.models
                 ],
             }
@@ -401,6 +432,7 @@ class OllamaEmulator:
                 "type": "function",
                 "function": {"name": self.behaviour.tool_call["name"], "arguments": arguments},  # type: ignore[index]
             }
+        slot = await self._slot(model, body)
         self._enter()
         try:
             if call is not None:
@@ -459,6 +491,7 @@ class OllamaEmulator:
             raise
         finally:
             self.active -= 1
+            self._free(model, slot)
 
     async def v1_responses(self, request: web.Request) -> web.StreamResponse:
         """The Responses API: one message of the emulator's words; a stream of Responses events (``event:`` lines,
@@ -592,6 +625,7 @@ class OllamaEmulator:
         usage = {"input_tokens": 7, "output_tokens": len(self._words())}
         msg_id = "msg_" + uuid.uuid4().hex[:24]
         stop = "tool_use" if tool is not None else "end_turn"
+        slot = await self._slot(model, body)
         self._enter()
         try:
             if not body.get("stream"):
@@ -624,6 +658,7 @@ class OllamaEmulator:
             raise
         finally:
             self.active -= 1
+            self._free(model, slot)
 
     async def v1_embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -640,6 +675,38 @@ class OllamaEmulator:
         )
 
     # -- helpers ---------------------------------------------------------------------------------
+    async def _slot(self, model: str, body: dict[str, Any]) -> int | None:
+        """Wait for one of ``model``'s slots (``num_parallel``) and prefill what that slot does not hold of the
+        prompt; the slot taken (None: unlimited and free, nothing to emulate)."""
+        behaviour = self.behaviour
+        if behaviour.num_parallel is None and not behaviour.prefill_s_per_kib:
+            return None
+        slots = self._slots.get(model)
+        if slots is None:
+            slots = self._slots[model] = _Slots(behaviour.num_parallel or 64)
+        if slots.free.locked():
+            self.waited += 1
+        await slots.free.acquire()
+        prompt = json.dumps(body.get("messages") or body.get("prompt") or "")
+        idle = [i for i, busy in enumerate(slots.busy) if not busy]
+        taken = max(idle, key=lambda i: _held(slots.prompts[i], prompt))
+        held = _held(slots.prompts[taken], prompt)
+        slots.busy[taken] = True
+        slots.prompts[taken] = prompt
+        try:
+            if behaviour.prefill_s_per_kib:
+                await asyncio.sleep((len(prompt) - held) / 1024 * behaviour.prefill_s_per_kib)
+        except BaseException:
+            self._free(model, taken)
+            raise
+        return taken
+
+    def _free(self, model: str, slot: int | None) -> None:
+        slots = self._slots.get(model)
+        if slots is not None and slot is not None:
+            slots.busy[slot] = False
+            slots.free.release()
+
     def _enter(self) -> None:
         self.active += 1
         self.peak_active = max(self.peak_active, self.active)

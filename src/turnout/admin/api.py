@@ -30,6 +30,7 @@ from aiohttp import web
 from turnout.admin.changes import audit_change
 from turnout.admin.concurrency import check_if_match, etag_of, if_match
 from turnout.admin.inputs import OnlyInstalled, PlacementToggle, check_model_names, parse_input
+from turnout.core.engines import FAMILIES
 from turnout.core.names import lookup, model_name_problem
 from turnout.core.placement import PlacementRules, decide, exact_rules, mode_origin, toggle_rule
 from turnout.core.routing import installed_name
@@ -354,6 +355,10 @@ async def inventory(request: web.Request) -> web.Response:
                     "tokens_per_s": {m: round(v, 2) for m, v in s.decode_rates(now, ttl_s).items()},
                     "prefill_tokens_per_s": {m: round(v, 2) for m, v in s.prefill_rates(now, ttl_s).items()},
                     "prefix_hit_rate": None if s.hit_rate is None else round(s.hit_rate, 3),
+                    # the engine as it names itself (llama.cpp, vLLM, SGLang; None: not named), and what it runs
+                    # at once per model (a model not answered yet: "*"), with how that was found
+                    "engine": None if s.engine_family is None else FAMILIES[s.engine_family],
+                    "parallelism": {m: p.to_json() for m, p in s.parallelisms(now).items()},
                     "gpu_util": s.gpu_util,
                     "vram_pressure": s.vram_pressure,
                 }

@@ -174,12 +174,13 @@ def _listening(host: str, port: int) -> OSError | None:
     return None
 
 
-def connect(settings: Settings, *, timeout_s: float = 30.0) -> AdminClient | None:
-    """A client of the gateway serving ``settings``, or None (after saying so on stderr) when none answers,
-    or when the one answering cannot be this config's: on this machine, while no gateway holds the data dir
-    (another config's gateway on the same port), or with no admin token known here."""
+def connect(settings: Settings, *, timeout_s: float = 30.0, fallback: str | None = None) -> AdminClient | None:
+    """A client of the gateway serving ``settings``, or None (after saying so on stderr, with what the command does
+    instead: ``fallback``, by default working on the store) when none answers, or when the one answering cannot be
+    this config's: on this machine, while no gateway holds the data dir (another config's gateway on the same port),
+    or with no admin token known here."""
     host, port = gateway_address(settings)
-    where = f"working on the store in {settings.data_dir} directly"
+    where = fallback or f"working on the store in {settings.data_dir} directly"
     problem = _listening(host, port)
     if problem is not None:
         reason = problem.strerror or type(problem).__name__

@@ -143,7 +143,8 @@ def list_workers(
     config: ConfigOption = DEFAULT_CONFIG,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
-    """The config file's workers."""
+    """The config file's workers; with a gateway running on the config, also each one's health and what its engine
+    runs at once (per model, and how that was found: declared, engine, learned, assumed)."""
     _, settings = _read(config)
     rows: list[dict[str, Any]] = [
         {
@@ -167,14 +168,57 @@ def list_workers(
                 "placement": "-",
             }
         )
+    live = _live(settings)
+    for row in rows:
+        row.update(live.get(row["name"], {}))
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
     width = max([4, *(len(r["name"]) for r in rows)])
-    typer.echo(f"{'NAME':{width}}  {'TYPE':6}  {'MAX':>5}  {'PLACEMENT':10}  URL")
+    head = f"{'NAME':{width}}  {'TYPE':6}  {'MAX':>5}  {'PLACEMENT':10}"
+    typer.echo(f"{head}  {'HEALTH':7}  {'AT ONCE':24}  URL" if live else f"{head}  URL")
     for r in rows:
         most = "-" if r["max_concurrent"] is None else r["max_concurrent"]
-        typer.echo(f"{r['name']:{width}}  {r['type']:6}  {most:>5}  {r['placement']:10}  {r['url']}")
+        line = f"{r['name']:{width}}  {r['type']:6}  {most:>5}  {r['placement']:10}"
+        if live:
+            health = "-" if "healthy" not in r else ("up" if r["healthy"] else "down")
+            line += f"  {health:7}  {_at_once(r.get('parallelism')):24}"
+        typer.echo(f"{line}  {r['url']}")
+
+
+def _live(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Each worker's health and parallelism from the running gateway's inventory; {} when none answers."""
+    from turnout.cli.client import GatewayError, connect
+
+    client = connect(settings, timeout_s=10, fallback="showing the config's workers only")
+    if client is None:
+        return {}
+    try:
+        body = client.call("GET", "/admin/api/inventory")
+    except GatewayError as exc:
+        typer.echo(f"turnout: the gateway's inventory: {exc.message}; showing the config's workers only", err=True)
+        return {}
+    workers = body.get("workers") if isinstance(body, dict) else None
+    return {
+        w["name"]: {"healthy": w.get("healthy"), "engine": w.get("engine"), "parallelism": w.get("parallelism")}
+        for w in workers or []
+        if isinstance(w, dict) and isinstance(w.get("name"), str)
+    }
+
+
+def _at_once(parallelism: Any) -> str:
+    """``2 (engine)``; ``1 (assumed)``; per model when they differ: ``m1 2 (learned), m2 1 (assumed)``."""
+    if not isinstance(parallelism, dict) or not parallelism:
+        return "-"
+
+    def one(p: dict[str, Any]) -> str:
+        slots = "batching" if p.get("slots") is None else p["slots"]
+        return f"{slots} ({p.get('source')})"
+
+    shown = {model: one(p) for model, p in parallelism.items() if isinstance(p, dict)}
+    if len(set(shown.values())) == 1:
+        return next(iter(shown.values()))
+    return ", ".join(f"{model} {text}" for model, text in shown.items())
 
 
 @worker_app.command("remove")

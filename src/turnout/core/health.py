@@ -15,6 +15,10 @@ evidence is free. Probes are not free:
   So an OpenAI-style worker (:attr:`ProbePolicy.IDLE_ONLY`) is probed only when nothing is in flight
   there through this gateway, and not when a fresh answer already shows it alive (unless its inventory
   is stale or unknown).
+* llama.cpp's own C++ server answers ``/v1/models`` on its HTTP threads, beside the slots that run requests
+  (``tools/server/server.cpp``); vLLM and SGLang serve their routes from an asyncio server beside their engine
+  loop. Engines known to be one of these by their listing (:mod:`turnout.core.engines`) are probed every round
+  (:func:`probe_policy`).
 * Ollama serves ``/api/version`` straight from the HTTP router and ``/api/tags`` / ``/api/ps`` from
   the manifest store and the scheduler's table, without calling a model runner (ollama/ollama
   ``server/routes.go``: ``GenerateRoutes``, ``ListHandler``, ``PsHandler``), so Ollama workers
@@ -51,6 +55,7 @@ __all__ = [
     "failure_reason",
     "model_after",
     "probe_event",
+    "probe_policy",
     "should_probe",
 ]
 
@@ -79,6 +84,12 @@ class Health:
     healthy: bool = False
     probe_failures: int = 0  # consecutive counted probe failures
     request_failures: int = 0  # consecutive real request failures
+
+
+def probe_policy(ollama: bool, family: str | None) -> ProbePolicy:
+    """Ollama workers and OpenAI-style engines known to answer probes beside their requests (``family``: llama.cpp's
+    server, vLLM, SGLang) are probed every round; any other OpenAI-style server only when idle."""
+    return ProbePolicy.ALWAYS if ollama or family is not None else ProbePolicy.IDLE_ONLY
 
 
 def should_probe(

@@ -10,27 +10,34 @@ The order is fixed and each step has its own failure:
 3. if some eligible worker's inventory is known to hold the model, keep only those; otherwise keep only
    the workers whose inventory is unknown (never fetched: fails open). A worker whose (last known, possibly
    stale) inventory lacks the model is never picked; when no worker is left            -> NOT_INSTALLED
-   Steps 2 and 3 never answer that a model is missing or blocked while a worker dropped in step 1 holds it
-   (and its placement allows it there): that is NO_HEALTHY, naming that worker and why (``model "m" is
+   Steps 2 and 3 never answer that a model is missing or blocked while a worker dropped in step 1 holds it, or
+   may hold it (its inventory never fetched: unknown, not empty), and its placement allows it there: that is
+   NO_HEALTHY, naming that worker and why (``model "m" is
    installed only on w1, which is down (requests failing: HTTP 500)``). A 404 tells a client not to retry
    and an operator that the model is missing; neither is true of a model whose worker is down.
 4. enforce the global, per-model and per-worker concurrency limits                  -> SATURATED
 5. rank what is left by the time each would take to answer (:func:`expected_seconds`), the least first:
-   the wait for its slots (the expected work of the requests in flight there, each estimated when it was ranked;
-   a request without an estimate counts as long as a request holds the worker, learned), the prefill of
-   the part of the prompt it is not expected to hold in its KV cache (``WorkerView.cached``: from the prefix
-   index or the client's session, at its learned prefill rate), the decode (at its learned decode rate), the
-   whole work slowed by GPU utilisation and VRAM pressure, a cold load where the model is known not to be
-   loaded, and, on an engine whose slots all hold prompts that still count, half the prefill of the one this
-   request would push out (so that a new conversation goes to a worker with a free or stale slot rather than
-   evicting another conversation's prefix). An absent input is neutral (the mean of the known ones), never
-   zero; ties rotate round-robin.
-6. the load guard: when the worker ranked first has far more requests in flight than the least loaded one
+   the wait in its engine's own queue when every one of its slots is busy (what its requests in flight still have
+   to do: their expected work, each estimated when it was ranked, less what its slots have done since the oldest
+   of them was sent; a request without an estimate counts as long as a request holds the worker, learned; spread
+   over its slots), the prefill of the part of the prompt it is not expected to hold in its KV cache
+   (``WorkerView.cached``: from the prefix index or the client's session, at its learned prefill rate), the decode
+   (at its learned decode rate), the whole work slowed by GPU utilisation and VRAM pressure, a cold load where the
+   model is known not to be loaded, and, on an engine whose slots all hold prompts that still count, half the
+   prefill of the one this request would push out (so that a new conversation goes to a worker with a free or
+   stale slot rather than evicting another conversation's prefix). An absent input is neutral (the mean of the
+   known ones), never zero; ties rotate round-robin. Slots are what the engine runs at once
+   (:mod:`turnout.core.parallelism`: declared, read from the engine, learned, or one until there is evidence);
+   ``None`` is a batching engine of unknown capacity, taken to run :data:`SOFT_SLOTS` at once.
+6. work-conserving: a candidate that would wait in its engine's queue goes before one with a free slot only when
+   its own expected time, that wait included, is shorter (the prefix it holds outweighs the wait); the cost of
+   pushing another conversation's prompt out never leaves a free engine idle while requests queue elsewhere.
+7. the load guard: when the worker ranked first has far more requests in flight than the least loaded one
    (more than ``LoadGuard.absolute`` more, and more than ``LoadGuard.relative`` times as many, as SGLang's
    router checks), rank by load instead, so that a hot prefix spreads over several workers rather than
    queueing on the one that holds it (the prefix index then learns the new placement). Unless configured, the
    absolute threshold is the first worker's slots (a whole engine's worth of requests waiting beyond what it
-   runs at once: 1 for a one-slot engine), or :data:`BATCH_GUARD` for a batching engine.
+   runs at once: 1 for a one-slot engine), or :data:`BATCH_GUARD` for a batching engine of unknown capacity.
 
 Learned rates are noisy (one answer that shared the machine with others, one that waited in an engine's own
 queue) and a worker judged slow by one of them would never be sent another to correct it. So a rate counts by
@@ -40,8 +47,9 @@ answers say so.
 
 The decision says why (:attr:`Route.why`): ``prefix 0.83`` (the first holds the largest share of the prompt,
 0.83 of it), ``session`` (it holds the client's session), ``history 0.70`` (no candidate holds any of it, and the
-first was sent 0.70 of it recently: see :data:`HISTORY_SLACK`), ``load guard``, ``least expected time`` (no held
-prefix decided it), or ``only candidate``.
+first was sent 0.70 of it recently: see :data:`HISTORY_SLACK`; only candidates with a free slot, where any has
+one), ``free slot`` (step 6 put it first), ``load guard``, ``least expected time`` (no held prefix decided it), or
+``only candidate``.
 """
 
 from __future__ import annotations
@@ -62,7 +70,9 @@ __all__ = [
     "Candidate",
     "Capacity",
     "Demand",
+    "Expected",
     "LoadGuard",
+    "Neutral",
     "NoRoute",
     "NoRouteReason",
     "Reason",
@@ -71,6 +81,7 @@ __all__ = [
     "credible_rate",
     "expected_seconds",
     "installed_name",
+    "neutral_of",
     "route",
 ]
 
@@ -79,8 +90,11 @@ W_GPU = 0.5
 W_VRAM = 0.5
 # A worker whose residency is known and lacks the model first loads it: assumed to take this long.
 LOAD_S = 5.0
-# A worker with no known slot count (a batching engine) is taken to run this many requests at once.
+# A batching engine of unknown capacity (vLLM, SGLang before their queue showed it) is taken to run this many at once.
 SOFT_SLOTS = 8
+# What is ahead in a busy engine's queue is taken to shrink as its slots work through it since the oldest of it was
+# sent, but never below this share of it (an answer running longer than expected has some left all the same).
+LEFT_FLOOR = 0.2
 # Pushing a held prompt out of an engine's slot costs its prefill again if its conversation comes back: counted
 # at this share of that prefill (it may not come back).
 W_EVICT = 0.5
@@ -130,7 +144,8 @@ class WorkerView(NamedTuple):
     vram_pressure: float | None = None  # 0..1, share of resident model bytes not in VRAM
     down_reason: str | None = None  # why an unhealthy worker is down (``connection refused``), when known
     model_out: str | None = None  # why this model is out on this (healthy) worker (``requests failing: HTTP 500``)
-    slots: int | None = None  # requests its engine runs at once; None: unknown (a batching engine)
+    slots: int | None = None  # requests its engine runs at once (:mod:`turnout.core.parallelism`); None: batching
+    busy_s: float = 0.0  # seconds since the oldest of its requests in flight was sent (0 when none)
     prefill_rate: float | None = None  # learned for this model here, uncached prompt tokens/s; None: unknown/stale
     decode_rate: float | None = None  # learned, completion tokens/s after the first
     prefill_samples: int = 1  # how many answers taught prefill_rate (since it was last forgotten)
@@ -186,6 +201,7 @@ class Reason(StrEnum):
     SESSION = "session"
     HISTORY = "history"
     LOAD_GUARD = "load guard"
+    FREE_SLOT = "free slot"
     LEAST_TIME = "least expected time"
     ONLY = "only candidate"
 
@@ -317,25 +333,44 @@ def _down(worker: WorkerView, exclude: frozenset[str]) -> str:
 
 
 def _held_by_dropped(model: str, workers: Sequence[WorkerView], usable: int, exclude: frozenset[str]) -> NoRoute | None:
-    """NO_HEALTHY when workers dropped in step 1 are known to hold ``model`` and may serve it (placement),
-    naming them and why; None when there are none (the model is missing or blocked, as the caller says)."""
+    """NO_HEALTHY when workers dropped in step 1 may serve ``model``: known to hold it, or never listed (a worker
+    whose inventory was never fetched is unknown, not empty: after a restart with a box switched off, its models
+    are its own), and allowed by placement; naming them and why. None when there are none (the model is missing or
+    blocked, as the caller says)."""
     if usable == len(workers):
         return None  # nothing was dropped: the common case, answered without a second walk
-    holders = []
+    holders, unknown = [], []
     for worker in workers:
         if worker.healthy and worker.model_out is None and worker.name not in exclude:
+            continue
+        if worker.inventory is None:
+            if resolve_placement(worker.rules, model).allowed:
+                unknown.append(worker)
             continue
         installed = installed_name(model, worker.inventory)
         if installed is not None and resolve_placement(worker.rules, installed).allowed:
             holders.append(worker)
-    if not holders:
-        return None
-    if len(holders) == 1:
-        where = f"{holders[0].name}, which is down ({_cause(holders[0], exclude)})"
-    else:
-        names = f"{', '.join(w.name for w in holders[:-1])} and {holders[-1].name}"
-        where = f"{names}, which are down ({'; '.join(f'{w.name}: {_cause(w, exclude)}' for w in holders)})"
-    return NoRoute(NoRouteReason.NO_HEALTHY, f'model "{model}" is installed only on {where}')
+    if holders:
+        if len(holders) == 1:
+            where = f"{holders[0].name}, which is down ({_cause(holders[0], exclude)})"
+        else:
+            names = f"{', '.join(w.name for w in holders[:-1])} and {holders[-1].name}"
+            where = f"{names}, which are down ({'; '.join(f'{w.name}: {_cause(w, exclude)}' for w in holders)})"
+        return NoRoute(NoRouteReason.NO_HEALTHY, f'model "{model}" is installed only on {where}')
+    if unknown:
+        which = "; ".join(f"{w.name}: {_cause(w, exclude)}" for w in unknown)
+        return NoRoute(
+            NoRouteReason.NO_HEALTHY,
+            f'model "{model}" is not installed on any healthy worker, and {_names(unknown)} '
+            f"{'is' if len(unknown) == 1 else 'are'} down with models not known yet (never listed): {which}",
+        )
+    return None
+
+
+def _names(workers: Sequence[WorkerView]) -> str:
+    if len(workers) == 1:
+        return workers[0].name
+    return f"{', '.join(w.name for w in workers[:-1])} and {workers[-1].name}"
 
 
 def _cause(worker: WorkerView, exclude: frozenset[str]) -> str:
@@ -368,7 +403,7 @@ def _unknown_model(model: str) -> NoRoute:
     return NoRoute(NoRouteReason.UNKNOWN_MODEL, _not_installed(model))
 
 
-class _Neutral(NamedTuple):
+class Neutral(NamedTuple):
     """What a candidate without its own value takes: the mean of the candidates' known values."""
 
     prefill: float
@@ -376,6 +411,17 @@ class _Neutral(NamedTuple):
     service: float | None
     gpu: float
     vram: float
+
+
+def neutral_of(views: Sequence[WorkerView]) -> Neutral:
+    """What a candidate without its own figure takes: the mean of the candidates' known ones."""
+    return Neutral(
+        _mean([w.prefill_rate for w in views]) or DEFAULT_PREFILL,
+        _mean([w.decode_rate for w in views]) or DEFAULT_DECODE,
+        _mean([w.service_s for w in views]),
+        _mean([w.gpu_util for w in views]) or 0.0,
+        _mean([w.vram_pressure for w in views]) or 0.0,
+    )
 
 
 def credible_rate(rate: float | None, samples: int, mean: float) -> float:
@@ -388,9 +434,17 @@ def credible_rate(rate: float | None, samples: int, mean: float) -> float:
     return mean * (n + PRIOR_SAMPLES) / (n * mean / rate + PRIOR_SAMPLES)  # exactly ``mean`` at the mean
 
 
-def expected_seconds(view: WorkerView, name: str, demand: Demand, neutral: _Neutral) -> tuple[float, float]:
-    """(how long ``view``'s worker would take to answer ``demand``, of which the request's own work there): see
-    the module's docstring, step 5."""
+class Expected(NamedTuple):
+    """How long a worker is expected to take to answer one request (:func:`expected_seconds`)."""
+
+    seconds: float  # what ranks it: ``own`` and the cost of a held prompt it would push out
+    own: float  # this request's own time there: the wait in the engine's queue and its work
+    work: float  # of which its work there (prefill, decode, a load): what it adds to the backlog
+    queued: bool  # every slot busy: it would wait in the engine's own queue
+
+
+def expected_seconds(view: WorkerView, name: str, demand: Demand, neutral: Neutral) -> Expected:
+    """How long ``view``'s worker would take to answer ``demand``: see the module's docstring, step 5."""
     prefill = credible_rate(view.prefill_rate, view.prefill_samples, neutral.prefill)
     decode = credible_rate(view.decode_rate, view.decode_samples, neutral.decode)
     uncached = max(demand.prompt_bytes - view.cached, 0) / BYTES_PER_TOKEN
@@ -401,78 +455,110 @@ def expected_seconds(view: WorkerView, name: str, demand: Demand, neutral: _Neut
     cold = demand.prompt_bytes / BYTES_PER_TOKEN / prefill * slowdown + decoding  # this request, nothing held
     if name not in view.loaded:
         work += LOAD_S
-    seconds = work
-    if view.evicts > view.cached:  # a held prompt pushed out: its prefill again, if its conversation comes back
-        weight = W_EVICT * 0.5 ** (max(view.evicts_age_s, 0.0) / EVICT_HALF_LIFE_S)
-        seconds += weight * (view.evicts - view.cached) / BYTES_PER_TOKEN / prefill
+    own = work
+    slots = view.slots
+    queued = slots is not None and view.in_flight >= slots
     if view.in_flight:
         # what is ahead: the expected work of the requests in flight there (each estimated when it was ranked),
         # those without an estimate at the time a request holds it (unknown: as long as this one would take cold)
         service = view.service_s or neutral.service or cold
         pending = view.backlog_s + max(view.in_flight - view.ranked, 0) * service
-        slots = view.slots
         if slots is None:
-            seconds += pending / SOFT_SLOTS
-        elif view.in_flight >= slots:
-            seconds += pending / slots
-    return seconds, work
+            own += pending / SOFT_SLOTS
+        elif queued:  # every slot busy: it waits in the engine's queue for one to free
+            assert slots is not None
+            left = max(pending - slots * view.busy_s, LEFT_FLOOR * pending)
+            own += left / slots
+    seconds = own
+    if view.evicts > view.cached:  # a held prompt pushed out: its prefill again, if its conversation comes back
+        weight = W_EVICT * 0.5 ** (max(view.evicts_age_s, 0.0) / EVICT_HALF_LIFE_S)
+        seconds += weight * (view.evicts - view.cached) / BYTES_PER_TOKEN / prefill
+    return Expected(seconds, own, work, queued)
+
+
+class _Scored(NamedTuple):
+    expected: Expected
+    turn: int  # its place in this request's round-robin turn (ties)
+    in_flight: int
+    by_session: bool
+    candidate: Candidate
+
+    @property
+    def free(self) -> bool:
+        return not self.expected.queued
 
 
 def _rank(free: list[tuple[WorkerView, str]], rotation: int, demand: Demand, guard: LoadGuard) -> Route:
     if len(free) == 1:  # nothing to compare: skip scoring (the common single-worker-per-model case)
         worker, name = free[0]
         return Route((Candidate(worker.name, name, 0.0, worker.cached),))
-    views = [w for w, _ in free]
-    neutral = _Neutral(
-        _mean([w.prefill_rate for w in views]) or DEFAULT_PREFILL,
-        _mean([w.decode_rate for w in views]) or DEFAULT_DECODE,
-        _mean([w.service_s for w in views]),
-        _mean([w.gpu_util for w in views]) or 0.0,
-        _mean([w.vram_pressure for w in views]) or 0.0,
-    )
+    neutral = neutral_of([w for w, _ in free])
     n = len(free)
-    scored: list[tuple[float, int, int, bool, Candidate]] = []
+    scored: list[_Scored] = []
     for index, (worker, name) in enumerate(free):
-        seconds, work = expected_seconds(worker, name, demand, neutral)
-        candidate = Candidate(worker.name, name, -round(seconds, 6), worker.cached, work)
-        scored.append((seconds, (index - rotation) % n, worker.in_flight, worker.by_session, candidate))
-    scored.sort(key=lambda item: (item[0], item[1]))
+        expected = expected_seconds(worker, name, demand, neutral)
+        candidate = Candidate(worker.name, name, -round(expected.seconds, 6), worker.cached, expected.work)
+        scored.append(_Scored(expected, (index - rotation) % n, worker.in_flight, worker.by_session, candidate))
+    scored.sort(key=lambda item: (item.expected.seconds, item.turn))
+    promoted = _conserve_work(scored)
     first = scored[0]
-    least = min(item[2] for item in scored)
+    least = min(item.in_flight for item in scored)
     absolute = guard.absolute
     if absolute is None:
-        slots = next(w.slots for w, _ in free if w.name == first[4].worker)
+        slots = next(w.slots for w, _ in free if w.name == first.candidate.worker)
         absolute = BATCH_GUARD if slots is None else slots
-    if first[2] - least > absolute and first[2] > guard.relative * least:
-        scored.sort(key=lambda item: item[2])  # stable: at equal load, the expected time's order
-        return Route(tuple(item[4] for item in scored), Reason.LOAD_GUARD)
-    ranked = tuple(item[4] for item in scored)
+    if first.in_flight - least > absolute and first.in_flight > guard.relative * least:
+        scored.sort(key=lambda item: item.in_flight)  # stable: at equal load, the expected time's order
+        return Route(tuple(item.candidate for item in scored), Reason.LOAD_GUARD)
+    ranked = tuple(item.candidate for item in scored)
     best = ranked[0]
     if not any(w.cached for w, _ in free):
         returning = _returning(scored, free, demand)
         if returning is not None:
             return returning
+    if promoted:
+        return Route(ranked, Reason.FREE_SLOT)
     if best.cached and best.cached == max(c.cached for c in ranked):
         share = min(best.cached / demand.prompt_bytes, 1.0) if demand.prompt_bytes else 1.0
-        return Route(ranked, Reason.SESSION if first[3] else Reason.PREFIX, share)
+        return Route(ranked, Reason.SESSION if first.by_session else Reason.PREFIX, share)
     return Route(ranked, Reason.LEAST_TIME)
 
 
-def _returning(
-    scored: list[tuple[float, int, int, bool, Candidate]], free: list[tuple[WorkerView, str]], demand: Demand
-) -> Route | None:
+def _conserve_work(scored: list[_Scored]) -> bool:
+    """Work-conserving, in place: a candidate that would wait in its engine's queue stays ahead of the quickest one
+    with a free slot only when its own expected time (the wait included) is shorter; what only the cost of pushing
+    another conversation's prompt out put ahead goes behind it. True when that changed who is first."""
+    if scored[0].free:
+        return False
+    free = [item for item in scored if item.free]
+    if not free:
+        return False
+    quickest = min(free, key=lambda item: (item.expected.own, item.turn))
+    at = scored.index(quickest)
+    ahead = scored[:at]
+    keep = [item for item in ahead if item.expected.own < quickest.expected.own]
+    scored[: at + 1] = [*keep, quickest, *(item for item in ahead if item.expected.own >= quickest.expected.own)]
+    return scored[0] is quickest
+
+
+def _returning(scored: list[_Scored], free: list[tuple[WorkerView, str]], demand: Demand) -> Route | None:
     """Nothing of the prompt is held anywhere: the candidate that was sent the most of it recently, among those
-    expected within :data:`HISTORY_SLACK` of the quickest, first (None when none was sent any of it)."""
+    expected within :data:`HISTORY_SLACK` of the quickest (and with a free slot where any candidate has one),
+    first (None when none was sent any of it)."""
     history = {w.name: w.history for w, _ in free}
-    limit = scored[0][0] * (1 + HISTORY_SLACK)
-    near = [item for item in scored if item[0] <= limit]
-    chosen = max(near, key=lambda item: history[item[4].worker])  # the first of equals: the quickest
-    seen = history[chosen[4].worker]
+    limit = scored[0].expected.seconds * (1 + HISTORY_SLACK)
+    near = [item for item in scored if item.expected.seconds <= limit]
+    if any(item.free for item in scored):
+        near = [item for item in near if item.free]
+    if not near:
+        return None
+    chosen = max(near, key=lambda item: history[item.candidate.worker])  # the first of equals: the quickest
+    seen = history[chosen.candidate.worker]
     if not seen:
         return None
-    rest = tuple(item[4] for item in scored if item is not chosen)
+    rest = tuple(item.candidate for item in scored if item is not chosen)
     share = min(seen / demand.prompt_bytes, 1.0) if demand.prompt_bytes else 1.0
-    return Route((chosen[4], *rest), Reason.HISTORY, share)
+    return Route((chosen.candidate, *rest), Reason.HISTORY, share)
 
 
 def _mean(values: list[float | None]) -> float | None:

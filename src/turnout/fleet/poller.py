@@ -31,7 +31,9 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from turnout.config import WorkerType
-from turnout.core.health import Event, ProbePolicy, ProbeResult, failure_reason, probe_event, should_probe
+from turnout.core.engines import BATCHING, FAMILIES, family_of, queue_gauges, read_gauges, slots_from_props
+from turnout.core.health import Event, ProbeResult, failure_reason, probe_event, probe_policy, should_probe
+from turnout.core.parallelism import Parallelism, Source, engine_capacity
 from turnout.core.signals import gpu_from_samples, vram_pressure_from_ps
 from turnout.errors import UpstreamError
 from turnout.fleet.state import Fleet, WorkerState
@@ -95,7 +97,7 @@ class Poller:
         cfg = state.config
         health = self.fleet.settings.health
         ollama = cfg.type is WorkerType.OLLAMA
-        policy = ProbePolicy.ALWAYS if ollama else ProbePolicy.IDLE_ONLY
+        policy = probe_policy(ollama, state.engine_family)
         started = self.clock()
         probe = should_probe(
             policy,
@@ -120,6 +122,7 @@ class Poller:
                     await self._ollama_inventory(state)
                 else:
                     self._inventory(state, reply, "/v1/models", apply_openai_models)
+                    await self._engine(state)
         if cfg.metrics_url is not None:
             await self._scrape_gpu(state, str(cfg.metrics_url), health.timeout_s)
 
@@ -160,14 +163,41 @@ class Poller:
             return
         state.inventory_fetched(self.clock())
 
+    async def _engine(self, state: WorkerState) -> None:
+        """What an engine known by its listing says of its parallelism: llama.cpp's ``/props`` (once per start of
+        the worker), a batching engine's queue gauges (every round)."""
+        family = state.engine_family
+        if family == "llamacpp" and state.engine_props is None:
+            reply = await self._get(state, "/props")
+            try:
+                props = reply.json(state.name, "/props")
+            except UpstreamError as exc:
+                log.debug("%s: /props failed: %s", state.name, exc.message)
+                return
+            state.engine_props = props if isinstance(props, dict) else {}
+            slots = slots_from_props(props)
+            if slots is not None:
+                state.engine_parallelism = Parallelism(slots, Source.ENGINE, f"llama.cpp's /props: total_slots {slots}")
+        elif family in BATCHING:
+            reply = await self._get(state, "/metrics")
+            if reply.status != 200 or reply.body is None:
+                return  # SGLang serves /metrics only with --enable-metrics
+            try:
+                samples = _samples(reply.body.decode("utf-8", "replace"))
+            except ValueError:
+                return
+            running, waiting = queue_gauges(samples)
+            if running is None:
+                return
+            state.engine_seen_running = max(state.engine_seen_running, running)
+            state.engine_parallelism = read_gauges(
+                family, state.engine_parallelism, running, waiting, state.engine_seen_running
+            )
+
     async def _scrape_gpu(self, state: WorkerState, url: str, limit_s: float) -> None:
         try:
             text = await self.client.get_text(url, label=state.name, timeout_s=limit_s)
-            samples = [
-                (sample.name, float(sample.value))
-                for family in text_string_to_metric_families(text)
-                for sample in family.samples
-            ]
+            samples = _samples(text)
         except (UpstreamError, ValueError) as exc:
             log.debug("%s: metrics scrape failed: %s", state.name, exc)
             state.gpu_util = state.gpu_memory = None
@@ -192,6 +222,15 @@ class Poller:
                 await self.poll_all()
             except Exception:  # a bug in one round must not stop health checking for good
                 log.exception("poll round failed")
+
+
+def _samples(text: str) -> list[tuple[str, float]]:
+    """Every sample of a Prometheus exposition (ValueError when it is not one)."""
+    return [
+        (sample.name, float(sample.value))
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
 
 
 def apply_tags(state: WorkerState, body: Any) -> None:
@@ -221,3 +260,11 @@ def apply_openai_models(state: WorkerState, body: Any) -> None:
     state.tags = entries
     state.inventory = frozenset(entries)
     state.loaded = state.inventory
+    family = family_of(entries.values())
+    if family != state.engine_family:
+        if family is not None:
+            log.info("%s is %s's server (its model listing says so)", state.label, FAMILIES[family])
+        state.engine_family = family
+        state.engine_props = None
+        # a batching engine batches before its gauges say how much (SGLang serves them only with --enable-metrics)
+        state.engine_parallelism = None if family not in BATCHING else engine_capacity(FAMILIES[family], None, None, 0)

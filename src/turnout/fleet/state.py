@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ from turnout.config import Settings, Worker, WorkerType
 from turnout.core.endpoint_health import EndpointState
 from turnout.core.health import Event, Health, ModelHealth, after, model_after
 from turnout.core.names import lookup
+from turnout.core.parallelism import Evidence, Parallelism, Span, depth, effective, waited
 from turnout.core.placement import PlacementRules
 from turnout.core.prefix import BYTES_PER_TOKEN, PrefixIndex, Prompt
 from turnout.core.routing import WorkerView
@@ -42,6 +44,7 @@ __all__ = ["External", "Fleet", "Learned", "WorkerState"]
 log = logging.getLogger("turnout.fleet")
 
 MAX_SESSIONS = 4096  # client sessions each worker's prefix index remembers at most
+RECENT_SPANS = 64  # answers per (worker, model) kept to find the ones that ran at the same time
 
 
 @dataclass(slots=True)
@@ -73,6 +76,9 @@ class Learned:
     decode_n: int = 0
     service: float | None = None  # seconds a request held the worker
     service_at: float = 0.0
+    # what it has shown of its parallelism, and its last answers' spans (those that ran together show it)
+    parallel: Evidence = field(default_factory=Evidence)
+    spans: deque[Span] = field(default_factory=lambda: deque(maxlen=RECENT_SPANS))
 
     def learn(self, sample: Sample, now: float, ttl_s: float) -> None:
         """Fold one answer in: each rate it teaches smoothed into the fresh figure, or replacing a stale one."""
@@ -128,6 +134,13 @@ class WorkerState:
     ranked_in_flight: int = 0
     backlog_s: float = 0.0
     completed: int = 0  # requests finished here (success or not), for idle detection
+    sent_at: list[float] = field(default_factory=list)  # when each request in flight here was sent, oldest first
+    # what the engine says of itself: its family by its model listing (``llamacpp``, ``vllm``, ``sglang``), its
+    # llama.cpp ``/props`` (None: not fetched or not a llama.cpp server), and the parallelism read from either
+    engine_family: str | None = None
+    engine_props: dict[str, Any] | None = None
+    engine_parallelism: Parallelism | None = None
+    engine_seen_running: int = 0  # the most requests a batching engine's gauge showed running
     learned: dict[str, Learned] = field(default_factory=dict)  # model (as requested) -> its learned figures
     prefix: PrefixIndex = field(default_factory=lambda: PrefixIndex(16384))  # what it was recently sent
     # prompt tokens of the requests routed here with a choice of workers, and how many of them it was expected
@@ -170,10 +183,47 @@ class WorkerState:
 
     def observe(self, model: str, sample: Sample, now: float, ttl_s: float) -> None:
         """What one answer for ``model`` (as requested) taught about this worker's speed."""
+        self.figures(model).learn(sample, now, ttl_s)
+
+    def figures(self, model: str) -> Learned:
         learned = self.learned.get(model)
         if learned is None:
             learned = self.learned[model] = Learned()
-        learned.learn(sample, now, ttl_s)
+        return learned
+
+    def parallelism(self, model: str, now: float) -> Parallelism:
+        """What its engine runs at once for ``model`` (as requested), and how that was found
+        (:func:`turnout.core.parallelism.effective`)."""
+        learned = self.learned.get(model)
+        return effective(self.config.slots, self.engine_parallelism, None if learned is None else learned.parallel, now)
+
+    def parallelisms(self, now: float) -> dict[str, Parallelism]:
+        """By model: each model it has answered (learned), else the worker's own figure under ``*``."""
+        out = {m: self.parallelism(m, now) for m in sorted(self.learned)}
+        return out or {"*": effective(self.config.slots, self.engine_parallelism, None, now)}
+
+    def ran(self, model: str, span: Span, now: float) -> None:
+        """One answer for ``model`` (as requested) ended here: when it was sent and when the engine was seen working
+        on it. Those that ran at the same time as it, or its wait for the ones before, teach the parallelism."""
+        learned = self.figures(model)
+        recent = learned.spans
+        if recent:
+            level = depth(span, recent)
+            if level > 1:
+                learned.parallel.observe(level, now)
+            elif waited(span, recent):
+                learned.parallel.observe_wait()
+        recent.append(span)
+
+    def restarted(self) -> None:
+        """It went down and came back: its engine may have been restarted with other settings, so what was read
+        from it or learned of its parallelism is found again."""
+        self.engine_parallelism = None
+        self.engine_props = None
+        self.engine_seen_running = 0
+        for learned in self.learned.values():
+            learned.parallel.forget()
+            learned.spans.clear()
 
     def decode_rates(self, now: float, ttl_s: float) -> dict[str, float]:
         """Fresh decode rates by model (the admin API and UI show them)."""
@@ -328,6 +378,8 @@ class WorkerState:
             self.down_reason = reason
         elif self.healthy:
             self.down_reason = None
+        if known and not was and self.healthy:
+            self.restarted()
         self._log_change(was, known, before, error)
 
     def _log_change(self, was: bool, known: bool, before: str | None, error: str | None) -> None:
@@ -422,13 +474,15 @@ class Fleet:
             candidates = self.candidates(model)
         choice = len(candidates) > 1
         now = time.monotonic() if choice or any(state.models for state in candidates) else 0.0
+        # (routing compares parallelism, speeds and held prefixes only where there is a choice of workers)
         if choice:
             routing = self.settings.routing
             ttl_s, prefix_ttl_s = routing.speed_ttl_s, routing.prefix_ttl_s
         out = []
         for state in candidates:
             rules, _ = self.rules(state.name)
-            slots = state.config.slots
+            parallelism = state.parallelism(model, now) if choice else None
+            slots = state.config.slots if parallelism is None else parallelism.slots
             view = WorkerView(
                 name=state.name,
                 healthy=state.healthy,
@@ -446,8 +500,10 @@ class Fleet:
             if choice:
                 learned = state.learned.get(model)
                 prefill, decode, service = (None, None, None) if learned is None else learned.fresh(now, ttl_s)
+                # a batching engine (no slots) keeps a shared cache; the others one prompt per slot
                 match = state.prefix.match(prompt, now, prefix_ttl_s, slots) if prompt is not None else None
                 view = view._replace(
+                    busy_s=now - state.sent_at[0] if state.sent_at else 0.0,
                     prefill_rate=prefill,
                     decode_rate=decode,
                     prefill_samples=0 if learned is None else learned.prefill_n,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from turnout.config import Routing, Tenant
 from turnout.core.fairness import WeightedRoundRobin
+from turnout.core.parallelism import Span
 from turnout.core.patterns import best_value
 from turnout.core.prefix import BYTES_PER_TOKEN, Prompt, prompt_of
 from turnout.core.routing import (
@@ -105,6 +106,23 @@ class Lease:
     share: float = 0.0  # of the prompt it was expected to hold
     queued: bool = False  # all its slots were busy when this was sent: the engine queues it
     work: float = 0.0  # its expected work on the worker (in the worker's backlog while it runs)
+    # monotonic (loop) times: sent, and the engine seen working on it (first and last bytes of its answer's stream,
+    # or the span its own timings give); they teach the worker's parallelism (:meth:`WorkerState.ran`)
+    sent_at: float = 0.0
+    first_at: float | None = None
+    last_at: float = 0.0
+
+    def answering(self, now: float) -> None:
+        """Events of its answer (not keep-alive comments) arrived from the worker: the engine is working on it."""
+        if self.first_at is None:
+            self.first_at = now
+        self.last_at = now
+
+    def worked(self, seconds: float | None, now: float) -> None:
+        """An answer in one piece ended ``now``, after the engine worked on it ``seconds`` (its own timings)."""
+        if seconds is not None and seconds > 0 and self.first_at is None:
+            self.first_at = max(now - seconds, self.sent_at)
+            self.last_at = now
 
     def release(self) -> None:
         if not self._released:
@@ -274,7 +292,8 @@ class Dispatcher:
         worker = lease.worker
         lease.why = decision.why
         lease.choice = True
-        lease.queued = worker.config.slots is not None and worker.in_flight > worker.config.slots
+        slots = worker.parallelism(lease.requested, now).slots
+        lease.queued = slots is not None and worker.in_flight > slots
         lease.work = decision.best.work
         worker.ranked_in_flight += 1
         worker.backlog_s += lease.work
@@ -294,9 +313,15 @@ class Dispatcher:
         self.global_in_flight += 1
         self.model_in_flight[model] = self.model_in_flight.get(model, 0) + 1
         self.tenant_in_flight[tenant] = self.tenant_in_flight.get(tenant, 0) + 1
-        return Lease(worker, upstream_model, model, tenant, self)
+        now = time.monotonic()
+        worker.sent_at.append(now)
+        return Lease(worker, upstream_model, model, tenant, self, sent_at=now)
 
     def _release(self, lease: Lease) -> None:
+        worker = lease.worker
+        worker.sent_at.remove(lease.sent_at)
+        if lease.first_at is not None:
+            worker.ran(lease.requested, Span(lease.sent_at, lease.first_at, lease.last_at), time.monotonic())
         if lease.choice:
             lease.worker.ranked_in_flight -= 1
             lease.worker.backlog_s = (

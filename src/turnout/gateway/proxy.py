@@ -238,8 +238,12 @@ class Proxy:
                     if not chunk:  # the worker has been silent for a while: the client's keep-alive
                         await resp.write(ping)  # type: ignore[arg-type]  # idle is None without one
                         continue
-                    worker.record_progress(loop.time())
+                    now = loop.time()
+                    worker.record_progress(now)
+                    seen = watch.events
                     data = watch.feed(chunk)
+                    if watch.events != seen:
+                        lease.answering(now)
                     if watch.finished and outcome.keep is not None:  # the answer is whole: kept before it goes out
                         await outcome.keep(watch.final or {"usage": watch.usage})
                     if data:
@@ -464,7 +468,10 @@ class Proxy:
                 now = loop.time()
                 if chunk:
                     worker.record_progress(now)
+                    seen = watch.events
                     watch.feed(chunk)
+                    if watch.events != seen:
+                        lease.answering(now)
                 data = b""
                 if watch.frames:
                     if now - stamped >= 0.001:
@@ -681,6 +688,9 @@ class Proxy:
         prompt's tokens as reported (else the prefix index's estimate), those served from the engine's cache as it
         reported them (else what the prefix index expected it to hold)."""
         worker = lease.worker
+        if first_s is None and (rep.prefill_s is not None or rep.decode_s is not None):
+            # an answer in one piece: the span the engine's own timings say it worked on it
+            lease.worked((rep.prefill_s or 0.0) + (rep.decode_s or 0.0), asyncio.get_running_loop().time())
         if completion:
             self.fleet.answered(call.model, completion)
         prompt_tokens = rep.prompt_tokens

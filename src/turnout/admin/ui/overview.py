@@ -1,5 +1,6 @@
 """The Overview page: workers and endpoints with health (and why when down), models, load, requests per
-minute, each worker's prefix cache hit rate, and ModelClaims by phase. The body is a fragment
+minute, each worker's prefix cache hit rate and what its engine runs at once (and how that was found), and
+ModelClaims by phase. The body is a fragment
 (``/admin/overview/fragment``) that the page polls with htmx, so it refreshes itself without a reload.
 
 Requests per minute come from the usage store (all replicas' traffic, flushed first): the requests of the
@@ -60,6 +61,8 @@ async def overview_state(request: web.Request) -> dict[str, Any]:
             # the share of prompt tokens served from its engine's cache: the engine's count, else the index's
             "hit_rate": state.hit_rate,
             "hit_source": "engine" if state.engine_prompt_tokens else "index",
+            # what its engine runs at once, per model, and how that was found (turnout.core.parallelism)
+            "parallelism": {m: p.to_json() for m, p in state.parallelisms(time.monotonic()).items()},
         }
         if state.external is not None:
             ext = state.external
