@@ -193,3 +193,32 @@ def test_a_running_gateway_is_told_to_restart(tmp_path: Path, config: Path) -> N
         gateway.kill()
     after = run(["worker", "add", "gpu", "--url", "http://h:11434", *c], tmp_path)
     assert "no gateway is running" in after.stdout
+
+
+def test_list_shows_what_a_running_gateway_knows(tmp_path: Path) -> None:
+    """With the config's gateway running, each worker's health and what its engine runs at once (and how that was
+    found); without, the config's columns and one line saying why."""
+    from tests.support.cli import serving, write_config
+
+    nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens: down, and nothing learned of it
+    config = write_config(
+        tmp_path / "config.json",
+        workers=[
+            {"name": "quiet", "url": nobody, "type": "openai"},
+            {"name": "wide", "url": nobody, "type": "openai", "slots": 4},
+        ],
+    )
+    c = ["--config", str(config)]
+    with serving(config):
+        listed = run(["worker", "list", *c], tmp_path)
+        as_json = json.loads(run(["worker", "list", "--json", *c], tmp_path).stdout)
+    assert listed.returncode == 0 and listed.stderr == "", listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "TYPE", "MAX", "PLACEMENT", "HEALTH", "AT", "ONCE", "URL"]
+    assert lines[1].split() == ["quiet", "openai", "-", "allow_all", "down", "1", "(assumed)", nobody]
+    assert lines[2].split() == ["wide", "openai", "-", "allow_all", "down", "4", "(declared)", nobody]
+    quiet = as_json[0]["parallelism"]["*"]
+    assert quiet["slots"] == 1 and quiet["source"] == "assumed" and "until" in quiet["why"]
+    stopped = run(["worker", "list", *c], tmp_path)
+    assert stopped.stdout.splitlines()[0].split() == ["NAME", "TYPE", "MAX", "PLACEMENT", "URL"]
+    assert "no gateway at" in stopped.stderr and "showing the config's workers only" in stopped.stderr
