@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ from turnout.core.health import Event, Health, ModelHealth, after, model_after
 from turnout.core.names import lookup
 from turnout.core.parallelism import Evidence, Parallelism, Span, depth, effective, waited
 from turnout.core.placement import PlacementRules
-from turnout.core.prefix import BYTES_PER_TOKEN, PrefixIndex, Prompt
+from turnout.core.prefix import BYTES_PER_TOKEN, Match, PrefixIndex, Prompt
 from turnout.core.routing import WorkerView
 from turnout.core.signals import Sample, smooth, speeds
 from turnout.dialects.base import WorkerAPI
@@ -465,11 +465,18 @@ class Fleet:
         return list(self.workers.values())
 
     def views(
-        self, model: str, prompt: Prompt | None = None, candidates: list[WorkerState] | None = None
+        self,
+        model: str,
+        prompt: Prompt | None = None,
+        candidates: list[WorkerState] | None = None,
+        in_flight: Mapping[str, int] | None = None,
+        matches: Mapping[str, Match] | None = None,
     ) -> list[WorkerView]:
         """What the router needs of each candidate (:meth:`candidates` unless given) for one request for ``model``;
-        with ``prompt``, what each is expected to hold of it (its prefix index and the client's session). Learned
-        figures are read only when there is more than one candidate (there is nothing to compare otherwise)."""
+        with ``prompt``, what each is expected to hold of it (``matches``: as the occupancy's keeper found it; else
+        its own prefix index and the client's session). ``in_flight``: every gateway's requests in flight per worker
+        (else this process's). Learned figures are read only when there is more than one candidate (there is
+        nothing to compare otherwise)."""
         if candidates is None:
             candidates = self.candidates(model)
         choice = len(candidates) > 1
@@ -489,7 +496,7 @@ class Fleet:
                 rules=rules,
                 inventory=state.inventory,
                 loaded=state.loaded,
-                in_flight=state.in_flight,
+                in_flight=state.in_flight if in_flight is None else in_flight.get(state.name, state.in_flight),
                 max_concurrent=state.config.max_concurrent,
                 gpu_util=state.gpu_util,
                 vram_pressure=state.vram_pressure,
@@ -501,7 +508,11 @@ class Fleet:
                 learned = state.learned.get(model)
                 prefill, decode, service = (None, None, None) if learned is None else learned.fresh(now, ttl_s)
                 # a batching engine (no slots) keeps a shared cache; the others one prompt per slot
-                match = state.prefix.match(prompt, now, prefix_ttl_s, slots) if prompt is not None else None
+                match = None
+                if prompt is not None:
+                    match = matches.get(state.name) if matches is not None else None
+                    if match is None and matches is None:
+                        match = state.prefix.match(prompt, now, prefix_ttl_s, slots)
                 view = view._replace(
                     busy_s=now - state.sent_at[0] if state.sent_at else 0.0,
                     prefill_rate=prefill,
