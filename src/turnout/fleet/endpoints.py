@@ -310,6 +310,8 @@ class EndpointManager:
         state.down_reason = None if ext.state.routable else f"{ext.state.value}: {reason}"
         if result.ok:
             _namespaced_inventory(state, record.api, result.body)
+            # the endpoints design: the next request tries it first again as soon as a check sees it online
+            state.models_back(loop.time(), "a health check found the endpoint online")
         if ext.state is not before:
             _log_change(name, before, ext.state, reason, result)
             if self.on_change is not None:
