@@ -10,6 +10,7 @@ from typing import Any
 
 __all__ = [
     "ENGINES",
+    "KVCACHED_ENGINES",
     "MAX_RESTARTS",
     "ActivateRequest",
     "EnginePhase",
@@ -17,6 +18,8 @@ __all__ = [
     "NoCapacity",
     "backoff_s",
     "engine_args",
+    "gpu_neighbours",
+    "gpu_sharing_refusal",
     "ipc_name",
     "pick_port",
     "sleeps_in_place",
@@ -29,6 +32,10 @@ _ARTIFACT_SCHEMES = ("huggingface://", "hf://", "s3://", "gcs://", "file://")
 
 
 NO_SLEEP_MODE = "--no-enable-sleep-mode"
+# The engines kvcached lets share one GPU's memory (it patches vLLM and SGLang: ovg-project/kvcached
+# kvcached/integration/{vllm,sglang}/autopatch.py, loaded at interpreter start by its kvcached_autopatch.pth
+# when KVCACHED_AUTOPATCH=1, which the agent sets for every engine).
+KVCACHED_ENGINES = frozenset({"vllm", "sglang"})
 
 
 def sleeps_in_place(engine: str, args: Mapping[str, str]) -> bool:
@@ -161,3 +168,37 @@ def engine_args(args: Mapping[str, str]) -> list[str]:
         if value != "":
             out.append(value)
     return out
+
+
+def gpu_neighbours(engine: str, others: Iterable[tuple[str, str, str]], gpus: int) -> list[tuple[str, str]]:
+    """The engines a new ``engine`` would share this pod's ``gpus`` GPUs with, as (model, engine), from the pod's
+    other engines (``others``: (model, engine, phase) each): vLLM and SGLang engines that are not failed (a failed
+    one holds nothing). Empty on a pod without GPUs, and for an engine kvcached does not concern (llama.cpp)."""
+    if gpus <= 0 or engine not in KVCACHED_ENGINES:
+        return []
+    return sorted(
+        (name, kind) for name, kind, phase in others if kind in KVCACHED_ENGINES and phase != EnginePhase.FAILED
+    )
+
+
+def gpu_sharing_refusal(
+    model: str, neighbours: Iterable[tuple[str, str]], gpus: int, missing_kvcached: Iterable[str]
+) -> str | None:
+    """Why ``model`` must not start beside its ``neighbours`` (:func:`gpu_neighbours`) on a pod with ``gpus``
+    GPUs, given the interpreters among theirs and its own that cannot import kvcached (``missing_kvcached``);
+    None: it may start. Without kvcached each vLLM or SGLang engine takes its fixed share of the GPU's memory at
+    start, so a second one on the same GPU fails to start, is restarted, and fails again until it gives up: it
+    is refused before it starts instead."""
+    beside = sorted(name for name, _ in neighbours)
+    missing = sorted(set(missing_kvcached))
+    if not beside or not missing:
+        return None
+    where = "this pod's GPU" if gpus == 1 else f"this pod's {gpus} GPUs"
+    return (
+        f"not started: {model} would be a second engine on {where} (beside {', '.join(beside)}), and kvcached, "
+        f"which lets engines share a GPU's memory, cannot be imported by {' or '.join(missing)} (the interpreter "
+        "that runs the engines): without it the engine would fail to start for want of memory, again at every "
+        "restart. Run the pool on the kvcached runtime image (deploy/runtime.Dockerfile, based on "
+        "ghcr.io/ovg-project/kvcached-vllm) or install kvcached into that interpreter, then deactivate and "
+        "activate the model again"
+    )

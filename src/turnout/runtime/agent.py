@@ -113,6 +113,7 @@ def create_agent_app(
     the same API without launching engines (:mod:`turnout.runtime.mock`). ``boot_timeout_s``: how long an engine
     may take to answer its health check after it starts (or is adopted) before it is killed and restarted; None:
     each engine's own boot timeout (:class:`turnout.runtime.launch.Launch`)."""
+    gpu = nvml if nvml is not None else Nvml()
     supervisor = (MockSupervisor if mock else Supervisor)(
         registry_path,
         log_dir,
@@ -122,8 +123,8 @@ def create_agent_app(
         host=engine_host,
         state_poll_s=state_poll_s,
         boot_timeout_s=boot_timeout_s,
+        gpus=len(gpu.accelerators()),
     )
-    gpu = nvml if nvml is not None else Nvml()
     peaks: dict[str, int] = {}  # model -> highest device memory its process group was seen holding
     ops = _Operations()
     registry = CollectorRegistry()

@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -28,7 +29,17 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from turnout.atomic import write_atomic
-from turnout.core.runtime import MAX_RESTARTS, ActivateRequest, EnginePhase, backoff_s, ipc_name, pick_port
+from turnout.core.runtime import (
+    MAX_RESTARTS,
+    ActivateRequest,
+    EnginePhase,
+    backoff_s,
+    gpu_neighbours,
+    gpu_sharing_refusal,
+    ipc_name,
+    pick_port,
+)
+from turnout.runtime import kvcached
 from turnout.runtime.launch import Launch, connect_host, launch_command
 from turnout.upstream.client import UpstreamClient
 
@@ -129,8 +140,10 @@ class Supervisor:
         engine_python: dict[str, str] | None = None,
         host: str = "127.0.0.1",
         boot_timeout_s: float | None = None,
+        gpus: int = 0,
     ) -> None:
         self.engine_python = dict(engine_python or {})  # engine -> interpreter that has it installed
+        self.gpus = gpus  # the pod's GPUs (NVML): its vLLM and SGLang engines share them through kvcached
         # How long a boot may take before the engine is killed and restarted; None: each engine's own timeout.
         self.boot_timeout_s = boot_timeout_s
         self._boot_since: dict[str, float] = {}  # model -> monotonic time its current boot began
@@ -237,9 +250,31 @@ class Supervisor:
             req.model_name, req.engine, req.artifact_url, port, ipc, dict(req.args), dict(req.claim_ref), host=self.host
         )
         self.engines[req.model_name] = record
+        refusal = await self._sharing_refusal(record)
+        if refusal is not None:  # failed before it starts, instead of failing at every restart
+            record.last_error = refusal
+            self._set(record, EnginePhase.FAILED)
+            self.save()
+            log.error("%s %s", record.model_name, refusal)
+            return record
         self.save()  # intent first: a crash right after spawning still knows this engine
         await self._spawn(record)
         return record
+
+    async def _sharing_refusal(self, record: EngineRecord) -> str | None:
+        """Why ``record`` may not start beside this pod's other engines on its GPUs
+        (:func:`turnout.core.runtime.gpu_sharing_refusal`). The interpreters concerned (its own and its
+        neighbours') are asked whether they have kvcached only when it would share a GPU with another engine."""
+        others = [(e.model_name, e.engine, e.phase) for e in self.engines.values() if e is not record]
+        neighbours = gpu_neighbours(record.engine, others, self.gpus)
+        if not neighbours:
+            return None
+        pythons = sorted(
+            {self.engine_python.get(kind, sys.executable) for kind in {record.engine, *dict(neighbours).values()}}
+        )
+        answers = await asyncio.gather(*(asyncio.to_thread(kvcached.importable, p) for p in pythons))
+        missing = [p for p, ok in zip(pythons, answers, strict=True) if not ok]
+        return gpu_sharing_refusal(record.model_name, neighbours, self.gpus, missing)
 
     def lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
