@@ -18,7 +18,8 @@
 ARG ENGINE_BASE=ghcr.io/ovg-project/kvcached-vllm:latest
 FROM ${ENGINE_BASE}
 
-ARG EXTRAS=gpu
+# gpu: NVML (accelerators, the count of GPUs that engines share); s3: boto3, to download s3:// artifacts
+ARG EXTRAS=gpu,s3
 ARG EXTRA_PIP=""
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tini \
