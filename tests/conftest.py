@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +23,7 @@ import openai
 import pytest
 from aiohttp import web
 
+from tests.support import leftovers
 from tests.support.ollama_emulator import Behaviour, OllamaEmulator
 from tests.support.tiny_gguf import write_tiny_model
 from turnout.config import Settings, load_settings
@@ -28,6 +31,29 @@ from turnout.gateway.server import start_runner
 from turnout.wiring import create_app
 
 ADMIN_TOKEN = "test-admin-token"
+_SESSION = leftovers.mark_session()  # everything the tests start carries it (tests/support/leftovers.py)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when a process a test started outlived the session (every fixture is torn down by now):
+    each is named with its command line, then stopped, so that one run's leftovers never reach the next."""
+    left = leftovers.wait_for_none(_SESSION)
+    if not left:
+        return
+    lines = [leftovers.describe(pid) for pid in left]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    text = "processes started by the tests outlived them (every process a test starts is stopped by it):"
+    if reporter is not None:
+        reporter.write_sep("=", "left-over processes", red=True)
+        reporter.write_line(text)
+        for line in lines:
+            reporter.write_line(f"  {line}")
+    else:
+        print(text, *lines, sep="\n  ", file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def free_port() -> int:

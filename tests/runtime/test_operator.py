@@ -196,6 +196,7 @@ def test_manifests_apply_and_the_schema_refuses_bad_claims(
     bad = [
         {"artifactURL": "hf://x"},  # no podSelector
         {"podSelector": {"matchLabels": {"a": "b"}}, "artifactURL": "ftp://x"},  # unknown scheme
+        {"podSelector": {"matchLabels": {"a": "b"}}, "artifactURL": "gcs://bucket/m"},  # no engine or agent reads it
         {"podSelector": {"matchLabels": {"a": "b"}}, "artifactURL": "hf://x", "replicas": 2},
         {"podSelector": {"matchLabels": {"a": "b"}}, "artifactURL": "hf://x", "engine": "tgi"},
         {

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from turnout.core.runtime import ENGINES
+from turnout.core.runtime import ENGINES, artifact_problem
 from turnout.core.selectors import InvalidSelector, LabelSelector, parse_label_selector
 
 __all__ = [
@@ -87,6 +87,9 @@ def parse_claim_spec(name: str, spec: Any) -> ClaimSpec:
     artifact = spec.get("artifactURL")
     if not isinstance(artifact, str) or not artifact:
         raise InvalidClaim("spec.artifactURL is required")
+    problem = artifact_problem(artifact)
+    if problem is not None:
+        raise InvalidClaim(f"spec.artifactURL {problem}")
     engine = spec.get("engine", "vllm")
     if engine not in ENGINES:
         raise InvalidClaim(f"spec.engine must be one of {', '.join(ENGINES)}, got {engine!r}")

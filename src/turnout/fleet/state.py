@@ -28,7 +28,7 @@ from typing import Any
 
 from turnout.config import Settings, Worker, WorkerType
 from turnout.core.endpoint_health import EndpointState
-from turnout.core.health import Event, Health, ModelHealth, after, model_after
+from turnout.core.health import Event, Health, ModelHealth, after, model_after, model_checked
 from turnout.core.names import lookup
 from turnout.core.parallelism import Evidence, Parallelism, Span, depth, effective, waited
 from turnout.core.placement import PlacementRules
@@ -327,6 +327,15 @@ class WorkerState:
                 self.kind,
                 (health.out_until or now) - now,
             )
+
+    def models_back(self, now: float, why: str) -> None:
+        """A health check found it serving: every model taken out here is tried again from the next request
+        (:func:`turnout.core.health.model_checked`); each one that was out is logged back once, with ``why``."""
+        for model, health in self.models.items():
+            if health.out_until is not None:
+                self.models[model] = model_checked(health)
+                if health.out(now):
+                    log.info('%s: model "%s" is back (%s)', self.label, model, why)
 
     def model_out(self, model: str, now: float) -> str | None:
         """Why ``model`` (either spelling, ``m`` or ``m:latest``) is out on this worker now; None: it is in."""
