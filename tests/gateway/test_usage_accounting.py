@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.conftest import Clients, EmulatorFactory, Engine, Gateway, GatewayFactory, create_key, worker
+from tests.support.raw_worker import RawWorker, Reply, http
 from turnout.dialects.base import Call, Endpoint
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.keys import ACCOUNTANT, DATABASE, USAGE
@@ -252,3 +253,22 @@ async def test_the_estimate_follows_the_models_own_counts(locked: Gateway) -> No
     failed = await accountant.admit(None, call)
     await accountant.finish(failed, call, Outcome(worker="a", prompt_tokens=400, failed=True), 502)  # not learned
     assert (await accountant.admit(None, call)).prompt_estimate == 40
+
+
+async def test_an_ollama_embedding_without_usage_tells_the_client_what_it_is_billed(gateway: GatewayFactory) -> None:
+    raw = RawWorker(models=["e:1"])
+    answer = {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.5, 0.25]}]}
+    raw.default = Reply([http(200, orjson.dumps(answer))])
+    try:
+        gw = await gateway([worker("raw", await raw.start(), type="openai")], auth={"open": False})
+        record, key = make_key(gw)
+        body = {"model": "e:1", "input": "the sky is blue " * 8}
+        headers = {"Authorization": f"Bearer {key}"}
+        async with aiohttp.ClientSession() as http_, http_.post(f"{gw.url}/api/embed", json=body, headers=headers) as r:
+            told = await r.json()
+        assert r.status == 200 and told["embeddings"] == [[0.5, 0.25]] and told["prompt_eval_count"] > 0
+        await gw.app[ACCOUNTANT].usage.flush()
+        [row] = gw.app[USAGE].summary(since=0, key_id=record.id)
+        assert row["prompt_tokens"] == told["prompt_eval_count"]
+    finally:
+        await raw.stop()

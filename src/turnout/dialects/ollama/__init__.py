@@ -122,7 +122,7 @@ class OllamaOnOpenAI:
         reported = _obj(answer.get("usage"))
         if call.endpoint in (Endpoint.EMBED, Endpoint.EMBED_LEGACY):
             legacy = call.endpoint is Endpoint.EMBED_LEGACY
-            out = translate.embed_from_openai(answer, call.model, timing, legacy=legacy)
+            out = translate.embed_from_openai(answer, call.model, timing, legacy=legacy, estimate=call.estimate)
             return out, Counts(_count(reported, "prompt_tokens"))
         generate = call.endpoint is Endpoint.GENERATE
         out = translate.chat_from_openai(

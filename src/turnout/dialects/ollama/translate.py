@@ -225,7 +225,9 @@ def chat_from_openai(
     return out
 
 
-def embed_from_openai(resp: JSON, model: str, timing: Timing, *, legacy: bool) -> JSON:
+def embed_from_openai(resp: JSON, model: str, timing: Timing, *, legacy: bool, estimate: int = 0) -> JSON:
+    """An OpenAI embeddings answer as Ollama's (``estimate``: the input's tokens as the gateway bills them when
+    the worker counts none)."""
     data = resp.get("data")
     if not isinstance(data, list):
         raise ResponseShapeError("embedding response has no data list")
@@ -236,13 +238,13 @@ def embed_from_openai(resp: JSON, model: str, timing: Timing, *, legacy: bool) -
         raise ResponseShapeError("an embedding is not a list of numbers")
     if legacy:
         return {"embedding": vectors[0] if vectors else []}
-    usage = _obj(resp.get("usage"))
+    counted = _count(_obj(resp.get("usage")).get("prompt_tokens"))
     return {
         "model": model,
         "embeddings": vectors,
         "total_duration": timing.total_ns,
         "load_duration": 0,
-        "prompt_eval_count": _count(usage.get("prompt_tokens")) or 0,
+        "prompt_eval_count": estimate if counted is None else counted,
     }
 
 
