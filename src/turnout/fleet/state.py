@@ -141,6 +141,9 @@ class WorkerState:
     offload: float | None = None
     external: External | None = None
     claim: str | None = None  # set for a ModelClaim binding (an engine on a GPU pool pod)
+    # llama.cpp's GET /props of an OpenAI-style worker, as the poller last read it (None: not read, or not a
+    # llama.cpp server): its slots, modalities and chat template capabilities
+    engine_props: dict[str, Any] | None = None
     # Derived once from the config: read on every request, so never recomputed there.
     base_url: str = field(init=False)
     baseline: PlacementRules = field(init=False)
