@@ -115,10 +115,23 @@ def check_chunks(events: list[JSON], *, completions: bool = False, ollama: bool 
     """Raise for the first of a batch of stream events whose message cannot be read, before a translator turns
     any of them into the client's frames: the client's stream then ends with the error frame right after what it
     was sent, nothing of the batch half-said (a Responses stream's event numbers stay in order)."""
+    field = "text" if completions else "delta"
     for event in events:
         if ollama:
-            ollama_message(event, chunk=True)
+            message = event.get("message")
+            if type(message) is not dict or type(message.get("content", "")) is not str:
+                ollama_message(event, chunk=True)  # says what is wrong, unless a last object without one
             continue
+        choices = event.get("choices")
+        if type(choices) is list and len(choices) == 1:  # the usual chunk, one choice: decided at once
+            choice = choices[0]
+            read = choice.get(field) if type(choice) is dict else None
+            if completions and type(read) is str:
+                continue
+            if type(read) is dict:
+                content = read.get("content")
+                if content is None or type(content) is str:
+                    continue
         for choice in chunk_choices(event):
             if completions:
                 chunk_text(choice)

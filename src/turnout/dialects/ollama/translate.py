@@ -287,7 +287,9 @@ class ChatStreamTranslator:
             if self.completions:
                 text = chunk_text(choice)
             else:
-                delta = chunk_delta(choice) or {}
+                delta = choice.get("delta")
+                if type(delta) is not dict or not (delta.get("content") is None or type(delta["content"]) is str):
+                    delta = chunk_delta(choice) or {}  # the rules' own read: text parts joined, the rest refused
                 text = _text(delta.get("content"))
                 calls = delta.get("tool_calls")
                 for call in calls if isinstance(calls, list) else []:
