@@ -240,16 +240,23 @@ async def test_a_responses_stream_without_usage_tells_the_client_what_it_is_bill
 
 async def test_the_estimate_follows_the_models_own_counts(locked: Gateway) -> None:
     """The prompt estimate is the body's size over the bytes per token learned from the worker's counts for the
-    model and API (4 until one is counted): the same call, estimated again after an answer counted 40 tokens for
-    it, is estimated about 40."""
+    model and API (a model not counted yet: the API's figure; 4 until one is counted): the same call, estimated
+    again after an answer counted 40 tokens for it, is estimated about 40."""
     accountant = locked.app[ACCOUNTANT]
     call = _call({**CHAT, "messages": [{"role": "user", "content": "word " * 200}]})
     first = await accountant.admit(None, call)
     assert first.prompt_estimate == len(call.body) // 4
     await accountant.finish(first, call, Outcome(worker="a", prompt_tokens=40, completion_tokens=3), 200)
     assert (await accountant.admit(None, call)).prompt_estimate == 40
-    other = call._replace(model="llama3.2:latest")  # another model: its own figure, none learned yet
-    assert (await accountant.admit(None, other)).prompt_estimate == len(call.body) // 4
+    other = call._replace(model="llama3.2:latest")  # another model, none of its own learned: the API's figure
+    assert (await accountant.admit(None, other)).prompt_estimate == 40
+    await accountant.finish(first, other, Outcome(worker="a", prompt_tokens=80, completion_tokens=3), 200)
+    assert (await accountant.admit(None, other)).prompt_estimate == 80  # then its own
+    assert (await accountant.admit(None, call)).prompt_estimate == 40
+    messages = _call({**CHAT, "messages": [{"role": "user", "content": "word " * 200}]})._replace(
+        dialect=Dialect.ANTHROPIC, endpoint=Endpoint.MESSAGES
+    )
+    assert (await accountant.admit(None, messages)).prompt_estimate == len(call.body) // 4  # another API: 4
     failed = await accountant.admit(None, call)
     await accountant.finish(failed, call, Outcome(worker="a", prompt_tokens=400, failed=True), 502)  # not learned
     assert (await accountant.admit(None, call)).prompt_estimate == 40

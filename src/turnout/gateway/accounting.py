@@ -259,23 +259,28 @@ class Accountant:
     def estimate(self, call: Call) -> int:
         """The call's prompt tokens as the gateway estimates them: what it is billed when its worker counts none,
         and what a translated answer then tells the client (:attr:`~turnout.dialects.base.Call.estimate`). The
-        body's size over the bytes per token learned for the model and API from earlier answers' counts
-        (:func:`turnout.core.limits.prompt_estimate`); 0 for a call that generates nothing."""
+        body's size over the bytes per token learned for the model and API from earlier answers' counts (a model
+        not counted yet: the API's figure over every model; :func:`turnout.core.limits.prompt_estimate`); 0 for
+        a call that generates nothing."""
         if not call.endpoint.generates:  # a token count (count_tokens) costs a request, never tokens
             return 0
-        return prompt_estimate(len(call.body), self._bytes_per_token.get((call.model, call.api_name)))
+        learned = self._bytes_per_token
+        api = call.api_name
+        ratio = learned.get((call.model, api)) or learned.get(("", api))  # a model's own, else the API's
+        return prompt_estimate(len(call.body), ratio)
 
     def learn(self, call: Call, prompt_tokens: int | None) -> None:
         """One more answer whose worker counted ``prompt_tokens`` for ``call``'s prompt."""
         if prompt_tokens is None or not call.endpoint.generates:
             return
         learned = self._bytes_per_token
-        key = (call.model, call.api_name)
-        ratio = learn_bytes_per_token(learned.get(key), len(call.body), prompt_tokens)
-        if ratio is not None:
-            if key not in learned and len(learned) >= _MAX_LEARNED:
-                learned.clear()
-            learned[key] = ratio
+        api = call.api_name
+        for key in ((call.model, api), ("", api)):  # the model's own figure, and its API's over every model
+            ratio = learn_bytes_per_token(learned.get(key), len(call.body), prompt_tokens)
+            if ratio is not None:
+                if key not in learned and len(learned) >= _MAX_LEARNED:
+                    learned.clear()
+                learned[key] = ratio
 
     async def admit(self, key: KeyRecord | None, call: Call) -> Ticket:
         """Admit against every limit that applies; a refusal by one undoes the others (all or nothing)."""
