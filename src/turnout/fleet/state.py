@@ -136,7 +136,8 @@ class WorkerState:
     completed: int = 0  # requests finished here (success or not), for idle detection
     sent_at: list[float] = field(default_factory=list)  # when each request in flight here was sent, oldest first
     # what the engine says of itself: its family by its model listing (``llamacpp``, ``vllm``, ``sglang``), its
-    # llama.cpp ``/props`` (None: not fetched or not a llama.cpp server), and the parallelism read from either
+    # llama.cpp ``GET /props`` as the poller last read it (None: not read, or not a llama.cpp server: its slots,
+    # modalities and chat template capabilities), and the parallelism read from either
     engine_family: str | None = None
     engine_props: dict[str, Any] | None = None
     engine_parallelism: Parallelism | None = None

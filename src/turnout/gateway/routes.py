@@ -58,6 +58,8 @@ def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
                 if endpoint is Endpoint.RESPONSES:  # its answer's id; a continuation's whole conversation
                     call = await app[STORED].prepare(key, call)
                 ticket = await accountant.admit(key, call)
+                # what the call is billed when its worker counts none, and what a translated answer then says
+                call = call._replace(estimate=ticket.prompt_estimate)
             except TurnoutError as exc:  # 403 scope, 429 limit, 503 limits unavailable: an error of this key
                 request[USAGE_ROW] = await accountant.finish(Ticket(key, 0, [], asked), call, Outcome(), exc.status)
                 raise

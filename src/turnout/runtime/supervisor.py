@@ -9,6 +9,12 @@ sleeping engine is re-adopted sleeping (vLLM says so at ``GET /is_sleeping``: it
 sleeps) and a failed one stays failed. A sleeping engine whose process is gone (it sleeps by stopping, or it exited
 while asleep in place) stays asleep with no process and is started on wake: starting it at once would take back the
 memory its sleep gave up. Records that do not parse are logged and skipped, never fatal.
+
+An engine started again (woken after a sleep by stopping, restarted after a crash, started at re-adoption because
+its process was gone) keeps its port while the port is free, and moves to a free one of the agent's range when
+something else took it meanwhile (a restart on a taken port would only fail again, with backoff): its record and
+report say the new port, and the controller routes there. A port the activation named (``port``) never moves. A
+live engine re-adopted after an agent restart keeps its port and IPC name, as the design says.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from turnout.core.runtime import (
     MAX_RESTARTS,
     ActivateRequest,
     EnginePhase,
+    NoCapacity,
     backoff_s,
     gpu_neighbours,
     gpu_sharing_refusal,
@@ -83,6 +90,7 @@ class EngineRecord:
     host: str = ""
     # Where the agent staged an s3:// artifact (turnout.runtime.artifacts); the engine is started on it.
     local_path: str | None = None
+    port_pinned: bool = False  # the activation named the port: a start on it never moves elsewhere
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -257,7 +265,15 @@ class Supervisor:
             port = pick_port(0, low, high, taken)
         ipc = ipc_name(req.ipc_name, req.model_name, [e.ipc_name for e in self.engines.values()])
         record = EngineRecord(
-            req.model_name, req.engine, req.artifact_url, port, ipc, dict(req.args), dict(req.claim_ref), host=self.host
+            req.model_name,
+            req.engine,
+            req.artifact_url,
+            port,
+            ipc,
+            dict(req.args),
+            dict(req.claim_ref),
+            host=self.host,
+            port_pinned=bool(req.port),
         )
         self.engines[req.model_name] = record
         refusal = await self._sharing_refusal(record)
@@ -437,6 +453,7 @@ class Supervisor:
             self._stage(record)
             return
         record.host = self.host  # started again by this agent: where it listens now
+        self._free_port(record)
         launch = self.launch(record)
         env = {**os.environ, "ENABLE_KVCACHED": "true", "KVCACHED_AUTOPATCH": "1", "KVCACHED_IPC_NAME": record.ipc_name}
         if record.engine == "vllm":
@@ -448,6 +465,25 @@ class Supervisor:
         self._adopted.discard(record.model_name)
         self.save()
         self._watch(record.model_name)
+
+    def _free_port(self, record: EngineRecord) -> None:
+        """Before a start: an engine whose port something else took meanwhile moves to a free port of the range
+        (see the module's docstring); one whose activation named its port, or with no free port left, stays."""
+        if record.port_pinned or _port_free(self.host, record.port):
+            return
+        low, high = self.port_range
+        taken = {e.port for e in self.engines.values()}
+        while True:
+            try:
+                port = pick_port(0, low, high, taken)
+            except NoCapacity:
+                log.warning("%s: port %d is taken and no other is free; started on it", record.model_name, record.port)
+                return
+            if _port_free(self.host, port):
+                break
+            taken.add(port)
+        log.warning("%s: port %d is taken by another process; started on %d", record.model_name, record.port, port)
+        record.port = port
 
     def _watch(self, name: str) -> None:
         old = self._tasks.pop(name, None)
@@ -667,8 +703,11 @@ def _spawn_session(argv: list[str], log_path: Path, env: dict[str, str]) -> int:
 
 
 def _port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now: as servers do, with ``SO_REUSEADDR`` (the engine's own
+    connections still in TIME_WAIT after it stopped do not hold its port; another listener does)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
