@@ -101,7 +101,17 @@ class Storage(_Model):
         None, description="SQLAlchemy URL (postgresql://user:pass@host/db); default: SQLite turnout.db in data_dir"
     )
     redis_url: str | None = Field(
-        None, description="redis://host:port/db; when set, rate and token limits are shared by every replica"
+        None,
+        description="redis://host:port/db; when set, every replica shares through it the rate and token limits, the "
+        "requests in flight and the wait queue (every cap exact across replicas), the prefix index, and the one wake "
+        "per sleeping model (docs/scaling.md)",
+    )
+    redis_timeout_ms: float = Field(
+        50,
+        gt=0,
+        le=10_000,
+        description="a Redis reply later than this counts as Redis away: each replica serves on its own state (every "
+        "cap cut to its share) until Redis answers again",
     )
 
 

@@ -39,7 +39,7 @@ from turnout.dialects.base import WorkerAPI
 from turnout.state.placement_store import PlacementStore
 from turnout.upstream.http1 import DialGuard
 
-__all__ = ["External", "Fleet", "Learned", "WorkerState"]
+__all__ = ["MAX_SESSIONS", "External", "Fleet", "Learned", "WorkerState"]
 
 log = logging.getLogger("turnout.fleet")
 

@@ -44,7 +44,7 @@ from turnout.dialects import api
 from turnout.dialects.base import Call
 from turnout.errors import Forbidden, NotFound, TurnoutError, Unavailable
 from turnout.fleet.state import Fleet, WorkerState
-from turnout.gateway.occupancy import Grant, LocalOccupancy, Occupancy, Ticket, next_id
+from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Occupancy, Ticket, next_id
 from turnout.gateway.shared_prefixes import SharedPrefixes
 from turnout.metrics import Metrics
 
@@ -130,6 +130,9 @@ class Lease:
         if not self._released:
             self._released = True
             self._dispatcher._release(self)
+
+
+_NOTHING_HELD = Held(0, 0, 0, {}, {}, False)  # a view not asked for: the take checks every cap
 
 
 class Dispatcher:
@@ -228,16 +231,20 @@ class Dispatcher:
         candidates = self.fleet.candidates(model)
         choice = len(candidates) > 1
         prompt, demand = self._demand(model, ask) if choice else (None, NO_DEMAND)
-        names = [state.name for state in candidates]
-        now = time.monotonic()
-        slots = {s.name: s.parallelism(model, now).slots for s in candidates} if prompt is not None else {}
-        held = await self.occupancy.view(model, tenant, names, prompt, ticket, slots)
         cap = self._tenant_cap(tenant)
-        if cap is not None and held.tenant >= cap:
-            return None, f'tenant "{tenant}" is at its limit of {cap} concurrent requests'
-        if held.ahead:
-            return None, f'requests for model "{model}" are waiting ahead of this one'
         model_max = best_value(model, self._limits)
+        occupancy = self.occupancy
+        if choice or not occupancy.remote:
+            names = [state.name for state in candidates]
+            now = time.monotonic()
+            slots = {s.name: s.parallelism(model, now).slots for s in candidates} if prompt is not None else {}
+            held = await occupancy.view(model, tenant, names, prompt, ticket, slots)
+            if cap is not None and held.tenant >= cap:
+                return None, self._refused("tenant", model, tenant)
+            if held.ahead:
+                return None, self._refused("ahead", model, tenant)
+        else:  # one candidate, counts kept elsewhere: the take checks every cap (one round trip, not two)
+            held = _NOTHING_HELD
         decision = route(
             model,
             self.fleet.views(model, prompt, candidates, held.workers, held.matches if prompt is not None else None),
@@ -268,8 +275,9 @@ class Dispatcher:
         )
         recorded = prompt if choice else None
         grant = Grant(next_id("l"), best.worker, model, tenant, priority, caps, recorded, ticket)
-        if not await self.occupancy.take(grant):
-            return None, f'every worker for model "{model}" is busy (another request took the slot first)'
+        refused = await occupancy.take(grant)
+        if refused is not None:
+            return None, self._refused(refused, model, tenant, best.worker)
         self._routed.inc()
         self._reasons[decision.reason] += 1
         self._rotation += 1
@@ -277,6 +285,19 @@ class Dispatcher:
         if choice:  # (even when only one of them was free just now)
             self._placed(lease, decision, prompt, time.monotonic())
         return lease, ""
+
+    def _refused(self, count: str, model: str, tenant: str, worker: str = "") -> str:
+        """Why a request waits, by the count at its cap (:func:`turnout.core.admission.refusal`), in the words of the
+        router's own saturation messages."""
+        if count == "tenant":
+            return f'tenant "{tenant}" is at its limit of {self._tenant_cap(tenant)} concurrent requests'
+        if count == "total":
+            return f"the gateway is at its limit of {self.routing.max_concurrent} concurrent requests"
+        if count == "model":
+            return f'model "{model}" is at its limit of {best_value(model, self._limits)} concurrent requests'
+        if count == "ahead":
+            return f'requests for model "{model}" are waiting ahead of this one'
+        return f'every worker for model "{model}" is busy ({worker})'
 
     def _saturated(self, message: str, why: str) -> NoReturn:
         self.metrics.routing.labels("saturated").inc()

@@ -86,9 +86,18 @@ class Occupancy(Protocol):
         slots: Mapping[str, int | None],
     ) -> Held: ...
 
-    async def take(self, grant: Grant) -> bool: ...
+    async def take(self, grant: Grant) -> str | None:
+        """Take the slot: None, or why not (``total``, ``model``, ``tenant``, ``worker``, ``worker_batch``: that count
+        is at its cap; ``ahead``: a waiter that can go is ahead of it)."""
+        ...
 
     def give(self, grant: Grant) -> None: ...
+
+    @property
+    def remote(self) -> bool:
+        """Counts live elsewhere (a view costs a round trip): a request with a single candidate worker takes its slot
+        without one, the take checking every cap."""
+        ...
 
     async def join(self, model: str, tenant: str, weight: int, priority: Priority, max_queue: int) -> Ticket | None:
         """A place in ``model``'s queue; None when ``max_queue`` requests already wait (every keeper's)."""
@@ -206,10 +215,12 @@ class LocalOccupancy:
         )
 
     # -- taking and giving back -------------------------------------------------------------------------------
-    async def take(self, grant: Grant) -> bool:
+    remote = False
+
+    async def take(self, grant: Grant) -> str | None:
         return self.take_now(grant)
 
-    def take_now(self, grant: Grant) -> bool:
+    def take_now(self, grant: Grant) -> str | None:
         """:meth:`take`, without awaiting: atomic in one event loop."""
         batch = grant.priority is Priority.BATCH
         counts = Counts(
@@ -219,8 +230,11 @@ class LocalOccupancy:
             self.workers.get(grant.worker, 0),
             self.worker_batch.get(grant.worker, 0) if batch else 0,
         )
-        if refusal(counts, grant.caps) is not None or self._ahead(grant.model, grant.ticket):
-            return False
+        refused = refusal(counts, grant.caps)
+        if refused is not None:
+            return refused
+        if self._ahead(grant.model, grant.ticket):
+            return "ahead"
         self.total += 1
         _bump(self.models, grant.model, 1)
         _bump(self.tenants, grant.tenant, 1)
@@ -233,7 +247,7 @@ class LocalOccupancy:
             index = self._index(grant.worker)
             if index is not None:
                 index.record(grant.prompt, self._clock())  # type: ignore[attr-defined]
-        return True
+        return None
 
     def give(self, grant: Grant) -> None:
         self.total -= 1
