@@ -6,7 +6,8 @@
 # PID 1 is tini: it reaps engine processes that outlive a crashed agent and forwards the pod's SIGTERM to the
 # restart loop (deploy/runtime-entrypoint.sh), which restarts the agent after a crash so that it re-adopts the
 # engines that kept running. The base image brings the engine (vLLM by default) and its Python; EXTRA_PIP adds
-# more pip requirements to the same Python, e.g. --build-arg EXTRA_PIP="kvcached llama-cpp-python[server]".
+# more pip requirements to the same Python, e.g. --build-arg EXTRA_PIP=kvcached; EXTRAS=gpu,llamacpp adds llama.cpp's
+# own server (the xllamacpp wheel) for engine: llamacpp claims.
 ARG ENGINE_BASE=vllm/vllm-openai:v0.11.0
 FROM ${ENGINE_BASE}
 
