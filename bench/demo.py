@@ -2,6 +2,7 @@
 
     python bench/demo.py [--rounds 5]              # later starts, on a prepared data dir
     python bench/demo.py --fresh [--no-mirror]     # a first ./scripts/serve on a fresh clone, with empty caches
+    python bench/demo.py --engine-only [--python PY] [--old] [--ctx N]   # the demo's engine alone
 
 Later starts (the default): each round runs `turnout serve` (a subprocess, as a user runs it) on a config whose
 workers are the starter's plus the demo entry, its store already made, and measures
@@ -22,6 +23,12 @@ local wheel mirrors): everything comes from PyPI, as on a machine that has nothi
 machine something may answer at Ollama's address; on a machine with nothing else plain `./scripts/serve` does
 the same.
 
+--engine-only: the demo's engine process alone, as the demo's claim starts it (llama.cpp's server from xllamacpp,
+its args from turnout.core.demo; with --old, llama-cpp-python's server with the args the demo gave it before,
+`python -m llama_cpp.server ... --n_ctx 2048 ... --interrupt_requests false`, run by --python, an interpreter
+that has it): from the process's start to its health answering, the first streamed token of the banner's
+question, the whole answer, and the process's RSS after it; --ctx sets the context of either.
+
 Prints the machine's load average before and after: the figures depend on what else runs.
 """
 
@@ -39,10 +46,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 READY = re.compile(r"thread: ready ([0-9.]+) s after start")
+PROMPT = "What is the capital of France?"  # the banner's question (turnout.cli.demo.PROMPT)
 
 
 def free_port() -> int:
@@ -161,11 +170,7 @@ def later_starts(rounds: int) -> None:
             proc.wait(60)
         assert not Path(f"/proc/{engine}").exists() or "Z" in Path(f"/proc/{engine}/stat").read_text().split()[2]
     print(f"load average after: {load()}")
-    print("\n| measure | n | median | min | max |\n|---|---:|---:|---:|---:|")
-    for name, values in rows.items():
-        unit = "MB" if "RSS" in name else "s"
-        low, mid, high = min(values), statistics.median(values), max(values)
-        print(f"| {name} | {len(values)} | {mid:.2f} {unit} | {low:.2f} | {high:.2f} |")
+    table(rows)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -236,13 +241,84 @@ def fresh(no_mirror: bool) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
+def engine_only(python: str, old: bool, ctx: int | None, rounds: int) -> None:
+    from turnout.core.demo import ENGINE_ARGS, MODEL, MODEL_FILE, MODEL_PACKAGE
+
+    found = subprocess.run(
+        [
+            python,
+            "-c",
+            f"import importlib.util as u, os; print(os.path.dirname(u.find_spec({MODEL_PACKAGE!r}).origin))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    model = str(Path(found.stdout.strip()) / MODEL_FILE)
+    port = free_port()
+    if old:
+        args = ["--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", str(ctx or 2048), "--embedding", "true"]
+        args += ["--kv_overrides", "llama.pooling_type=int:1", "--interrupt_requests", "false"]
+        argv = [python, "-m", "llama_cpp.server", "--model", model, "--model_alias", MODEL, *args]
+        health = "/v1/models"  # it has no /health
+    else:
+        flags = {**ENGINE_ARGS, **({"--ctx-size": str(ctx)} if ctx else {})}
+        args = [part for key, value in flags.items() for part in (key, value) if part]
+        argv = [python, "-m", "turnout.runtime.llamacpp_server", "--model", model, "--alias", MODEL, *args]
+        health = "/health"
+    argv += ["--host", "127.0.0.1", "--port", str(port)]
+    curl = (
+        f"curl -sSN http://127.0.0.1:{port}/v1/chat/completions -H 'Content-Type: application/json' -d '"
+        + json.dumps({"model": MODEL, "stream": True, "messages": [{"role": "user", "content": PROMPT}]})
+        + "'"
+    )
+    rows: dict[str, list[float]] = {"ready": [], "first token": [], "whole answer": [], "engine RSS": []}
+    print(f"{' '.join(argv[1:4])} ...; load average before: {load()}")
+    for n in range(rounds):
+        started = time.monotonic()
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while time.monotonic() - started < 120:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{health}", timeout=1):
+                        break
+                except OSError:
+                    time.sleep(0.02)
+            ready = time.monotonic() - started
+            ttft, total, text = first_token(curl)
+            rows["ready"].append(ready)
+            rows["first token"].append(ttft)
+            rows["whole answer"].append(total)
+            rows["engine RSS"].append(rss_mb(proc.pid))
+            print(f"round {n + 1}: ready {ready:.2f} s, first token {ttft:.2f} s, answer {total:.2f} s: {text[:60]!r}")
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    print(f"load average after: {load()}")
+    table(rows)
+
+
+def table(rows: dict[str, list[float]]) -> None:
+    print("\n| measure | n | median | min | max |\n|---|---:|---:|---:|---:|")
+    for name, values in rows.items():
+        unit = "MB" if "RSS" in name else "s"
+        low, mid, high = min(values), statistics.median(values), max(values)
+        print(f"| {name} | {len(values)} | {mid:.2f} {unit} | {low:.2f} | {high:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--fresh", action="store_true", help="a first ./scripts/serve on a fresh clone, no caches")
     parser.add_argument("--no-mirror", action="store_true", help="with --fresh: pip from PyPI only")
+    parser.add_argument("--engine-only", action="store_true", help="the demo's engine process alone")
+    parser.add_argument("--python", default=sys.executable, help="with --engine-only: the engine's interpreter")
+    parser.add_argument("--old", action="store_true", help="with --engine-only: llama-cpp-python's server")
+    parser.add_argument("--ctx", type=int, help="with --engine-only: the engine's context")
     args = parser.parse_args()
-    if args.fresh:
+    if args.engine_only:
+        engine_only(args.python, args.old, args.ctx, args.rounds)
+    elif args.fresh:
         fresh(args.no_mirror)
     else:
         later_starts(args.rounds)
