@@ -37,12 +37,13 @@ MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_LABEL = "turnout.demo"  # on the demo pool and, as its selector, on the demo claim
 CONTEXT = 8192  # SmolLM2-135M-Instruct's trained context (its GGUF's llama.context_length)
 # llama-server's flags (turnout.core.llamacpp_flags): one thread for prompts and generation; the context the model
-# holds, so that an agent's first request fits (Claude Code's system prompt and tools come to about 4,000 tokens);
-# one slot, so a request has all of it (another waits for the slot, llama-server never interrupts a stream); a
-# small prompt cache in memory (llama-server keeps an idle slot's prompt there; its default allows 8 GiB); answers
-# of at most 1,024 tokens (llama-server caps a request's max_tokens at this; without it a rambling answer of the
-# small model runs until the context is full, minutes on one thread); embeddings on, mean-pooled (the model has no
-# pooling of its own: one vector per input on /v1/embeddings, as an embedding model would give; chat keeps working).
+# holds, so that an agent's first request fits (Claude Code's first one comes to about 4,100 of its tokens); one
+# slot, so a request has all of it (another waits for the slot, llama-server never interrupts a stream); a small
+# prompt cache in memory (llama-server keeps an idle slot's prompt there; its default allows 8 GiB); answers of
+# 1,024 tokens when the request sets no max_tokens (the banner's curl sets none; without this a rambling answer of
+# the small model runs until the context is full, minutes on one thread; a request's own max_tokens still wins);
+# embeddings on, mean-pooled (the model has no pooling of its own: one vector per input on /v1/embeddings, as an
+# embedding model would give; chat keeps working).
 ENGINE_ARGS = {
     "--threads": "1",
     "--threads-batch": "1",
