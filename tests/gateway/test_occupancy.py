@@ -21,6 +21,7 @@ from turnout.gateway.occupancy import Grant, LocalOccupancy, Occupancy, Ticket, 
 from turnout.gateway.redis_occupancy import RedisOccupancy
 
 TENANT_CAPS = {"capped": 1}
+NO_CAPS = Caps()
 
 
 def indexes() -> Callable[[str], PrefixIndex | None]:
@@ -58,7 +59,7 @@ def grant(
     worker: str = "w1",
     model: str = "m",
     tenant: str = "",
-    caps: Caps = Caps(),
+    caps: Caps = NO_CAPS,
     priority: Priority = Priority.STANDARD,
     ticket: Ticket | None = None,
     prompt: Any = None,
@@ -119,7 +120,7 @@ async def test_weighted_fair_order(keeper: Occupancy) -> None:
     the order they came."""
     weights = {"a": 3, "b": 1}
     tickets = []
-    for n in range(8):
+    for _ in range(8):
         for tenant in ("a", "b"):
             ticket = await keeper.join("m", tenant, weights[tenant], Priority.STANDARD, 100)
             assert ticket is not None
