@@ -73,10 +73,11 @@ async def test_tool_loop_on_smollm2(smollm2: Engine, gateway: GatewayFactory) ->
 
 
 async def test_message_start_says_close_to_what_the_tokenizer_counts(smollm2: Engine, gateway: GatewayFactory) -> None:
-    """Claude Code shows ``message_start``'s input count as the context used. llama_cpp.server's streams carry no
-    usage, so that count (and the one the stream ends with, and the one billed) is the gateway's estimate: once the
-    model's own counts taught it the bytes per token, within a quarter of what SmolLM2's tokenizer counts for a
-    short prompt (the first estimate, 4 bytes a token of the whole body, said twice the real count: 28 for 14)."""
+    """Claude Code shows ``message_start``'s input count as the context used. It goes out before the worker has
+    counted anything, so it is the gateway's estimate: once the model's own counts taught it the bytes per token,
+    within a quarter of what SmolLM2's tokenizer counts for a short prompt (the first estimate, 4 bytes a token of the
+    whole body, said twice the real count: 28 for 14). The stream ends with the worker's own count (llama.cpp's
+    server sends usage when asked, stream_options.include_usage), and that is what is billed."""
     gw = await gateway([worker("smol", smollm2.url, type="openai")], auth={"open": False})
     record, key = create_key(gw)
     async with anthropic.AsyncAnthropic(base_url=gw.url, api_key=key, max_retries=0, timeout=120) as client:
@@ -91,9 +92,9 @@ async def test_message_start_says_close_to_what_the_tokenizer_counts(smollm2: En
                     said = event.usage.input_tokens
         counted = await client.messages.create(model="smollm2", max_tokens=2, messages=asked)  # the real count
     real = counted.usage.input_tokens
-    assert started is not None and started == said, (started, said)
+    assert started is not None and said == real, (started, said, real)
     assert abs(started - real) <= max(2, real // 4), (started, real)
     await gw.app[ACCOUNTANT].usage.flush()
     [row] = gw.app[USAGE].summary(since=0, key_id=record.id)
-    billed = first.usage.input_tokens + started + real  # what each answer told the client
+    billed = first.usage.input_tokens + said + real  # what each answer told the client last
     assert row["requests"] == 3 and row["prompt_tokens"] == billed
