@@ -11,11 +11,12 @@ others check that polls during a long answer leave it whole and the worker healt
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from tests.conftest import Clients, Engine, GatewayFactory, eventually, worker
+from tests.conftest import Clients, Engine, GatewayFactory, eventually, start_llama, worker
 from turnout.gateway.keys import FLEET, POLLER
 
 TOKENS = 200
@@ -68,14 +69,37 @@ async def test_polls_during_a_long_stream_do_not_cut_it(
     )
     chunks = [await anext(stream)]
     assert state.in_flight == 1  # generating
+    listed = state.inventory_at
+    polled_during = 0
     async for chunk in stream:
         chunks.append(chunk)
         if len(chunks) % 20 == 1:  # besides the 0.2 s background loop: a poll round every 20 chunks
             await poller.poll_all()
+            polled_during += state.inventory_at != listed and state.in_flight == 1
+            listed = state.inventory_at
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     usage = [c.usage for c in chunks if c.usage is not None]
     assert finish == ["length"] and [u.completion_tokens for u in usage] == [TOKENS]  # the whole answer
     assert state.healthy and state.failures == 0 and state.request_failures == 0
+    # the probes really ran while it streamed: llama.cpp's server (its listing says so) is probed beside its
+    # requests (an unnamed OpenAI-style server only while idle)
+    assert state.engine_family == "llamacpp" and polled_during >= 3, polled_during
+
+
+async def test_what_a_llama_server_runs_at_once_is_read_from_it(
+    llama_engine: Engine, tiny_model: Path, gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """Nothing declared: each server's /props says its slots (--parallel), and the gateway takes them from it."""
+    one = start_llama(tiny_model, "tiny", tmp_path / "one.log", "--parallel", "1")
+    try:
+        gw = await gateway([worker("two", llama_engine.url, type="openai"), worker("one", one.url, type="openai")])
+        fleet = gw.app[FLEET]
+        for name, slots in (("two", 2), ("one", 1)):
+            figure = fleet.workers[name].parallelism("tiny", 0.0)
+            assert (figure.slots, figure.source.value) == (slots, "engine"), (name, figure)
+            assert figure.why == f"llama.cpp's /props: total_slots {slots}"
+    finally:
+        one.stop()
 
 
 async def test_a_probe_never_marks_a_busy_worker_down(
