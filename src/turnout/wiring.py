@@ -190,7 +190,7 @@ def _limiter(settings: Settings, processes: int, limits: socket.socket | None) -
     """Redis when configured (any number of replicas), else the supervisor of `--workers N` (``limits``: this
     process's channel to it), else memory: each is exact for the processes that share it."""
     if settings.storage.redis_url:
-        return RedisLimiter(settings.storage.redis_url)
+        return RedisLimiter(settings.storage.redis_url, timeout_s=settings.storage.redis_timeout_ms / 1000)
     if limits is not None:
         return SharedLimiter(limits)
     if processes > 1:  # counting in memory here would give each process the whole limit
@@ -275,6 +275,8 @@ def create_app(
         total_timeout_s=settings.limits.upstream_timeout_s,
     )
     occupancy = _occupancy(settings, fleet, metrics)
+    if occupancy is not None and isinstance(limiter, RedisLimiter):
+        limiter.replicas = lambda: occupancy.replicas  # each one's share of a limit while Redis is away
     dispatcher = Dispatcher(
         fleet,
         settings.routing,

@@ -259,3 +259,28 @@ async def test_redis_away_and_back(monkeypatch: pytest.MonkeyPatch) -> None:
             assert await keeper.take(grant(caps=caps)) == "worker"
     finally:
         await keeper.close()
+
+
+async def test_rate_limits_away_and_back() -> None:
+    """The rate limits, Redis away: counted on this replica, each limit its share; back: counted in Redis again,
+    what was counted meanwhile not added (nothing counted twice)."""
+    from turnout.gateway.limiter import RateLimited, RedisLimiter, Subject
+
+    with redis_server() as url:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+    limiter = RedisLimiter(url, timeout_s=0.5, replicas=lambda: 2, retry_s=0.1)
+    subject = Subject(f"k{uuid.uuid4().hex[:6]}", rpm=4, daily_tokens=None)
+    try:
+        assert (await limiter.admit(subject, 1)).member == ""  # Redis is away: admitted here
+        assert not limiter.up
+        await limiter.admit(subject, 1)
+        with pytest.raises(RateLimited):
+            await limiter.admit(subject, 1)  # half of 4 on this replica
+        with redis_server(port=port):
+            await asyncio.sleep(0.15)
+            decisions = [await limiter.admit(subject, 1) for _ in range(4)]  # Redis's window: 4 (none of the 2)
+            assert limiter.up and all(d.member for d in decisions)
+            with pytest.raises(RateLimited):
+                await limiter.admit(subject, 1)
+    finally:
+        await limiter.close()
