@@ -107,11 +107,12 @@ class Storage(_Model):
         "per sleeping model (docs/scaling.md)",
     )
     redis_timeout_ms: float = Field(
-        50,
+        250,
         gt=0,
         le=10_000,
         description="a Redis reply later than this counts as Redis away: each replica serves on its own state (every "
-        "cap cut to its share) until Redis answers again",
+        "cap cut to its share) until Redis answers again. The time is the gateway's own: a busy gateway reads a "
+        "reply late even from a quick Redis, so a figure much below 100 ms takes load for an outage",
     )
 
 

@@ -63,6 +63,7 @@ from turnout.gateway.keys import (
 from turnout.gateway.limiter import LocalLimiter, RedisLimiter, TokenLimiter
 from turnout.gateway.peers import Peers
 from turnout.gateway.proxy import Proxy
+from turnout.gateway.redis_fleet import FleetSync, SharedProbes
 from turnout.gateway.redis_occupancy import RedisOccupancy
 from turnout.gateway.routes import add_client_routes
 from turnout.gateway.shared_limits import SharedLimiter
@@ -290,6 +291,10 @@ def create_app(
         channel = limiter if isinstance(limiter, SharedLimiter) else SharedLimiter(limits)
         shared = dispatcher.shared = SharedPrefixes(channel, fleet)
     poller = Poller(fleet, client, on_change=dispatcher.wake_all)
+    sync = None
+    if occupancy is not None:  # one probe per worker across replicas, and their learned figures pooled
+        poller.probes = SharedProbes(occupancy, settings.health.interval_s)
+        sync = FleetSync(occupancy, fleet)
     endpoints = EndpointManager(settings, fleet, client, EndpointStore(database), secrets)
     endpoints.on_change = dispatcher.wake_all
 
@@ -362,6 +367,8 @@ def create_app(
         await accountant.start()
         await poller.poll_all()
         poller.start()
+        if sync is not None:
+            sync.start()
         await endpoints.start()
         await aliases.start()
         if demo is not None:
@@ -376,6 +383,8 @@ def create_app(
             await demo.stop()  # after the claims loop: nothing starts the engine again
         await endpoints.stop()
         await poller.stop()
+        if sync is not None:
+            await sync.stop()
         if occupancy is not None:
             await occupancy.close()
         await accountant.close()

@@ -139,7 +139,7 @@ class RedisLimiter:
         url: str,
         *,
         prefix: str = "turnout",
-        timeout_s: float = 0.05,
+        timeout_s: float = 0.25,
         replicas: Callable[[], int] = lambda: 1,
         retry_s: float = 1.0,
     ) -> None:

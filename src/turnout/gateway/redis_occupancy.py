@@ -70,7 +70,7 @@ class RedisOccupancy:
         url: str,
         *,
         prefix: str = "turnout",
-        timeout_s: float = 0.05,
+        timeout_s: float = 0.25,
         index: Callable[[str], PrefixIndex | None],
         tenant_caps: Mapping[str, int | None],
         max_blocks: int,
