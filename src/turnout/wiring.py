@@ -67,8 +67,8 @@ from turnout.gateway.redis_fleet import FleetSync, SharedProbes
 from turnout.gateway.redis_occupancy import RedisOccupancy
 from turnout.gateway.routes import add_client_routes
 from turnout.gateway.shared_limits import SharedLimiter
-from turnout.gateway.shared_prefixes import SharedPrefixes
 from turnout.gateway.stored import StoredResponses
+from turnout.gateway.supervised import SupervisedOccupancy
 from turnout.masking import SECRETS
 from turnout.metrics import Metrics
 from turnout.redaction import handler_args
@@ -255,8 +255,8 @@ def create_app(
     """Build the gateway. Raises PlacementFileError if the override file is unusable, StoreError if the
     database cannot be opened or migrated. ``processes`` > 1: one of the processes of `turnout serve
     --workers N`: its rate and token limits are counted by the supervisor through ``limits`` (its end of the
-    supervisor's socket pair) unless Redis is configured; admin changes are shared, and so are the records of
-    the workers' prefix indexes (through ``limits`` too)."""
+    supervisor's socket pair) unless Redis is configured, and so are its requests in flight, its wait queue and
+    the workers' prefix indexes (through ``limits`` too); admin changes are shared."""
     placement = PlacementStore(settings.placement_file)
     placement.load()
     database = Database(database_url(settings.storage.database_url, settings.data_dir))
@@ -278,18 +278,20 @@ def create_app(
     occupancy = _occupancy(settings, fleet, metrics)
     if occupancy is not None and isinstance(limiter, RedisLimiter):
         limiter.replicas = lambda: occupancy.replicas  # each one's share of a limit while Redis is away
+    channel = None
+    supervised = None
+    if occupancy is None and processes > 1 and limits is not None:  # the supervisor keeps it for every process
+        channel = limiter if isinstance(limiter, SharedLimiter) else SharedLimiter(limits)
+        supervised = SupervisedOccupancy(channel)
+        channel.on_told = lambda message: supervised.woken(message[2]) if message[1] == "occ.wake" else None
     dispatcher = Dispatcher(
         fleet,
         settings.routing,
         metrics,
         retry_after_s=max(1, int(settings.health.interval_s)),
         tenants=settings.tenants,
-        occupancy=occupancy,
+        occupancy=occupancy or supervised,
     )
-    shared = None
-    if processes > 1 and limits is not None:  # one prefix index for all the processes
-        channel = limiter if isinstance(limiter, SharedLimiter) else SharedLimiter(limits)
-        shared = dispatcher.shared = SharedPrefixes(channel, fleet)
     poller = Poller(fleet, client, on_change=dispatcher.wake_all)
     sync = None
     if occupancy is not None:  # one probe per worker across replicas, and their learned figures pooled
@@ -362,8 +364,8 @@ def create_app(
         await client.start()
         if occupancy is not None:
             await occupancy.start()
-        if shared is not None:
-            shared.listen()
+        if channel is not None:
+            channel.listen()
         await accountant.start()
         await poller.poll_all()
         poller.start()

@@ -6,7 +6,6 @@ from turnout.core.limits import (
     decide,
     estimate_tokens,
     learn_bytes_per_token,
-    process_share,
     prompt_estimate,
     seconds_to_next_day,
 )
@@ -99,22 +98,6 @@ def test_prompt_estimate(body: int, ratio: float | None, tokens: int) -> None:
 )
 def test_learn_bytes_per_token(previous: float | None, body: int, counted: int, learned: float | None) -> None:
     assert learn_bytes_per_token(previous, body, counted) == pytest.approx(learned)
-
-
-@pytest.mark.parametrize(
-    ("cap", "processes", "shares"),
-    [
-        (256, 2, [128, 128]),
-        (5, 2, [3, 2]),
-        (7, 3, [3, 2, 2]),
-        (2, 2, [1, 1]),
-        (1, 2, [1, 0]),
-        (10, 1, [10]),
-    ],
-)
-def test_process_share_splits_a_cap_exactly(cap: int, processes: int, shares: list[int]) -> None:
-    assert [process_share(cap, i, processes) for i in range(processes)] == shares
-    assert sum(shares) == cap
 
 
 @pytest.mark.parametrize(

@@ -1,17 +1,18 @@
 """Admission: route a request, hold its concurrency slots, queue it while everything is busy.
 
-Wraps the pure router with the counters it needs (global, per model, per worker, per tenant) and a
-bounded wait queue per model. Inside a model's queue each tenant has its own FIFO line, and a freed
-slot goes to the tenants in weighted round-robin (:mod:`turnout.core.fairness`), so one tenant's burst
-cannot starve another. A woken waiter re-runs routing and keeps its place at the head of its line if it
-still cannot go. A tenant at its ``max_concurrent`` waits without blocking other tenants.
+Wraps the pure router with what is held (:mod:`turnout.gateway.occupancy`: the requests in flight globally, per
+model, per tenant and per worker, and one bounded wait queue per model), wherever it is kept: this process's
+memory, the supervisor of `turnout serve --workers N`, or Redis for any number of replicas. Each attempt reads
+what is held, routes, and takes the chosen worker's slot atomically against every cap and the queue's order; one
+that cannot go joins the queue (ordered by priority class, then weighted fair queueing between tenants:
+:mod:`turnout.core.admission`) and routes again when a slot is given back, until ``routing.queue_timeout_s``. A
+tenant at its ``max_concurrent`` waits without blocking other tenants.
 
 Where a model has more than one candidate worker, the request's prompt (its parts as the worker will see them,
 and the client's session, through the dialect: :class:`Ask`) is matched against each worker's prefix index and
-the router ranks them by expected time (:mod:`turnout.core.routing`); the prompt is then recorded in the index of
-the worker it goes to, at once, so that the next request of the same conversation follows it even while this
-one runs (and, with `serve --workers N`, in the other processes' copies: :mod:`.shared_prefixes`). With a single
-candidate none of this is computed.
+the router ranks them by expected time (:mod:`turnout.core.routing`); the prompt is recorded in the index of the
+worker it goes to as its slot is taken, so that the next request of the same conversation follows it even while
+this one runs, whichever process or replica it reaches. With a single candidate none of this is computed.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from turnout.dialects.base import Call
 from turnout.errors import Forbidden, NotFound, TurnoutError, Unavailable
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Occupancy, Ticket, next_id
-from turnout.gateway.shared_prefixes import SharedPrefixes
 from turnout.metrics import Metrics
 
 __all__ = ["Ask", "Dispatcher", "Lease", "no_route_error"]
@@ -162,7 +162,6 @@ class Dispatcher:
         for reason in Reason:
             self._reasons[reason.value] = 0
         self._guard = LoadGuard(routing.load_guard_absolute, routing.load_guard_relative)
-        self.shared: SharedPrefixes | None = None  # `serve --workers N`: the other processes record it too
 
     def _index(self, worker: str) -> PrefixIndex | None:
         state = self.fleet.workers.get(worker)
@@ -322,9 +321,8 @@ class Dispatcher:
         return prompt, Demand(size, ask.output_tokens(self.fleet.completion.get(model)))
 
     def _placed(self, lease: Lease, decision: Route, prompt: Prompt | None, now: float) -> None:
-        """A request for a model with several candidate workers goes to ``lease.worker``: why, what it holds, and
-        its prompt (recorded in that worker's prefix index as the slot was taken: the engine will hold it once it
-        starts; and with `serve --workers N`, in the other processes' copies)."""
+        """A request for a model with several candidate workers goes to ``lease.worker``: why, and what it holds
+        (its prompt was recorded in that worker's prefix index by the occupancy's keeper as the slot was taken)."""
         worker = lease.worker
         lease.why = decision.why
         lease.choice = True
@@ -338,8 +336,6 @@ class Dispatcher:
         lease.prompt = prompt
         cached = decision.best.cached
         lease.share = min(cached / prompt.size, 1.0) if prompt.size else 0.0
-        if self.shared is not None:
-            self.shared.recorded(worker.name, prompt)
         worker.routed(prompt.size / BYTES_PER_TOKEN, cached / BYTES_PER_TOKEN)
         self.metrics.prefix_tokens(worker.name, prompt.size / BYTES_PER_TOKEN, cached / BYTES_PER_TOKEN)
 

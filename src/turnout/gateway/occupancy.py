@@ -146,8 +146,10 @@ class LocalOccupancy:
         clock: Callable[[], float],
         tenant_caps: Mapping[str, int | None] | None = None,
         prefix_ttl_s: float = 600.0,
+        on_wake: Callable[[Ticket], None] | None = None,
     ) -> None:
         self._index = fleet_indexes  # worker -> its PrefixIndex (fleet.workers[w].prefix), or None
+        self._on_wake = on_wake  # a woken ticket's owner is elsewhere (the supervisor's processes)
         self._clock = clock
         self._tenant_caps = dict(tenant_caps or {})
         self._ttl = prefix_ttl_s
@@ -317,7 +319,10 @@ class LocalOccupancy:
         can_go = {t.tenant: self.can_go(t.tenant) for t in queue.tickets.values()}
         head = first((t.waiter(now) for t in queue.tickets.values()), can_go)
         if head is not None:
-            queue.tickets[head.id].woken.set()
+            ticket = queue.tickets[head.id]
+            ticket.woken.set()
+            if self._on_wake is not None:
+                self._on_wake(ticket)
 
     def wake_all(self) -> None:
         for model in list(self._queues):
