@@ -333,11 +333,12 @@ class UsageQuery(_Query):
     worker: Annotated[StrictStr, Field(min_length=1, max_length=128)] | None = None
     model: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
     route: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
+    batch: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None  # a Batch API batch's lines
     format: Literal["json", "csv"] = "json"
 
     @model_validator(mode="after")
     def _texts(self) -> UsageQuery:
-        for name in ("endpoint", "worker", "model", "route"):
+        for name in ("endpoint", "worker", "model", "route", "batch"):
             value = getattr(self, name)
             if value is not None and text_problem(value) is not None:
                 raise _FieldProblem(f'"{name}" {text_problem(value)}', name)

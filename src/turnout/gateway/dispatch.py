@@ -209,7 +209,13 @@ class Dispatcher:
         return cap is None or self.tenant_in_flight.get(tenant, 0) < cap
 
     async def acquire(
-        self, model: str, exclude: frozenset[str] = frozenset(), tenant: str = "", ask: Ask | None = None
+        self,
+        model: str,
+        exclude: frozenset[str] = frozenset(),
+        tenant: str = "",
+        ask: Ask | None = None,
+        *,
+        priority: str = "standard",
     ) -> Lease:
         loop = asyncio.get_running_loop()
         started = loop.time()
