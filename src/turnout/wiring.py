@@ -21,6 +21,7 @@ from turnout.admin.aliases_api import add_alias_routes
 from turnout.admin.api import add_admin_routes
 from turnout.admin.auth import AdminAuth
 from turnout.admin.backup_api import add_backup_routes
+from turnout.admin.batches_api import add_batch_routes
 from turnout.admin.changes import AdminSignIns
 from turnout.admin.endpoints_api import add_endpoint_routes
 from turnout.admin.keys import ADMIN_AUTH, PEOPLE, SIGNINS
@@ -318,6 +319,7 @@ def create_app(
     add_endpoint_routes(app)
     add_alias_routes(app)
     add_backup_routes(app)
+    add_batch_routes(app)
     add_people_routes(app)
     add_ui_routes(app)
     app.router.add_get("/metrics", _metrics)

@@ -61,6 +61,7 @@ __all__ = [
     "MAX_URL",
     "AliasSet",
     "AuditQuery",
+    "BatchListQuery",
     "EndpointChange",
     "EndpointCreate",
     "EndpointTest",
@@ -369,6 +370,17 @@ class AuditQuery(_Query):
 
     def until_ts(self, now: float) -> float | None:
         return parse_when(self.until, now, field="until")
+
+
+class BatchListQuery(_Query):
+    """``GET /admin/api/batches`` and ``turnout batch list``: filters (combined with AND), the newest first."""
+
+    app: Name | None = None
+    status: (
+        Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"]
+        | None
+    ) = None
+    limit: Annotated[int, BeforeValidator(_whole_number), Field(ge=1, le=1000)] = 100
 
 
 class EndpointCreate(_Input):

@@ -4,6 +4,7 @@
 - :mod:`.workers`: ``worker add|list|remove`` (the config file's workers)
 - :mod:`.endpoints`: ``endpoint ...`` (external endpoints)
 - :mod:`.accounts`: ``key ...``, ``usage``, ``audit``
+- :mod:`.batches`: ``batch list|show|cancel`` (the OpenAI Batch API's batches)
 - :mod:`.aliases`: ``alias list|set|remove`` (model aliases)
 - :mod:`.backup`: ``backup create|restore``
 - :mod:`.claims`: ``claim ...``, ``controller``, ``operator``
@@ -23,7 +24,7 @@ from typing import Annotated
 import typer
 
 from turnout import __version__
-from turnout.cli import accounts, agent, aliases, backup, claims, endpoints, gateway, login, workers
+from turnout.cli import accounts, agent, aliases, backup, batches, claims, endpoints, gateway, login, workers
 
 __all__ = ["app", "main"]
 
@@ -64,6 +65,7 @@ for group in (
     endpoints,
     aliases,
     accounts,
+    batches,
     backup,
     login,
 ):  # `turnout --help` lists serve first
