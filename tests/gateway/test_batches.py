@@ -435,3 +435,42 @@ async def test_redis_limits_take_a_line_from_the_daily_tokens_not_the_rate(redis
             await limiter.admit(Subject("k1", None, 1000), 800)
     finally:
         await limiter.close()
+
+
+async def test_upload_sizes_are_the_batch_settings_and_expires_after_is_kept(
+    engine: Engine, gateway: GatewayFactory
+) -> None:
+    """A file larger than a request body may be (limits.max_body_bytes) is taken up to batches.max_file_bytes; one
+    over that is a 413 naming the setting, and nothing is kept."""
+    gw = await gateway(
+        [worker("llama", engine.url, type="openai")],
+        auth={"open": False},
+        limits={"max_body_bytes": 4096},
+        batches={"max_file_bytes": 16384, "max_lines": 50},
+    )
+    _, key = create_key(gw, app="evals")
+    padded = [chat_line(f"l{n}", content="x" * 150) for n in range(40)]  # about 10 KiB: over max_body_bytes
+    async with client(gw, key) as oa:
+        uploaded = await oa.files.create(
+            file=("r.jsonl", io.BytesIO(jsonl(padded))),
+            purpose="batch",
+            expires_after={"anchor": "created_at", "seconds": 3600},
+        )
+        assert uploaded.bytes == len(jsonl(padded)) > 4096
+        assert uploaded.expires_at == uploaded.created_at + 3600
+        with pytest.raises(openai.APIStatusError) as big:
+            await oa.files.create(file=("r.jsonl", io.BytesIO(jsonl(padded * 2))), purpose="batch")
+        assert big.value.status_code == 413 and "batches.max_file_bytes" in big.value.message
+        with pytest.raises(openai.BadRequestError) as many:
+            await oa.files.create(
+                file=("r.jsonl", io.BytesIO(jsonl([chat_line(f"m{n}") for n in range(51)]))), purpose="batch"
+            )
+        assert "more than 50 requests (batches.max_lines)" in many.value.message
+        with pytest.raises(openai.BadRequestError) as short:
+            await oa.files.create(
+                file=("r.jsonl", io.BytesIO(jsonl([chat_line("a")]))),
+                purpose="batch",
+                expires_after={"anchor": "created_at", "seconds": 60},
+            )
+        assert "expires_after.seconds" in short.value.message
+        assert [f.id async for f in oa.files.list()] == [uploaded.id]
