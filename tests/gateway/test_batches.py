@@ -474,3 +474,50 @@ async def test_upload_sizes_are_the_batch_settings_and_expires_after_is_kept(
             )
         assert "expires_after.seconds" in short.value.message
         assert [f.id async for f in oa.files.list()] == [uploaded.id]
+
+
+async def test_a_store_that_refuses_the_answers_holds_the_batch_back_and_loses_nothing(
+    emulator: EmulatorFactory, gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the store does not take the answers, they are kept and tried again, no line counts as done, and no new
+    line is sent once a few wait (here 3); once it takes them again every line is answered once."""
+    import turnout.gateway.batch_runner as runner_module
+    from turnout.gateway.keys import BATCH_STORE
+    from turnout.store.db import StoreError
+
+    monkeypatch.setattr(runner_module, "_UNWRITTEN_MOST", 3)
+    emu = await emulator("w", ["m:latest"])
+    gw = await gateway([worker("w", emu.url)], auth={"open": False}, batches={**FAST, "lines_in_flight": 1})
+    _, key = create_key(gw, app="evals")
+    store = gw.app[BATCH_STORE]
+    record = store.record
+    down = asyncio.Event()
+    down.set()
+
+    def refusing(*args: Any, **kwargs: Any) -> int:
+        if down.is_set():
+            raise StoreError("database error: OperationalError: the disk is full")
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(store, "record", refusing)
+    async with client(gw, key) as oa:
+        uploaded = await oa.files.create(
+            file=("r.jsonl", io.BytesIO(jsonl([chat_line(f"l{n}", model="m") for n in range(10)]))), purpose="batch"
+        )
+        batch = await oa.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        await eventually(lambda: _served(emu, 3), "three lines sent")
+        await asyncio.sleep(0.5)  # lets a runner that ignored the refusals send more (it must not)
+        got = await oa.batches.retrieve(batch.id)
+        assert emu.served("/v1/chat/completions") == 3 and got.request_counts.completed == 0
+        down.clear()
+        done = await finished(oa, batch.id)
+        assert done.status == "completed" and done.request_counts.completed == 10
+        out = await lines_of(oa, done.output_file_id)
+    assert [o["custom_id"] for o in out] == [f"l{n}" for n in range(10)]
+    assert emu.served("/v1/chat/completions") == 10
+
+
+async def _served(emu: Any, count: int) -> bool:
+    return bool(emu.served("/v1/chat/completions") >= count)

@@ -71,6 +71,7 @@ log = logging.getLogger("turnout.batches")
 _CHECK_S = 0.5  # how often a running batch's status (cancel) and completion window are checked
 _FLUSH_S = 0.1  # answers wait at most this long to be written (a line is done once written)
 _FLUSH_LINES = 256  # or until this many wait
+_UNWRITTEN_MOST = 4 * _FLUSH_LINES  # answers not yet written (the store failing) before no new line is sent
 _KEY_S = 5.0  # how long a run uses its key's record before reading it again (a revocation reaches it then)
 _PURGE_S = 60.0  # retention is applied at most this often per process
 _RETRY_MOST_S = 10.0  # longest wait before another attempt at a line whose worker failed
@@ -304,6 +305,13 @@ class BatchRunner:
                     await asyncio.wait([*in_flight, stopped], return_when=asyncio.FIRST_COMPLETED)
                     stopped.cancel()
                     in_flight = {t for t in in_flight if not t.done()}
+                while len(run.pending) >= _UNWRITTEN_MOST and not run.stop.is_set():
+                    # the store does not take the answers (down?): no new line until it does
+                    run.flushed.clear()
+                    waits = [asyncio.ensure_future(e.wait()) for e in (run.flushed, run.stop)]
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                    for waiting in waits:
+                        waiting.cancel()
                 if run.stop.is_set():
                     break
                 task = asyncio.create_task(self._line(run, line))
@@ -411,6 +419,7 @@ class BatchRunner:
             except BaseException:
                 run.pending[:0] = batch  # not written: kept for the next try (or sent again by the next runner)
                 raise
+            run.flushed.set()
 
     async def _end(self, run: _Run, lines: list[Line]) -> None:
         """Every line has its answer, or the run stopped for a cancel or the window: end the batch."""
