@@ -73,6 +73,8 @@ def test_batch_commands_through_the_gateway_and_on_the_store(tmp_path: Path) -> 
             assert lines[0].split() == ["ID", "APP", "STATE", "ANSWERED", "FAILED", "CREATED"]
             [row] = [line for line in lines if quick in line]
             assert row.split()[1:5] == ["evals", "completed", "3/3", "(100%)"]
+            used = json.loads(run(["usage", "--json", "--batch", quick, *c], tmp_path).stdout)
+            assert sum(r["requests"] for r in used) == 3  # each line a usage row tagged with its batch
             shown = run(["batch", "show", quick, *c], tmp_path)
             assert "answered   3 of 3 (100%): 3 in the output file, 0 in the error file" in shown.stdout
             assert f"output     {done['output_file_id']}" in shown.stdout
@@ -92,6 +94,8 @@ def test_batch_commands_through_the_gateway_and_on_the_store(tmp_path: Path) -> 
         offline = run(["batch", "list", *c], tmp_path)
         assert offline.returncode == 0 and "no gateway" in offline.stderr
         assert {line.split()[0] for line in offline.stdout.splitlines()[1:]} == {quick, slow, third}
+        stored = run(["usage", "--json", "--batch", quick, *c], tmp_path)
+        assert "no gateway" in stored.stderr and sum(r["requests"] for r in json.loads(stored.stdout)) == 3
         stopped = run(["batch", "cancel", third, *c], tmp_path)
         assert stopped.returncode == 0 and stopped.stdout.startswith(f"batch {third}: cancelling"), stopped.stderr
         audit = json.loads(run(["audit", "--json", "--action", "batch.cancel", *c], tmp_path).stdout)
