@@ -39,7 +39,8 @@ def line(custom_id: str = "a", **over: object) -> bytes:
 
 
 def test_a_good_file_gives_every_request_in_order() -> None:
-    data = line("a") + b"\n\n" + line("b", url="/v1/embeddings", body={"model": "e", "input": "x"}) + b"\r\n"
+    data = b"\xef\xbb\xbf" + line("a") + b"\n\n" + line("b", url="/v1/embeddings", body={"model": "e", "input": "x"})
+    data += b"\r\n"
     parsed = parse_batch_file(data, 10)
     assert [(p.number, p.custom_id, p.url) for p in parsed] == [
         (1, "a", "/v1/chat/completions"),

@@ -521,3 +521,20 @@ async def test_a_store_that_refuses_the_answers_holds_the_batch_back_and_loses_n
 
 async def _served(emu: Any, count: int) -> bool:
     return bool(emu.served("/v1/chat/completions") >= count)
+
+
+async def test_open_access_batches(engine: Engine, gateway: GatewayFactory) -> None:
+    """Under open access (no keys) files and batches belong to no app, as stored responses do; a key's app sees
+    none of them."""
+    gw = await gateway([worker("llama", engine.url, type="openai")], batches=FAST)
+    _, key = create_key(gw, app="evals")
+    async with client(gw) as oa, client(gw, key) as keyed:
+        uploaded = await oa.files.create(file=("r.jsonl", io.BytesIO(jsonl([chat_line("a")]))), purpose="batch")
+        batch = await oa.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        assert (await finished(oa, batch.id)).status == "completed"
+        assert [b.id async for b in oa.batches.list()] == [batch.id]
+        assert [b.id async for b in keyed.batches.list()] == []
+        with pytest.raises(openai.NotFoundError):
+            await keyed.files.retrieve(uploaded.id)

@@ -221,3 +221,27 @@ def test_backups_carry_files_batches_and_answers(tmp_path: Path, database_url: s
         assert store.results("batch_b", True) == [(1, b'{"answer": 1}')]
     finally:
         db.close()
+
+
+def test_the_migration_goes_down_and_up_again(database_url: str) -> None:
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+    from sqlalchemy import inspect
+
+    from turnout.store.db import _MIGRATIONS
+
+    db = Database(database_url)
+    db.migrate()
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(_MIGRATIONS))
+    try:
+        with db.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0013")
+        tables = set(inspect(db.engine).get_table_names())
+        assert not tables & {"batch_files", "batches", "batch_results"}
+        assert "batch_id" not in {c["name"] for c in inspect(db.engine).get_columns("usage_rollup")}
+        db.migrate()
+        BatchStore(db).add_batch(a_batch("batch_again"))
+    finally:
+        db.close()

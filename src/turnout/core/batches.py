@@ -138,6 +138,7 @@ def parse_batch_file(data: bytes, max_lines: int) -> list[Line]:
     bad = 0
     seen: dict[str, int] = {}
     lines: list[Line] = []
+    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark, as some editors write
     for number, raw in enumerate(data.split(b"\n"), 1):
         if not raw.strip():
             continue
