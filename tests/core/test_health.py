@@ -14,6 +14,7 @@ from turnout.core.health import (
     after,
     failure_reason,
     model_after,
+    model_checked,
     probe_event,
     should_probe,
 )
@@ -166,6 +167,26 @@ _OUT = ModelHealth(5, 130.0, 1, "requests failing: HTTP 500")
 )
 def test_model_after(before: ModelHealth, failed: bool, now: float, expected: ModelHealth) -> None:
     assert model_after(before, failed, now, failures_to_out=5, retry_s=30.0, reason="r") == expected
+
+
+@pytest.mark.parametrize(
+    ("before", "expected"),
+    [
+        (ModelHealth(), ModelHealth()),  # nothing against it: nothing changes
+        (ModelHealth(3, None, 0, "r"), ModelHealth(3, None, 0, "r")),  # failing, not out: its count stands
+        (_OUT, ModelHealth(5, None, 1, "requests failing: HTTP 500")),  # out: in again at once
+        (ModelHealth(9, 391.0, 4, "r"), ModelHealth(9, None, 4, "r")),  # however long it was out for
+    ],
+)
+def test_a_health_check_that_sees_the_endpoint_online_brings_its_models_back(
+    before: ModelHealth, expected: ModelHealth
+) -> None:
+    after_check = model_checked(before)
+    assert after_check == expected and not after_check.out(0.0)
+    # its count and times out stand: a failure then takes it out again at once, for twice as long as before
+    if before.out_until is not None:
+        again = model_after(after_check, True, 500.0, failures_to_out=5, retry_s=30.0)
+        assert again.out(500.0) and again.out_until == 500.0 + 30.0 * min(2**before.outs, MAX_RETRY_FACTOR)
 
 
 @pytest.mark.parametrize(

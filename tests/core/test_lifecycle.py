@@ -72,6 +72,36 @@ def test_idle_sleep(ticks: list[tuple[float, list[EngineObservation]]], sleeps_a
     assert got == sleeps_at
 
 
+SHORT = '{"lifecycle":{"sleepAfterSeconds":5}}'  # shorter than the Retry-After the gateway gives (10 s)
+ASLEEP, BOOTING = obs(phase="sleeping"), obs(phase="booting")
+
+
+@pytest.mark.parametrize(
+    ("ticks", "sleeps_at"),
+    [
+        # never asleep: 5 s of idle after it is first seen ready
+        ([(0, [obs()]), (4, [obs()]), (5, [obs()])], [2]),
+        # woken (asleep at 0, ready at 1): its idle clock starts at 1, and it stays awake WOKEN_HOLD_S (20 s)
+        ([(0, [ASLEEP]), (1, [obs()]), (6, [obs()]), (11, [obs()]), (20.9, [obs()]), (21, [obs()])], [5]),
+        # on its way up in between (a wake in place boots): the hold counts from when it is ready
+        ([(0, [ASLEEP]), (1, [BOOTING]), (3, [obs()]), (22.9, [obs()]), (23, [obs()])], [4]),
+        # the policy's own sleep counts as asleep: the engine woken right after it is held too
+        ([(0, [obs()]), (5, [obs()]), (6, [obs()]), (11, [obs()]), (25.9, [obs()]), (26, [obs()])], [1, 5]),
+        # a request in the hold restarts the idle run (from the next idle observation), which needs its own 5 s
+        ([(0, [ASLEEP]), (1, [obs()]), (20, [obs(done=1)]), (24, [obs(done=1)]), (28.9, [obs(done=1)])], []),
+        ([(0, [ASLEEP]), (1, [obs()]), (20, [obs(done=1)]), (24, [obs(done=1)]), (29, [obs(done=1)])], [4]),
+        # put to sleep at 21, woken again by 40: held again
+        ([(0, [ASLEEP]), (1, [obs()]), (21, [obs()]), (40, [obs()]), (45, [obs()]), (60, [obs()])], [2, 5]),
+    ],
+)
+def test_a_wake_is_activity(ticks: list[tuple[float, list[EngineObservation]]], sleeps_at: list[int]) -> None:
+    """Issue 32, item 15: with sleepAfterSeconds (5) under the Retry-After (10), an engine woken by a request used
+    to be asleep again before the client retried."""
+    actions = run(SHORT, ticks)
+    got = [i for i, acts in enumerate(actions) if any(isinstance(a, SleepIdle) for a in acts)]
+    assert got == sleeps_at
+
+
 def test_sleep_action_names_claim_and_idle_time() -> None:
     actions = run(SLEEPY, [(0, [obs()]), (31, [obs()])])
     assert actions[1] == [SleepIdle("pod", "claim-a", "a", 31)]

@@ -1,6 +1,15 @@
 import pytest
 
-from turnout.core.limits import DAY_S, KeyLimitState, decide, estimate_tokens, process_share, seconds_to_next_day
+from turnout.core.limits import (
+    DAY_S,
+    KeyLimitState,
+    decide,
+    estimate_tokens,
+    learn_bytes_per_token,
+    process_share,
+    prompt_estimate,
+    seconds_to_next_day,
+)
 
 T0 = 1_800_000_000.0 - (1_800_000_000.0 % DAY_S) + 3600  # 01:00 UTC on some day
 
@@ -66,7 +75,38 @@ def test_estimate_and_day_boundary() -> None:
     assert estimate_tokens(400, 50, 256) == 150
     assert estimate_tokens(400, None, 256) == 356
     assert estimate_tokens(0, 0, 10) == 11
+    assert estimate_tokens(400, 50, 256, bytes_per_token=8.0) == 100
     assert seconds_to_next_day(T0) == DAY_S - 3600
+
+
+@pytest.mark.parametrize(
+    ("body", "ratio", "tokens"),
+    [
+        (400, None, 100),  # nothing learned: 4 bytes a token
+        (401, None, 100),
+        (0, None, 1),  # at least one
+        (112, 8.0, 14),  # a short prompt's body, its framing learned: 14, not 28
+        (115, 8.0, 14),  # rounded
+        (3, 8.0, 1),
+    ],
+)
+def test_prompt_estimate(body: int, ratio: float | None, tokens: int) -> None:
+    assert prompt_estimate(body, ratio) == tokens
+
+
+@pytest.mark.parametrize(
+    ("previous", "body", "counted", "learned"),
+    [
+        (None, 112, 14, 8.0),  # the first count is the figure
+        (8.0, 400, 100, 8.0 + 0.3 * (4.0 - 8.0)),  # then a weighted mean, following the latest answers
+        (8.0, 112, 0, 8.0),  # a count of 0 teaches nothing
+        (None, 0, 10, None),
+        (None, 10_000, 1, 64.0),  # bounded: a sample this far out says more about the sample
+        (None, 10, 100, 1.0),
+    ],
+)
+def test_learn_bytes_per_token(previous: float | None, body: int, counted: int, learned: float | None) -> None:
+    assert learn_bytes_per_token(previous, body, counted) == pytest.approx(learned)
 
 
 @pytest.mark.parametrize(

@@ -80,6 +80,9 @@ def test_resolve(ruleset: PlacementRules, model: str, allowed: bool, rule: str, 
         (SEED, "gemma4:latest", [], ["gemma4:*"], False),
         (rules("whitelist", ["x"]), "x", [], [], False),
         (rules("allow_all", [], ["x", "y"]), "x", [], ["y"], True),
+        # an exact rule that says what the mode says: removed all the same (the cell keeps its verdict)
+        (rules("allow_all", ["x"]), "x", [], [], True),
+        (rules("whitelist", [], ["x"]), "x", [], [], False),
     ],
 )
 def test_toggle(
@@ -157,8 +160,6 @@ def test_toggle_twice_restores() -> None:
         (rules("whitelist", ["q:*"]), rules("whitelist", ["q:*"], ["q:1"]), "q:1", ["q:*"], [], True),
         # an override that dropped the config's exact rule (a PUT): removing the exception brings it back
         (rules("allow_all", [], ["x"]), rules("whitelist", ["x"]), "x", [], ["x"], False),
-        # ... unless that would not flip the cell: then the opposite exact rule replaces them all
-        (rules("allow_all", [], ["x"]), rules("allow_all", ["x"], ["x", "y"]), "x", ["x"], ["y"], True),
     ],
 )
 def test_toggle_knows_the_baseline(
@@ -178,6 +179,58 @@ def test_toggle_knows_the_baseline(
     assert [p for p in after.allowed if not p.exact] == [p for p in source.allowed if not p.exact]
     assert [p for p in after.denied if not p.exact] == [p for p in source.denied if not p.exact]
     assert after.mode is source.mode
+
+
+# A click on a UI exception removes it, also where the cell then keeps its verdict (an exception that says what
+# the other rules say): (baseline, override, model, allowed after, denied after, verdict before and after)
+@pytest.mark.parametrize(
+    ("baseline", "override", "model", "after_allowed", "after_denied", "verdict"),
+    [
+        # an exact allow made through the API on an allow_all worker (it agrees with the mode)
+        (rules("allow_all"), rules("allow_all", ["x"]), "x", [], [], True),
+        (rules("allow_all"), rules("allow_all", ["x:latest"]), "x", [], [], True),
+        (rules("allow_all"), rules("allow_all", ["x"]), "x:latest", [], [], True),
+        # an exact deny on a whitelist worker
+        (rules("whitelist"), rules("whitelist", [], ["x"]), "x", [], [], False),
+        # an exact allow that agrees with a config prefix allow, and a deny with a config prefix deny
+        (rules("whitelist", ["q:*"]), rules("whitelist", ["q:*", "q:1"]), "q:1", ["q:*"], [], True),
+        (
+            SEED,
+            rules("allow_all", ["gemma4:latest"], ["gemma4:*", "gemma4:2b"]),
+            "gemma4:2b",
+            ["gemma4:latest"],
+            ["gemma4:*"],
+            False,
+        ),
+        # an exact allow beside the config's exact deny (the deny decides): the config's rule alone again
+        (rules("allow_all", [], ["x"]), rules("allow_all", ["x"], ["x", "y"]), "x", [], ["x", "y"], False),
+        # the config's exact allow written twice in the override in other spellings is no exception: it flips
+        (rules("allow_all", ["x"]), rules("allow_all", ["x", "x:latest"]), "x", [], ["x"], False),
+    ],
+)
+def test_a_click_on_a_ui_exception_removes_it_whatever_the_verdict(
+    baseline: PlacementRules,
+    override: PlacementRules,
+    model: str,
+    after_allowed: list[str],
+    after_denied: list[str],
+    verdict: bool,
+) -> None:
+    before = decide(override, model, baseline)
+    after = toggle_rule(override, model, baseline=baseline)
+    assert [p.text for p in after.allowed] == after_allowed
+    assert [p.text for p in after.denied] == after_denied
+    assert resolve_placement(after, model).allowed is verdict
+    if before.exact and before.origin is RuleOrigin.UI:  # removed: the cell says what the config file decides
+        assert before.allowed is verdict
+        assert decide(after, model, baseline).origin is RuleOrigin.CONFIG
+        name = parse_pattern(model).prefix
+        for denied, patterns in ((False, after.allowed), (True, after.denied)):
+            for p in patterns:
+                if p.exact and p.prefix == name:  # what is left for the model is the config's, nothing of the UI's
+                    assert rule_origin(after, baseline, p, denied=denied) is RuleOrigin.CONFIG
+    else:
+        assert before.allowed is not verdict
 
 
 @pytest.mark.parametrize("model", ["x", "x:latest"])

@@ -14,6 +14,7 @@ from turnout.core.reconcile import (
     ReleaseFinalizer,
     SetStatus,
     announces,
+    download_detail,
     event_type,
     plan,
     rejected,
@@ -236,3 +237,40 @@ def test_deleting_a_rejected_claim_lets_it_go() -> None:
 )
 def test_event_types(phase: ClaimPhase, reason: str, kind: str) -> None:
     assert event_type(SetStatus("qwen", phase, reason)) == kind
+
+
+_DOWNLOAD = {"url": "s3://w/m", "bytes_done": 0, "bytes_total": None, "files_done": 0, "files_total": None}
+
+
+@pytest.mark.parametrize(
+    ("download", "detail"),
+    [
+        (None, None),
+        ("downloading", None),
+        ({**_DOWNLOAD, "url": 3}, None),
+        ({**_DOWNLOAD, "bytes_done": -1}, None),
+        ({**_DOWNLOAD, "bytes_done": True}, None),
+        (_DOWNLOAD, "downloading s3://w/m: 0 B (listing its objects)"),
+        ({**_DOWNLOAD, "bytes_done": 512, "bytes_total": 2048}, "downloading s3://w/m: 512 B of 2.0 KiB (25 %)"),
+        (
+            {**_DOWNLOAD, "bytes_done": 3 << 29, "bytes_total": 4 << 30, "files_done": 3, "files_total": 9},
+            "downloading s3://w/m: 1.5 GiB of 4.0 GiB (37 %), 3 of 9 files",
+        ),
+        (
+            {**_DOWNLOAD, "bytes_done": 5, "bytes_total": 5, "files_done": 1, "files_total": 1},
+            "downloading s3://w/m: 5 B of 5 B (100 %)",
+        ),
+    ],
+)
+def test_download_detail(download: object, detail: str | None) -> None:
+    assert download_detail(download) == detail
+
+
+def test_a_claim_whose_artifact_downloads_is_loading_with_the_download_as_its_message() -> None:
+    detail = "downloading s3://w/m: 1.5 GiB of 4.0 GiB (37 %)"
+    engine = EngineInfo("booting", False, 20001, detail=detail)
+    state = ClaimState("qwen", SPEC, bound_pod="p1")
+    actions = plan([state], [PodState(pod(), {"qwen": engine})])
+    status = next(a for a in actions if isinstance(a, SetStatus))
+    assert (status.phase, status.reason, status.message, status.port) == (ClaimPhase.LOADING, "Downloading", detail, 0)
+    assert not announces(ClaimPhase.LOADING, "Loading", status)  # progress is no event

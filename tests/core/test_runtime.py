@@ -6,6 +6,8 @@ from turnout.core.runtime import (
     NoCapacity,
     backoff_s,
     engine_args,
+    gpu_neighbours,
+    gpu_sharing_refusal,
     ipc_name,
     pick_port,
 )
@@ -22,7 +24,8 @@ OK = {"model_name": "m", "artifact_url": "file:///models/m.gguf", "engine": "lla
         ({**OK, "engine": "tgi"}, "engine must be one of"),
         ({**OK, "port": -1}, "port must be"),
         ({**OK, "engine_config": {"args": {"--x": 1}}}, "map of strings"),
-        ({**OK, "engine_config": {"args": {"--gpu-memory-utilization": "0.9"}}}, "managed by the pool"),
+        ({**OK, "engine_config": {"args": {"--gpu-memory-utilization": "0.9"}}}, "shares GPU memory"),
+        ({**OK, "engine_config": {"args": {"--gpu_memory_utilization=0.9": ""}}}, "shares GPU memory"),
         ({**OK, "extra": 1}, "unknown field"),
     ],
 )
@@ -32,8 +35,8 @@ def test_invalid(body: object, fragment: str) -> None:
 
 
 def test_parse_defaults() -> None:
-    req = ActivateRequest.parse({**OK, "engine_config": {"args": {"--n_ctx": "512", "--verbose": ""}}})
-    assert req.port == 0 and req.args == {"--n_ctx": "512", "--verbose": ""}
+    req = ActivateRequest.parse({**OK, "engine_config": {"args": {"--ctx-size": "512", "--verbose": ""}}})
+    assert req.port == 0 and req.args == {"--ctx-size": "512", "--verbose": ""}
 
 
 @pytest.mark.parametrize(
@@ -69,3 +72,53 @@ def test_backoff(n: int, delay: float) -> None:
 
 def test_engine_args() -> None:
     assert engine_args({"--enable-x": "", "--tp": "2"}) == ["--enable-x", "--tp", "2"]
+
+
+@pytest.mark.parametrize(
+    ("engine", "others", "gpus", "neighbours"),
+    [
+        ("vllm", [("a", "vllm", "active")], 1, [("a", "vllm")]),
+        ("vllm", [("a", "sglang", "sleeping"), ("b", "vllm", "booting")], 2, [("a", "sglang"), ("b", "vllm")]),
+        ("sglang", [("a", "vllm", "restarting")], 1, [("a", "vllm")]),
+        ("vllm", [("a", "vllm", "failed")], 1, []),  # a failed engine holds nothing
+        ("vllm", [("a", "llamacpp", "active")], 1, []),  # kvcached does not concern llama.cpp
+        ("llamacpp", [("a", "vllm", "active")], 1, []),
+        ("vllm", [("a", "vllm", "active")], 0, []),  # no GPU: nothing to share (vLLM on CPU)
+        ("vllm", [], 1, []),  # the first engine
+    ],
+)
+def test_gpu_neighbours(
+    engine: str, others: list[tuple[str, str, str]], gpus: int, neighbours: list[tuple[str, str]]
+) -> None:
+    assert gpu_neighbours(engine, others, gpus) == neighbours
+
+
+@pytest.mark.parametrize(
+    ("neighbours", "gpus", "missing", "fragments"),
+    [
+        ([("a", "vllm")], 1, [], None),  # every interpreter has kvcached: it may start
+        ([], 1, ["/usr/bin/python3"], None),  # nothing beside it
+        (
+            [("a", "vllm")],
+            1,
+            ["/usr/bin/python3"],
+            ["second engine on this pod's GPU (beside a)", "cannot be imported by /usr/bin/python3", "kvcached"],
+        ),
+        (
+            [("b", "sglang"), ("a", "vllm")],
+            8,
+            ["/opt/sgl/bin/python", "/opt/vllm/bin/python", "/opt/vllm/bin/python"],
+            ["this pod's 8 GPUs (beside a, b)", "/opt/sgl/bin/python or /opt/vllm/bin/python", "ovg-project"],
+        ),
+    ],
+)
+def test_gpu_sharing_refusal(
+    neighbours: list[tuple[str, str]], gpus: int, missing: list[str], fragments: list[str] | None
+) -> None:
+    why = gpu_sharing_refusal("m", neighbours, gpus, missing)
+    if fragments is None:
+        assert why is None
+    else:
+        assert why is not None and why.startswith("not started: m would be a second engine")
+        for fragment in fragments:
+            assert fragment in why, why

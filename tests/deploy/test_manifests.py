@@ -122,6 +122,17 @@ def test_runtime_image_runs_tini_as_pid_1_and_the_restart_loop() -> None:
     assert "tini" in text.split("ENTRYPOINT")[0], "tini must be installed"
 
 
+def test_runtime_image_builds_on_the_kvcached_base_by_default() -> None:
+    """The pools design shares a GPU between engines through kvcached, with a dedicated kvcached runtime image:
+    the default base is kvcached's vLLM image (ovg-project/kvcached, docker/README.md: ghcr.io/ovg-project/
+    kvcached-vllm), not a plain engine image; the docs name the same base."""
+    text = IMAGES["turnout-runtime"].read_text()
+    default = re.search(r"^ARG ENGINE_BASE=(\S+)$", text, re.M)
+    assert default is not None and default.group(1) == "ghcr.io/ovg-project/kvcached-vllm:latest", default
+    pools = (ROOT / "docs" / "runtime-pools.md").read_text()
+    assert "ghcr.io/ovg-project/kvcached-vllm:latest" in pools
+
+
 # --- RBAC: every API call in the code, by the client method's name -------------------------------------------
 
 _KUBE = ROOT / "src" / "turnout" / "controller" / "kube.py"

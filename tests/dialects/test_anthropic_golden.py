@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 import pytest
 
+from turnout.core.limits import prompt_estimate
 from turnout.dialects import anthropic
 from turnout.dialects.base import Call, Dialect, Endpoint, Timing, WorkerAPI
 
@@ -33,7 +34,9 @@ def call_of(case: dict[str, Any]) -> Call:
     payload = case["request"]
     endpoint = Endpoint.COUNT_TOKENS if case.get("kind") == "count" else Endpoint.MESSAGES
     stream = bool(payload.get("stream")) and endpoint is Endpoint.MESSAGES
-    return Call(Dialect.ANTHROPIC, endpoint, "/v1/messages", orjson.dumps(payload), payload, payload["model"], stream)
+    body = orjson.dumps(payload)
+    estimate = prompt_estimate(len(body)) if endpoint is Endpoint.MESSAGES else 0  # accounting's, nothing learned
+    return Call(Dialect.ANTHROPIC, endpoint, "/v1/messages", body, payload, payload["model"], stream, estimate=estimate)
 
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:

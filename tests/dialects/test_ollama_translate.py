@@ -29,11 +29,13 @@ def run_case(case: dict[str, Any]) -> Any:
     if kind == "embed_request":
         return translate.embed_to_openai(data, data["model"], legacy="prompt" in data)
     if kind == "chat_response":
-        return translate.chat_from_openai(data, "m", TIMING, generate=case.get("generate", False))
+        generate, completions = case.get("generate", False), case.get("completions", False)  # a raw generate's
+        return translate.chat_from_openai(data, "m", TIMING, generate=generate, completions=completions)
     if kind == "embed_response":
         return translate.embed_from_openai(data, "m", TIMING, legacy=case.get("legacy", False))
     if kind == "stream":
-        t = translate.ChatStreamTranslator(model="m", generate=case.get("generate", False))
+        generate, completions = case.get("generate", False), case.get("completions", False)
+        t = translate.ChatStreamTranslator(model="m", generate=generate, completions=completions)
         out = [obj for event in data for obj in t.feed(event, TIMING.created_at)]
         return out + t.finish(TIMING)
     if kind == "error":

@@ -43,7 +43,7 @@ FAST = {"poll_s": 0.2, "lease_s": 3}
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     started = start_llama(
-        tiny_model, "tiny", tmp_path_factory.mktemp("llama-batches") / "server.log", "--embedding", "true"
+        tiny_model, "tiny", tmp_path_factory.mktemp("llama-batches") / "server.log", "--embedding", "--parallel", "2"
     )
     yield started
     started.stop()

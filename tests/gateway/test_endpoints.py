@@ -72,6 +72,35 @@ async def test_private_address_needs_opt_in(emulator: EmulatorFactory, gateway: 
     assert (await chat(gw, None, "mac/llama3.2"))[0] == 503
 
 
+@pytest.mark.parametrize(
+    ("declared", "host", "failure", "url_private", "error"),
+    [
+        # no NAT64 prefix declared: a local-use NAT64 address cannot be read, and the error says so
+        (None, "64:ff9b:1::a00:1", "dial_refused", False, "in no declared NAT64 prefix, so the IPv4 address"),
+        (None, "64:ff9b:1:808:8:800::", "dial_refused", False, "network.nat64_prefixes"),
+        # declared: judged as the IPv4 address it carries there (never dialed: each of these is refused)
+        ("64:ff9b:1:2a::/96", "64:ff9b:1:2a::a00:1", "dial_refused_private", True, "carries 10.0.0.1 (NAT64"),
+        ("64:ff9b:1:2a::/96", "64:ff9b:1:2a::a9fe:a9fe", "dial_refused", False, "is a cloud metadata address"),
+        ("64:ff9b:1::/48", "64:ff9b:1:a9fe:a9:fe00::", "dial_refused", False, "carries 169.254.169.254"),
+        ("64:ff9b:1::/48", "64:ff9b:1:7f00:0:100::", "dial_refused_private", True, "carries 127.0.0.1"),
+        ("64:ff9b:1::/48", "64:ff9b:1:808:ff08:800::", "dial_refused", False, '"u" octet is not zero'),
+    ],
+)
+async def test_the_ssrf_guard_reads_the_declared_nat64_prefix(
+    gateway: GatewayFactory, declared: str | None, host: str, failure: str, url_private: bool, error: str
+) -> None:
+    network = {"nat64_prefixes": [declared]} if declared else {}
+    gw = await gateway([], network=network)
+    status, body = await admin(
+        gw, "POST", "/admin/api/endpoints/test", {"url": f"http://[{host}]:11434", "api": "ollama"}
+    )
+    assert status == 200, body
+    assert body["test"]["failure"] == failure and error in body["test"]["error"], body["test"]
+    assert body["url_private"] is url_private
+    if failure == "dial_refused":
+        assert "NAT64" in body["test"]["hint"]
+
+
 async def test_credential_is_encrypted_forwarded_and_never_shown(
     emulator: EmulatorFactory, gateway: GatewayFactory
 ) -> None:

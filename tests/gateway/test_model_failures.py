@@ -164,3 +164,52 @@ async def test_a_model_out_on_an_endpoint_falls_back(emulator: EmulatorFactory, 
                 assert resp.headers["X-Fallback-From"] == "mac/llama3.2"
     assert local.served() == 4
     assert mac.served() == 2, "the model out on the endpoint still got requests"
+
+
+@pytest.mark.parametrize("check", ["background", "admin test"])
+async def test_a_model_out_on_an_endpoint_is_back_as_soon_as_a_health_check_sees_it_online(
+    emulator: EmulatorFactory, gateway: GatewayFactory, caplog: pytest.LogCaptureFixture, check: str
+) -> None:
+    """The endpoints design: "The next request tries the Mac first again as soon as a health check sees it online"
+    (docs/endpoints.md, Fallback). Its model, out for an hour after failed requests, is back at the next check
+    that finds the endpoint online, whichever check it is (the periodic one or ``POST .../test``), not after the
+    hour."""
+    caplog.set_level(logging.INFO, logger="turnout")
+    # While it fails, the Mac answers its list route with a 500 too (an Ollama in trouble): the periodic checks
+    # see it degraded, not online, so the model stays out until the Mac is fixed.
+    mac = await emulator("mac", ["llama3.2:latest"], model_faults={"llama3.2:latest": "http_500"}, tags_status=500)
+    local = await emulator("local", ["backup:latest"])
+    interval = "0.2" if check == "background" else "0"
+    gw = await gateway(
+        [worker("local", local.url)],
+        env={"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "true", "APP_MODEL_ENDPOINT_HEALTH_INTERVAL": interval},
+        health={"interval_s": 3600, "request_failures_to_down": 2, "model_retry_s": 3600},
+    )
+    body = {"model": "mac/llama3.2", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    async with aiohttp.ClientSession() as http:
+        registered = {"name": "mac", "url": mac.url, "api": "ollama", "fallback_model": "backup"}
+        async with http.post(f"{gw.url}/admin/api/endpoints", json=registered, headers=gw.admin_headers) as resp:
+            assert resp.status == 201, await resp.text()
+        for _ in range(3):  # two 500s take the model out; the third goes straight to the fallback
+            async with http.post(f"{gw.url}/v1/chat/completions", json=body) as resp:
+                assert resp.status == 200 and resp.headers["X-Fallback-From"] == "mac/llama3.2"
+        state = gw.app[FLEET].workers["mac"]
+        assert state.model_out("mac/llama3.2", asyncio.get_running_loop().time()) == "requests failing: HTTP 500"
+        assert mac.served() == 2
+        mac.behaviour.model_faults.clear()  # the Mac is fixed; the model would stay out for an hour
+        mac.behaviour.tags_status = None
+        if check == "admin test":
+            async with http.post(f"{gw.url}/admin/api/endpoints/mac/test", headers=gw.admin_headers) as resp:
+                assert resp.status == 200 and (await resp.json())["test"]["ok"] is True
+        else:
+            deadline = asyncio.get_running_loop().time() + 10
+            while state.models_out(asyncio.get_running_loop().time()):
+                assert asyncio.get_running_loop().time() < deadline, "no health check brought the model back"
+                await asyncio.sleep(0.05)
+        async with http.post(f"{gw.url}/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            assert "X-Fallback-From" not in resp.headers, "the request went to the fallback, not the Mac"
+        assert mac.served() == 3 and local.served() == 3
+    back = [r.getMessage() for r in caplog.records if " is back " in r.getMessage()]
+    assert len(back) == 1 and back[0].startswith('endpoint "mac": model "mac/llama3.2'), back
+    assert back[0].endswith(" is back (a health check found the endpoint online)"), back

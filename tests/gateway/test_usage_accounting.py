@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from sqlalchemy import text
 
 from tests.conftest import Clients, EmulatorFactory, Engine, Gateway, GatewayFactory, create_key, worker
+from tests.support.raw_worker import RawWorker, Reply, http
 from turnout.dialects.base import Call, Endpoint
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.keys import ACCOUNTANT, DATABASE, USAGE
@@ -78,8 +80,6 @@ async def test_scope_and_limit_refusals_are_errors_of_the_key(locked: Gateway) -
 
 
 def _call(payload: dict[str, Any]) -> Call:
-    import orjson
-
     body = orjson.dumps(payload)
     return Call(Dialect.OPENAI, Endpoint.CHAT, "/v1/chat/completions", body, payload, payload["model"], True)
 
@@ -175,7 +175,9 @@ async def test_refusals_and_names_at_column_limits_are_recorded_on_postgres(
 async def test_llama_cpp_stream_without_usage_is_charged_the_prompt_estimate(
     llama_engine: Engine, gateway: GatewayFactory, clients: Clients
 ) -> None:
-    """llama_cpp.server streams carry no usage: the proxy reports no prompt count (None), accounting estimates."""
+    """A stream that does not ask for usage (``stream_options.include_usage``) gets none from llama.cpp's server, as
+    from OpenAI's API (llama-cpp-python's server never sent any): the proxy reports no prompt count (None),
+    accounting estimates."""
     gw = await gateway([worker("llama", llama_engine.url, type="openai")], auth={"open": False})
     record, key = make_key(gw, daily_tokens=100_000)
     client = clients.openai(gw.url)
@@ -188,3 +190,94 @@ async def test_llama_cpp_stream_without_usage_is_charged_the_prompt_estimate(
     [row] = await usage_rows(gw, key=record.prefix)
     assert row["statuses"] == {"200": 1} and row["prompt_tokens"] >= 300 // 4  # ~ body bytes / 4
     assert 1 <= row["completion_tokens"] <= 7
+
+
+# -- what a client is told of its tokens is what it is billed (issue 32, item 10) ------------------------------------
+async def _ollama_stream(url: str, key: str, content: str) -> dict[str, Any]:
+    """An Ollama client's streamed /api/chat: its final object."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "stream": True}
+    body["options"] = {"num_predict": 4}
+    headers = {"Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession() as http, http.post(f"{url}/api/chat", json=body, headers=headers) as r:
+        assert r.status == 200
+        lines = [line for line in (await r.read()).splitlines() if line]
+    final: dict[str, Any] = orjson.loads(lines[-1])
+    assert final["done"] is True, lines[-1]
+    return final
+
+
+async def test_an_ollama_stream_without_usage_tells_the_client_what_it_is_billed(
+    llama_engine: Engine, gateway: GatewayFactory
+) -> None:
+    """llama_cpp.server's streams carry no usage, even when asked (``stream_options.include_usage``): the Ollama
+    client is told the prompt estimate the request is billed, not 0; and the answer's count it is billed."""
+    gw = await gateway([worker("llama", llama_engine.url, type="openai")], auth={"open": False})
+    record, key = make_key(gw)
+    told = [await _ollama_stream(gw.url, key, text) for text in ("hello " * 40, "the sky is blue " * 10)]
+    assert all(final["prompt_eval_count"] > 0 for final in told), told
+    await gw.app[ACCOUNTANT].usage.flush()
+    [row] = gw.app[USAGE].summary(since=0, key_id=record.id)
+    assert row["requests"] == 2
+    assert row["prompt_tokens"] == sum(final["prompt_eval_count"] for final in told)
+    assert row["completion_tokens"] == sum(final["eval_count"] for final in told)
+
+
+async def test_a_responses_stream_without_usage_tells_the_client_what_it_is_billed(
+    llama_engine: Engine, gateway: GatewayFactory
+) -> None:
+    gw = await gateway([worker("llama", llama_engine.url, type="openai")], auth={"open": False})
+    record, key = make_key(gw)
+    body = {"model": "tiny", "input": "hello " * 40, "max_output_tokens": 4, "stream": True}
+    headers = {"Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession() as http, http.post(f"{gw.url}/v1/responses", json=body, headers=headers) as r:
+        events = [orjson.loads(line[6:]) for line in (await r.read()).splitlines() if line.startswith(b"data: ")]
+    final = events[-1]
+    assert final["type"] in ("response.completed", "response.incomplete"), final
+    usage = final["response"]["usage"]
+    assert usage is not None and usage["input_tokens"] > 0  # the estimate, as billed (it was null)
+    await gw.app[ACCOUNTANT].usage.flush()
+    [row] = gw.app[USAGE].summary(since=0, key_id=record.id)
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (usage["input_tokens"], usage["output_tokens"])
+
+
+async def test_the_estimate_follows_the_models_own_counts(locked: Gateway) -> None:
+    """The prompt estimate is the body's size over the bytes per token learned from the worker's counts for the
+    model and API (a model not counted yet: the API's figure; 4 until one is counted): the same call, estimated
+    again after an answer counted 40 tokens for it, is estimated about 40."""
+    accountant = locked.app[ACCOUNTANT]
+    call = _call({**CHAT, "messages": [{"role": "user", "content": "word " * 200}]})
+    first = await accountant.admit(None, call)
+    assert first.prompt_estimate == len(call.body) // 4
+    await accountant.finish(first, call, Outcome(worker="a", prompt_tokens=40, completion_tokens=3), 200)
+    assert (await accountant.admit(None, call)).prompt_estimate == 40
+    other = call._replace(model="llama3.2:latest")  # another model, none of its own learned: the API's figure
+    assert (await accountant.admit(None, other)).prompt_estimate == 40
+    await accountant.finish(first, other, Outcome(worker="a", prompt_tokens=80, completion_tokens=3), 200)
+    assert (await accountant.admit(None, other)).prompt_estimate == 80  # then its own
+    assert (await accountant.admit(None, call)).prompt_estimate == 40
+    messages = _call({**CHAT, "messages": [{"role": "user", "content": "word " * 200}]})._replace(
+        dialect=Dialect.ANTHROPIC, endpoint=Endpoint.MESSAGES
+    )
+    assert (await accountant.admit(None, messages)).prompt_estimate == len(call.body) // 4  # another API: 4
+    failed = await accountant.admit(None, call)
+    await accountant.finish(failed, call, Outcome(worker="a", prompt_tokens=400, failed=True), 502)  # not learned
+    assert (await accountant.admit(None, call)).prompt_estimate == 40
+
+
+async def test_an_ollama_embedding_without_usage_tells_the_client_what_it_is_billed(gateway: GatewayFactory) -> None:
+    raw = RawWorker(models=["e:1"])
+    answer = {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.5, 0.25]}]}
+    raw.default = Reply([http(200, orjson.dumps(answer))])
+    try:
+        gw = await gateway([worker("raw", await raw.start(), type="openai")], auth={"open": False})
+        record, key = make_key(gw)
+        body = {"model": "e:1", "input": "the sky is blue " * 8}
+        headers = {"Authorization": f"Bearer {key}"}
+        async with aiohttp.ClientSession() as http_, http_.post(f"{gw.url}/api/embed", json=body, headers=headers) as r:
+            told = await r.json()
+        assert r.status == 200 and told["embeddings"] == [[0.5, 0.25]] and told["prompt_eval_count"] > 0
+        await gw.app[ACCOUNTANT].usage.flush()
+        [row] = gw.app[USAGE].summary(since=0, key_id=record.id)
+        assert row["prompt_tokens"] == told["prompt_eval_count"]
+    finally:
+        await raw.stop()

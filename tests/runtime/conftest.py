@@ -56,12 +56,25 @@ async def start_agent(tmp_path: Path) -> AsyncIterator[AgentStarter]:
 @pytest.fixture
 def emulator_python(tmp_path: Path) -> str:
     """An "interpreter" for ``--engine-python vllm=... sglang=...``: the agent runs ``PYTHON -m MODULE ARGS``
-    and this runs the stand-in server for MODULE with those arguments instead."""
+    and this runs the stand-in server for MODULE with those arguments instead (``PYTHON -c CODE`` runs the code,
+    with ``EMULATOR_PYTHONPATH`` on its path: see ``kvcached_on_path``)."""
     wrapper = tmp_path / "emulator-python"
     wrapper.write_text(
         "#!/bin/sh\n"
-        f"PYTHONPATH={shlex.quote(str(ROOT))} "
+        f'PYTHONPATH={shlex.quote(str(ROOT))}"${{EMULATOR_PYTHONPATH:+:$EMULATOR_PYTHONPATH}}" '
         f'exec {shlex.quote(sys.executable)} -m tests.support.engine_emulator "$@"\n'
     )
     wrapper.chmod(0o755)
     return str(wrapper)
+
+
+@pytest.fixture
+def kvcached_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A package named ``kvcached`` on the path of ``emulator_python``: the agent's question to an engine's
+    interpreter (can it import kvcached?) is answered yes, as on the kvcached runtime image. Nothing of kvcached
+    runs here (it needs CUDA); the engines are the stand-ins."""
+    site = tmp_path / "kvcached-site"
+    (site / "kvcached").mkdir(parents=True)
+    (site / "kvcached" / "__init__.py").write_text('"""Stands in for the kvcached package (found, never used)."""\n')
+    monkeypatch.setenv("EMULATOR_PYTHONPATH", str(site))
+    return site

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import struct
 import time
 import uuid
@@ -18,7 +19,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.conftest import free_port
+from tests.conftest import eventually, free_port
 from tests.runtime.conftest import AgentStarter
 from turnout.runtime.agent import SUPERVISOR
 
@@ -62,7 +63,7 @@ def activate_body(name: str, model: Path, **extra: Any) -> dict[str, Any]:
         "model_name": name,
         "artifact_url": f"file://{model}",
         "engine": "llamacpp",
-        "engine_config": {"args": {"--n_ctx": "256"}},
+        "engine_config": {"args": {"--ctx-size": "256"}},
         **extra,
     }
 
@@ -267,3 +268,41 @@ async def test_registry_records_that_do_not_parse_are_skipped_and_logged(
         assert problem in logged, logged
     assert (registry.parent / "engines.json.rejected").read_text() == original  # nothing lost for a person
     assert [e["model_name"] for e in json.loads(registry.read_text())["engines"]] == ["kept"]
+
+
+async def test_a_woken_engine_whose_port_was_taken_starts_on_a_free_one(agent: AgentFactory, tiny_model: Path) -> None:
+    """Issue 32, item 16: llama.cpp sleeps by stopping; if something listens on its port meanwhile, the wake used
+    to restart it there again and again, with backoff (a 9 s wake measured). It now takes a free port of the
+    range at once, says so in its report, and answers there; a port the activation named never moves."""
+    a = await agent()
+    status, _ = await a.call("POST", "/v1/runtime/models/activate", activate_body("alpha", tiny_model))
+    assert status == 200
+    before = await a.until("alpha", "active")
+    status, _ = await a.call("POST", "/v1/runtime/models/sleep", {"model_name": "alpha", "operation_id": "s1"})
+    assert status == 200 and (await a.engine("alpha"))["pid"] is None
+    squatter = socket.create_server(("127.0.0.1", before["port"]))  # another process's server takes the port
+    try:
+        status, _ = await a.call("POST", "/v1/runtime/models/wake", {"model_name": "alpha", "operation_id": "w1"})
+        assert status == 200
+        woken = await a.until("alpha", "active", limit_s=30)
+        assert woken["port"] != before["port"] and woken["restart_count"] == 0, woken
+        assert woken["ipc_name"] == before["ipc_name"] and await chat(woken["port"], "alpha") == 200
+        registry = json.loads(a.runner.app[SUPERVISOR].registry_path.read_text())
+        assert [e["port"] for e in registry["engines"]] == [woken["port"]]  # a restarted agent finds it there
+
+        # a port the activation named stays: the engine is restarted there (and fails there) rather than moved
+        pinned = free_port()
+        status, _ = await a.call("POST", "/v1/runtime/models/activate", activate_body("beta", tiny_model, port=pinned))
+        assert status == 200
+        await a.until("beta", "active")
+        status, _ = await a.call("POST", "/v1/runtime/models/sleep", {"model_name": "beta", "operation_id": "s2"})
+        with socket.create_server(("127.0.0.1", pinned)):
+            await a.call("POST", "/v1/runtime/models/wake", {"model_name": "beta", "operation_id": "w2"})
+
+            async def restarted() -> dict[str, Any] | None:
+                engine = await a.engine("beta")
+                return engine if engine["restart_count"] >= 1 else None
+
+            assert (await eventually(restarted, "beta restarted on its own port", 30))["port"] == pinned
+    finally:
+        squatter.close()

@@ -123,7 +123,7 @@ async def test_real_engine_snapshot_validates_with_aibrix_models(start_agent: Ag
     a = Agent(url)
     ref = {"namespace": "local", "name": "tiny", "uid": "u1"}
     body = {"model_name": "tiny", "artifact_url": f"file://{tiny_model}", "engine": "llamacpp", "claim_ref": ref}
-    body["engine_config"] = {"args": {"--n_ctx": "256"}}
+    body["engine_config"] = {"args": {"--ctx-size": "256"}}
     status, answer = await a.call("POST", "/v1/runtime/models/activate", body)
     assert status == 200 and answer["phase"] == "booting"
 
@@ -306,12 +306,12 @@ async def test_cli_agent_takes_aibrix_environment(tmp_path: Path) -> None:
         health = await eventually(up, "the agent to answer", 30)
         assert health["mock"] is True
         status, body = await agent.call(
-            "POST", "/v1/runtime/models/activate", {"model_name": "m", "artifact_url": "s3://b/m"}
+            "POST", "/v1/runtime/models/activate", {"model_name": "m", "artifact_url": "s3://bucket/m"}
         )
         assert status == 200 and body["phase"] == "active"  # no engine: ready at once
         _, snap = await agent.call("GET", "/v1/runtime/snapshot")
-        assert snap["cached_artifacts"] == ["s3://b/m"]
-        assert json.loads((cache / ".aibrix" / "served" / "m.json").read_text())["artifact_url"] == "s3://b/m"
+        assert snap["cached_artifacts"] == ["s3://bucket/m"]
+        assert json.loads((cache / ".aibrix" / "served" / "m.json").read_text())["artifact_url"] == "s3://bucket/m"
     finally:
         proc.terminate()
         proc.wait(timeout=10)

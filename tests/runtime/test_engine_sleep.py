@@ -306,11 +306,17 @@ spec: {podSelector: {matchLabels: {pool: gpu}}, artifactURL: "hf://org/tiny", en
 
 @pytest.mark.parametrize("by_stop", [False, True])
 async def test_idle_sleep_takes_vllm_on_one_gpu_and_sglang_only_with_the_switch(
-    start_agent: AgentStarter, emulator_python: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, by_stop: bool
+    start_agent: AgentStarter,
+    emulator_python: str,
+    kvcached_on_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    by_stop: bool,
 ) -> None:
     """The design's idle sleep is vLLM's: on a pod whose agent reports one GPU, an idle vLLM engine sleeps
     without any switch, while an idle SGLang engine beside it sleeps only with ``lifecycle.sleepByStop``
-    (Turnout's extension). Idleness is read from each engine's own /metrics through the agent."""
+    (Turnout's extension). Idleness is read from each engine's own /metrics through the agent. The two engines
+    share the GPU, so their interpreter has kvcached (``kvcached_on_path``), as on the kvcached runtime image."""
     monkeypatch.setenv("EMULATOR_HEALTH_S", "1")
     url, runner = await start_agent(
         engine_python={"vllm": emulator_python, "sglang": emulator_python}, nvml=Nvml(FakeNvml({}))

@@ -18,8 +18,10 @@ from tests.runtime.test_pool_policy import get_text
 from tests.support.claims import claim_yaml
 from turnout.controller.local import ClaimFiles, load_claim_documents
 from turnout.core.claims import ClaimPhase
+from turnout.core.reconcile import ANNOTATION_PREFIX, EngineInfo, SetStatus, route_annotation
 from turnout.fleet.claims import ClaimBindings
 from turnout.gateway.keys import PROXY
+from turnout.runtime.agent import SUPERVISOR
 
 LABELS = {"pool": "cpu", "pool.aibrix.ai/enabled": "true"}
 WAKES = 'aibrix:modelclaim_lifecycle_operations_total{operation="wake",result="ok"} '
@@ -135,3 +137,46 @@ async def test_a_sleeping_claimed_model_stays_listed_and_a_request_wakes_it(
 
     await eventually(served, "alpha served again after the request woke it", every_s=0.05)
     assert await listed(gw) == (["alpha"], ["alpha"])
+
+
+async def test_a_request_as_the_claim_turns_sleeping_is_followed_by_a_wake(
+    start_agent: AgentStarter, gateway: GatewayFactory, tiny_model: Path
+) -> None:
+    """Issue 32, item 14: the pool policy takes the claim's route away (Sleeping) before it puts the engine to
+    sleep. A request in between is told the model is being woken; the wake then waits for the sleep and wakes the
+    engine, with no other request coming."""
+    url, agent = await start_agent()
+    gw, claims = await paused_gateway(gateway, url)
+    for doc in load_claim_documents(claim_yaml("alpha", tiny_model)):
+        ClaimFiles(gw.settings.data_dir).apply(doc)
+    await tick_until(claims, "alpha", ClaimPhase.ACTIVE)
+    engine = agent.app[SUPERVISOR].engines["alpha"]
+    controller = claims.source.controller  # type: ignore[attr-defined]
+    looked = asyncio.Event()
+    wake_target = claims.source.wake_target
+
+    async def looking(key: str) -> Any:
+        found = await wake_target(key)
+        looked.set()
+        return found
+
+    claims.source.wake_target = looking  # type: ignore[method-assign]
+    # what the policy's idle sleep does first (LocalController._pool_policy, set_route): the route, the status
+    pod = controller.statuses["alpha"]["pod"]
+    sleeping = route_annotation("alpha", EngineInfo("sleeping", False, engine.port))
+    controller._annotate(pod, ANNOTATION_PREFIX + "alpha", sleeping)
+    controller._set_status(SetStatus("alpha", ClaimPhase.SLEEPING, "Sleeping", "", pod, 0, engine.port), "alpha")
+    claims.sync()
+    status, headers, code = await chat_code(gw, "alpha")
+    assert (status, headers.get("Retry-After"), code) == (503, "10", "model_waking")
+    await asyncio.wait_for(looked.wait(), 30)  # the wake looked at the engine: still awake
+    assert engine.phase == "active" and claims.wakes_sent == 0
+    await sleep_engine(url, "alpha")  # then the policy's sleep
+    assert await eventually(lambda: wakes_counted(url), "the wake, with no request after the first", 30) == "1.0"
+    assert claims.wakes_sent == 1
+
+    async def served() -> bool:
+        await tick(claims)
+        return (await chat_code(gw, "alpha"))[0] == 200
+
+    await eventually(served, "alpha served again", every_s=0.05)

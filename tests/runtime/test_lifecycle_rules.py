@@ -5,6 +5,7 @@ idle-sleep switch for engines that sleep by stopping on pods without a GPU."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -76,16 +77,23 @@ def events_of(ctl: LocalController, obj: str) -> list[dict[str, Any]]:
     return [e for e in ctl.files.events() if e["object"] == obj]
 
 
-async def test_an_activation_the_agent_refuses_fails_the_claim_once(local: Any) -> None:
-    """ftp:// is not an artifact scheme the agent takes (HTTP 400): the claim goes Failed with the agent's reason
-    and one Warning event, and is not activated again however many ticks follow, until its spec changes."""
+NO_BOTO3 = "pip install 'turnout[s3]'"  # what an agent without boto3 answers an s3:// activation (HTTP 400)
+
+
+async def test_an_activation_the_agent_refuses_fails_the_claim_once(
+    local: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent whose Python has no boto3 refuses an s3:// artifact (HTTP 400), which the controller's own checks
+    take: the claim goes Failed with the agent's reason and one Warning event, and is not activated again however
+    many ticks follow, until its spec changes."""
+    monkeypatch.setitem(sys.modules, "boto3", None)  # `import boto3` fails in the agent, as without the package
     ctl, agent, _ = local()
     url = ctl.pools["cpu-0"].agent_url
-    apply(ctl, claim_yaml("bad", "x").replace("file://x", "ftp://host/model.gguf"))
+    apply(ctl, claim_yaml("bad", "x").replace("file://x", "s3://weights/model.gguf"))
     await tick_until(ctl, "bad", ClaimPhase.FAILED)
     status = ctl.statuses["bad"]
     assert status["reason"] == "ActivationRejected" and status["pod"] is None
-    assert "artifact_url must start with" in status["message"] and "cpu-0" in status["message"]
+    assert NO_BOTO3 in status["message"] and "cpu-0" in status["message"]
     for _ in range(5):
         await ctl.tick()
     assert ctl.phase("bad") is ClaimPhase.FAILED
@@ -96,7 +104,7 @@ async def test_an_activation_the_agent_refuses_fails_the_claim_once(local: Any) 
     assert [(e["reason"], e["count"]) for e in warnings] == [("ActivationRejected", 1)]
 
     # a changed spec is a new attempt (and refused again, once)
-    apply(ctl, claim_yaml("bad", "x").replace("file://x", "ftp://host/other.gguf"))
+    apply(ctl, claim_yaml("bad", "x").replace("file://x", "s3://weights/other.gguf"))
     await ctl.tick()
     assert ctl.phase("bad") is ClaimPhase.FAILED and await invalid_activations(url) == "2.0"
     for _ in range(3):
@@ -105,12 +113,13 @@ async def test_an_activation_the_agent_refuses_fails_the_claim_once(local: Any) 
 
 
 async def test_a_refused_claim_is_answered_503_without_retry_after(
-    start_agent: AgentStarter, gateway: GatewayFactory
+    start_agent: AgentStarter, gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setitem(sys.modules, "boto3", None)  # the agent refuses s3:// (HTTP 400), as without boto3
     url, _ = await start_agent()
     agents = [{"name": "cpu-0", "agent_url": url, "labels": LABELS}]
     gw = await gateway([], pools={"agents": agents, "interval_s": 0.1})
-    for doc in load_claim_documents(claim_yaml("bad", "x").replace("file://x", "ftp://host/model.gguf")):
+    for doc in load_claim_documents(claim_yaml("bad", "x").replace("file://x", "s3://weights/model.gguf")):
         ClaimFiles(gw.settings.data_dir).apply(doc)
 
     async def failed() -> tuple[int, dict[str, str], str | None] | None:

@@ -141,7 +141,7 @@ def claim(name: str, artifact: str) -> dict[str, Any]:
             "podSelector": {"matchLabels": {"pool": "cpu"}},
             "artifactURL": artifact,
             "engine": "llamacpp",
-            "engineConfig": {"args": {"--n_ctx": "256"}},
+            "engineConfig": {"args": {"--ctx-size": "256"}},
         },
     }
 
@@ -196,6 +196,7 @@ def test_manifests_apply_and_the_schema_refuses_bad_claims(
     bad = [
         {"artifactURL": "hf://x"},  # no podSelector
         {"podSelector": {"matchLabels": {"a": "b"}}, "artifactURL": "ftp://x"},  # unknown scheme
+        {"podSelector": {"matchLabels": {"a": "b"}}, "artifactURL": "gcs://bucket/m"},  # no engine or agent reads it
         {"podSelector": {"matchLabels": {"a": "b"}}, "artifactURL": "hf://x", "replicas": 2},
         {"podSelector": {"matchLabels": {"a": "b"}}, "artifactURL": "hf://x", "engine": "tgi"},
         {
@@ -491,7 +492,7 @@ async def test_a_claim_deleted_under_the_earlier_finalizer_alone_is_still_releas
     # what the earlier operator left behind: the claim bound to the pod, its engine running there, its route
     ref = {"namespace": NS, "name": "old", "uid": uid}
     body = {"model_name": "old", "artifact_url": f"file://{tiny_model}", "engine": "llamacpp", "claim_ref": ref}
-    body["engine_config"] = {"args": {"--n_ctx": "256"}}
+    body["engine_config"] = {"args": {"--ctx-size": "256"}}
     async with aiohttp.ClientSession() as http, http.post(f"{url}/v1/runtime/models/activate", json=body) as r:
         assert r.status == 200
         port = (await r.json())["port"]

@@ -28,7 +28,7 @@ spec:
   podSelector: {matchLabels: {pool: cpu}}
   artifactURL: file://MODEL
   engine: llamacpp
-  engineConfig: {args: {"--n_ctx": "256"}}
+  engineConfig: {args: {"--ctx-size": "256"}}
 """
 LABELS = {"pool": "cpu", POOL_LABEL: "true"}
 PAGE = 2 << 20
@@ -225,3 +225,26 @@ def _proxy_key() -> Any:
     from turnout.gateway.keys import PROXY
 
     return PROXY
+
+
+async def test_a_woken_engine_is_awake_when_its_client_retries(
+    start_agent: AgentStarter, gateway: GatewayFactory, tiny_model: Path
+) -> None:
+    """Issue 32, item 15: with sleepAfterSeconds (1) far under the Retry-After the 503 gives (10), an engine woken by
+    a request went back to sleep before its client retried. A client that waits as it is told is now served."""
+    url, agent = await start_agent()
+    gw = await gateway([], pools=pools(url, {"lifecycle": {"sleepAfterSeconds": 1, "sleepByStop": True}}))
+    apply(ClaimFiles(gw.settings.data_dir), "idle", tiny_model)
+    await until_status(gw, "idle", 200)
+    engine = agent.app[SUPERVISOR].engines["idle"]
+
+    async def asleep() -> bool:
+        return engine.phase == "sleeping"
+
+    await eventually(asleep, "the idle engine to sleep", 30, every_s=0.1)
+    status, headers = await chat(gw, "idle")
+    assert status == 503
+    await asyncio.sleep(int(headers["Retry-After"]))  # the client does as it is told
+    assert (await chat(gw, "idle"))[0] == 200
+    events = [e for e in ClaimFiles(gw.settings.data_dir).events() if e["reason"] == "IdleSleep"]
+    assert events[-1]["count"] == 1, events  # it slept once, before the request, and not again since

@@ -1,7 +1,9 @@
 """Stand-ins for the vLLM and SGLang HTTP servers (neither runs on this machine's CPU with sleep mode or at all),
 for tests only. Run as the agent runs an engine: ``python -m tests.support.engine_emulator -m MODULE ARGS...``,
 where MODULE is ``vllm.entrypoints.openai.api_server`` or ``sglang.launch_server`` (the runtime tests give the
-agent an ``--engine-python`` wrapper that does this).
+agent an ``--engine-python`` wrapper that does this). ``-c CODE`` runs the code, as the interpreter it stands in
+for would (the agent asks an engine's interpreter this way whether it can import kvcached; the wrapper's
+``EMULATOR_PYTHONPATH`` adds to its path, e.g. a directory holding a ``kvcached`` package).
 
 What each follows, from the upstream source:
 
@@ -216,6 +218,9 @@ def add_sglang_routes(app: web.Application, engine: Engine) -> None:
 
 
 def main(argv: list[str]) -> None:
+    if len(argv) == 2 and argv[0] == "-c":  # run as the engine's interpreter is (the agent's kvcached question)
+        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
+        return
     if len(argv) < 2 or argv[0] != "-m" or argv[1] not in (VLLM, SGLANG):
         raise SystemExit(f"usage: engine_emulator -m {VLLM}|{SGLANG} ARGS...; got {argv[:2]}")
     kind = argv[1]

@@ -77,11 +77,12 @@ def postgres_server() -> Iterator[str]:
 
 
 @contextmanager
-def redis_server() -> Iterator[str]:
+def redis_server(port: int | None = None) -> Iterator[str]:
+    """A throwaway redis-server on loopback (``port``: this one, e.g. to start again where one was stopped)."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server not found: install it (scripts/test does: apt-get install redis-server)")
-    port = _free_port()
+    port = port or _free_port()
     proc = subprocess.Popen(
         [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,

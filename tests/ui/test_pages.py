@@ -129,6 +129,30 @@ async def test_overview_refreshes_itself(page, gateway, emulator) -> None:
     assert await page.inner_text('[data-stat="workers"]') == "0 / 2"
 
 
+async def test_overview_worker_rows_open_their_ruleset(page, gateway, emulator) -> None:
+    """As the design's worker cards do: a click anywhere on a worker's row, or its name's link (keyboard, screen
+    readers), opens that worker's ruleset editor; also after the body refreshed itself."""
+    w1 = await emulator("w1", models=["llama3.2:latest"])
+    w2 = await emulator("w.2", models=["qwen3:8b"])
+    gw = await gateway([worker("w1", w1.url), worker("w.2", w2.url)])
+    await sign_in(page, gw)
+    link = page.locator('#workers tr[data-worker="w.2"] th a')
+    assert await link.get_attribute("title") == "Open the ruleset of w.2"
+    await page.locator('#workers tr[data-worker="w.2"] td').last.click()  # not on the link: the row itself
+    await page.wait_for_url(f"{gw.url}/admin/placement/workers/w.2")
+    assert await page.inner_text("h1") == "Ruleset of w.2"
+    await page.go_back()
+    await page.wait_for_url(f"{gw.url}/admin/overview")
+    # the rows as the body's own refresh re-renders them
+    await page.evaluate("document.getElementById('overview-body').dataset.old = 'yes'")
+    await page.evaluate("htmx.ajax('GET', '/admin/overview/fragment', {target: '#overview-body', swap: 'outerHTML'})")
+    await page.wait_for_function("() => !document.getElementById('overview-body').dataset.old")
+    await page.focus("#workers tr[data-worker=w1] th a")
+    await page.keyboard.press("Enter")
+    await page.wait_for_url(f"{gw.url}/admin/placement/workers/w1")
+    assert await page.inner_text("h1") == "Ruleset of w1"
+
+
 async def test_overview_lists_endpoints_with_state_and_since(page, gateway, emulator) -> None:
     gpu = await emulator("gpu", models=["qwen3:8b"])
     mac = await emulator("mac", models=["llama3.2:latest"])

@@ -121,6 +121,51 @@ async def test_a_click_outvotes_an_exact_config_rule_and_the_next_restores_it(pa
     assert await mark_of(await cell_at(page, "qwen3:8b", "w1")) == "↳⛔"
 
 
+async def sr_text(cell: Any) -> str:
+    """What a screen reader reads of a cell: its marks are hidden from it, so the text beside them."""
+    return str(await cell.evaluate("td => td.querySelector('.sr-only').textContent"))
+
+
+async def test_a_click_on_a_redundant_ui_exception_removes_it(page, gateway, emulator) -> None:
+    """An exact allow made through the API on an allow_all worker agrees with the mode; it is still a UI exception,
+    its cell says so (↳, also to a screen reader), and clicking it removes it instead of writing a deny."""
+    w1 = await emulator("w1", models=["llama3.2:latest", "qwen3:8b"])
+    gw = await gateway([worker("w1", w1.url)])
+    rules = {"mode": "allow_all", "allowed_models": ["qwen3:8b"], "denied_models": []}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.put(f"{gw.url}/admin/api/placement/workers/w1", json=rules, headers=gw.admin_headers) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+    await sign_in(page, gw)
+    await page.goto(f"{gw.url}/admin/placement")
+    target = await cell_at(page, "qwen3:8b", "w1")
+    assert await mark_of(target) == "↳✓"
+    assert await sr_text(target) == "allowed, installed, decided by an exact rule"
+    said = await explanation(target)
+    assert "exact rule “qwen3:8b” (UI exception)" in said and "Click to remove this exception" in said
+    assert await sr_text(await cell_at(page, "llama3.2:latest", "w1")) == "allowed, installed"  # the mode decides
+
+    await toggled(page, target)
+    assert await mark_of(target) == "✓"
+    assert await sr_text(target) == "allowed, installed"
+    assert "Decided by the worker's mode “Allow all” (from the config file)" in await explanation(target)
+    rules_now, _ = gw.app[FLEET].rules("w1")
+    assert rules_now.exact_rule("qwen3:8b") is None and not rules_now.denied  # removed, no deny written
+    await page.reload()
+    assert await mark_of(await cell_at(page, "qwen3:8b", "w1")) == "✓"
+
+
+async def test_screen_readers_hear_the_exact_rule_in_german(page, gateway, emulator) -> None:
+    w1 = await emulator("w1", models=["qwen3:8b"])
+    gw = await gateway([worker("w1", w1.url, model_placement={"mode": "allow_all", "denied_models": ["qwen3:8b"]})])
+    await sign_in(page, gw, lang="de")
+    await page.goto(f"{gw.url}/admin/placement")
+    target = await cell_at(page, "qwen3:8b", "w1")
+    assert await mark_of(target) == "↳⛔"
+    assert await sr_text(target) == "gesperrt (dort installiert), durch eine exakte Regel entschieden"
+
+
 async def test_matrix_keyboard_navigation(page, gateway, emulator) -> None:
     w1 = await emulator("w1", models=["a:latest", "b:latest"])
     w2 = await emulator("w2", models=["a:latest"])

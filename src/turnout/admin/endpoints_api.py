@@ -196,7 +196,7 @@ async def test_unsaved(request: web.Request) -> web.Response:
             "test": result.to_json(),
             "url": spec.url,
             "url_note": url_note(body["url"]),
-            "url_private": url_private(spec.url),
+            "url_private": url_private(spec.url, manager.guard.nat64),
             "private_networks_allowed": manager.private_networks_allowed,
             "name_taken": name_taken,
         }

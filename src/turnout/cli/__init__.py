@@ -13,27 +13,45 @@
 
 What they share (options, failing in one line, the store path, audit entries, tables) is :mod:`.common`; the
 running gateway's admin API client is :mod:`.client`. Only what every command needs is imported at start:
-`turnout --help` and the commands that talk to a running gateway stay quick.
+`turnout --help` and the commands that talk to a running gateway stay quick. A command names its group's
+module (:data:`COMMANDS`): `turnout key list` imports and builds the ``key`` group alone, not every group's
+module and click command (``bench/cli_startup.py``); :data:`app`, the whole command line, is built on first use.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import Iterable
 from typing import Annotated
 
 import typer
 
 from turnout import __version__
-from turnout.cli import accounts, agent, aliases, backup, batches, claims, endpoints, gateway, login, workers
 
-__all__ = ["app", "main"]
+__all__ = ["COMMANDS", "GROUPS", "app", "build", "main"]
 
-app = typer.Typer(
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode=None,  # plain help: no '<bool>' after flags, no box drawing, wraps at 80 columns
-    help="Turnout: an inference gateway for LLMs.",
-)
+# The modules that register commands, in the order `turnout --help` lists them (serve first).
+GROUPS = ("gateway", "agent", "claims", "workers", "endpoints", "aliases", "accounts", "batches", "backup", "login")
+# Each top-level command, and the module of GROUPS that registers it (tests/test_cli_help.py checks them).
+COMMANDS = {
+    "serve": "gateway",
+    "config": "gateway",
+    "agent": "agent",
+    "controller": "claims",
+    "operator": "claims",
+    "claim": "claims",
+    "worker": "workers",
+    "endpoint": "endpoints",
+    "alias": "aliases",
+    "key": "accounts",
+    "usage": "accounts",
+    "audit": "accounts",
+    "batch": "batches",
+    "backup": "backup",
+    "login": "login",
+    "logout": "login",
+}
 
 
 def _print_version(value: bool) -> None:
@@ -42,7 +60,6 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: Annotated[
         bool,
@@ -57,24 +74,40 @@ def version() -> None:
     typer.echo(__version__)
 
 
-for group in (
-    gateway,
-    agent,
-    claims,
-    workers,
-    endpoints,
-    aliases,
-    accounts,
-    batches,
-    backup,
-    login,
-):  # `turnout --help` lists serve first
-    group.register(app)
-app.command()(version)
+def build(groups: Iterable[str] = GROUPS) -> typer.Typer:
+    """The command line with the commands of ``groups`` (modules of :data:`GROUPS`) and ``version``."""
+    built = typer.Typer(
+        no_args_is_help=True,
+        add_completion=False,
+        rich_markup_mode=None,  # plain help: no '<bool>' after flags, no box drawing, wraps at 80 columns
+        help="Turnout: an inference gateway for LLMs.",
+    )
+    built.callback()(_root)
+    for name in groups:
+        importlib.import_module(f"turnout.cli.{name}").register(built)
+    built.command()(version)
+    return built
+
+
+_whole: list[typer.Typer] = []  # the whole command line, once built
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """``app``: the whole command line (every group), built on first use."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not _whole:
+        _whole.append(build())
+    return _whole[0]
 
 
 def main() -> None:
+    """The ``turnout`` script: the named command's group alone, or the whole command line (help, version, a
+    name that is no command: typer then says what there is)."""
+    first = sys.argv[1] if len(sys.argv) > 1 else ""
+    group = COMMANDS.get(first)
+    cli = build([group]) if group is not None else __getattr__("app")
     try:
-        app()
+        cli()
     except KeyboardInterrupt:
         sys.exit(130)

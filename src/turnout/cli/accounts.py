@@ -122,22 +122,21 @@ def key_list(
 ) -> None:
     """List keys: prefix, app, tenant, state, when it stops working (a rotated key: the end of its grace),
     last use, limits and models."""
-    from turnout.admin.inputs import KeyListQuery, parse_input
-
     filters = {"tenant": tenant, "app": app, "endpoint": endpoint, "state": state}
-    with cli_input():
-        query = parse_input(KeyListQuery, filters)
     settings = load_config(config)
     admin = gateway(settings)
     now = time.time()
     views: list[dict[str, Any]]
-    if admin is not None:
+    if admin is not None:  # the gateway checks the filters by the same input model (a 422 names the option)
         with admin_errors():
             views = admin.call("GET", "/admin/api/keys", query=filters)["keys"]
     else:
+        from turnout.admin.inputs import KeyListQuery, parse_input
         from turnout.store.keys import KeyStore
         from turnout.store.usage import UsageStore
 
+        with cli_input():
+            query = parse_input(KeyListQuery, filters)
         with open_store(settings) as (_, db):
             records = KeyStore(db).all()
             used = UsageStore(db).last_used()

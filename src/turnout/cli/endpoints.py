@@ -83,7 +83,7 @@ def _probe(settings: Settings, url: str, api: str, credential: str | None) -> Pr
     async def run() -> Probe:
         client = UpstreamClient(connect_timeout_s=settings.limits.connect_timeout_s, total_timeout_s=30)
         try:
-            guard = DialGuard(allow_private=settings.endpoint_env.allow_private)
+            guard = DialGuard(allow_private=settings.endpoint_env.allow_private, nat64=settings.network.nat64)
             return await probe(client, url, api, credential, guard, settings.health.timeout_s)
         finally:
             await client.close()

@@ -12,7 +12,7 @@ import orjson
 
 from turnout.core.claims import ClaimSpec, PodView, artifact_key
 from turnout.core.lifecycle import EngineObservation
-from turnout.core.reconcile import EngineInfo, launch_key
+from turnout.core.reconcile import EngineInfo, download_detail, launch_key
 from turnout.core.runtime import sleeps_in_place
 from turnout.core.snapshot import known, read_snapshot
 from turnout.errors import UpstreamError
@@ -159,6 +159,7 @@ def engine_info(engine: Mapping[str, Any], namespace: str = "local") -> EngineIn
         engine.get("last_error"),
         launched,
         str(ref["name"]) if isinstance(ref, dict) and ref.get("name") and ref.get("namespace") == namespace else None,
+        download_detail(engine.get("download")),
     )
 
 

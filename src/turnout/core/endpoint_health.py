@@ -74,8 +74,9 @@ def hint(failure: Failure, api: str, *, status: int | None = None, timeout_s: fl
         "the connection",
         Failure.PRIVATE: "the address is on a private network: set APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS=true "
         "to allow endpoints on private networks",
-        Failure.FORBIDDEN_ADDRESS: "the address is never allowed (link-local, cloud metadata or unspecified): "
-        "use the server's routable address",
+        Failure.FORBIDDEN_ADDRESS: "the address is never allowed (link-local, cloud metadata, unspecified, or a "
+        "NAT64 address whose IPv4 address cannot be read; the error says which): use the server's routable address, "
+        "or declare this network's NAT64 prefix in config.json (network.nat64_prefixes)",
         Failure.AUTH: f"the server refused the credential (HTTP {status}): check the key given with "
         "--credential-from-env",
         Failure.HTTP: f"the server answered HTTP {status} on {route}: check the URL (no path needed) and the server",

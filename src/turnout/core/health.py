@@ -54,6 +54,7 @@ __all__ = [
     "after",
     "failure_reason",
     "model_after",
+    "model_checked",
     "probe_event",
     "probe_policy",
     "should_probe",
@@ -182,6 +183,17 @@ def model_after(
         return ModelHealth(count, health.out_until, health.outs, reason or health.reason)
     factor = min(2**health.outs, MAX_RETRY_FACTOR)
     return ModelHealth(count, now + retry_s * factor, health.outs + 1, reason or health.reason)
+
+
+def model_checked(health: ModelHealth) -> ModelHealth:
+    """A health check found the worker serving (an external endpoint's list route answered in time): a model
+    taken out there is tried again from the next request, its time out over at once (the endpoints design: the
+    next request tries the endpoint first again as soon as a health check sees it online). Its failure count
+    and times out are kept, so a failure then takes it out again at once, for twice as long, as when its time
+    is up."""
+    if health.out_until is None:
+        return health
+    return ModelHealth(health.failures, None, health.outs, health.reason)
 
 
 # What an upstream error code (the dialer's, the client's, an endpoint check's) means, in a few words.

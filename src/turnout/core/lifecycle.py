@@ -8,7 +8,11 @@ the returned memory for the next tick. Time comes in as ``now``; nothing here re
   distinct annotation text (not one per tick).
 - Idle sleep: an engine that is active and ready sleeps once every observation for ``sleepAfterSeconds``
   showed it completely idle (nothing running, nothing waiting, no new completions). An observation with any
-  of those counts unknown is not an idle one. Which engines may idle into sleep at all is
+  of those counts unknown is not an idle one. The idle clock starts at the first observation of the engine
+  ready (a woken engine's starts when it serves again, not when the wake was asked for), and a wake is
+  activity: an engine seen asleep and then ready again stays awake at least :data:`WOKEN_HOLD_S` (twice the
+  ``Retry-After`` the gateway gave the requests that woke it, :data:`RETRY_AFTER_S`), so no client that retries
+  when told finds it asleep again, whatever ``sleepAfterSeconds`` says. Which engines may idle into sleep at all is
   :func:`turnout.core.poolpolicy.may_idle_sleep` (vLLM with sleep mode on a single GPU, as the agent's snapshot
   reports its accelerators; more only with ``lifecycle.sleepByStop``). The driver de-routes first, sleeps,
   and restores the route when the sleep fails (:class:`SleepIdle`).
@@ -36,6 +40,8 @@ from turnout.core.poolpolicy import (
 )
 
 __all__ = [
+    "RETRY_AFTER_S",
+    "WOKEN_HOLD_S",
     "EngineObservation",
     "PolicyEvent",
     "PoolMemory",
@@ -44,6 +50,10 @@ __all__ = [
     "SleepIdle",
     "pool_step",
 ]
+
+
+RETRY_AFTER_S = 10  # the Retry-After of the gateway's 503 for a claimed model asleep or on its way up
+WOKEN_HOLD_S = 2.0 * RETRY_AFTER_S  # a woken engine is kept awake this long: a retry, and one more, find it
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +89,9 @@ class PoolMemory:
     reported_invalid: str | None = None  # annotation text already reported as invalid
     kv_unfit: bool = False  # the last KV plan's protected pages did not fit (already reported)
     kv_floors_scaled: bool = False  # the last KV plan lowered the floors to fit (already reported)
+    # model -> None while it is seen asleep (or was just put to sleep), then the first time it is seen ready
+    # again; dropped once it has been awake for WOKEN_HOLD_S
+    woken: Mapping[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,17 +152,37 @@ def pool_step(
         return PoolStep(actions, PoolMemory(success=success, reported_invalid=policy_text), False)
     actions = []
     idle_since = _idle_runs(engines, memory, now)
+    woken = _woken(engines, memory, now)
     if policy.sleep_after_s is not None:
         for e in engines:
             since = idle_since.get(e.model)
             if since is None or not may_idle_sleep(policy, e.engine, e.in_place_sleep, accelerators):
                 continue
-            if now - since >= policy.sleep_after_s:
+            ready = woken.get(e.model)
+            if now - since >= policy.sleep_after_s and (ready is None or now - ready >= WOKEN_HOLD_S):
                 actions.append(SleepIdle(pod, e.claim, e.model, now - since))
                 idle_since.pop(e.model)
+                woken[e.model] = None  # asleep from now: its next ready is a wake
     kv, unfit, scaled = _kv_actions(pod, gpus, policy, engines, memory)
     actions += kv
-    return PoolStep(actions, PoolMemory(idle_since, success, kv_unfit=unfit, kv_floors_scaled=scaled), True)
+    kept = PoolMemory(idle_since, success, kv_unfit=unfit, kv_floors_scaled=scaled, woken=woken)
+    return PoolStep(actions, kept, True)
+
+
+def _woken(engines: Sequence[EngineObservation], memory: PoolMemory, now: float) -> dict[str, float | None]:
+    """When each engine seen asleep became ready again (None: still asleep, or on its way up), for as long as
+    it is held awake."""
+    out: dict[str, float | None] = {}
+    for e in engines:
+        if e.phase == "sleeping":
+            out[e.model] = None
+        elif e.model in memory.woken:
+            ready = memory.woken[e.model]
+            if ready is None:
+                out[e.model] = now if e.serving else None
+            elif now - ready < WOKEN_HOLD_S:
+                out[e.model] = ready
+    return out
 
 
 def _idle_runs(engines: Sequence[EngineObservation], memory: PoolMemory, now: float) -> dict[str, float]:

@@ -12,13 +12,17 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 __all__ = [
+    "BYTES_PER_TOKEN",
     "DAY_S",
     "WINDOW_S",
     "Decision",
     "KeyLimitState",
+    "completion_budget",
     "decide",
     "estimate_tokens",
+    "learn_bytes_per_token",
     "process_share",
+    "prompt_estimate",
     "seconds_to_next_day",
 ]
 
@@ -48,10 +52,41 @@ def seconds_to_next_day(now: float) -> float:
     return (math.floor(now / DAY_S) + 1) * DAY_S - now
 
 
-def estimate_tokens(body_bytes: int, max_tokens: int | None, default_completion: int) -> int:
-    """Reservation for a request: ~4 bytes per prompt token plus the completion it may produce."""
-    completion = max_tokens if max_tokens is not None and max_tokens > 0 else default_completion
-    return max(1, body_bytes // 4) + completion
+BYTES_PER_TOKEN = 4  # a request body's bytes per prompt token, before a model's own figure is learned
+_RATIO_BOUNDS = (1.0, 64.0)  # a learned figure outside these says more about the sample than about the model
+_LEARN_WEIGHT = 0.3  # of each new sample in the learned figure (an exponentially weighted mean)
+
+
+def prompt_estimate(body_bytes: int, bytes_per_token: float | None = None) -> int:
+    """The prompt's tokens for a request body of ``body_bytes``: the body's size over the model's learned bytes
+    per token (:func:`learn_bytes_per_token`), rounded, else over :data:`BYTES_PER_TOKEN`; at least 1."""
+    if not bytes_per_token:
+        return max(1, body_bytes // BYTES_PER_TOKEN)
+    return max(1, round(body_bytes / bytes_per_token))
+
+
+def learn_bytes_per_token(previous: float | None, body_bytes: int, prompt_tokens: int) -> float | None:
+    """The model's bytes of request body per prompt token after one more answer whose worker counted
+    ``prompt_tokens`` (a weighted mean that follows the latest answers; the body carries the request's framing
+    as well as its text, and the chat template adds tokens of its own: the figure takes in both). Unchanged for
+    a count of 0."""
+    if prompt_tokens <= 0 or body_bytes <= 0:
+        return previous
+    low, high = _RATIO_BOUNDS
+    sample = min(max(body_bytes / prompt_tokens, low), high)
+    return sample if previous is None else previous + _LEARN_WEIGHT * (sample - previous)
+
+
+def completion_budget(max_tokens: int | None, default_completion: int) -> int:
+    """The completion a request may produce: what it asks for at most, else ``default_completion``."""
+    return max_tokens if max_tokens is not None and max_tokens > 0 else default_completion
+
+
+def estimate_tokens(
+    body_bytes: int, max_tokens: int | None, default_completion: int, bytes_per_token: float | None = None
+) -> int:
+    """Reservation for a request: its :func:`prompt_estimate` plus the completion it may produce."""
+    return prompt_estimate(body_bytes, bytes_per_token) + completion_budget(max_tokens, default_completion)
 
 
 def decide(

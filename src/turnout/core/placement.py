@@ -17,10 +17,11 @@ for one model are ``config`` when they are exactly the baseline's exact rules fo
 spelling), else ``ui`` (an exception made through the admin API or UI). :func:`decide` gives a cell its
 verdict (from :func:`resolve_placement`) with the origin of the deciding rule.
 
-The toggle (:func:`toggle_rule`) always flips the cell. Over a UI exception it removes the exception and the
-baseline's exact rules for the model apply again; anywhere else it writes the exact rule for the opposite
-verdict into the override, in place of any exact rule the override holds for that model (a config rule,
-copied): so a click outvotes an exact config rule too, and the second click brings it back.
+The toggle (:func:`toggle_rule`): over a UI exception it removes the exception and the baseline's exact rules
+for the model apply again (an exception that said what the other rules say goes, and the cell keeps its
+verdict); anywhere else it flips the cell, writing the exact rule for the opposite verdict into the override, in
+place of any exact rule the override holds for that model (a config rule, copied): so a click outvotes an exact
+config rule too, and the second click brings it back.
 """
 
 from __future__ import annotations
@@ -186,29 +187,27 @@ _MODE_DECISIONS = {
 
 
 def toggle_rule(rules: PlacementRules, model: str, *, baseline: PlacementRules | None = None) -> PlacementRules:
-    """The UI toggle: the rules after one click on ``model``'s cell, whose verdict is always the opposite.
+    """The UI toggle: the rules after one click on ``model``'s cell (the admin API's toggle and the matrix's
+    click both call it).
 
     ``rules`` are the worker's effective rules; ``baseline`` its config baseline (None: no baseline is known,
     and every exact rule counts as an exception). Over a UI exception (the exact rules for ``model`` differ
     from the baseline's) the click removes the exception and puts the baseline's exact rules for ``model``
-    back, where that flips the verdict. Otherwise (and where it would not) the exact rule for the opposite
-    verdict replaces whatever exact rules ``rules`` hold for ``model``: an exact config rule is outvoted by
-    the override, as any config rule is."""
+    back, whatever the verdict then is: an exception that agreed with the rest of the rules (an exact allow on
+    an ``allow_all`` worker) is removed and the cell keeps its verdict, now from the config file. Anywhere else
+    the click flips the cell: the exact rule for the opposite verdict replaces whatever exact rules ``rules``
+    hold for ``model``, so an exact config rule is outvoted by the override, as any config rule is."""
     target = parse_pattern(model)
     if not target.exact:
         raise ValueError(f"toggle needs an exact model name, got pattern {model!r}")
     name = target.prefix
     theirs = (False, False) if baseline is None else _exact_lists(baseline, name)
     allowed, denied = _without_exact(rules.allowed, name), _without_exact(rules.denied, name)
-    before = resolve_placement(rules, model)
-    if _exact_lists(rules, name) not in ((False, False), theirs):  # a UI exception: undo it
+    if _exact_lists(rules, name) not in ((False, False), theirs):  # a UI exception: the click removes it
         if baseline is not None:
             allowed, denied = _restore(allowed, baseline.allowed, name), _restore(denied, baseline.denied, name)
-        undone = PlacementRules(mode=rules.mode, allowed=allowed, denied=denied)
-        if resolve_placement(undone, model).allowed is not before.allowed:
-            return undone
-        allowed, denied = _without_exact(allowed, name), _without_exact(denied, name)
-    if before.allowed:
+        return PlacementRules(mode=rules.mode, allowed=allowed, denied=denied)
+    if resolve_placement(rules, model).allowed:
         return PlacementRules(mode=rules.mode, allowed=allowed, denied=(*denied, target))
     return PlacementRules(mode=rules.mode, allowed=(*allowed, target), denied=denied)
 

@@ -32,6 +32,7 @@ __all__ = [
     "SetStatus",
     "announces",
     "conditions",
+    "download_detail",
     "event_type",
     "launch_key",
     "parse_route",
@@ -65,6 +66,7 @@ class EngineInfo:
     last_error: str | None = None
     launched: LaunchKey | None = None  # None: not reported (no drift check)
     claim: str | None = None  # the claim the agent started it for
+    detail: str | None = None  # what it is doing while it loads (its artifact's download: download_detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +282,41 @@ def _status_for(claim: str, pod: str, engine: EngineInfo | None) -> SetStatus:
         return SetStatus(claim, ClaimPhase.FAILED, "EngineFailed", engine.last_error or "", pod, engine_port=at)
     if engine.phase == "restarting":
         return SetStatus(claim, ClaimPhase.ACTIVATING, "Restarting", engine.last_error or "", pod, engine_port=at)
+    if engine.detail:
+        return SetStatus(claim, ClaimPhase.LOADING, "Downloading", engine.detail, pod, engine_port=at)
     return SetStatus(claim, ClaimPhase.LOADING, "Loading", engine.phase, pod, engine_port=at)
+
+
+def _size(n: int) -> str:
+    """Bytes for a person: ``512 B``, ``1.5 MiB``, ``4.0 GiB``."""
+    if n < 1024:
+        return f"{n} B"
+    value, unit = n / 1024, "KiB"
+    for bigger in ("MiB", "GiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.1f} {unit}"
+
+
+def download_detail(download: object) -> str | None:
+    """The claim's status message while the agent downloads its engine's artifact (the snapshot's ``download``:
+    ``{url, bytes_done, bytes_total, files_done, files_total}``), e.g. ``downloading s3://b/m: 1.5 GiB of 4.0 GiB
+    (37 %), 3 of 9 files``; None when there is no download or the report is not of that shape."""
+    if not isinstance(download, dict) or not isinstance(download.get("url"), str):
+        return None
+    done, total = download.get("bytes_done"), download.get("bytes_total")
+    files, files_total = download.get("files_done"), download.get("files_total")
+    if not isinstance(done, int) or isinstance(done, bool) or done < 0:
+        return None
+    text = f"downloading {download['url']}: {_size(done)}"
+    if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+        text += f" of {_size(total)} ({min(100, done * 100 // total)} %)"
+    else:
+        text += " (listing its objects)" if done == 0 else ""
+    if isinstance(files, int) and isinstance(files_total, int) and files_total > 1:
+        text += f", {files} of {files_total} files"
+    return text
 
 
 def _delete(claim: ClaimState, bound: PodState | None, key: str) -> list[Action]:

@@ -8,15 +8,22 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from turnout.core.engine_args import InvalidEngineArgs, flag_names, judge_engine_args
+
 __all__ = [
+    "ARTIFACT_SCHEMES",
     "ENGINES",
+    "KVCACHED_ENGINES",
     "MAX_RESTARTS",
     "ActivateRequest",
     "EnginePhase",
     "InvalidRequest",
     "NoCapacity",
+    "artifact_problem",
     "backoff_s",
     "engine_args",
+    "gpu_neighbours",
+    "gpu_sharing_refusal",
     "ipc_name",
     "pick_port",
     "sleeps_in_place",
@@ -25,17 +32,24 @@ __all__ = [
 ENGINES = ("vllm", "sglang", "llamacpp")
 MAX_RESTARTS = 5
 _IPC_BAD = re.compile(r"[^A-Za-z0-9_-]")
-_ARTIFACT_SCHEMES = ("huggingface://", "hf://", "s3://", "gcs://", "file://")
+_ARTIFACT_SCHEMES = ("huggingface://", "hf://", "file://", "s3://")
+# S3 bucket names (docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html): 3 to 63 lower-case
+# letters, digits, dots and hyphens, beginning and ending with a letter or digit.
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
 NO_SLEEP_MODE = "--no-enable-sleep-mode"
+# The engines kvcached lets share one GPU's memory (it patches vLLM and SGLang: ovg-project/kvcached
+# kvcached/integration/{vllm,sglang}/autopatch.py, loaded at interpreter start by its kvcached_autopatch.pth
+# when KVCACHED_AUTOPATCH=1, which the agent sets for every engine).
+KVCACHED_ENGINES = frozenset({"vllm", "sglang"})
 
 
 def sleeps_in_place(engine: str, args: Mapping[str, str]) -> bool:
     """Whether the engine has a sleep API (vLLM with sleep mode, SGLang's memory saver); the others (llama.cpp,
     vLLM with ``--no-enable-sleep-mode``) sleep by stopping and start again on wake."""
     if engine == "vllm":
-        return NO_SLEEP_MODE not in args
+        return NO_SLEEP_MODE not in flag_names(engine, args)  # --no_enable_sleep_mode too (vLLM's spellings)
     return engine == "sglang"
 
 
@@ -89,8 +103,11 @@ class ActivateRequest:
         if not isinstance(name, str) or not name or len(name) > 253:
             raise InvalidRequest("model_name is required (1 to 253 characters)")
         artifact = body.get("artifact_url")
-        if not isinstance(artifact, str) or not artifact.startswith(_ARTIFACT_SCHEMES):
-            raise InvalidRequest(f"artifact_url must start with one of {', '.join(_ARTIFACT_SCHEMES)}")
+        if not isinstance(artifact, str):
+            raise InvalidRequest(f"artifact_url must be a string starting with one of {', '.join(ARTIFACT_SCHEMES)}")
+        problem = artifact_problem(artifact)
+        if problem is not None:
+            raise InvalidRequest(f"artifact_url {problem}")
         engine = body.get("engine", "vllm")
         if engine not in ENGINES:
             raise InvalidRequest(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -114,12 +131,60 @@ class ActivateRequest:
             raise InvalidRequest("additional_config must be a map of strings")
         # AIBrix's legacy spelling of engine flags ("engine-arg:<flag>"; model_runtime.py, _engine_args)
         args = {**args, **{k.removeprefix("engine-arg:"): v for k, v in legacy.items() if k.startswith("engine-arg:")}}
-        if "--gpu-memory-utilization" in args:
-            raise InvalidRequest("--gpu-memory-utilization is managed by the pool (kvcached); remove it")
+        try:
+            judge_engine_args(engine, args)  # the claim's rules, in every spelling the engine takes
+        except InvalidEngineArgs as exc:
+            raise InvalidRequest(f"engine_config.args: {exc}") from None
         ref = body.get("claim_ref") or {}
         if not isinstance(ref, dict):
             raise InvalidRequest("claim_ref must be an object {namespace, name, uid}")
         return cls(name, artifact, engine, port, ipc, dict(args), {k: str(v) for k, v in ref.items()})
+
+
+ARTIFACT_SCHEMES = _ARTIFACT_SCHEMES
+
+
+def artifact_problem(url: str) -> str | None:
+    """What is wrong with an artifact URL (the words after "artifact_url " or "spec.artifactURL "), or None.
+
+    Taken: ``hf://ORG/NAME`` and ``huggingface://ORG/NAME`` (the engine fetches them from the Hugging Face Hub),
+    ``file:///PATH`` (on the pod) and ``s3://BUCKET[/KEY]`` (the agent downloads the object, or every object
+    under ``KEY/``, before it starts the engine: :mod:`turnout.runtime.artifacts`). ``gcs://`` and ``gs://`` are
+    refused: neither vLLM nor SGLang reads them, AIBrix's runtime downloads neither, and no Google Cloud Storage
+    server can be run here to test a download against; a bucket is reached through its S3-compatible XML API
+    as ``s3://`` instead."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return f"must start with one of {', '.join(ARTIFACT_SCHEMES)}, got {url[:80]!r}"
+    if scheme.lower() != scheme and f"{scheme.lower()}://" in ARTIFACT_SCHEMES:
+        return f"must spell its scheme in lower case ({scheme.lower()}://), got {scheme}://"
+    if scheme.lower() in ("gcs", "gs"):
+        return (
+            f"{scheme}:// is not taken: no engine reads it and the agent downloads only s3://. Reach the bucket "
+            "through Cloud Storage's S3-compatible XML API (s3://BUCKET/PATH with AWS_ENDPOINT_URL="
+            "https://storage.googleapis.com and an HMAC key as AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in the "
+            "pod's environment), or copy the weights to the pod and use file://PATH"
+        )
+    if f"{scheme}://" not in ARTIFACT_SCHEMES:
+        return f"must start with one of {', '.join(ARTIFACT_SCHEMES)}, got {scheme}://"
+    if not rest.strip("/") or any(c in rest for c in "\x00\n\r"):
+        return f"names nothing after {scheme}://"
+    if scheme == "s3":
+        return _s3_problem(rest)
+    return None
+
+
+def _s3_problem(rest: str) -> str | None:
+    bucket, _, key = rest.partition("/")
+    if "@" in bucket or ":" in bucket:
+        return "s3://BUCKET/KEY takes no credentials or port: give them in the pod's environment (AWS_*)"
+    if not _BUCKET.match(bucket) or ".." in bucket:
+        return f"s3://{bucket}/...: {bucket!r} is not an S3 bucket name (3 to 63 of a-z, 0-9, '.', '-')"
+    if "?" in key or "#" in key:
+        return "s3://BUCKET/KEY takes no query or fragment"
+    if any(part in (".", "..") for part in key.split("/")):
+        return "s3://BUCKET/KEY: the key may not have '.' or '..' segments"
+    return None
 
 
 def ipc_name(wanted: str, model: str, taken: Iterable[str]) -> str:
@@ -161,3 +226,37 @@ def engine_args(args: Mapping[str, str]) -> list[str]:
         if value != "":
             out.append(value)
     return out
+
+
+def gpu_neighbours(engine: str, others: Iterable[tuple[str, str, str]], gpus: int) -> list[tuple[str, str]]:
+    """The engines a new ``engine`` would share this pod's ``gpus`` GPUs with, as (model, engine), from the pod's
+    other engines (``others``: (model, engine, phase) each): vLLM and SGLang engines that are not failed (a failed
+    one holds nothing). Empty on a pod without GPUs, and for an engine kvcached does not concern (llama.cpp)."""
+    if gpus <= 0 or engine not in KVCACHED_ENGINES:
+        return []
+    return sorted(
+        (name, kind) for name, kind, phase in others if kind in KVCACHED_ENGINES and phase != EnginePhase.FAILED
+    )
+
+
+def gpu_sharing_refusal(
+    model: str, neighbours: Iterable[tuple[str, str]], gpus: int, missing_kvcached: Iterable[str]
+) -> str | None:
+    """Why ``model`` must not start beside its ``neighbours`` (:func:`gpu_neighbours`) on a pod with ``gpus``
+    GPUs, given the interpreters among theirs and its own that cannot import kvcached (``missing_kvcached``);
+    None: it may start. Without kvcached each vLLM or SGLang engine takes its fixed share of the GPU's memory at
+    start, so a second one on the same GPU fails to start, is restarted, and fails again until it gives up: it
+    is refused before it starts instead."""
+    beside = sorted(name for name, _ in neighbours)
+    missing = sorted(set(missing_kvcached))
+    if not beside or not missing:
+        return None
+    where = "this pod's GPU" if gpus == 1 else f"this pod's {gpus} GPUs"
+    return (
+        f"not started: {model} would be a second engine on {where} (beside {', '.join(beside)}), and kvcached, "
+        f"which lets engines share a GPU's memory, cannot be imported by {' or '.join(missing)} (the interpreter "
+        "that runs the engines): without it the engine would fail to start for want of memory, again at every "
+        "restart. Run the pool on the kvcached runtime image (deploy/runtime.Dockerfile, based on "
+        "ghcr.io/ovg-project/kvcached-vllm) or install kvcached into that interpreter, then deactivate and "
+        "activate the model again"
+    )

@@ -12,10 +12,13 @@ and DNS answers that change between a check and the dial cannot slip past it. Us
   tunnel on the path delivers it there: IPv4-mapped (::ffff:0:0/96), IPv4-compatible (::/96) and
   IPv4-translated (::ffff:0:0:0/96) as that IPv4 address alone; NAT64 (64:ff9b::/96, RFC 6052), 6to4
   (2002::/16, RFC 3056), Teredo (2001::/32, RFC 4380: its server and its client) and ISATAP interface ids
-  (RFC 5214) as the worst of the IPv6 address itself and each IPv4 address it may carry. A local-use NAT64
-  prefix (64:ff9b:1::/48, RFC 8215) does not say how long it is, so where the IPv4 address sits is unknown:
-  every RFC 6052 layout the address is valid for (its "u" octet and suffix zero) is read, and the worst
-  reading wins; an address valid for none cannot be judged and is always refused.
+  (RFC 5214) as the worst of the IPv6 address itself and each IPv4 address it may carry;
+- NAT64 prefixes the operator declares (``network.nat64_prefixes``: a network-specific prefix, RFC 6052, such
+  as one inside the local-use 64:ff9b:1::/48 of RFC 8215, with its length) are read in their own layout: an
+  address in one is the IPv4 address at that length's place, judged alone (the translator delivers it there),
+  and one whose "u" octet or suffix is not zero is not an RFC 6052 address and is always refused. A local-use
+  NAT64 address in no declared prefix cannot be read (the /48 says nothing of the prefix length, so nothing of
+  where the IPv4 address sits) and is always refused, the reason saying so.
 """
 
 from __future__ import annotations
@@ -23,7 +26,15 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-__all__ = ["METADATA_HOSTS", "DialVerdict", "check_address", "check_hostname", "embedded_ipv4"]
+__all__ = [
+    "METADATA_HOSTS",
+    "NAT64_LENGTHS",
+    "DialVerdict",
+    "check_address",
+    "check_hostname",
+    "embedded_ipv4",
+    "parse_nat64_prefix",
+]
 
 METADATA_ADDRESSES = frozenset(
     ipaddress.ip_address(a)
@@ -52,14 +63,22 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052 well-known prefix
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215 local-use: non-global, any RFC 6052 length
 _SIXTOFOUR = ipaddress.ip_network("2002::/16")
 _TEREDO = ipaddress.ip_network("2001::/32")
-# RFC 6052 section 2.2, for the prefix lengths a local-use prefix inside a /48 can have: where the 32 bits of the
-# IPv4 address sit (byte offsets, skipping byte 8, the "u" octet, which must be zero) and where the suffix,
-# which must be zero too, begins.
+# RFC 6052 section 2.2, per prefix length: where the 32 bits of the IPv4 address sit (byte offsets, skipping byte 8,
+# the "u" octet, which must be zero) and where the suffix, which must be zero too, begins.
 _RFC6052_LAYOUTS = {
+    32: ((4, 5, 6, 7), 9),
+    40: ((5, 6, 7, 9), 10),
     48: ((6, 7, 9, 10), 11),
     56: ((7, 9, 10, 11), 12),
     64: ((9, 10, 11, 12), 13),
     96: ((12, 13, 14, 15), 16),
+}
+NAT64_LENGTHS = tuple(_RFC6052_LAYOUTS)
+# Where no NAT64 prefix can be: a declared one there would hide what those addresses are.
+_NOT_NAT64 = {
+    "::/64": "::, ::1 and the IPv4-mapped, -compatible and -translated forms",
+    "fe80::/10": "link-local",
+    "ff00::/8": "multicast",
 }
 
 
@@ -82,7 +101,30 @@ def check_hostname(host: str) -> DialVerdict:
     return DialVerdict(True)
 
 
-def check_address(address: str, *, allow_private: bool) -> DialVerdict:
+def parse_nat64_prefix(text: str) -> ipaddress.IPv6Network:
+    """A NAT64 prefix as the operator declares it (``"64:ff9b:1:2a::/96"``); ValueError says what is wrong: not an
+    IPv6 prefix, host bits set, a length RFC 6052 has no layout for, a /96 whose "u" octet is not zero, or a block
+    no NAT64 prefix can be in."""
+    try:
+        net = ipaddress.IPv6Network(text.strip(), strict=True)
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is not an IPv6 prefix with its length, like 64:ff9b:1:2a::/96 ({exc})") from None
+    if "/" not in text:
+        raise ValueError(f"{text!r} has no length: give it as prefix/length, like 64:ff9b:1:2a::/96")
+    if net.prefixlen not in _RFC6052_LAYOUTS:
+        lengths = ", ".join(f"/{n}" for n in NAT64_LENGTHS[:-1]) + f" or /{NAT64_LENGTHS[-1]}"
+        raise ValueError(f"{text!r}: a NAT64 prefix is {lengths} long (RFC 6052), not /{net.prefixlen}")
+    if net.prefixlen == 96 and net.network_address.packed[8]:
+        raise ValueError(f"{text!r}: bits 64 to 71 of a /96 NAT64 prefix must be zero (RFC 6052, section 2.2)")
+    for block, what in _NOT_NAT64.items():
+        if net.overlaps(ipaddress.IPv6Network(block)):
+            raise ValueError(f"{text!r} overlaps {block} ({what}): no NAT64 prefix can be there")
+    return net
+
+
+def check_address(address: str, *, allow_private: bool, nat64: tuple[ipaddress.IPv6Network, ...] = ()) -> DialVerdict:
+    """The verdict on one resolved address. ``nat64``: the NAT64 prefixes the operator declared
+    (:func:`parse_nat64_prefix`); an address in one is judged by the IPv4 address it carries there."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
@@ -94,27 +136,48 @@ def check_address(address: str, *, allow_private: bool) -> DialVerdict:
             if ip in wrapper:
                 inner = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
                 return _carried(ip, inner, "", _judge(inner, allow_private))
-    carried = embedded_ipv4(ip)
-    if ip in _NAT64_LOCAL and not carried:
-        return DialVerdict(False, f"{ip} is a local-use NAT64 address in no valid RFC 6052 form", always=True)
+    declared = next((net for net in nat64 if ip in net), None)
+    if declared is not None:
+        return _declared_nat64(ip, declared, allow_private)
+    if ip in _NAT64_LOCAL:
+        return DialVerdict(
+            False,
+            f"{ip} is a local-use NAT64 address (64:ff9b:1::/48, RFC 8215) in no declared NAT64 prefix, so the "
+            "IPv4 address it carries cannot be read (where it sits depends on the prefix length): declare this "
+            'network\'s NAT64 prefix with its length in config.json, network.nat64_prefixes (e.g. "64:ff9b:1:2a::/96")',
+            always=True,
+        )
     verdicts = [_judge(ip, allow_private)]
-    for form, inner in carried:
+    for form, inner in embedded_ipv4(ip):
         verdicts.append(_carried(ip, inner, form, _judge(inner, allow_private)))
     return max(verdicts, key=lambda verdict: verdict.severity)
 
 
+def _declared_nat64(ip: ipaddress.IPv6Address, prefix: ipaddress.IPv6Network, allow_private: bool) -> DialVerdict:
+    """An address in a declared NAT64 prefix: the IPv4 address at its length's place (RFC 6052), judged alone."""
+    offsets, suffix = _RFC6052_LAYOUTS[prefix.prefixlen]
+    packed = ip.packed
+    if prefix.prefixlen < 96 and packed[8]:
+        return DialVerdict(
+            False, f'{ip} is in the NAT64 prefix {prefix} but not an RFC 6052 address: its "u" octet is not zero', True
+        )
+    if any(packed[suffix:]):
+        return DialVerdict(
+            False, f"{ip} is in the NAT64 prefix {prefix} but not an RFC 6052 address: its suffix is not zero", True
+        )
+    inner = ipaddress.IPv4Address(bytes(packed[i] for i in offsets))
+    return _carried(ip, inner, f"NAT64 {prefix}", _judge(inner, allow_private))
+
+
 def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[tuple[str, ipaddress.IPv4Address]]:
-    """Every (form, IPv4 address) that ``ip`` may deliver to through a translator or tunnel (empty: none).
-    The plain spellings of an IPv4 address (mapped, compatible, translated) are not listed here:
-    :func:`check_address` judges them as that address."""
+    """Every (form, IPv4 address) that ``ip`` may deliver to through a translator or tunnel of a well-known
+    kind (empty: none). The plain spellings of an IPv4 address (mapped, compatible, translated) are not listed
+    here: :func:`check_address` judges them as that address, and an address in a declared NAT64 prefix by what
+    it carries there."""
     found: list[tuple[str, ipaddress.IPv4Address]] = []
     packed = ip.packed
     if ip in _NAT64:
         found.append(("NAT64", ipaddress.IPv4Address(packed[12:16])))
-    elif ip in _NAT64_LOCAL and packed[8] == 0:
-        for length, (offsets, suffix) in _RFC6052_LAYOUTS.items():
-            if not any(packed[suffix:]):
-                found.append((f"local-use NAT64 /{length}", ipaddress.IPv4Address(bytes(packed[i] for i in offsets))))
     if ip.sixtofour is not None:
         found.append(("6to4", ip.sixtofour))
     if ip in _TEREDO and ip.teredo is not None:

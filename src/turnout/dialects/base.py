@@ -140,6 +140,9 @@ class Call(NamedTuple):
     fallback_from: str | None = None  # "<endpoint>/<model>" when this call is a fallback
     answer_id: str = ""  # the gateway's id for this call's answer (the Responses API names its response so)
     alias: str | None = None  # the alias the client named; ``model`` (and the body's model) is what it stands for
+    # The prompt's tokens as the gateway estimates them (:mod:`turnout.gateway.accounting` decides, once per call):
+    # what the call is billed, and what a translated answer tells the client, when the worker counts none.
+    estimate: int = 0
 
     @property
     def api_name(self) -> str:

@@ -11,6 +11,12 @@ its agent reports it now), and only an engine the agent reports sleeping is woke
 woke is never woken again, however many requests and retries arrive and whether or not the first wake is still
 running; across gateway replicas the first to set the key in Redis sends it.
 
+Every answer that says a wake is under way has one under way: the claim turns Sleeping (its route is taken away)
+before its engine is put to sleep, so a request in between finds an engine that is not asleep yet. The wake then
+waits for the sleep (asking the agent again, more slowly each time, for at most :data:`WAKE_WAIT_S`, while the
+claim still says Sleeping) and wakes the engine as soon as it sleeps; a wake the agent refused is sent again
+the same way (and its Redis key given back first, so that it is this replica's to send).
+
 Claimed models are listed in ``/v1/models`` and ``/api/tags`` (``Fleet.claim_listing``) while their claim is
 placed and not Failed, asleep included: clients such as OpenWebUI only offer what is listed, and a request for a
 sleeping model is what wakes it.
@@ -27,6 +33,7 @@ from typing import Any, Protocol
 from turnout.config import Worker
 from turnout.controller.claim_sources import ClaimSource
 from turnout.core.claims import ClaimPhase
+from turnout.core.lifecycle import RETRY_AFTER_S
 from turnout.errors import TurnoutError, Unavailable
 from turnout.fleet.state import Fleet
 
@@ -37,15 +44,23 @@ log = logging.getLogger("turnout.claims")
 # Claims whose model is not listed: given up (Failed), or nowhere to run (no pod: Scheduling without one, or
 # Pending as earlier Turnout wrote it).
 _UNLISTED = frozenset({ClaimPhase.PENDING, ClaimPhase.FAILED})
-SLEEPING_RETRY_S = 10
-ACTIVATING_RETRY_S = 10  # as AIBrix's gateway answers every claim not yet routable (modelClaimRetryAfterSeconds)
+# Retry-After of a claimed model asleep, or on its way up: as AIBrix's gateway answers every claim not yet routable
+# (modelClaimRetryAfterSeconds); a woken engine stays awake twice as long (core.lifecycle.WOKEN_HOLD_S)
+SLEEPING_RETRY_S = RETRY_AFTER_S
+ACTIVATING_RETRY_S = RETRY_AFTER_S
 WAKE_KEY_TTL_S = 120
+WAKE_WAIT_S = 60.0  # how long a wake waits for the sleep it follows (a vLLM sleep, an engine stopping) to end
+_WAKE_POLL_S = (0.1, 1.0)  # the agent is asked again after the first of these, doubling up to the second
 
 
 class WakeLock(Protocol):
     """Decides which gateway replica sends a wake: True for exactly one caller per key."""
 
     async def first(self, key: str) -> bool: ...
+
+    async def release(self, key: str) -> None:
+        """Give ``key`` back (its wake was refused): the next :meth:`first` for it is True again."""
+        ...
 
 
 class RedisWakeLock:
@@ -62,6 +77,14 @@ class RedisWakeLock:
         except redis.exceptions.RedisError as exc:
             log.warning("wake de-duplication through Redis failed (%s); waking from this replica", exc)
             return True
+
+    async def release(self, key: str) -> None:
+        import redis.exceptions
+
+        try:
+            await self._redis.delete(f"turnout:wake:{key}")
+        except redis.exceptions.RedisError as exc:
+            log.warning("could not give back the wake key of %s through Redis (%s)", key, exc)
 
     async def close(self) -> None:
         await self._redis.aclose()
@@ -194,20 +217,39 @@ class ClaimBindings:
         self._wakes[model] = asyncio.create_task(self._wake(claim, model), name=f"wake-{model}")
 
     async def _wake(self, claim: str, model: str) -> None:
+        """Wake the claim's engine once it sleeps (see the module's docstring): until a wake is sent (or another
+        replica sends it), the claim stops saying Sleeping, or :data:`WAKE_WAIT_S` has passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAKE_WAIT_S
+        pause, longest = _WAKE_POLL_S
+        while not await self._wake_sleep(claim, model):
+            if self.phases.get(model, ("", None))[1] is not ClaimPhase.SLEEPING or loop.time() >= deadline:
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, longest)
+
+    async def _wake_sleep(self, claim: str, model: str) -> bool:
+        """Wake the engine's current sleep: True once a wake for it is sent (here, or by another replica); False
+        when the engine does not sleep (yet) or its agent refused the wake."""
         target = await self.source.wake_target(claim)
         if target is None:
-            return  # not asleep (any more, or not yet): nothing to wake
+            return False  # not asleep: not yet (the sleep is under way), or no longer
         key = f"{target.pod}:{target.model}:{target.sleep_id}"
         if self._woken.get(model) == key:
-            return  # this sleep was woken already; the engine is coming back
+            return True  # this sleep was woken already; the engine is coming back
         self._woken[model] = key
         if self.wake_lock is not None and not await self.wake_lock.first(key):
-            return
+            return True  # another replica sends it
         self.wakes_sent += 1
         body = {"model_name": target.model, "operation_id": f"wake-{key}"}
         problem = await self.source.agents.post(target.agent_url, target.pod, "/v1/runtime/models/wake", body)
-        if problem is not None and self._woken.get(model) == key:
-            del self._woken[model]  # not woken after all: a later request for this sleep tries again
+        if problem is None:
+            return True
+        if self._woken.get(model) == key:
+            del self._woken[model]  # not woken after all: sent again
+        if self.wake_lock is not None:
+            await self.wake_lock.release(key)
+        return False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="turnout-claims")

@@ -66,10 +66,11 @@ def hint_field(failure: Failure | None) -> str | None:
     return None if failure is None else _FIELDS.get(failure, "url")
 
 
-def url_private(url: str) -> bool | None:
+def url_private(url: str, nat64: tuple[ipaddress.IPv6Network, ...] = ()) -> bool | None:
     """Whether the URL's host is an address the SSRF guard refuses without the private-network opt-in:
     True for a private or loopback IP literal (or ``localhost``), False for a public literal, None for a
-    host name (only known once resolved: the check then fails with ``dial_refused_private``)."""
+    host name (only known once resolved: the check then fails with ``dial_refused_private``). ``nat64``: the
+    declared NAT64 prefixes, as the guard reads them."""
     host = (urlsplit(url).hostname or "").rstrip(".").lower()
     if host == "localhost" or host.endswith(".localhost"):
         return True
@@ -77,7 +78,7 @@ def url_private(url: str) -> bool | None:
         ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
         return None
-    verdict = check_address(host, allow_private=False)
+    verdict = check_address(host, allow_private=False, nat64=nat64)
     return not verdict.allowed and not verdict.always
 
 
@@ -165,7 +166,7 @@ class EndpointManager:
         self.client = client
         self.store = store
         self.secrets = secrets
-        self.guard = DialGuard(allow_private=settings.endpoint_env.allow_private)
+        self.guard = DialGuard(allow_private=settings.endpoint_env.allow_private, nat64=settings.network.nat64)
         self._records: dict[str, EndpointRecord] = {}
         self._since: dict[str, float] = {}  # epoch time each endpoint entered its current state
         self._last_online: dict[str, float] = {}  # epoch time of the last check that found it routable
@@ -310,6 +311,8 @@ class EndpointManager:
         state.down_reason = None if ext.state.routable else f"{ext.state.value}: {reason}"
         if result.ok:
             _namespaced_inventory(state, record.api, result.body)
+            # the endpoints design: the next request tries it first again as soon as a check sees it online
+            state.models_back(loop.time(), "a health check found the endpoint online")
         if ext.state is not before:
             _log_change(name, before, ext.state, reason, result)
             if self.on_change is not None:
@@ -365,7 +368,7 @@ class EndpointManager:
             "last_failure": None if failure is None else failure.value,
             "hint": ext.hint if ext else None,
             "hint_field": hint_field(failure),
-            "url_private": url_private(record.url),
+            "url_private": url_private(record.url, self.guard.nat64),
             "models": sorted(state.inventory) if state is not None and state.inventory is not None else [],
         }
 

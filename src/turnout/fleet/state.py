@@ -22,24 +22,24 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from turnout.config import Settings, Worker, WorkerType
 from turnout.core.endpoint_health import EndpointState
-from turnout.core.health import Event, Health, ModelHealth, after, model_after
+from turnout.core.health import Event, Health, ModelHealth, after, model_after, model_checked
 from turnout.core.names import lookup
 from turnout.core.parallelism import Evidence, Parallelism, Span, depth, effective, waited
 from turnout.core.placement import PlacementRules
-from turnout.core.prefix import BYTES_PER_TOKEN, PrefixIndex, Prompt
+from turnout.core.prefix import BYTES_PER_TOKEN, Match, PrefixIndex, Prompt
 from turnout.core.routing import WorkerView
 from turnout.core.signals import Sample, smooth, speeds
 from turnout.dialects.base import WorkerAPI
 from turnout.state.placement_store import PlacementStore
 from turnout.upstream.http1 import DialGuard
 
-__all__ = ["External", "Fleet", "Learned", "WorkerState"]
+__all__ = ["MAX_SESSIONS", "External", "Fleet", "Learned", "WorkerState"]
 
 log = logging.getLogger("turnout.fleet")
 
@@ -136,7 +136,8 @@ class WorkerState:
     completed: int = 0  # requests finished here (success or not), for idle detection
     sent_at: list[float] = field(default_factory=list)  # when each request in flight here was sent, oldest first
     # what the engine says of itself: its family by its model listing (``llamacpp``, ``vllm``, ``sglang``), its
-    # llama.cpp ``/props`` (None: not fetched or not a llama.cpp server), and the parallelism read from either
+    # llama.cpp ``GET /props`` as the poller last read it (None: not read, or not a llama.cpp server: its slots,
+    # modalities and chat template capabilities), and the parallelism read from either
     engine_family: str | None = None
     engine_props: dict[str, Any] | None = None
     engine_parallelism: Parallelism | None = None
@@ -328,6 +329,15 @@ class WorkerState:
                 (health.out_until or now) - now,
             )
 
+    def models_back(self, now: float, why: str) -> None:
+        """A health check found it serving: every model taken out here is tried again from the next request
+        (:func:`turnout.core.health.model_checked`); each one that was out is logged back once, with ``why``."""
+        for model, health in self.models.items():
+            if health.out_until is not None:
+                self.models[model] = model_checked(health)
+                if health.out(now):
+                    log.info('%s: model "%s" is back (%s)', self.label, model, why)
+
     def model_out(self, model: str, now: float) -> str | None:
         """Why ``model`` (either spelling, ``m`` or ``m:latest``) is out on this worker now; None: it is in."""
         if not self.models:
@@ -465,11 +475,18 @@ class Fleet:
         return list(self.workers.values())
 
     def views(
-        self, model: str, prompt: Prompt | None = None, candidates: list[WorkerState] | None = None
+        self,
+        model: str,
+        prompt: Prompt | None = None,
+        candidates: list[WorkerState] | None = None,
+        in_flight: Mapping[str, int] | None = None,
+        matches: Mapping[str, Match] | None = None,
     ) -> list[WorkerView]:
         """What the router needs of each candidate (:meth:`candidates` unless given) for one request for ``model``;
-        with ``prompt``, what each is expected to hold of it (its prefix index and the client's session). Learned
-        figures are read only when there is more than one candidate (there is nothing to compare otherwise)."""
+        with ``prompt``, what each is expected to hold of it (``matches``: as the occupancy's keeper found it; else
+        its own prefix index and the client's session). ``in_flight``: every gateway's requests in flight per worker
+        (else this process's). Learned figures are read only when there is more than one candidate (there is
+        nothing to compare otherwise)."""
         if candidates is None:
             candidates = self.candidates(model)
         choice = len(candidates) > 1
@@ -489,7 +506,7 @@ class Fleet:
                 rules=rules,
                 inventory=state.inventory,
                 loaded=state.loaded,
-                in_flight=state.in_flight,
+                in_flight=state.in_flight if in_flight is None else in_flight.get(state.name, state.in_flight),
                 max_concurrent=state.config.max_concurrent,
                 gpu_util=state.gpu_util,
                 vram_pressure=state.vram_pressure,
@@ -501,7 +518,11 @@ class Fleet:
                 learned = state.learned.get(model)
                 prefill, decode, service = (None, None, None) if learned is None else learned.fresh(now, ttl_s)
                 # a batching engine (no slots) keeps a shared cache; the others one prompt per slot
-                match = state.prefix.match(prompt, now, prefix_ttl_s, slots) if prompt is not None else None
+                match = None
+                if prompt is not None:
+                    match = matches.get(state.name) if matches is not None else None
+                    if match is None and matches is None:
+                        match = state.prefix.match(prompt, now, prefix_ttl_s, slots)
                 view = view._replace(
                     busy_s=now - state.sent_at[0] if state.sent_at else 0.0,
                     prefill_rate=prefill,

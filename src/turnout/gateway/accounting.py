@@ -21,7 +21,7 @@ from aiohttp import web
 
 from turnout.config import Settings
 from turnout.core.batches import line_limits
-from turnout.core.limits import Decision, estimate_tokens
+from turnout.core.limits import Decision, completion_budget, learn_bytes_per_token, prompt_estimate
 from turnout.dialects.base import Call
 from turnout.errors import Forbidden, TurnoutError, Unauthorized
 from turnout.gateway.limiter import LocalLimiter, RedisLimiter, Subject, TokenLimiter
@@ -35,6 +35,7 @@ log = logging.getLogger("turnout.accounting")
 _NEGATIVE_CACHE_S = 2.0
 _REFRESH_AFTER = 0.75  # share of a cached key lookup's life after which it is renewed in the background
 _MAX_PENDING_GROUPS = 100_000
+_MAX_LEARNED = 10_000  # (model, API) pairs whose bytes per token are kept
 
 
 @dataclass(slots=True)
@@ -152,6 +153,8 @@ class Accountant:
         self._cache: dict[str, _Cached] = {}
         self._loading: dict[str, asyncio.Task[KeyRecord | None]] = {}  # one store lookup per token at a time
         self._generation = 0  # bumped by forget(): a lookup begun before it never fills the cache
+        # (model, API) -> request-body bytes per prompt token, learned from the workers' own counts
+        self._bytes_per_token: dict[tuple[str, str], float] = {}
 
     # -- auth ------------------------------------------------------------------------------------
     async def authenticate(self, request: web.Request) -> KeyRecord | None:
@@ -258,17 +261,42 @@ class Accountant:
             out = [Subject(s.id, *line_limits(s.rpm, s.daily_tokens), s.label) for s in out]
         return [s for s in out if s.limited]
 
+    def estimate(self, call: Call) -> int:
+        """The call's prompt tokens as the gateway estimates them: what it is billed when its worker counts none,
+        and what a translated answer then tells the client (:attr:`~turnout.dialects.base.Call.estimate`). The
+        body's size over the bytes per token learned for the model and API from earlier answers' counts (a model
+        not counted yet: the API's figure over every model; :func:`turnout.core.limits.prompt_estimate`); 0 for
+        a call that generates nothing."""
+        if not call.endpoint.generates:  # a token count (count_tokens) costs a request, never tokens
+            return 0
+        learned = self._bytes_per_token
+        api = call.api_name
+        ratio = learned.get((call.model, api)) or learned.get(("", api))  # a model's own, else the API's
+        return prompt_estimate(len(call.body), ratio)
+
+    def learn(self, call: Call, prompt_tokens: int | None) -> None:
+        """One more answer whose worker counted ``prompt_tokens`` for ``call``'s prompt."""
+        if prompt_tokens is None or not call.endpoint.generates:
+            return
+        learned = self._bytes_per_token
+        api = call.api_name
+        for key in ((call.model, api), ("", api)):  # the model's own figure, and its API's over every model
+            ratio = learn_bytes_per_token(learned.get(key), len(call.body), prompt_tokens)
+            if ratio is not None:
+                if key not in learned and len(learned) >= _MAX_LEARNED:
+                    learned.clear()
+                learned[key] = ratio
+
     async def admit(self, key: KeyRecord | None, call: Call, *, batch: bool = False) -> Ticket:
         """Admit against every limit that applies; a refusal by one undoes the others (all or nothing). ``batch``: a
         Batch API line (see :meth:`subjects`)."""
         started = time.perf_counter()
-        generates = call.endpoint.generates  # a token count (count_tokens) costs a request, never tokens
-        prompt = estimate_tokens(len(call.body), None, 0) if generates else 0  # the prompt part alone
+        prompt = self.estimate(call)  # the prompt part alone
         subjects = self.subjects(key, batch=batch)
         if not subjects:
             return Ticket(key, 0, [], started, prompt)
         default = self.settings.auth.default_completion_tokens
-        reserved = estimate_tokens(len(call.body), _max_tokens(call), default) if generates else 0
+        reserved = prompt + completion_budget(_max_tokens(call), default) if call.endpoint.generates else 0
         admitted: list[tuple[Subject, Decision]] = []
         try:
             for subject in subjects:
@@ -288,6 +316,8 @@ class Accountant:
         batch whose line this was (in the usage row)."""
         failed = outcome.failed or status >= 400
         prompt, completion = outcome.prompt_tokens, outcome.completion_tokens
+        if not failed:
+            self.learn(call, prompt)
         prompt_used = (prompt or 0) if failed or prompt is not None else ticket.prompt_estimate
         completion_used = completion or 0
         if ticket.admitted:

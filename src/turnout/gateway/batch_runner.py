@@ -1,7 +1,7 @@
 """Running batches of the OpenAI Batch API: every gateway process looks for batches with work to do, takes a batch's
 lease (:mod:`.batch_lease`) and sends its lines through the normal path (:func:`turnout.gateway.serving.answer`:
 the key's scopes, placement, routing, limits, a usage row naming the batch), each at the dispatcher's ``batch``
-priority (``Dispatcher.acquire(..., priority="batch")``), at most ``batches.lines_in_flight`` at once.
+priority (``Dispatcher.acquire(..., priority=Priority.BATCH)``), at most ``batches.lines_in_flight`` at once.
 
 A line's answer, whatever it is, is written to the store (:meth:`BatchStore.record`) before the line counts as done;
 a batch resumes from the lines without an answer, in whichever process takes it over next.
@@ -38,6 +38,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from turnout.config import Batches
+from turnout.core.admission import Priority
 from turnout.core.batches import (
     ACTIVE,
     CANCELLED,
@@ -358,7 +359,7 @@ class BatchRunner:
         request = LineRequest(self.app)
         try:
             key = await self._key(run)
-            response = await answer(cast(web.Request, request), key, call, priority="batch", batch_id=run.id)
+            response = await answer(cast(web.Request, request), key, call, priority=Priority.BATCH, batch_id=run.id)
         except TurnoutError as exc:
             return exc.status, orjson.loads(api(call.dialect).error_body(exc)), exc.retry_after, request
         body = response.body if isinstance(response, web.Response) else None

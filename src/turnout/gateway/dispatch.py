@@ -19,15 +19,15 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NoReturn
 
 from turnout.config import Routing, Tenant
-from turnout.core.fairness import WeightedRoundRobin
+from turnout.core.admission import Caps, Priority
 from turnout.core.parallelism import Span
 from turnout.core.patterns import best_value
-from turnout.core.prefix import BYTES_PER_TOKEN, Prompt, prompt_of
+from turnout.core.prefix import BYTES_PER_TOKEN, PrefixIndex, Prompt, prompt_of
 from turnout.core.routing import (
     DEFAULT_OUTPUT_TOKENS,
     NO_DEMAND,
@@ -44,6 +44,7 @@ from turnout.dialects import api
 from turnout.dialects.base import Call
 from turnout.errors import Forbidden, NotFound, TurnoutError, Unavailable
 from turnout.fleet.state import Fleet, WorkerState
+from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Occupancy, Ticket, next_id
 from turnout.gateway.shared_prefixes import SharedPrefixes
 from turnout.metrics import Metrics
 
@@ -111,6 +112,7 @@ class Lease:
     sent_at: float = 0.0
     first_at: float | None = None
     last_at: float = 0.0
+    grant: Grant | None = None  # the slot it holds in the occupancy's counts
 
     def answering(self, now: float) -> None:
         """Events of its answer (not keep-alive comments) arrived from the worker: the engine is working on it."""
@@ -130,41 +132,7 @@ class Lease:
             self._dispatcher._release(self)
 
 
-class _ModelQueue:
-    """Waiters for one model: a FIFO line per tenant, served in weighted round-robin."""
-
-    def __init__(self) -> None:
-        self.lines: dict[str, deque[asyncio.Future[None]]] = {}
-        self.turns = WeightedRoundRobin()
-
-    def add(self, tenant: str, future: asyncio.Future[None], *, front: bool) -> None:
-        line = self.lines.setdefault(tenant, deque())
-        if front:
-            line.appendleft(future)
-        else:
-            line.append(future)
-
-    def remove(self, tenant: str, future: asyncio.Future[None]) -> None:
-        line = self.lines.get(tenant)
-        if line is not None and future in line:
-            line.remove(future)
-            if not line:
-                del self.lines[tenant]
-
-    def waiting(self, can_go: Callable[[str], bool]) -> bool:
-        return any(can_go(t) and any(not f.done() for f in line) for t, line in self.lines.items())
-
-    def wake_next(self, can_go: Callable[[str], bool], weight: Callable[[str], int]) -> None:
-        ready = [t for t, line in self.lines.items() if can_go(t) and any(not f.done() for f in line)]
-        tenant = self.turns.pick(ready, weight)
-        if tenant is not None:
-            for future in self.lines[tenant]:
-                if not future.done():
-                    future.set_result(None)
-                    return
-
-    def __bool__(self) -> bool:
-        return bool(self.lines)
+_NOTHING_HELD = Held(0, 0, 0, {}, {}, False)  # a view not asked for: the take checks every cap
 
 
 class Dispatcher:
@@ -176,18 +144,18 @@ class Dispatcher:
         *,
         retry_after_s: int,
         tenants: Mapping[str, Tenant] | None = None,
+        occupancy: Occupancy | None = None,
     ) -> None:
         self.fleet = fleet
         self.routing = routing
         self.metrics = metrics
         self.retry_after_s = retry_after_s
         self.tenants = dict(tenants or {})
-        self.global_in_flight = 0
-        self.model_in_flight: dict[str, int] = {}
-        self.tenant_in_flight: dict[str, int] = {}
+        caps = {name: t.max_concurrent for name, t in self.tenants.items()}
+        self.occupancy: Occupancy = occupancy or LocalOccupancy(
+            self._index, clock=time.monotonic, tenant_caps=caps, prefix_ttl_s=routing.prefix_ttl_s
+        )
         self._limits = routing.model_limits()
-        self._queues: dict[str, _ModelQueue] = {}
-        self._queued = 0
         self._rotation = 0
         self._routed = metrics.routing.labels("routed")
         self._reasons = metrics.route_reasons
@@ -195,6 +163,10 @@ class Dispatcher:
             self._reasons[reason.value] = 0
         self._guard = LoadGuard(routing.load_guard_absolute, routing.load_guard_relative)
         self.shared: SharedPrefixes | None = None  # `serve --workers N`: the other processes record it too
+
+    def _index(self, worker: str) -> PrefixIndex | None:
+        state = self.fleet.workers.get(worker)
+        return None if state is None else state.prefix
 
     def _tenant_cap(self, tenant: str) -> int | None:
         cfg = self.tenants.get(tenant)
@@ -204,9 +176,9 @@ class Dispatcher:
         cfg = self.tenants.get(tenant)
         return 1 if cfg is None else cfg.weight
 
-    def _can_go(self, tenant: str) -> bool:
-        cap = self._tenant_cap(tenant)
-        return cap is None or self.tenant_in_flight.get(tenant, 0) < cap
+    @property
+    def waiting(self) -> int:
+        return self.occupancy.waiting
 
     async def acquire(
         self,
@@ -214,64 +186,122 @@ class Dispatcher:
         exclude: frozenset[str] = frozenset(),
         tenant: str = "",
         ask: Ask | None = None,
-        *,
-        priority: str = "standard",
+        priority: Priority = Priority.STANDARD,
     ) -> Lease:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self.routing.queue_timeout_s
-        waited = False
-        # A newcomer does not overtake requests already waiting (and able to go) for the same model.
-        queue = self._queues.get(model)
-        if queue and queue.waiting(self._can_go):
-            await self._wait(model, tenant, deadline - loop.time(), front=False)
-            waited = True
-        while True:
-            cap = self._tenant_cap(tenant)
-            if cap is not None and self.tenant_in_flight.get(tenant, 0) >= cap:
-                message = f'tenant "{tenant}" is at its limit of {cap} concurrent requests'
-            else:
-                candidates = self.fleet.candidates(model)
-                choice = len(candidates) > 1
-                prompt, demand = self._demand(model, ask) if choice else (None, NO_DEMAND)
-                decision = route(
-                    model,
-                    self.fleet.views(model, prompt, candidates),
-                    Capacity(
-                        global_in_flight=self.global_in_flight,
-                        global_max=self.routing.max_concurrent,
-                        model_in_flight=self.model_in_flight.get(model, 0),
-                        model_max=best_value(model, self._limits),
-                    ),
-                    exclude=exclude,
-                    rotation=self._rotation,
-                    demand=demand,
-                    guard=self._guard,
-                )
-                if not isinstance(decision, NoRoute):
-                    if waited:
+        ticket: Ticket | None = None
+        try:
+            while True:
+                lease, message = await self._try(model, exclude, tenant, ask, priority, ticket)
+                if lease is not None:
+                    if ticket is not None:
                         self.metrics.queue_wait.observe(loop.time() - started)
-                    self._routed.inc()
-                    self._reasons[decision.reason] += 1
-                    self._rotation += 1
-                    best = decision.best
-                    lease = self._take(self.fleet.workers[best.worker], best.model, model, tenant)
-                    if choice:  # (even when only one of them was free just now)
-                        self._placed(lease, decision, prompt, time.monotonic())
                     return lease
-                if decision.reason is not NoRouteReason.SATURATED:
-                    self.metrics.routing.labels(decision.reason.value).inc()
-                    raise no_route_error(decision, self.retry_after_s)
-                message = decision.message
-            remaining = deadline - loop.time()
-            if remaining <= 0 or (not waited and self._queued >= self.routing.max_queue):
-                self.metrics.routing.labels("saturated").inc()
-                if waited:
-                    self.metrics.queue_wait.observe(loop.time() - started)
-                why = "the wait queue is full" if remaining > 0 else f"waited {self.routing.queue_timeout_s:g}s"
-                raise Unavailable(f"{message}; {why}", code="saturated", retry_after=self._saturated_retry_after())
-            await self._wait(model, tenant, remaining, front=waited)
-            waited = True
+                remaining = deadline - loop.time()
+                if ticket is None and remaining > 0:
+                    ticket = await self.occupancy.join(
+                        model, tenant, self._weight(tenant), priority, self.routing.max_queue
+                    )
+                    if ticket is None:
+                        self._saturated(message, "the wait queue is full")
+                    self.metrics.queued.inc()
+                if remaining <= 0:
+                    if ticket is not None:
+                        self.metrics.queue_wait.observe(loop.time() - started)
+                    self._saturated(message, f"waited {self.routing.queue_timeout_s:g}s")
+                assert ticket is not None
+                await self.occupancy.wait(ticket, remaining)
+        finally:
+            if ticket is not None:
+                self.occupancy.leave(ticket)  # (nothing, once it took a slot)
+                self.metrics.queued.dec()
+
+    async def _try(
+        self,
+        model: str,
+        exclude: frozenset[str],
+        tenant: str,
+        ask: Ask | None,
+        priority: Priority,
+        ticket: Ticket | None,
+    ) -> tuple[Lease | None, str]:
+        """One attempt: a lease, or (None, why it must wait). No-route answers other than saturation raise."""
+        candidates = self.fleet.candidates(model)
+        choice = len(candidates) > 1
+        prompt, demand = self._demand(model, ask) if choice else (None, NO_DEMAND)
+        cap = self._tenant_cap(tenant)
+        model_max = best_value(model, self._limits)
+        occupancy = self.occupancy
+        if choice or not occupancy.remote:
+            names = [state.name for state in candidates]
+            now = time.monotonic()
+            slots = {s.name: s.parallelism(model, now).slots for s in candidates} if prompt is not None else {}
+            held = await occupancy.view(model, tenant, names, prompt, ticket, slots)
+            if cap is not None and held.tenant >= cap:
+                return None, self._refused("tenant", model, tenant)
+            if held.ahead:
+                return None, self._refused("ahead", model, tenant)
+        else:  # one candidate, counts kept elsewhere: the take checks every cap (one round trip, not two)
+            held = _NOTHING_HELD
+        decision = route(
+            model,
+            self.fleet.views(model, prompt, candidates, held.workers, held.matches if prompt is not None else None),
+            Capacity(
+                global_in_flight=held.total,
+                global_max=self.routing.max_concurrent,
+                model_in_flight=held.model,
+                model_max=model_max,
+            ),
+            exclude=exclude,
+            rotation=self._rotation,
+            demand=demand,
+            guard=self._guard,
+        )
+        if isinstance(decision, NoRoute):
+            if decision.reason is not NoRouteReason.SATURATED:
+                self.metrics.routing.labels(decision.reason.value).inc()
+                raise no_route_error(decision, self.retry_after_s)
+            return None, decision.message
+        best = decision.best
+        worker = self.fleet.workers[best.worker]
+        caps = Caps(
+            self.routing.max_concurrent,
+            model_max,
+            cap,
+            worker.config.max_concurrent,
+            None,  # (batch headroom: a share of the worker's slots; see turnout.core.admission)
+        )
+        recorded = prompt if choice else None
+        grant = Grant(next_id("l"), best.worker, model, tenant, priority, caps, recorded, ticket)
+        refused = await occupancy.take(grant)
+        if refused is not None:
+            return None, self._refused(refused, model, tenant, best.worker)
+        self._routed.inc()
+        self._reasons[decision.reason] += 1
+        self._rotation += 1
+        lease = self._take(worker, best.model, grant)
+        if choice:  # (even when only one of them was free just now)
+            self._placed(lease, decision, prompt, time.monotonic())
+        return lease, ""
+
+    def _refused(self, count: str, model: str, tenant: str, worker: str = "") -> str:
+        """Why a request waits, by the count at its cap (:func:`turnout.core.admission.refusal`), in the words of the
+        router's own saturation messages."""
+        if count == "tenant":
+            return f'tenant "{tenant}" is at its limit of {self._tenant_cap(tenant)} concurrent requests'
+        if count == "total":
+            return f"the gateway is at its limit of {self.routing.max_concurrent} concurrent requests"
+        if count == "model":
+            return f'model "{model}" is at its limit of {best_value(model, self._limits)} concurrent requests'
+        if count == "ahead":
+            return f'requests for model "{model}" are waiting ahead of this one'
+        return f'every worker for model "{model}" is busy ({worker})'
+
+    def _saturated(self, message: str, why: str) -> NoReturn:
+        self.metrics.routing.labels("saturated").inc()
+        raise Unavailable(f"{message}; {why}", code="saturated", retry_after=self._saturated_retry_after())
 
     def locate(self, model: str) -> Route | NoRoute:
         """Route without taking or checking slots: for metadata calls such as ``/api/show``."""
@@ -280,8 +310,7 @@ class Dispatcher:
 
     def wake_all(self) -> None:
         """Fleet changed (a worker came up, rules changed): let every queue's next waiter retry."""
-        for queue in self._queues.values():
-            queue.wake_next(self._can_go, self._weight)
+        self.occupancy.wake_all()
 
     # -- internals -------------------------------------------------------------------------------
     def _demand(self, model: str, ask: Ask | None) -> tuple[Prompt | None, Demand]:
@@ -294,7 +323,8 @@ class Dispatcher:
 
     def _placed(self, lease: Lease, decision: Route, prompt: Prompt | None, now: float) -> None:
         """A request for a model with several candidate workers goes to ``lease.worker``: why, what it holds, and
-        its prompt recorded in that worker's prefix index at once (the engine will hold it once it starts)."""
+        its prompt (recorded in that worker's prefix index as the slot was taken: the engine will hold it once it
+        starts; and with `serve --workers N`, in the other processes' copies)."""
         worker = lease.worker
         lease.why = decision.why
         lease.choice = True
@@ -308,20 +338,16 @@ class Dispatcher:
         lease.prompt = prompt
         cached = decision.best.cached
         lease.share = min(cached / prompt.size, 1.0) if prompt.size else 0.0
-        worker.prefix.record(prompt, now)
         if self.shared is not None:
             self.shared.recorded(worker.name, prompt)
         worker.routed(prompt.size / BYTES_PER_TOKEN, cached / BYTES_PER_TOKEN)
         self.metrics.prefix_tokens(worker.name, prompt.size / BYTES_PER_TOKEN, cached / BYTES_PER_TOKEN)
 
-    def _take(self, worker: WorkerState, upstream_model: str, model: str, tenant: str) -> Lease:
+    def _take(self, worker: WorkerState, upstream_model: str, grant: Grant) -> Lease:
         worker.in_flight += 1
-        self.global_in_flight += 1
-        self.model_in_flight[model] = self.model_in_flight.get(model, 0) + 1
-        self.tenant_in_flight[tenant] = self.tenant_in_flight.get(tenant, 0) + 1
         now = time.monotonic()
         worker.sent_at.append(now)
-        return Lease(worker, upstream_model, model, tenant, self, sent_at=now)
+        return Lease(worker, upstream_model, grant.model, grant.tenant, self, grant=grant, sent_at=now)
 
     def _release(self, lease: Lease) -> None:
         worker = lease.worker
@@ -329,50 +355,15 @@ class Dispatcher:
         if lease.first_at is not None:
             worker.ran(lease.requested, Span(lease.sent_at, lease.first_at, lease.last_at), time.monotonic())
         if lease.choice:
-            lease.worker.ranked_in_flight -= 1
-            lease.worker.backlog_s = (
-                max(lease.worker.backlog_s - lease.work, 0.0) if lease.worker.ranked_in_flight else 0.0
-            )
-        lease.worker.in_flight -= 1
-        lease.worker.completed += 1
-        self.global_in_flight -= 1
-        _decrement(self.model_in_flight, lease.requested)
-        _decrement(self.tenant_in_flight, lease.tenant)
-        # The freed slot may be the one any model was waiting for (global, worker and tenant slots are shared).
-        own = self._queues.get(lease.requested)
-        if own:
-            own.wake_next(self._can_go, self._weight)
-        for name, queue in self._queues.items():
-            if name != lease.requested:
-                queue.wake_next(self._can_go, self._weight)
-
-    async def _wait(self, model: str, tenant: str, limit_s: float, *, front: bool) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        queue = self._queues.setdefault(model, _ModelQueue())
-        queue.add(tenant, future, front=front)
-        self._queued += 1
-        self.metrics.queued.inc()
-        try:
-            await asyncio.wait_for(future, limit_s)
-        except TimeoutError:
-            pass
-        finally:
-            self._queued -= 1
-            self.metrics.queued.dec()
-            queue.remove(tenant, future)
-            if not queue:
-                self._queues.pop(model, None)
+            worker.ranked_in_flight -= 1
+            worker.backlog_s = max(worker.backlog_s - lease.work, 0.0) if worker.ranked_in_flight else 0.0
+        worker.in_flight -= 1
+        worker.completed += 1
+        if lease.grant is not None:
+            self.occupancy.give(lease.grant)
 
     def _saturated_retry_after(self) -> int:
         return max(1, math.ceil(min(self.routing.queue_timeout_s, 10) / 2))
-
-
-def _decrement(counts: dict[str, int], name: str) -> None:
-    left = counts[name] - 1
-    if left:
-        counts[name] = left
-    else:
-        del counts[name]
 
 
 def no_route_error(decision: NoRoute, retry_after_s: int) -> TurnoutError:

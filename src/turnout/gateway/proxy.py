@@ -35,6 +35,7 @@ import orjson
 from aiohttp import web
 
 from turnout.config import Settings
+from turnout.core.admission import Priority
 from turnout.core.health import failure_reason
 from turnout.core.prefix import BYTES_PER_TOKEN
 from turnout.core.routing import NoRoute
@@ -50,12 +51,14 @@ from turnout.dialects.base import (
     Translation,
     TranslationError,
 )
+from turnout.dialects.ollama import show
 from turnout.dialects.streams import FrameError, StreamKind, StreamWatch, keepalive, parse_object
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
 from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.access import REQUEST_ID, ROUTE
 from turnout.gateway.accounting import Outcome
+from turnout.gateway.capabilities import EmbeddingProbe
 from turnout.gateway.catalog import iso_time, modified_at, unknown_details
 from turnout.gateway.dispatch import Ask, Dispatcher, Lease, no_route_error
 from turnout.metrics import Metrics
@@ -98,10 +101,16 @@ class Proxy:
         # json_schema response_format for llama-cpp-python's; fields that are not OpenAI's own for OpenAI's API)
         self._alternate_form: set[tuple[str, Dialect]] = set()
         self._tokenizers: dict[str, int] = {}  # worker -> which of a TokenCounter's requests its tokenizer took
+        self._embedding = EmbeddingProbe()  # whether a model on an OpenAI-style worker embeds (/api/show)
         self._explain = settings.routing.explain_header
 
     async def serve(
-        self, request: web.Request, call: Call, outcome: Outcome, tenant: str = "", priority: str = "standard"
+        self,
+        request: web.Request,
+        call: Call,
+        outcome: Outcome,
+        tenant: str = "",
+        priority: Priority = Priority.STANDARD,
     ) -> web.StreamResponse:
         """``priority``: the dispatcher's class for the call (``batch`` for a Batch API line), passed to
         :meth:`Dispatcher.acquire`."""
@@ -135,7 +144,13 @@ class Proxy:
         return await self._serve_once(request, redirected, outcome, tenant, priority)
 
     async def _serve_claimed(
-        self, request: web.Request, call: Call, outcome: Outcome, tenant: str, claims: ClaimBindings, priority: str
+        self,
+        request: web.Request,
+        call: Call,
+        outcome: Outcome,
+        tenant: str,
+        claims: ClaimBindings,
+        priority: Priority,
     ) -> web.StreamResponse:
         """A claimed model is answered by its claim's state at every instant: 503 for one asleep, activating
         or failed; and when its engine cannot be reached (the moment between a de-route and the status
@@ -152,7 +167,7 @@ class Proxy:
             raise refusal from None
 
     async def _serve_once(
-        self, request: web.Request, call: Call, outcome: Outcome, tenant: str, priority: str
+        self, request: web.Request, call: Call, outcome: Outcome, tenant: str, priority: Priority
     ) -> web.StreamResponse:
         exclude: set[str] = set()
         failure: ConnectFailed | None = None
@@ -593,13 +608,16 @@ class Proxy:
         return reply
 
     async def _show(self, call: Call) -> web.StreamResponse:
+        """An Ollama worker's own answer; for a model on an OpenAI-style worker, what is known of it, its
+        ``capabilities`` among it (:mod:`turnout.dialects.ollama.show`, :mod:`turnout.gateway.capabilities`)."""
         decision = self.dispatcher.locate(call.model)
         if isinstance(decision, NoRoute):
             raise no_route_error(decision, int(self.settings.health.interval_s))
-        worker = self.fleet.workers[decision.best.worker]
+        worker, model = self.fleet.workers[decision.best.worker], decision.best.model
         if not self.fleet.is_openai(worker.name):
-            return await self._passthrough_show(call, worker, decision.best.model)
-        entry = worker.tags.get(decision.best.model, {})
+            return await self._passthrough_show(call, worker, model)
+        entry = worker.tags.get(model, {})
+        embeds = await self._embedding.embeds(worker, model, _upstream_name(worker, model), self._post)
         return _json(
             {
                 "modelfile": "",
@@ -607,7 +625,7 @@ class Proxy:
                 "template": "",
                 "details": unknown_details(),
                 "model_info": {"general.architecture": "", "turnout.owned_by": entry.get("owned_by", "")},
-                "capabilities": ["completion"],
+                "capabilities": show.capabilities(entry, worker.engine_props, embeds),
                 "modified_at": modified_at(self.fleet, decision.best.model, entry, time.time()),
             }
         )

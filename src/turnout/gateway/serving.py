@@ -13,6 +13,7 @@ import time
 
 from aiohttp import web
 
+from turnout.core.admission import Priority
 from turnout.dialects.base import Call, Endpoint
 from turnout.errors import TurnoutError
 from turnout.gateway.access import USAGE_ROW
@@ -28,7 +29,7 @@ async def answer(
     key: KeyRecord | None,
     call: Call,
     *,
-    priority: str = "standard",
+    priority: Priority = Priority.STANDARD,
     batch_id: str | None = None,
 ) -> web.StreamResponse:
     """The answer to ``call`` asked by ``key`` (``request[USAGE_ROW]`` set when it is accounted). ``priority``: the
@@ -46,6 +47,8 @@ async def answer(
             if endpoint is Endpoint.RESPONSES:  # its answer's id; a continuation's whole conversation
                 call = await app[STORED].prepare(key, call)
             ticket = await accountant.admit(key, call, batch=batch_id is not None)
+            # what the call is billed when its worker counts none, and what a translated answer then says
+            call = call._replace(estimate=ticket.prompt_estimate)
         except TurnoutError as exc:  # 403 scope, 429 limit, 503 limits unavailable: an error of this key
             request[USAGE_ROW] = await accountant.finish(
                 Ticket(key, 0, [], asked), call, Outcome(), exc.status, batch_id=batch_id

@@ -26,6 +26,7 @@ from turnout.core.runtime import ActivateRequest, EnginePhase, InvalidRequest, N
 from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
 from turnout.redaction import handler_args
 from turnout.responses import Dialect, error_response, json_response
+from turnout.runtime.artifacts import boto3_missing
 from turnout.runtime.cache import cached_artifacts, write_served_marker
 from turnout.runtime.kvcached import apply_limit, read_usage
 from turnout.runtime.mock import MockSupervisor
@@ -113,6 +114,7 @@ def create_agent_app(
     the same API without launching engines (:mod:`turnout.runtime.mock`). ``boot_timeout_s``: how long an engine
     may take to answer its health check after it starts (or is adopted) before it is killed and restarted; None:
     each engine's own boot timeout (:class:`turnout.runtime.launch.Launch`)."""
+    gpu = nvml if nvml is not None else Nvml()
     supervisor = (MockSupervisor if mock else Supervisor)(
         registry_path,
         log_dir,
@@ -122,8 +124,9 @@ def create_agent_app(
         host=engine_host,
         state_poll_s=state_poll_s,
         boot_timeout_s=boot_timeout_s,
+        gpus=len(gpu.accelerators()),
+        cache_dir=cache_dir,
     )
-    gpu = nvml if nvml is not None else Nvml()
     peaks: dict[str, int] = {}  # model -> highest device memory its process group was seen holding
     ops = _Operations()
     registry = CollectorRegistry()
@@ -150,11 +153,13 @@ def create_agent_app(
     def describe(
         record: EngineRecord, requests: dict[str, int | None] | None = None, per_pid: dict[int, int] | None = None
     ) -> dict[str, Any]:
+        download = supervisor.downloads.get(record.model_name)
         return snapshot_model(
             record,
             read_usage(record.ipc_name, shm_dir),
             requests or dict(_NO_ACTIVITY),
             peak_of(record, per_pid if per_pid is not None else gpu.process_memory()),
+            None if download is None else download.to_json(),
         )
 
     async def describe_all() -> list[dict[str, Any]]:
@@ -220,8 +225,13 @@ def create_agent_app(
         return name
 
     async def activate(body: dict[str, Any], op: str | None) -> Any:
-        record = await supervisor.activate(ActivateRequest.parse(body))
-        if cache_dir is not None:  # as AIBrix's runtime does: the weights stay cached after deactivation
+        req = ActivateRequest.parse(body)
+        staged = req.artifact_url.startswith("s3://") and not mock
+        if staged and req.model_name not in supervisor.engines and (missing := boto3_missing()) is not None:
+            raise InvalidRequest(missing)
+        record = await supervisor.activate(req)
+        # as AIBrix's runtime does: the weights stay cached after deactivation (a download is marked once complete)
+        if cache_dir is not None and not staged:
             write_served_marker(cache_dir, record.model_name, record.artifact_url)
         return activate_result(record)
 

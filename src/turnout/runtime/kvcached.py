@@ -1,4 +1,5 @@
-"""kvcached shared-memory segments: read KV usage, apply a capacity limit.
+"""kvcached: whether an engine's interpreter has it, and its shared-memory segments (read KV usage, apply a
+capacity limit).
 
 Each engine's segment is ``/dev/shm/<ipc_name>`` (and ``<ipc_name>_g<N>`` per group): three little-endian
 int64 values ``total, used, prealloc``. A limit rewrites ``total`` under an exclusive ``flock`` (as
@@ -10,10 +11,11 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["KvUsage", "apply_limit", "read_usage"]
+__all__ = ["KvUsage", "apply_limit", "importable", "read_usage"]
 
 _FMT = "<qqq"
 _SIZE = struct.calcsize(_FMT)
@@ -68,3 +70,20 @@ def apply_limit(ipc: str, limit_bytes: int, shm: Path = Path("/dev/shm")) -> KvU
     if usage is None or usage.total != limit_bytes:
         raise ValueError(f"kvcached limit did not stick: wrote {limit_bytes}, read {usage}")
     return usage
+
+
+# Asked of the engine's own interpreter: kvcached is what its .pth file (kvcached_autopatch.pth) imports at start.
+_PROBE = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('kvcached') else 3)"
+
+
+def importable(python: str, timeout_s: float = 60.0) -> bool:
+    """Whether the interpreter ``python`` (an engine's, from ``--engine-python``, or the agent's own) can import
+    kvcached, as an engine started by the agent would: that interpreter is asked, with the agent's environment
+    (its ``PYTHONPATH`` included) but without ``KVCACHED_AUTOPATCH``, so that the question does not load
+    kvcached's patches. An interpreter that cannot be run, or does not answer in time, cannot."""
+    env = {k: v for k, v in os.environ.items() if k != "KVCACHED_AUTOPATCH"}
+    try:
+        done = subprocess.run([python, "-c", _PROBE], env=env, capture_output=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0

@@ -33,6 +33,10 @@ class MockSupervisor(Supervisor):
     async def recover(self) -> None:
         """Nothing to re-adopt: a mock agent starts empty."""
 
+    async def _sharing_refusal(self, record: EngineRecord) -> str | None:
+        """Nothing runs, so nothing shares a GPU."""
+        return None
+
     async def _spawn(self, record: EngineRecord) -> None:
         record.pid = record.pid_start = None
         record.ready = True

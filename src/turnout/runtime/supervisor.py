@@ -9,6 +9,12 @@ sleeping engine is re-adopted sleeping (vLLM says so at ``GET /is_sleeping``: it
 sleeps) and a failed one stays failed. A sleeping engine whose process is gone (it sleeps by stopping, or it exited
 while asleep in place) stays asleep with no process and is started on wake: starting it at once would take back the
 memory its sleep gave up. Records that do not parse are logged and skipped, never fatal.
+
+An engine started again (woken after a sleep by stopping, restarted after a crash, started at re-adoption because
+its process was gone) keeps its port while the port is free, and moves to a free one of the agent's range when
+something else took it meanwhile (a restart on a taken port would only fail again, with backoff): its record and
+report say the new port, and the controller routes there. A port the activation named (``port``) never moves. A
+live engine re-adopted after an agent restart keeps its port and IPC name, as the design says.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -28,7 +35,20 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from turnout.atomic import write_atomic
-from turnout.core.runtime import MAX_RESTARTS, ActivateRequest, EnginePhase, backoff_s, ipc_name, pick_port
+from turnout.core.runtime import (
+    MAX_RESTARTS,
+    ActivateRequest,
+    EnginePhase,
+    NoCapacity,
+    backoff_s,
+    gpu_neighbours,
+    gpu_sharing_refusal,
+    ipc_name,
+    pick_port,
+)
+from turnout.runtime import kvcached
+from turnout.runtime.artifacts import ArtifactError, Progress, fetch_s3
+from turnout.runtime.cache import write_served_marker
 from turnout.runtime.launch import Launch, connect_host, launch_command
 from turnout.upstream.client import UpstreamClient
 
@@ -68,6 +88,9 @@ class EngineRecord:
     # Where the engine listens: the agent's bind address when it was started (an agent restarted with another
     # --host still reaches, and reports, the engines it adopts where they are).
     host: str = ""
+    # Where the agent staged an s3:// artifact (turnout.runtime.artifacts); the engine is started on it.
+    local_path: str | None = None
+    port_pinned: bool = False  # the activation named the port: a start on it never moves elsewhere
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,8 +152,16 @@ class Supervisor:
         engine_python: dict[str, str] | None = None,
         host: str = "127.0.0.1",
         boot_timeout_s: float | None = None,
+        gpus: int = 0,
+        cache_dir: Path | None = None,
     ) -> None:
         self.engine_python = dict(engine_python or {})  # engine -> interpreter that has it installed
+        self.gpus = gpus  # the pod's GPUs (NVML): its vLLM and SGLang engines share them through kvcached
+        # The node's weight cache (AIBrix's): s3:// artifacts are downloaded there (else beside the registry) and
+        # marked served once they are complete.
+        self.cache_dir = cache_dir
+        self.artifact_root = cache_dir if cache_dir is not None else registry_path.parent / "artifacts"
+        self.downloads: dict[str, Progress] = {}  # model -> its artifact's download under way
         # How long a boot may take before the engine is killed and restarted; None: each engine's own timeout.
         self.boot_timeout_s = boot_timeout_s
         self._boot_since: dict[str, float] = {}  # model -> monotonic time its current boot began
@@ -234,12 +265,42 @@ class Supervisor:
             port = pick_port(0, low, high, taken)
         ipc = ipc_name(req.ipc_name, req.model_name, [e.ipc_name for e in self.engines.values()])
         record = EngineRecord(
-            req.model_name, req.engine, req.artifact_url, port, ipc, dict(req.args), dict(req.claim_ref), host=self.host
+            req.model_name,
+            req.engine,
+            req.artifact_url,
+            port,
+            ipc,
+            dict(req.args),
+            dict(req.claim_ref),
+            host=self.host,
+            port_pinned=bool(req.port),
         )
         self.engines[req.model_name] = record
+        refusal = await self._sharing_refusal(record)
+        if refusal is not None:  # failed before it starts, instead of failing at every restart
+            record.last_error = refusal
+            self._set(record, EnginePhase.FAILED)
+            self.save()
+            log.error("%s %s", record.model_name, refusal)
+            return record
         self.save()  # intent first: a crash right after spawning still knows this engine
         await self._spawn(record)
         return record
+
+    async def _sharing_refusal(self, record: EngineRecord) -> str | None:
+        """Why ``record`` may not start beside this pod's other engines on its GPUs
+        (:func:`turnout.core.runtime.gpu_sharing_refusal`). The interpreters concerned (its own and its
+        neighbours') are asked whether they have kvcached only when it would share a GPU with another engine."""
+        others = [(e.model_name, e.engine, e.phase) for e in self.engines.values() if e is not record]
+        neighbours = gpu_neighbours(record.engine, others, self.gpus)
+        if not neighbours:
+            return None
+        pythons = sorted(
+            {self.engine_python.get(kind, sys.executable) for kind in {record.engine, *dict(neighbours).values()}}
+        )
+        answers = await asyncio.gather(*(asyncio.to_thread(kvcached.importable, p) for p in pythons))
+        missing = [p for p, ok in zip(pythons, answers, strict=True) if not ok]
+        return gpu_sharing_refusal(record.model_name, neighbours, self.gpus, missing)
 
     def lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -253,6 +314,7 @@ class Supervisor:
     async def _deactivate(self, record: EngineRecord) -> None:
         name = record.model_name
         self._set(record, EnginePhase.STOPPING)
+        self._stop_download(name)
         task = self._tasks.pop(name, None)
         if task is not None:
             task.cancel()
@@ -318,7 +380,10 @@ class Supervisor:
         return record
 
     async def close(self) -> None:
-        """Stop watching (engines keep running: a restarted agent re-adopts them)."""
+        """Stop watching (engines keep running: a restarted agent re-adopts them) and downloading (a restarted
+        agent downloads again)."""
+        for name in list(self.downloads):
+            self._stop_download(name)
         for task in self._tasks.values():
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
@@ -332,12 +397,63 @@ class Supervisor:
     # -- processes ---------------------------------------------------------------------------------
     def launch(self, record: EngineRecord) -> Launch:
         python = self.engine_python.get(record.engine)
-        return launch_command(
-            record.engine, record.model_name, record.artifact_url, record.port, record.args, python, self.host
+        artifact = f"file://{record.local_path}" if record.local_path else record.artifact_url
+        return launch_command(record.engine, record.model_name, artifact, record.port, record.args, python, self.host)
+
+    # -- artifacts ---------------------------------------------------------------------------------
+    def _staged(self, record: EngineRecord) -> bool:
+        """Whether the engine can start: its artifact needs no staging, or is staged and still there."""
+        if not record.artifact_url.startswith("s3://"):
+            return True
+        return record.local_path is not None and Path(record.local_path).exists()
+
+    def _stage(self, record: EngineRecord) -> None:
+        """Download the engine's artifact in the background (booting meanwhile), then start it."""
+        old = self._tasks.pop(record.model_name, None)
+        if old is not None:
+            old.cancel()
+        record.local_path = None
+        self._tasks[record.model_name] = asyncio.create_task(
+            self._download(record), name=f"download-{record.model_name}"
         )
 
+    async def _download(self, record: EngineRecord) -> None:
+        name = record.model_name
+        progress = self.downloads[name] = Progress(record.artifact_url)
+        log.info("%s: downloading %s", name, record.artifact_url)
+        try:
+            path = await asyncio.to_thread(fetch_s3, record.artifact_url, self.artifact_root, progress)
+        except ArtifactError as exc:
+            if self.engines.get(name) is record and not progress.cancelled:
+                record.last_error = str(exc)
+                self._set(record, EnginePhase.FAILED)
+                self.save()
+                log.error("%s failed: %s", name, exc)
+            return
+        finally:
+            if self.downloads.get(name) is progress:
+                del self.downloads[name]
+        if self.engines.get(name) is not record or progress.cancelled:
+            return  # deactivated meanwhile
+        log.info("%s: %s is in %s (%d bytes)", name, record.artifact_url, path, progress.done)
+        record.local_path = str(path)
+        if self.cache_dir is not None:  # as AIBrix's runtime does: the node has the weights now
+            write_served_marker(self.cache_dir, name, record.artifact_url)
+        if self._tasks.get(name) is asyncio.current_task():
+            del self._tasks[name]  # _spawn watches the engine under this name; this task ends here
+        await self._spawn(record)
+
+    def _stop_download(self, name: str) -> None:
+        progress = self.downloads.pop(name, None)
+        if progress is not None:
+            progress.cancelled = True  # the transfer stops at its next chunk
+
     async def _spawn(self, record: EngineRecord) -> None:
+        if not self._staged(record):
+            self._stage(record)
+            return
         record.host = self.host  # started again by this agent: where it listens now
+        self._free_port(record)
         launch = self.launch(record)
         env = {**os.environ, "ENABLE_KVCACHED": "true", "KVCACHED_AUTOPATCH": "1", "KVCACHED_IPC_NAME": record.ipc_name}
         if record.engine == "vllm":
@@ -349,6 +465,25 @@ class Supervisor:
         self._adopted.discard(record.model_name)
         self.save()
         self._watch(record.model_name)
+
+    def _free_port(self, record: EngineRecord) -> None:
+        """Before a start: an engine whose port something else took meanwhile moves to a free port of the range
+        (see the module's docstring); one whose activation named its port, or with no free port left, stays."""
+        if record.port_pinned or _port_free(self.host, record.port):
+            return
+        low, high = self.port_range
+        taken = {e.port for e in self.engines.values()}
+        while True:
+            try:
+                port = pick_port(0, low, high, taken)
+            except NoCapacity:
+                log.warning("%s: port %d is taken and no other is free; started on it", record.model_name, record.port)
+                return
+            if _port_free(self.host, port):
+                break
+            taken.add(port)
+        log.warning("%s: port %d is taken by another process; started on %d", record.model_name, record.port, port)
+        record.port = port
 
     def _watch(self, name: str) -> None:
         old = self._tasks.pop(name, None)
@@ -568,8 +703,11 @@ def _spawn_session(argv: list[str], log_path: Path, env: dict[str, str]) -> int:
 
 
 def _port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now: as servers do, with ``SO_REUSEADDR`` (the engine's own
+    connections still in TIME_WAIT after it stopped do not hold its port; another listener does)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

@@ -31,7 +31,7 @@ __all__ = [
 UNKNOWN = -1  # AIBrix's KV_UNKNOWN: the figure could not be read (no kvcached segment yet)
 
 # Fields a Turnout agent adds to each snapshot model (and list entry) beyond AIBrix's RuntimeSnapshotModel.
-MODEL_EXTENSIONS = ("engine", "args", "pid", "kv_prealloc_bytes", "sleep_level", "listen_address")
+MODEL_EXTENSIONS = ("engine", "args", "pid", "kv_prealloc_bytes", "sleep_level", "listen_address", "download")
 
 
 def iso(ts: float) -> str:
@@ -40,12 +40,18 @@ def iso(ts: float) -> str:
 
 
 def snapshot_model(
-    record: EngineRecord, usage: KvUsage | None, requests: dict[str, int | None], hbm_peak_bytes: int | None
+    record: EngineRecord,
+    usage: KvUsage | None,
+    requests: dict[str, int | None],
+    hbm_peak_bytes: int | None,
+    download: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One engine as AIBrix's ``RuntimeSnapshotModel``, plus :data:`MODEL_EXTENSIONS`.
 
     ``requests`` is the engine's own metrics as ``{"running","waiting","success_total"}`` (None where not
-    observable); AIBrix flattens them behind ``request_metrics_observed`` (False: do not infer idleness)."""
+    observable); AIBrix flattens them behind ``request_metrics_observed`` (False: do not infer idleness).
+    ``download``: the artifact's download under way (:meth:`turnout.runtime.artifacts.Progress.to_json`), or
+    None."""
     observed = any(requests.get(k) is not None for k in ("running", "waiting", "success_total"))
     ref = record.claim_ref
     return {
@@ -77,6 +83,7 @@ def snapshot_model(
         "kv_prealloc_bytes": UNKNOWN if usage is None else usage.prealloc,
         "sleep_level": record.sleep_level,
         "listen_address": host_port(record.host, record.port),
+        "download": download,
     }
 
 

@@ -22,6 +22,7 @@ Response framing is what keeps one tenant's answer from reaching another, so it 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import select
 import socket
 import ssl
@@ -69,9 +70,11 @@ class DialRefused(ConnectFailed):
 
 @dataclass(frozen=True, slots=True)
 class DialGuard:
-    """SSRF policy for one destination class (external endpoints): checked on the resolved address."""
+    """SSRF policy for one destination class (external endpoints): checked on the resolved address.
+    ``nat64``: the NAT64 prefixes the operator declared (``network.nat64_prefixes``)."""
 
     allow_private: bool
+    nat64: tuple[ipaddress.IPv6Network, ...] = ()
 
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -340,7 +343,7 @@ class Pool:
         reasons = []
         always = False
         for address in addresses:
-            verdict = check_address(address, allow_private=guard.allow_private)
+            verdict = check_address(address, allow_private=guard.allow_private, nat64=guard.nat64)
             if verdict.allowed:
                 return address
             reasons.append(verdict.reason)

@@ -67,10 +67,10 @@ def _explain(t: Translate, mode: str, cell: dict[str, Any], state: str) -> tuple
 
 def cell_view(t: Translate, mode: str, cell: dict[str, Any], memo: dict[Any, Any] | None = None) -> dict[str, str]:
     """How a cell looks: its mark (symbol names for ``templates/_marks.html``), CSS classes, its text for screen
-    readers (``label``), and its explanation (``state``: what the cell means, ``why``:
-    the deciding rule, its origin and what a click does). The page script shows "<model> on <worker>:
-    <state>. <why>" on hover and focus (``placement.cell``), so the explanation, shared by many cells, is
-    sent once per page rather than once per cell."""
+    readers (``label``: the state, and that an exact rule decided it where the ↳ mark says so), and its
+    explanation (``state``: what the cell means, ``why``: the deciding rule, its origin and what a click does).
+    The page script shows "<model> on <worker>: <state>. <why>" on hover and focus (``placement.cell``), so the
+    explanation, shared by many cells, is sent once per page rather than once per cell."""
     installed = cell["installed"]
     if not cell["allowed"]:
         cls, state = "blk", "blocked"
@@ -94,7 +94,9 @@ def cell_view(t: Translate, mode: str, cell: dict[str, Any], memo: dict[Any, Any
         parts = _explain(t, mode, cell, state)
         if memo is not None:
             memo[key] = parts
-    return {"mark": mark, "cls": cls, "state": parts[0], "why": parts[1], "label": parts[0]}
+    # what a screen reader says of the cell: its state and, as the ↳ mark shows, that an exact rule decided it
+    label = t("placement.label.exact", state=parts[0]) if cell["exact"] else parts[0]
+    return {"mark": mark, "cls": cls, "state": parts[0], "why": parts[1], "label": label}
 
 
 def routed_to(fleet: Fleet, model: str) -> set[str] | None:

@@ -120,8 +120,9 @@ class AnthropicAPI:
 
 
 def estimate(call: Call) -> int:
-    """The gateway's prompt estimate (as accounting reserves it): about 4 bytes a token."""
-    return max(1, len(call.body) // 4)
+    """The gateway's prompt estimate, as the call is billed when the worker counts none (accounting decides it:
+    :attr:`~turnout.dialects.base.Call.estimate`)."""
+    return call.estimate
 
 
 def _stops(call: Call) -> list[str]:

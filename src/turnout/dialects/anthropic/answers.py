@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from turnout.dialects.base import Counts, Timing
+from turnout.dialects.readable import ResponseShapeError, answer_message, first_choice, ollama_message
 
 __all__ = [
     "ResponseShapeError",
@@ -33,10 +34,6 @@ __all__ = [
 
 JSON = dict[str, Any]
 _ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
-
-
-class ResponseShapeError(ValueError):
-    """A worker's answer does not have the shape its dialect promises (the proxy answers 502)."""
 
 
 def message_id(source: object) -> str:
@@ -139,14 +136,10 @@ def _matched(choice: JSON, stops: list[str]) -> str | None:
 def message_from_openai(
     answer: JSON, model: str, stops: list[str], estimate: int, timing: Timing
 ) -> tuple[JSON, Counts]:
-    """A ``/v1/chat/completions`` answer as a Message. The wrong shape raises :class:`ResponseShapeError`."""
-    choices = answer.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise ResponseShapeError("the answer has no choices")
-    choice = choices[0]
-    message = choice.get("message")
-    if not isinstance(message, dict):
-        raise ResponseShapeError("the answer's choice has no message")
+    """A ``/v1/chat/completions`` answer as a Message. The wrong shape, or a message that cannot be read
+    (:mod:`turnout.dialects.readable`), raises :class:`ResponseShapeError`."""
+    choice = first_choice(answer)
+    message = answer_message(choice)
     msg_id = message_id(answer.get("id") or answer)
     thinking = _text(message.get("reasoning_content")) or _text(message.get("reasoning"))
     content = _blocks(message, thinking, msg_id)
@@ -187,9 +180,8 @@ def _blocks(message: JSON, thinking: str, msg_id: str) -> list[JSON]:
 
 def message_from_ollama(answer: JSON, model: str, estimate: int, timing: Timing) -> tuple[JSON, Counts]:
     """An ``/api/chat`` answer (``done: true``) as a Message."""
-    message = answer.get("message")
-    if not isinstance(message, dict):
-        raise ResponseShapeError("the answer has no message")
+    message = ollama_message(answer)
+    assert message is not None  # a whole answer has one, or ollama_message raised
     msg_id = message_id(answer)
     content = _blocks(message, _text(message.get("thinking")), msg_id)
     usage = Usage(estimate)

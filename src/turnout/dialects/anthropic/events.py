@@ -21,6 +21,7 @@ import orjson
 
 from turnout.dialects.anthropic.answers import Usage, message_id, stop_reason, tool_input, tool_use_id
 from turnout.dialects.base import Counts, Timing
+from turnout.dialects.readable import check_chunks, chunk_choices, chunk_delta, ollama_message
 from turnout.errors import TurnoutError
 
 __all__ = ["OllamaEvents", "OpenAIEvents", "error_event", "error_type", "sse_frame"]
@@ -192,6 +193,7 @@ class OpenAIEvents:
         self.finish_reason: str | None = None
 
     def feed(self, events: list[JSON], created_at: str) -> list[JSON]:
+        check_chunks(events)  # an event whose message cannot be read raises before any of the batch is said
         out: list[JSON] = []
         message = self._message
         for event in events:
@@ -218,13 +220,12 @@ class OpenAIEvents:
         usage = event.get("usage")
         if usage is not None:
             message.usage.openai(usage)
-        if type(choices) is not list or not choices:
+        read = chunk_choices(event)
+        if not read:
             return
-        choice = choices[0]
-        if type(choice) is not dict:
-            return
-        delta = choice.get("delta")
-        if type(delta) is dict:
+        choice = read[0]
+        delta = chunk_delta(choice)
+        if delta is not None:
             thinking = delta.get("reasoning_content") or delta.get("reasoning")
             if thinking and type(thinking) is str:
                 message.thinking(thinking, out)
@@ -291,6 +292,7 @@ class OllamaEvents:
         self.finish_reason: str | None = None
 
     def feed(self, events: list[JSON], created_at: str) -> list[JSON]:
+        check_chunks(events, ollama=True)  # an object without a message raises before any of the batch is said
         out: list[JSON] = []
         for event in events:
             self._event(event, out)
@@ -302,8 +304,8 @@ class OllamaEvents:
         if not self._started:
             self._started = True
             out.append(message.start(event))
-        part = event.get("message")
-        if isinstance(part, dict):
+        part = ollama_message(event, chunk=True)
+        if part is not None:
             thinking = part.get("thinking")
             if thinking and isinstance(thinking, str):
                 message.thinking(thinking, out)

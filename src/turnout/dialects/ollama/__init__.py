@@ -33,6 +33,7 @@ from turnout.dialects.base import (
 )
 from turnout.dialects.ollama import translate
 from turnout.dialects.parts import chat_parts, stable_text
+from turnout.dialects.readable import check_chunks
 from turnout.dialects.streams import StreamKind, StreamWatch
 from turnout.errors import TurnoutError
 
@@ -121,14 +122,20 @@ class OllamaOnOpenAI:
         reported = _obj(answer.get("usage"))
         if call.endpoint in (Endpoint.EMBED, Endpoint.EMBED_LEGACY):
             legacy = call.endpoint is Endpoint.EMBED_LEGACY
-            out = translate.embed_from_openai(answer, call.model, timing, legacy=legacy)
+            out = translate.embed_from_openai(answer, call.model, timing, legacy=legacy, estimate=call.estimate)
             return out, Counts(_count(reported, "prompt_tokens"))
-        out = translate.chat_from_openai(answer, call.model, timing, generate=call.endpoint is Endpoint.GENERATE)
+        generate = call.endpoint is Endpoint.GENERATE
+        out = translate.chat_from_openai(
+            answer, call.model, timing, generate=generate, completions=_raw(call), estimate=call.estimate
+        )
         return out, _counts(out, reported)
 
     def stream(self, call: Call) -> _ChatStream:
         generate = call.endpoint is Endpoint.GENERATE
-        return _ChatStream(translate.ChatStreamTranslator(model=call.model, generate=generate))
+        translator = translate.ChatStreamTranslator(
+            model=call.model, generate=generate, completions=_raw(call), estimate=call.estimate
+        )
+        return _ChatStream(translator)
 
     def frame(self, obj: JSON) -> bytes:
         return orjson.dumps(obj) + b"\n"
@@ -147,7 +154,9 @@ class _ChatStream:
         return self._translator.finish_reason
 
     def feed(self, events: list[JSON], created_at: str) -> list[JSON]:
-        feed = self._translator.feed
+        translator = self._translator
+        check_chunks(events, completions=translator.completions)  # a message that cannot be read: raised first
+        feed = translator.feed
         if len(events) == 1:
             return feed(events[0], created_at)
         return [obj for event in events for obj in feed(event, created_at)]
@@ -158,6 +167,11 @@ class _ChatStream:
 
     def fail(self, err: TurnoutError) -> list[JSON]:
         return [{"error": err.message}]
+
+
+def _raw(call: Call) -> bool:
+    """A raw generate, which goes to ``/v1/completions`` (:func:`.translate.generate_to_openai`)."""
+    return call.endpoint is Endpoint.GENERATE and bool(call.payload.get("raw"))
 
 
 def _counts(final: JSON, reported: JSON) -> Counts:

@@ -14,6 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnout.dialects.base import Timing, TranslationError
+from turnout.dialects.readable import (
+    ResponseShapeError,
+    answer_message,
+    chunk_choices,
+    chunk_delta,
+    chunk_text,
+    completion_text,
+    first_choice,
+)
 
 __all__ = [
     "ChatStreamTranslator",
@@ -41,10 +50,6 @@ _OPTION_FIELDS = {
     "presence_penalty": "presence_penalty",
 }
 _DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop", "content_filter": "stop"}
-
-
-class ResponseShapeError(ValueError):
-    """A worker's answer does not have the shape its dialect promises (the proxy answers 502)."""
 
 
 # -- requests -------------------------------------------------------------------------------------
@@ -197,24 +202,32 @@ def _tool_call_to_openai(call: object, index: int, n: int) -> JSON:
 
 
 # -- responses ------------------------------------------------------------------------------------
-def chat_from_openai(resp: JSON, model: str, timing: Timing, *, generate: bool = False) -> JSON:
-    """A non-streamed OpenAI chat/completions answer as Ollama's final object. A worker answer of the
-    wrong shape (no choices, wrong types) raises :class:`ResponseShapeError`, never anything else."""
-    choices = resp.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise ResponseShapeError("the answer has no choices")
-    choice = choices[0]
-    message = _obj(choice.get("message"))
-    text = message.get("content") if "message" in choice else choice.get("text")
-    out = _ollama_head(model, timing, _text(text), generate=generate)
+def chat_from_openai(
+    resp: JSON, model: str, timing: Timing, *, generate: bool = False, completions: bool = False, estimate: int = 0
+) -> JSON:
+    """A non-streamed OpenAI answer as Ollama's final object: a ``/v1/chat/completions`` answer, or with
+    ``completions`` a ``/v1/completions`` one (a ``raw`` generate). A worker answer of the wrong shape, or whose
+    message cannot be read (:mod:`turnout.dialects.readable`), raises :class:`ResponseShapeError`, never anything
+    else. ``estimate``: the prompt's tokens as the gateway bills them when the worker counts none."""
+    choice = first_choice(resp)
+    if completions:
+        message: JSON = {}
+        text = completion_text(choice)
+    else:
+        message = answer_message(choice)
+        text = message["content"]
+    out = _ollama_head(model, timing, text, generate=generate)
     calls = _tool_calls_from_openai(message.get("tool_calls"))
     if calls and not generate:
         out["message"]["tool_calls"] = calls
-    out.update(_final_stats(choice.get("finish_reason"), resp.get("usage"), timing, fallback_tokens=0))
+    stats = _final_stats(choice.get("finish_reason"), resp.get("usage"), timing, fallback_tokens=0, estimate=estimate)
+    out.update(stats)
     return out
 
 
-def embed_from_openai(resp: JSON, model: str, timing: Timing, *, legacy: bool) -> JSON:
+def embed_from_openai(resp: JSON, model: str, timing: Timing, *, legacy: bool, estimate: int = 0) -> JSON:
+    """An OpenAI embeddings answer as Ollama's (``estimate``: the input's tokens as the gateway bills them when
+    the worker counts none)."""
     data = resp.get("data")
     if not isinstance(data, list):
         raise ResponseShapeError("embedding response has no data list")
@@ -225,13 +238,13 @@ def embed_from_openai(resp: JSON, model: str, timing: Timing, *, legacy: bool) -
         raise ResponseShapeError("an embedding is not a list of numbers")
     if legacy:
         return {"embedding": vectors[0] if vectors else []}
-    usage = _obj(resp.get("usage"))
+    counted = _count(_obj(resp.get("usage")).get("prompt_tokens"))
     return {
         "model": model,
         "embeddings": vectors,
         "total_duration": timing.total_ns,
         "load_duration": 0,
-        "prompt_eval_count": _count(usage.get("prompt_tokens")) or 0,
+        "prompt_eval_count": estimate if counted is None else counted,
     }
 
 
@@ -259,6 +272,8 @@ class ChatStreamTranslator:
 
     model: str
     generate: bool = False
+    completions: bool = False  # a /v1/completions stream (a raw generate): choices carry text, not a delta
+    estimate: int = 0  # the prompt's tokens as the gateway bills them when the worker counts none
     content_chunks: int = 0
     finish_reason: str | None = None
     usage: JSON | None = None
@@ -268,15 +283,17 @@ class ChatStreamTranslator:
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
         out: list[JSON] = []
-        choices = event.get("choices")
-        for choice in choices if isinstance(choices, list) else []:
-            if not isinstance(choice, dict):
-                continue
-            delta = _obj(choice.get("delta"))
-            text = _text(delta.get("content") if "delta" in choice else choice.get("text"))
-            calls = delta.get("tool_calls")
-            for call in calls if isinstance(calls, list) else []:
-                self._merge_call(call)
+        for choice in chunk_choices(event):
+            if self.completions:
+                text = chunk_text(choice)
+            else:
+                delta = choice.get("delta")
+                if type(delta) is not dict or not (delta.get("content") is None or type(delta["content"]) is str):
+                    delta = chunk_delta(choice) or {}  # the rules' own read: text parts joined, the rest refused
+                text = _text(delta.get("content"))
+                calls = delta.get("tool_calls")
+                for call in calls if isinstance(calls, list) else []:
+                    self._merge_call(call)
             reason = choice.get("finish_reason")
             if isinstance(reason, str) and reason:
                 self.finish_reason = reason
@@ -296,7 +313,10 @@ class ChatStreamTranslator:
             chunk["done"] = False
             out.append(chunk)
         final = _ollama_head(self.model, timing, "", generate=self.generate)
-        final.update(_final_stats(self.finish_reason, self.usage, timing, fallback_tokens=self.content_chunks))
+        stats = _final_stats(
+            self.finish_reason, self.usage, timing, fallback_tokens=self.content_chunks, estimate=self.estimate
+        )
+        final.update(stats)
         out.append(final)
         return out
 
@@ -324,16 +344,19 @@ def _ollama_head(model: str, timing: Timing, text: str, *, generate: bool) -> JS
     return head
 
 
-def _final_stats(finish_reason: object, usage: object, timing: Timing, *, fallback_tokens: int) -> JSON:
+def _final_stats(finish_reason: object, usage: object, timing: Timing, *, fallback_tokens: int, estimate: int) -> JSON:
+    """Ollama's final stats. Counts the worker did not report are what the gateway bills: the prompt ``estimate``,
+    and ``fallback_tokens`` for the answer (the content pieces a stream carried)."""
     counts = _obj(usage)
     eval_count = _count(counts.get("completion_tokens"))
+    prompt_count = _count(counts.get("prompt_tokens"))
     prompt_ns = min(timing.first_token_ns, timing.total_ns)
     return {
         "done": True,
         "done_reason": _DONE_REASONS.get(finish_reason, "stop") if isinstance(finish_reason, str) else "stop",
         "total_duration": timing.total_ns,
         "load_duration": 0,
-        "prompt_eval_count": _count(counts.get("prompt_tokens")) or 0,
+        "prompt_eval_count": estimate if prompt_count is None else prompt_count,
         "prompt_eval_duration": prompt_ns,
         "eval_count": fallback_tokens if eval_count is None else eval_count,
         "eval_duration": max(timing.total_ns - prompt_ns, 0),

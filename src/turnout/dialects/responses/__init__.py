@@ -115,7 +115,9 @@ class ResponsesOnChat:
     def answer(self, call: Call, answer: JSON, timing: Timing) -> tuple[JSON, Counts]:
         names = request.tool_names(call.payload)
         created = answers.epoch(timing.created_at)
-        out, usage = answers.from_chat(answer, call.payload, names, _response_id(call), created, call.model)
+        out, usage = answers.from_chat(
+            answer, call.payload, names, _response_id(call), created, call.model, call.estimate
+        )
         counts = Counts(
             _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")), timing.total_ns / 1e9
         )
@@ -123,7 +125,7 @@ class ResponsesOnChat:
 
     def stream(self, call: Call) -> ResponsesStream:
         names = request.tool_names(call.payload)
-        return ResponsesStream(call.payload, names, _response_id(call), call.model)
+        return ResponsesStream(call.payload, names, _response_id(call), call.model, call.estimate)
 
     def frame(self, obj: JSON) -> bytes:
         return frame(obj)

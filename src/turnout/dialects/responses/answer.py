@@ -11,7 +11,8 @@ status and usage. Also what the stream converter (:mod:`.stream`) builds its eve
 * ``finish_reason`` ``length`` is ``status: "incomplete"`` with ``incomplete_details.reason: "max_output_tokens"``
   (``content_filter``: ``"content_filter"``); any other is ``completed``.
 * usage: ``input_tokens``, ``output_tokens``, ``total_tokens`` and their details (cached and reasoning tokens)
-  from the worker's counts; null when the worker reported none.
+  from the worker's counts; a count it did not report is what the gateway bills instead (its prompt estimate, a
+  stream's content pieces), as every translation tells its client.
 
 Ids are made from the response's own id (``resp_<hex>`` given by the gateway): ``msg_<hex>_<n>``, ``fc_<hex>_<n>``
 and so on for output item ``n``, so the module needs no randomness and no clock.
@@ -24,6 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from turnout.dialects.base import JSON
+from turnout.dialects.readable import ResponseShapeError, answer_message, first_choice
 from turnout.dialects.responses.request import TOOL_SEARCH, ToolNames
 
 __all__ = [
@@ -40,10 +42,6 @@ __all__ = [
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _ITEM_PREFIX = {"function": "fc", "custom": "ctc", TOOL_SEARCH: "tsc"}
-
-
-class ResponseShapeError(ValueError):
-    """A worker's answer does not have the shape its dialect promises (the proxy answers 502)."""
 
 
 def epoch(created_at: str) -> int:
@@ -107,14 +105,17 @@ def status_of(finish_reason: object) -> tuple[str, JSON | None]:
     return ("incomplete", {"reason": reason}) if reason else ("completed", None)
 
 
-def usage_of(usage: object) -> JSON | None:
-    """The Responses usage object for the worker's chat usage; None when it reported no counts."""
+def usage_of(usage: object, estimate: int = 0, output: int = 0) -> JSON | None:
+    """The Responses usage object for the worker's chat usage. A count the worker did not report is what the
+    gateway bills instead: ``estimate`` for the prompt, ``output`` (a stream's content pieces) for the answer;
+    None when the worker reported no counts and the gateway has no estimate."""
     if not isinstance(usage, dict):
-        return None
+        usage = {}
     prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
-    if prompt is None and completion is None:
+    if prompt is None and completion is None and not estimate:
         return None
-    prompt, completion = prompt or 0, completion or 0
+    prompt = estimate if prompt is None else prompt
+    completion = output if completion is None else completion
     cached = _count(_obj(usage.get("prompt_tokens_details")).get("cached_tokens")) or 0
     reasoning = _count(_obj(usage.get("completion_tokens_details")).get("reasoning_tokens")) or 0
     return {
@@ -181,15 +182,14 @@ def call_item(response_id: str, index: int, call_id: str, name: str, arguments: 
 
 
 def from_chat(
-    answer: JSON, payload: JSON, names: ToolNames, response_id: str, created_at: int, model: str
+    answer: JSON, payload: JSON, names: ToolNames, response_id: str, created_at: int, model: str, estimate: int = 0
 ) -> tuple[JSON, JSON]:
-    """(the client's response, the worker's usage object or {}) for a whole chat/completions answer. A worker
-    answer of the wrong shape raises :class:`ResponseShapeError`."""
-    choices = answer.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise ResponseShapeError("the answer has no choices")
-    choice = choices[0]
-    message = _obj(choice.get("message"))
+    """(the client's response, the worker's usage object or {}) for a whole chat/completions answer (``estimate``:
+    the prompt's tokens as the gateway bills them when the worker counts none). A worker
+    answer of the wrong shape, or whose message cannot be read (:mod:`turnout.dialects.readable`), raises
+    :class:`ResponseShapeError`."""
+    choice = first_choice(answer)
+    message = answer_message(choice)
     status, incomplete = status_of(choice.get("finish_reason"))
     item_status = "incomplete" if status == "incomplete" else "completed"
     output: list[JSON] = []
@@ -213,7 +213,7 @@ def from_chat(
         output.append(call_item(response_id, len(output), call_id, name, arguments, names))
     usage = _obj(answer.get("usage"))
     out = head(payload, response_id, created_at, model)
-    out.update(status=status, incomplete_details=incomplete, output=output, usage=usage_of(usage))
+    out.update(status=status, incomplete_details=incomplete, output=output, usage=usage_of(usage, estimate))
     if status == "completed":
         out["completed_at"] = created_at
     return out, usage

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnout.dialects.base import JSON, Counts, Timing
+from turnout.dialects.readable import check_chunks, chunk_choices, chunk_delta
 from turnout.dialects.responses import answer
 from turnout.dialects.responses.request import ToolNames
 from turnout.errors import TurnoutError
@@ -53,6 +54,7 @@ class ResponsesStream:
     names: ToolNames
     response_id: str
     model: str
+    estimate: int = 0  # the prompt's tokens as the gateway bills them when the worker counts none
     finish_reason: str | None = None
     usage: JSON | None = None
     deltas: int = 0  # content, reasoning and argument deltas: the completion's size when the worker counts none
@@ -66,9 +68,12 @@ class ResponsesStream:
 
     # -- the worker's events ------------------------------------------------------------------------
     def feed(self, events: list[JSON] | JSON, created_at: str) -> list[JSON]:
-        """The client's events for the worker's stream events that arrived together (or for one event)."""
+        """The client's events for the worker's stream events that arrived together (or for one event). An event
+        whose message cannot be read raises before any of them is turned into events (so the numbers that
+        :meth:`fail` goes on from are the ones the client was sent)."""
         if isinstance(events, dict):
-            return self._feed_event(events, created_at)
+            events = [events]
+        check_chunks(events)
         if len(events) == 1:
             return self._feed_event(events[0], created_at)
         return [obj for event in events for obj in self._feed_event(event, created_at)]
@@ -107,14 +112,11 @@ class ResponsesStream:
         usage = event.get("usage")
         if isinstance(usage, dict):
             self.usage = usage
-        choices = event.get("choices")
-        if not isinstance(choices, list):
-            return out
-        for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+        for choice in chunk_choices(event):
+            if choice.get("index", 0) != 0:
                 continue  # one answer: the first choice's
-            delta = choice.get("delta")
-            if isinstance(delta, dict):
+            delta = chunk_delta(choice)
+            if delta is not None:
                 self._delta(delta, out)
             reason = choice.get("finish_reason")
             if isinstance(reason, str) and reason:
@@ -197,7 +199,7 @@ class ResponsesStream:
         status, incomplete = answer.status_of(self.finish_reason)
         response = dict(self._head)
         response.update(status=status, incomplete_details=incomplete, output=self._output)
-        response["usage"] = answer.usage_of(self.usage)
+        response["usage"] = answer.usage_of(self.usage, self.estimate, self.deltas)
         if status == "completed":
             response["completed_at"] = self._head["created_at"]
         out.append(self._event(f"response.{status}", response=response))

@@ -3,6 +3,7 @@
 // - turnout.api(method, path, body, {etag}): a JSON call to /admin/api with the session cookie and the token;
 //   resolves {status, etag, body}; rejects with an Error carrying .status, .code, .field and .body
 // - turnout.toast(text, isError): one polite live-region message
+// - a click on an element with data-href (outside its links and buttons) opens that page
 (function () {
   "use strict";
   function csrf() {
@@ -46,6 +47,15 @@
 
   document.addEventListener("htmx:configRequest", function (event) {
     event.detail.headers["X-CSRF-Token"] = csrf();
+  });
+
+  // A row or card with data-href (the Overview's workers) opens that page when clicked anywhere, as its link
+  // does; not when the click was on a link or button of its own, or ended a text selection.
+  document.addEventListener("click", function (event) {
+    var row = event.target.closest && event.target.closest("[data-href]");
+    if (!row || event.defaultPrevented || event.button !== 0 || event.target.closest("a, button, input, select")) return;
+    if (String(window.getSelection ? window.getSelection() : "") !== "") return;
+    window.location.assign(row.dataset.href);
   });
 
   document.addEventListener("DOMContentLoaded", function () {

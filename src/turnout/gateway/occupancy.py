@@ -1,0 +1,332 @@
+"""Occupancy: the requests in flight (per worker, model, tenant, and in all) and the requests waiting for a slot,
+kept where every gateway process that routes to the same workers sees them.
+
+The dispatcher asks an :class:`Occupancy` three things per request: what is held (:meth:`Occupancy.view`: the
+counts, what each candidate worker holds of the prompt, and whether a waiter is ahead of this request), to take a
+slot (:meth:`Occupancy.take`: atomic against every cap, :func:`turnout.core.admission.refusal`, and against the
+queue's order, so a newcomer never overtakes a waiter that can go), and to give it back
+(:meth:`Occupancy.give`). A request that cannot go waits (:meth:`Occupancy.wait`) in one queue per model, ordered by
+:func:`turnout.core.admission.queue_score` (priority class, then weighted fair queueing between tenants); a slot
+given back wakes the first waiters, which route again.
+
+Keepers:
+
+- :class:`LocalOccupancy` (this module): one process's memory. A single `turnout serve` uses it, and so does the
+  supervisor of `turnout serve --workers N` for all its processes (:mod:`turnout.gateway.supervised`);
+- Redis (:mod:`turnout.gateway.redis_occupancy`), for any number of replicas, with a :class:`LocalOccupancy` as its
+  fallback while Redis cannot be reached.
+
+The prefix index each worker's view reports comes from the fleet's own indexes here (``Fleet.workers[w].prefix``);
+the Redis keeper keeps one index per worker for every replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+from turnout.core.admission import Caps, Counts, Priority, Waiter, fair_tag, first, queue_score, refusal
+from turnout.core.prefix import Match, Prompt
+
+__all__ = ["Grant", "Held", "LocalOccupancy", "Occupancy", "Ticket"]
+
+
+class Held(NamedTuple):
+    """What is held when a request is routed: every keeper's counts (this process's included)."""
+
+    total: int
+    model: int
+    tenant: int
+    workers: Mapping[str, int]  # requests in flight per candidate worker
+    matches: Mapping[str, Match]  # what each candidate worker is expected to hold of the prompt (none: empty)
+    ahead: bool  # a waiter for this model that can go now is ahead of this request
+
+
+class Grant(NamedTuple):
+    """A slot to take: its id, where, for what (the model as requested), whose, its class and caps, the prompt to
+    record in the worker's prefix index, and the ticket it waited with (None: it did not wait)."""
+
+    lease: str
+    worker: str
+    model: str
+    tenant: str
+    priority: Priority
+    caps: Caps
+    prompt: Prompt | None
+    ticket: Ticket | None = None
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """One request's place in a model's queue (kept while it routes again after a wake)."""
+
+    id: str
+    model: str
+    tenant: str
+    priority: Priority
+    tag: float
+    since: float  # when it joined the queue (monotonic seconds)
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def waiter(self, now: float) -> Waiter:
+        return Waiter(self.id, self.tenant, queue_score(self.priority, self.tag, now - self.since))
+
+
+class Occupancy(Protocol):
+    async def view(
+        self,
+        model: str,
+        tenant: str,
+        workers: Sequence[str],
+        prompt: Prompt | None,
+        ticket: Ticket | None,
+        slots: Mapping[str, int | None],
+    ) -> Held: ...
+
+    async def take(self, grant: Grant) -> str | None:
+        """Take the slot: None, or why not (``total``, ``model``, ``tenant``, ``worker``, ``worker_batch``: that count
+        is at its cap; ``ahead``: a waiter that can go is ahead of it)."""
+        ...
+
+    def give(self, grant: Grant) -> None: ...
+
+    @property
+    def remote(self) -> bool:
+        """Counts live elsewhere (a view costs a round trip): a request with a single candidate worker takes its slot
+        without one, the take checking every cap."""
+        ...
+
+    async def join(self, model: str, tenant: str, weight: int, priority: Priority, max_queue: int) -> Ticket | None:
+        """A place in ``model``'s queue; None when ``max_queue`` requests already wait (every keeper's)."""
+        ...
+
+    async def wait(self, ticket: Ticket, limit_s: float) -> bool:
+        """Until a slot may be free for ``ticket`` (True) or ``limit_s`` passed (False)."""
+        ...
+
+    def leave(self, ticket: Ticket) -> None: ...
+
+    def wake_all(self) -> None:
+        """The fleet changed (a worker came up, rules changed): every queue's first waiters route again."""
+        ...
+
+    @property
+    def waiting(self) -> int: ...
+
+
+_ids = itertools.count(1)
+
+
+def next_id(prefix: str) -> str:
+    return f"{prefix}{next(_ids)}"
+
+
+class _Queue:
+    """One model's waiters and its fair-queueing state."""
+
+    __slots__ = ("last", "tickets", "virtual")
+
+    def __init__(self) -> None:
+        self.tickets: dict[str, Ticket] = {}
+        self.virtual = 0.0  # the tag of the last ticket that left for a slot
+        self.last: dict[str, float] = {}  # tenant -> its last tag
+
+
+class LocalOccupancy:
+    """The counts and the queue in this process's memory. ``clock``: monotonic seconds; ``tenant_caps``: each
+    tenant's cap (None: none), for the queue's "can go" (a waiter whose tenant is at its cap lets the next go)."""
+
+    def __init__(
+        self,
+        fleet_indexes: Callable[[str], object | None] | None = None,
+        *,
+        clock: Callable[[], float],
+        tenant_caps: Mapping[str, int | None] | None = None,
+        prefix_ttl_s: float = 600.0,
+    ) -> None:
+        self._index = fleet_indexes  # worker -> its PrefixIndex (fleet.workers[w].prefix), or None
+        self._clock = clock
+        self._tenant_caps = dict(tenant_caps or {})
+        self._ttl = prefix_ttl_s
+        self.total = 0
+        self.models: dict[str, int] = {}
+        self.tenants: dict[str, int] = {}
+        self.workers: dict[str, int] = {}
+        self.worker_batch: dict[str, int] = {}
+        self._queues: dict[str, _Queue] = {}
+        self._waiting = 0
+
+    # -- reading ----------------------------------------------------------------------------------------------
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def can_go(self, tenant: str) -> bool:
+        cap = self._tenant_caps.get(tenant)
+        return cap is None or self.tenants.get(tenant, 0) < cap
+
+    def _ahead(self, model: str, ticket: Ticket | None) -> bool:
+        queue = self._queues.get(model)
+        if not queue or not queue.tickets:
+            return False
+        now = self._clock()
+        can_go = {t.tenant: self.can_go(t.tenant) for t in queue.tickets.values()}
+        head = first((t.waiter(now) for t in queue.tickets.values()), can_go)
+        return head is not None and (ticket is None or head.id != ticket.id)
+
+    async def view(
+        self,
+        model: str,
+        tenant: str,
+        workers: Sequence[str],
+        prompt: Prompt | None,
+        ticket: Ticket | None,
+        slots: Mapping[str, int | None],
+    ) -> Held:
+        return self.held(model, tenant, workers, prompt, ticket, slots)
+
+    def held(
+        self,
+        model: str,
+        tenant: str,
+        workers: Sequence[str],
+        prompt: Prompt | None,
+        ticket: Ticket | None,
+        slots: Mapping[str, int | None],
+    ) -> Held:
+        """:meth:`view`, without awaiting (the supervisor answers its processes with it)."""
+        matches: dict[str, Match] = {}
+        if prompt is not None and self._index is not None:
+            now = self._clock()
+            for worker in workers:
+                index = self._index(worker)
+                if index is not None:
+                    matches[worker] = index.match(prompt, now, self._ttl, slots.get(worker))  # type: ignore[attr-defined]
+        return Held(
+            self.total,
+            self.models.get(model, 0),
+            self.tenants.get(tenant, 0),
+            {w: self.workers.get(w, 0) for w in workers},
+            matches,
+            self._ahead(model, ticket),
+        )
+
+    # -- taking and giving back -------------------------------------------------------------------------------
+    remote = False
+
+    async def take(self, grant: Grant) -> str | None:
+        return self.take_now(grant)
+
+    def take_now(self, grant: Grant) -> str | None:
+        """:meth:`take`, without awaiting: atomic in one event loop."""
+        batch = grant.priority is Priority.BATCH
+        counts = Counts(
+            self.total,
+            self.models.get(grant.model, 0),
+            self.tenants.get(grant.tenant, 0),
+            self.workers.get(grant.worker, 0),
+            self.worker_batch.get(grant.worker, 0) if batch else 0,
+        )
+        refused = refusal(counts, grant.caps)
+        if refused is not None:
+            return refused
+        if self._ahead(grant.model, grant.ticket):
+            return "ahead"
+        self.total += 1
+        _bump(self.models, grant.model, 1)
+        _bump(self.tenants, grant.tenant, 1)
+        _bump(self.workers, grant.worker, 1)
+        if batch:
+            _bump(self.worker_batch, grant.worker, 1)
+        if grant.ticket is not None:
+            self._left(grant.ticket, served=True)
+        if grant.prompt is not None and self._index is not None:
+            index = self._index(grant.worker)
+            if index is not None:
+                index.record(grant.prompt, self._clock())  # type: ignore[attr-defined]
+        return None
+
+    def give(self, grant: Grant) -> None:
+        self.total -= 1
+        _bump(self.models, grant.model, -1)
+        _bump(self.tenants, grant.tenant, -1)
+        _bump(self.workers, grant.worker, -1)
+        if grant.priority is Priority.BATCH:
+            _bump(self.worker_batch, grant.worker, -1)
+        # the freed slot may be the one any model waited for (global, worker and tenant slots are shared): the first
+        # waiter of its own model's queue, then of every other
+        self._wake(grant.model)
+        for model in list(self._queues):
+            if model != grant.model:
+                self._wake(model)
+
+    # -- the queue ---------------------------------------------------------------------------------------------
+    async def join(self, model: str, tenant: str, weight: int, priority: Priority, max_queue: int) -> Ticket | None:
+        return self.join_now(model, tenant, weight, priority, max_queue, next_id("w"))
+
+    def join_now(
+        self, model: str, tenant: str, weight: int, priority: Priority, max_queue: int, ticket_id: str
+    ) -> Ticket | None:
+        if self._waiting >= max_queue:
+            return None
+        queue = self._queues.get(model)
+        if queue is None:
+            queue = self._queues[model] = _Queue()
+        tag = fair_tag(queue.last.get(tenant), queue.virtual, weight)
+        queue.last[tenant] = tag
+        ticket = Ticket(ticket_id, model, tenant, priority, tag, self._clock())
+        queue.tickets[ticket.id] = ticket
+        self._waiting += 1
+        return ticket
+
+    async def wait(self, ticket: Ticket, limit_s: float) -> bool:
+        if ticket.woken.is_set():
+            ticket.woken.clear()
+            return True
+        try:
+            await asyncio.wait_for(ticket.woken.wait(), limit_s)
+        except TimeoutError:
+            return False
+        ticket.woken.clear()
+        return True
+
+    def leave(self, ticket: Ticket) -> None:
+        self._left(ticket, served=False)
+
+    def _left(self, ticket: Ticket, *, served: bool) -> None:
+        queue = self._queues.get(ticket.model)
+        if queue is None or queue.tickets.pop(ticket.id, None) is None:
+            return
+        self._waiting -= 1
+        if served:
+            queue.virtual = max(queue.virtual, ticket.tag)
+        if not queue.tickets:
+            del self._queues[ticket.model]
+        else:
+            self._wake(ticket.model)  # the next in line may go now (it was behind this one)
+
+    def _wake(self, model: str) -> None:
+        """The first waiter of ``model``'s queue routes again."""
+        queue = self._queues.get(model)
+        if not queue or not queue.tickets:
+            return
+        now = self._clock()
+        can_go = {t.tenant: self.can_go(t.tenant) for t in queue.tickets.values()}
+        head = first((t.waiter(now) for t in queue.tickets.values()), can_go)
+        if head is not None:
+            queue.tickets[head.id].woken.set()
+
+    def wake_all(self) -> None:
+        for model in list(self._queues):
+            self._wake(model)
+
+
+def _bump(counts: dict[str, int], name: str, by: int) -> None:
+    left = counts.get(name, 0) + by
+    if left > 0:
+        counts[name] = left
+    else:
+        counts.pop(name, None)
