@@ -490,6 +490,45 @@ class Responses(_Model):
     )
 
 
+class Batches(_Model):
+    """The OpenAI Batch API (docs/api.md#the-batch-api): its files live in the SQL store, so that every replica
+    can run or resume any batch."""
+
+    max_file_bytes: int = Field(
+        100 * 2**20,
+        ge=1024,
+        le=2**30,
+        description="largest input file POST /v1/files takes, in bytes (kept in the SQL store until deleted)",
+    )
+    max_lines: int = Field(50_000, ge=1, le=1_000_000, description="most requests in one batch input file")
+    retention_days: float = Field(
+        30,
+        gt=0,
+        le=3650,
+        description="days a batch is kept after it ended, with its output and error files (then deleted), and "
+        "an uploaded file after its upload unless it asked for less (expires_after)",
+    )
+    lines_in_flight: int = Field(
+        8,
+        ge=1,
+        le=10_000,
+        description="requests of one batch in flight at once (each asks the dispatcher for a slot at batch priority)",
+    )
+    max_attempts: int = Field(
+        3, ge=1, le=10, description="times a line is sent when its worker fails (5xx) before that failure is its answer"
+    )
+    lease_s: float = Field(
+        30,
+        ge=1,
+        le=MAX_WAIT_S,
+        description="a batch has one runner at a time, which renews its lease every third of this; another gateway "
+        "(or this one restarted) resumes a batch whose runner stopped renewing for this long",
+    )
+    poll_s: float = Field(
+        2, gt=0, le=MAX_WAIT_S, description="how often each gateway looks for batches to run or resume"
+    )
+
+
 class PoolAgent(_Model):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     agent_url: AnyHttpUrl = Field(description="the pod's runtime agent (turnout agent)")
@@ -669,6 +708,7 @@ class Settings(_Model):
     auth: Auth = Field(default_factory=Auth)
     responses: Responses = Field(default_factory=Responses)
     network: Network = Field(default_factory=Network)
+    batches: Batches = Field(default_factory=Batches)
     tenants: dict[str, Tenant] = Field(default_factory=dict)
     pools: Pools | None = Field(None, description="run the local ModelClaim controller inside the gateway")
     workers: list[Worker] = Field(default_factory=list)

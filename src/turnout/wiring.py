@@ -21,6 +21,7 @@ from turnout.admin.aliases_api import add_alias_routes
 from turnout.admin.api import add_admin_routes
 from turnout.admin.auth import AdminAuth
 from turnout.admin.backup_api import add_backup_routes
+from turnout.admin.batches_api import add_batch_routes
 from turnout.admin.changes import AdminSignIns
 from turnout.admin.endpoints_api import add_endpoint_routes
 from turnout.admin.keys import ADMIN_AUTH, PEOPLE, SIGNINS
@@ -39,6 +40,8 @@ from turnout.fleet.state import MAX_SESSIONS, Fleet
 from turnout.gateway.access import AccessLog
 from turnout.gateway.accounting import Accountant
 from turnout.gateway.aliases import Aliases
+from turnout.gateway.batch_lease import Leases, RedisLeases, SqlLeases
+from turnout.gateway.batch_runner import BatchRunner
 from turnout.gateway.dispatch import Dispatcher
 from turnout.gateway.frame import middleware, request_ids
 from turnout.gateway.keys import (
@@ -46,6 +49,8 @@ from turnout.gateway.keys import (
     ADMIN_GATE,
     ALIASES,
     AUDIT,
+    BATCH_RUNNER,
+    BATCH_STORE,
     DATABASE,
     DISPATCHER,
     ENDPOINTS,
@@ -79,6 +84,7 @@ from turnout.state.placement_store import PlacementStore
 from turnout.state.running import GatewayMark
 from turnout.store.aliases import AliasStore
 from turnout.store.audit import AuditLog
+from turnout.store.batches import BatchStore
 from turnout.store.db import Database, database_url
 from turnout.store.endpoints import EndpointStore
 from turnout.store.keys import KeyStore
@@ -324,6 +330,17 @@ def create_app(
     app[ENDPOINTS] = endpoints
     aliases = app[ALIASES] = Aliases(settings.aliases, AliasStore(database))
     app[STORED] = StoredResponses(ResponseStore(database), settings.responses.store_days)
+    batch_store = app[BATCH_STORE] = BatchStore(database)
+    leases: Leases = (
+        RedisLeases(settings.storage.redis_url, settings.batches.lease_s)
+        if settings.storage.redis_url
+        else SqlLeases(batch_store, settings.batches.lease_s)
+    )
+    app[REQUEST_IDS] = request_ids()
+    batch_runner = BatchRunner(
+        app, batch_store, settings.batches, leases, keys=keys, aliases=aliases, request_ids=app[REQUEST_IDS]
+    )
+    app[BATCH_RUNNER] = batch_runner
     demo = _demo(settings)
     app[DEMO] = demo
     claims = _claim_bindings(settings, fleet, client, metrics, demo)
@@ -339,13 +356,13 @@ def create_app(
 
         claims.on_change = changed
     app[PEERS] = _peers(settings, processes, lambda: _catch_up(app))
-    app[REQUEST_IDS] = request_ids()
     add_client_routes(app)
     add_admin_routes(app)
     add_account_routes(app)
     add_endpoint_routes(app)
     add_alias_routes(app)
     add_backup_routes(app)
+    add_batch_routes(app)
     add_people_routes(app)
     add_ui_routes(app)
     app.router.add_get("/metrics", _metrics)
@@ -377,7 +394,9 @@ def create_app(
             await demo.start()
         if claims is not None:
             claims.start()
+        batch_runner.start()
         yield
+        await batch_runner.stop()  # first: its lines' answers are written while the rest still runs
         if claims is not None:
             await claims.stop()
         await aliases.stop()

@@ -23,6 +23,14 @@ def test_rpm_sliding_window() -> None:
     assert not s.admit(T0 + 60.5, rpm=3, daily=None, estimate=1).allowed
 
 
+def test_an_admission_without_a_rate_takes_no_place_in_the_window() -> None:
+    """A Batch API line is admitted with the key's daily tokens and no rate: the key's own rate stays whole."""
+    s = KeyLimitState()
+    assert all(s.admit(T0 + i / 100, rpm=None, daily=1000, estimate=1).allowed for i in range(50))
+    assert [s.admit(T0 + 1, rpm=2, daily=1000, estimate=1).allowed for _ in range(3)] == [True, True, False]
+    assert s.used == 52
+
+
 @pytest.mark.parametrize(
     ("daily", "estimates", "expected"),
     [

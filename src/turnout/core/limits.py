@@ -158,7 +158,8 @@ class KeyLimitState:
         oldest = self.admitted[0] if self.admitted else None
         decision = decide(now, rpm, daily, estimate, in_window=len(self.admitted), oldest=oldest, used=self.used)
         if decision.allowed:
-            self.admitted.append(now)
+            if rpm is not None:  # counted against a rate only where one applies (a Batch API line: never)
+                self.admitted.append(now)
             if daily is not None:
                 self.used += estimate
         return decision

@@ -112,8 +112,10 @@ if oldest[2] then reset = tonumber(oldest[2]) + 60 - now end
 local used = tonumber(redis.call('GET', KEYS[2]) or '0')
 if rpm >= 0 and count >= rpm then return {0, 1, count, used, tostring(reset)} end
 if daily >= 0 and used + est > daily then return {0, 2, count, used, tostring(reset)} end
-redis.call('ZADD', KEYS[1], now, ARGV[5])
-redis.call('EXPIRE', KEYS[1], 61)
+if rpm >= 0 then
+  redis.call('ZADD', KEYS[1], now, ARGV[5])
+  redis.call('EXPIRE', KEYS[1], 61)
+end
 if daily >= 0 then
   used = redis.call('INCRBY', KEYS[2], est)
   redis.call('EXPIRE', KEYS[2], 172800)
