@@ -6,7 +6,8 @@ the rate limits (:mod:`turnout.gateway.shared_limits`): ``occ.view``, ``occ.take
 answered, ``occ.give`` and ``occ.leave`` told, and the keeper tells a process ``occ.wake`` when its waiter is the
 first of the queue once a slot is given back. So every cap is exact across the processes and work-conserving (a
 process whose requests wait takes the slot another process gives back), and the queue is one. A process that ends
-gives its slots back at once (its channel closes). Each process's :class:`SupervisedOccupancy` is what its dispatcher asks.
+gives its slots back at once (its channel closes). Each process's :class:`SupervisedOccupancy` is what its
+dispatcher asks.
 """
 
 from __future__ import annotations
