@@ -169,6 +169,14 @@ class Routing(_Model):
         description="a learned prefill or decode rate older than this is forgotten: the worker counts as average "
         "again and gets requests, so that one slow answer never starves it",
     )
+    batch_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="batch requests (the Batch API's lines, keys of class batch) may hold at most this share of a "
+        "worker's slots (what its engine runs at once; at least one), so an interactive request finds a free slot "
+        "instead of waiting behind a long batch generation; 1: no headroom",
+    )
     explain_header: bool = Field(
         False,
         description="answer every routed request with an X-Turnout-Route header: the worker and why it was chosen "

@@ -265,13 +265,8 @@ class Dispatcher:
             return None, decision.message
         best = decision.best
         worker = self.fleet.workers[best.worker]
-        caps = Caps(
-            self.routing.max_concurrent,
-            model_max,
-            cap,
-            worker.config.max_concurrent,
-            None,  # (batch headroom: a share of the worker's slots; see turnout.core.admission)
-        )
+        headroom = self._batch_cap(worker, model) if priority is Priority.BATCH else None
+        caps = Caps(self.routing.max_concurrent, model_max, cap, worker.config.max_concurrent, headroom)
         recorded = prompt if choice else None
         grant = Grant(next_id("l"), best.worker, model, tenant, priority, caps, recorded, ticket)
         refused = await occupancy.take(grant)
@@ -285,6 +280,16 @@ class Dispatcher:
             self._placed(lease, decision, prompt, time.monotonic())
         return lease, ""
 
+    def _batch_cap(self, worker: WorkerState, model: str) -> int | None:
+        """How many of ``worker``'s slots batch requests may hold: ``routing.batch_share`` of what its engine runs at
+        once (of its ``max_concurrent`` for a batching engine of unknown capacity; none without either), at least
+        one."""
+        slots = worker.parallelism(model, time.monotonic()).slots or worker.config.max_concurrent
+        share = self.routing.batch_share
+        if slots is None or share >= 1:
+            return None
+        return max(1, math.floor(slots * share))
+
     def _refused(self, count: str, model: str, tenant: str, worker: str = "") -> str:
         """Why a request waits, by the count at its cap (:func:`turnout.core.admission.refusal`), in the words of the
         router's own saturation messages."""
@@ -296,6 +301,8 @@ class Dispatcher:
             return f'model "{model}" is at its limit of {best_value(model, self._limits)} concurrent requests'
         if count == "ahead":
             return f'requests for model "{model}" are waiting ahead of this one'
+        if count == "worker_batch":
+            return f'batch requests hold their share of every worker for model "{model}" ({worker} the last tried)'
         return f'every worker for model "{model}" is busy ({worker})'
 
     def _saturated(self, message: str, why: str) -> NoReturn:
