@@ -169,6 +169,16 @@ class Routing(_Model):
         description="a learned prefill or decode rate older than this is forgotten: the worker counts as average "
         "again and gets requests, so that one slow answer never starves it",
     )
+    hold_s: float = Field(
+        60,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="a request for a model that is waking, activating or starting (a claim), or whose only workers "
+        "are down but were healthy within the last minute (a restart), waits this long for it in the queue before "
+        "it is answered 503 with Retry-After: a wake takes about a second and a small model's start a few, while "
+        "clients wait minutes for an answer (the OpenAI and Anthropic SDKs 10); 0: answer at once. A request can "
+        "ask for less with the X-Turnout-Hold header",
+    )
     batch_share: float = Field(
         0.5,
         gt=0,

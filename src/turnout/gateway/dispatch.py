@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -133,6 +133,8 @@ class Lease:
 
 
 _NOTHING_HELD = Held(0, 0, 0, {}, {}, False)  # a view not asked for: the take checks every cap
+HOLD_RECHECK_S = 0.5  # a held request looks again this often (a wake missed costs at most this)
+RECENTLY_S = 60.0  # a worker healthy this recently and down now is restarting: requests for it are held
 
 
 class Dispatcher:
@@ -186,14 +188,29 @@ class Dispatcher:
         tenant: str = "",
         ask: Ask | None = None,
         priority: Priority = Priority.STANDARD,
+        *,
+        ticket: Ticket | None = None,
+        hold_s: float = 0.0,
     ) -> Lease:
+        """A slot for ``model``. ``ticket``: its place in the queue, kept from a hold (:meth:`hold`); ``hold_s``: how
+        long it may wait for workers that are down for a moment (healthy within :data:`RECENTLY_S`: a restart),
+        instead of the 503 at once."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self.routing.queue_timeout_s
-        ticket: Ticket | None = None
+        held_until = started + hold_s
+        if ticket is not None:
+            self.metrics.queued.inc()  # (the hold gave its count back with the ticket)
         try:
             while True:
-                lease, message = await self._try(model, exclude, tenant, ask, priority, ticket)
+                try:
+                    lease, message = await self._try(model, exclude, tenant, ask, priority, ticket)
+                except Unavailable as exc:
+                    if exc.code != NoRouteReason.NO_HEALTHY.value or not self._coming_back(model):
+                        raise
+                    if loop.time() >= held_until:
+                        raise
+                    lease, message, deadline = None, exc.message, held_until  # held: a worker is coming back
                 if lease is not None:
                     if ticket is not None:
                         self.metrics.queue_wait.observe(loop.time() - started)
@@ -216,6 +233,41 @@ class Dispatcher:
             if ticket is not None:
                 self.occupancy.leave(ticket)  # (nothing, once it took a slot)
                 self.metrics.queued.dec()
+
+    async def hold(
+        self, model: str, tenant: str, priority: Priority, ready: Callable[[], bool], limit_s: float
+    ) -> Ticket | None:
+        """Wait for ``model`` to become ready (``ready()``: a sleeping or activating claim's engine is bound) for at
+        most ``limit_s``, in its queue: counted against ``routing.max_queue``, keeping a fair place (the held
+        requests go in the queue's order once it is ready). The ticket, still in the queue (for :meth:`acquire`), or
+        None when the time ran out. Raises 503 ``saturated`` when the queue is full."""
+        ticket = await self.occupancy.join(model, tenant, self._weight(tenant), priority, self.routing.max_queue)
+        if ticket is None:
+            self._saturated(f'model "{model}" is not ready', "the wait queue is full")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
+        self.metrics.held.inc()
+        try:
+            while not ready():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    self.occupancy.leave(ticket)
+                    return None
+                await self.occupancy.wait(ticket, min(remaining, HOLD_RECHECK_S))
+        except BaseException:
+            self.occupancy.leave(ticket)
+            raise
+        finally:
+            self.metrics.held.dec()
+        return ticket
+
+    def _coming_back(self, model: str) -> bool:
+        """A candidate for ``model`` is down but was healthy within :data:`RECENTLY_S` (a restart): worth a wait."""
+        now = time.monotonic()
+        return any(
+            not s.healthy and s.healthy_at is not None and now - s.healthy_at <= RECENTLY_S
+            for s in self.fleet.candidates(model)
+        )
 
     async def _try(
         self,

@@ -202,6 +202,7 @@ class RedisOccupancy:
         if grant.ticket is not None:
             self._tickets.pop(grant.ticket.id, None)
             self._scores.pop(grant.ticket.id, None)
+            self._spawn(self._publish(grant.model))  # the next in line may go now (a held one, once ready)
         if grant.prompt is not None:  # this process's own index too: what routing falls back on without Redis
             index = self._index(grant.worker)
             if index is not None:
@@ -279,6 +280,12 @@ class RedisOccupancy:
         self._scores.pop(ticket.id, None)
         if self.up:
             self._spawn(self._leave(ticket))
+
+    async def _publish(self, model: str) -> None:
+        try:
+            await self._redis.publish(f"{self._p}:freed", model)
+        except Exception as exc:
+            self._down(exc)
 
     async def _leave(self, ticket: Ticket) -> None:
         try:
