@@ -33,7 +33,7 @@ from typing import Any
 
 from turnout.core.admission import CLASS_BAND, Caps, Priority, queue_score
 from turnout.core.prefix import Match, PrefixIndex, Prompt, match_of
-from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Ticket, next_id
+from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Ticket, next_id, woken
 from turnout.gateway.redis_scripts import GIVE_KEYS, JOIN, TAKE, VIEW
 
 __all__ = ["LEASE_S", "RENEW_S", "RETRY_S", "RedisOccupancy"]
@@ -265,12 +265,7 @@ class RedisOccupancy:
     async def wait(self, ticket: Ticket, limit_s: float) -> bool:
         if ticket.id not in self._tickets:  # a ticket of the local queue (Redis was away when it joined)
             return await self.local.wait(ticket, limit_s)
-        if ticket.woken.is_set():
-            ticket.woken.clear()
-            return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ticket.woken.wait(), min(limit_s, RECHECK_S))
-        ticket.woken.clear()
+        await woken(ticket, min(limit_s, RECHECK_S))
         return True  # routes again either way: a wake may have been missed
 
     def leave(self, ticket: Ticket) -> None:
