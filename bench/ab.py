@@ -86,7 +86,7 @@ def start_redis(procs: list[subprocess.Popen[bytes]]) -> str:
     """A throwaway redis-server on loopback (Debian's ``redis-server``)."""
     port = bench.free_port()
     cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
     for _ in range(100):
         try:
             redis_commands(f"redis://127.0.0.1:{port}/0")
