@@ -63,23 +63,26 @@ def main() -> None:
                 labels.append(f"{src}{'  with storage.redis_url' if shared else ''}")
         results: list[list[float]] = [[] for _ in targets]
         commands: list[list[float]] = [[] for _ in targets]
+        p50s: list[list[float]] = [[] for _ in targets]
         for _ in range(args.rounds):
-            for target, got, sent in zip(targets, results, commands, strict=True):
+            for target, got, sent, p50 in zip(targets, results, commands, p50s, strict=True):
                 before = redis_commands(redis_url) if redis_url else 0
                 cell = bench.run_wrk(wrk, target, args.stream, args.c, args.d, tmp, mock_url)
                 if cell["errors"] or cell["reached"] < 0.99:
                     sys.exit(f"{target.name}: {cell['errors']} errors, reached {cell['reached']:.2f}: not comparable")
                 got.append(bench._us(cell))
+                p50.append(cell["p50"])
                 if redis_url and cell["requests"]:
                     sent.append((redis_commands(redis_url) - before) / cell["requests"])
     finally:
         bench.stop_all(procs)
     mode = "stream (64 SSE chunks)" if args.stream else "non-stream"
     print(f"\n{mode}, c={args.c}, {args.rounds} rounds of {args.d:g} s, --log-level {args.level}\n")
-    for label, got, sent in zip(labels, results, commands, strict=True):
+    for label, got, sent, p50 in zip(labels, results, commands, p50s, strict=True):
         rounds = ", ".join(f"{x:.0f}" for x in got)
         redis = f"; {statistics.median(sent):.2f} Redis commands/req" if "redis_url" in label and sent else ""
-        print(f"{statistics.median(got):7.1f} us CPU/req  {label}  (rounds: {rounds}){redis}")
+        latency = f", p50 {statistics.median(p50):.2f} ms"
+        print(f"{statistics.median(got):7.1f} us CPU/req{latency}  {label}  (rounds: {rounds}){redis}")
 
 
 def start_redis(procs: list[subprocess.Popen[bytes]]) -> str:
