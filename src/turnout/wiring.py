@@ -72,7 +72,7 @@ from turnout.redaction import handler_args
 from turnout.runtime.demo import DemoAgent
 from turnout.runtime.demo_install import model_path
 from turnout.state.changes import ChangeCounter
-from turnout.state.placement_store import PlacementStore
+from turnout.state.placement_shared import SharedPlacementStore
 from turnout.state.running import GatewayMark
 from turnout.store.aliases import AliasStore
 from turnout.store.audit import AuditLog
@@ -83,6 +83,7 @@ from turnout.store.listings import ModelListings
 from turnout.store.people import PeopleStore
 from turnout.store.responses import ResponseStore
 from turnout.store.secrets import SecretBox
+from turnout.store.shared_state import SharedState
 from turnout.store.usage import UsageStore
 from turnout.upstream.client import UpstreamClient
 
@@ -191,29 +192,32 @@ def _limiter(settings: Settings, processes: int, limits: socket.socket | None) -
 
 
 async def _catch_up(app: web.Application) -> None:
-    """Re-read what another process of this gateway changed through its admin API."""
+    """Re-read what another process or replica of this gateway changed through its admin API (people and their
+    tokens are read from the store on every use: nothing of them is kept)."""
     app[ACCOUNTANT].forget()
-    app[FLEET].placement.refresh(force=True)
+    await app[FLEET].placement.pull()
     await app[ENDPOINTS].sync()
     await app[ALIASES].reload()
     app[DISPATCHER].wake_all()
 
 
-def _peers(settings: Settings, processes: int, reload: Callable[[], Awaitable[None]]) -> Peers | None:
-    """The other gateway processes on this data dir (`serve --workers N`, or replicas sharing the dir): their
-    admin changes picked up at the start of the next request, ours announced. A single process on a data dir
-    it cannot write goes without (others there then see its changes at their next poll round)."""
+def _peers(settings: Settings, processes: int, shared: SharedState, reload: Callable[[], Awaitable[None]]) -> Peers:
+    """The other gateway processes on this data dir (`serve --workers N`, or replicas sharing the dir) through
+    its change counter, and every replica through the store's change version (and Redis, when configured):
+    their admin changes picked up, ours announced. A single process on a data dir it cannot write goes without
+    the counter (the store's version still carries its changes)."""
+    counter = None
     try:
-        return Peers(ChangeCounter(settings.data_dir), reload)
+        counter = ChangeCounter(settings.data_dir)
     except OSError as exc:
         if processes > 1:
             raise
         log.warning(
-            "cannot share admin changes with other gateways on %s (%s): they see them at their next poll round",
+            "cannot share admin changes through %s (%s): other gateways there take them from the store's poll",
             settings.data_dir,
             exc.strerror or exc,
         )
-        return None
+    return Peers(reload, counter=counter, shared=shared, redis_url=settings.storage.redis_url)
 
 
 def create_app(
@@ -224,10 +228,11 @@ def create_app(
     --workers N`: its rate and token limits are counted by the supervisor through ``limits`` (its end of the
     supervisor's socket pair) unless Redis is configured; admin changes are shared, and so are the records of
     the workers' prefix indexes (through ``limits`` too)."""
-    placement = PlacementStore(settings.placement_file)
-    placement.load()
     database = Database(database_url(settings.storage.database_url, settings.data_dir))
     database.migrate()
+    shared = SharedState(database)
+    placement = SharedPlacementStore(settings.placement_file, shared)
+    placement.load()
     keys, usage = KeyStore(database), UsageStore(database)
     limiter = _limiter(settings, processes, limits)
     accountant = Accountant(settings, keys, usage, limiter=limiter)
@@ -249,10 +254,10 @@ def create_app(
         retry_after_s=max(1, int(settings.health.interval_s)),
         tenants=settings.tenants,
     )
-    shared = None
+    prefixes = None
     if processes > 1 and limits is not None:  # one prefix index for all the processes
         channel = limiter if isinstance(limiter, SharedLimiter) else SharedLimiter(limits)
-        shared = dispatcher.shared = SharedPrefixes(channel, fleet)
+        prefixes = dispatcher.shared = SharedPrefixes(channel, fleet)
     poller = Poller(fleet, client, on_change=dispatcher.wake_all)
     endpoints = EndpointManager(settings, fleet, client, EndpointStore(database), secrets)
     endpoints.on_change = dispatcher.wake_all
@@ -295,7 +300,7 @@ def create_app(
                 demo.announce_ready()
 
         claims.on_change = changed
-    app[PEERS] = _peers(settings, processes, lambda: _catch_up(app))
+    peers = app[PEERS] = _peers(settings, processes, shared, lambda: _catch_up(app))
     app[REQUEST_IDS] = request_ids()
     add_client_routes(app)
     add_admin_routes(app)
@@ -319,8 +324,8 @@ def create_app(
         for value in credentials:
             SECRETS.add(value)
         await client.start()
-        if shared is not None:
-            shared.listen()
+        if prefixes is not None:
+            prefixes.listen()
         await accountant.start()
         await poller.poll_all()
         poller.start()
@@ -330,7 +335,9 @@ def create_app(
             await demo.start()
         if claims is not None:
             claims.start()
+        await peers.start()
         yield
+        await peers.stop()
         if claims is not None:
             await claims.stop()
         await aliases.stop()
@@ -342,9 +349,7 @@ def create_app(
         await app[STORED].close()
         await client.close()
         database.close()
-        peers = app[PEERS]
-        if peers is not None:
-            peers.close()
+        peers.close()
         for value in credentials:
             SECRETS.discard(value)
         mark.release()

@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.conftest import EmulatorFactory, FleetFactory
+from tests.conftest import EmulatorFactory, FleetFactory, eventually
 
 
 def fleet_config(url: str) -> dict[str, Any]:
@@ -67,3 +67,9 @@ async def test_redis_stops_and_starts_again_on_its_port(emulator: EmulatorFactor
         assert await chat(http, fleet.urls[0]) == 200  # open access: no limits to count, nothing needs Redis
     await asyncio.to_thread(redis.start)
     assert redis.running and redis.url == url
+
+    async def said_once_each_way() -> bool:
+        log = fleet.replicas[0].log()
+        return "Redis (" in log and "Redis answers again" in log
+
+    await eventually(said_once_each_way, "the replica's log to say Redis went and came back", limit_s=30)

@@ -112,3 +112,13 @@ def test_replicas_migrating_a_new_postgresql_at_once_all_succeed(postgres_databa
     finally:
         db.close()
 
+
+def test_the_shared_state_starts_with_the_change_version_at_zero(database_url: str) -> None:
+    db = Database(database_url)
+    try:
+        db.migrate()
+        with db.engine.connect() as conn:
+            rows = conn.execute(text("SELECT name, version, document FROM shared_state")).all()
+        assert [tuple(r) for r in rows] == [("changes", 0, None)]
+    finally:
+        db.close()

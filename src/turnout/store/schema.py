@@ -28,6 +28,7 @@ __all__ = [
     "people",
     "personal_tokens",
     "responses",
+    "shared_state",
     "tenants",
     "usage",
 ]
@@ -215,4 +216,15 @@ responses = Table(
     Column("input_items", JSON, nullable=False),
     Column("response", JSON, nullable=False),
     Index("ix_responses_expires_at", "expires_at"),
+)
+
+shared_state = Table(
+    # What every replica must see the same (turnout.store.shared_state): "changes" (the admin change version)
+    # and "placement" (the override file's document and its own write count).
+    "shared_state",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("version", BigInteger, nullable=False),
+    Column("document", Text, nullable=True),
+    Column("updated_at", Float, nullable=False),
 )
