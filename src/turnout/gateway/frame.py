@@ -63,8 +63,8 @@ async def _respond(
     dialect: Dialect,
     endpoint: str,
 ) -> web.StreamResponse:
-    """Every request's frame: admin auth, errors in the route's dialect, metrics, and catching up with the
-    other processes of `turnout serve --workers N`."""
+    """Every request's frame: admin auth, errors in the route's dialect, metrics, catching up with the other
+    processes on this data dir (`turnout serve --workers N`), and announcing admin changes to every replica."""
     app = request.app
     metrics = app[METRICS]
     started = time.perf_counter()
