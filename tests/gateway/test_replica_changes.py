@@ -12,12 +12,14 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from tests.conftest import EmulatorFactory, FleetFactory
+from tests.support.cli import run, write_config
 from tests.support.replicas import ReplicaFleet
 from turnout.store.db import Database
 from turnout.store.people import PeopleStore
@@ -145,6 +147,25 @@ async def test_an_alias_set_on_one_replica(key_and_fleet: tuple[ReplicaFleet, st
         )
         assert status == 201, answer
         await everywhere(fleet, http, resolves, time.monotonic())
+
+
+async def test_an_alias_the_cli_writes_to_the_store_reaches_every_replica(
+    key_and_fleet: tuple[ReplicaFleet, str, Any], tmp_path: Path
+) -> None:
+    """`turnout alias set` on a machine where no gateway answers writes the store itself, and tells the replicas
+    through the store's change version (before: they took it at their 5-second refresh)."""
+    fleet, key, _ = key_and_fleet
+    storage = {"data_dir": str(tmp_path / "cli"), "database_url": fleet.database_url}
+    config = write_config(tmp_path / "cli.json", storage=storage)
+    done = await asyncio.to_thread(run, ["alias", "set", "quick", "qwen3:8b", "--config", str(config)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    since = time.monotonic()
+
+    async def resolves(http: aiohttp.ClientSession, url: str) -> bool:
+        return await chat(http, url, "quick", key) == 200
+
+    async with aiohttp.ClientSession() as http:
+        await everywhere(fleet, http, resolves, since)
 
 
 async def test_an_endpoint_registered_on_one_replica(key_and_fleet: tuple[ReplicaFleet, str, Any]) -> None:
