@@ -55,9 +55,23 @@ async def test_three_replicas_behind_nginx_round_robin_and_a_killed_one_is_skipp
         assert await chat(http, fleet.replicas[1].url) == 200
 
 
-async def test_redis_stops_and_starts_again_on_its_port(emulator: EmulatorFactory, replica_fleet: FleetFactory) -> None:
+async def test_redis_stops_and_starts_again_on_its_port_and_serve_args_reach_the_replicas(
+    emulator: EmulatorFactory, replica_fleet: FleetFactory
+) -> None:
     emu = await emulator("a", ["qwen3:8b"])
-    fleet = await replica_fleet(fleet_config(emu.url), replicas=2, balancer=False, healthy_workers=1)
+    fleet = await replica_fleet(
+        fleet_config(emu.url), replicas=2, balancer=False, healthy_workers=1, serve_args=["--workers", "2"]
+    )
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:  # new connections
+
+        async def two_processes() -> bool:  # serve_args reached `turnout serve`: two processes share the port
+            pids = set()
+            for _ in range(20):
+                async with http.get(f"{fleet.urls[0]}/healthz") as r:
+                    pids.add((await r.json())["pid"])
+            return len(pids) == 2
+
+        await eventually(two_processes, "both processes of replica r0 to answer", limit_s=30)
     redis = fleet.redis
     assert redis is not None
     url = redis.url

@@ -1,13 +1,20 @@
 """Gateway replicas on loopback, as a platform team runs them: one PostgreSQL and one Redis shared, N `turnout
 serve` processes each with its own data dir, and nginx round robin in front (its config built from the shipped
 example, deploy/nginx/turnout.conf). For tests (the ``replica_fleet`` fixture in tests/conftest.py) and benches
-(bench/replicas.py). Everything it starts it stops, also when starting fails halfway.
+(bench/changes.py). Everything it starts it stops, also when starting fails halfway.
 
     with ReplicaFleet(workdir, {"workers": [...]}, replicas=3, postgres=server_url) as fleet:
         fleet.url                   # nginx in front (fleet.replicas[i].url: one replica)
         fleet.kill(1)               # SIGKILL replica 1; fleet.start_replica(1): again (same port and data dir)
         fleet.redis.stop(); fleet.redis.start()   # same port, empty again
         fleet.replicas[0].log()     # what replica 0 printed (its log file)
+        fleet.balancer.served_by()  # which replica nginx sent each request to (its access log)
+
+Options: ``replicas``, ``postgres``, ``redis`` (False: no Redis, no ``storage.redis_url``), ``balancer`` (False: no
+nginx; ``fleet.url`` is the first replica), ``log_level``, ``env`` (added to every replica's environment),
+``healthy_workers`` (a replica is ready once its ``/healthz`` counts that many), ``serve_args`` (more `turnout
+serve` options for every replica, such as ``["--workers", "2"]``). Each replica's config is the given one with
+``storage`` pointing at its own data dir, the fleet's database and Redis (:meth:`ReplicaFleet.config_of`).
 
 ``postgres``: a PostgreSQL server's URL (tests pass the session's server): the fleet creates a database of its
 own there and drops it afterwards; None starts a server of its own (seconds more). In async tests use
@@ -30,7 +37,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -90,6 +97,7 @@ class Replica:
     home: Path  # config.json, serve.log and data/ live here
     env: dict[str, str]
     log_level: str = "info"
+    args: tuple[str, ...] = ()  # more `turnout serve` options (`--workers 2`...)
     proc: subprocess.Popen[bytes] | None = None
     _log: Any = field(default=None, repr=False)
 
@@ -121,7 +129,7 @@ class Replica:
         self._log = self.log_path.open("ab")
         argv = [*TURNOUT, "serve", "--config", str(self.config), "--port", str(self.port)]
         self.proc = subprocess.Popen(
-            [*argv, "--log-level", self.log_level], stdout=self._log, stderr=subprocess.STDOUT, env=self.env
+            [*argv, "--log-level", self.log_level, *self.args], stdout=self._log, stderr=subprocess.STDOUT, env=self.env
         )
 
     def wait_ready(self, healthy_workers: int | None = None, limit_s: float = START_S) -> None:
@@ -281,6 +289,7 @@ class ReplicaFleet:
         log_level: str = "info",
         env: Mapping[str, str] | None = None,
         healthy_workers: int | None = None,
+        serve_args: Sequence[str] = (),
     ) -> None:
         self.workdir = workdir
         self.base_config = dict(config)
@@ -289,6 +298,7 @@ class ReplicaFleet:
         self.healthy_workers = healthy_workers
         self.log_level = log_level
         self.extra_env = dict(env or {})
+        self.serve_args = tuple(serve_args)
         self.redis: RedisServer | None = RedisServer() if redis else None
         self.balancer: Balancer | None = Balancer(workdir / "nginx", _free_port()) if balancer else None
         self.replicas: list[Replica] = []
@@ -315,7 +325,7 @@ class ReplicaFleet:
         for i in range(self.count):
             home = self.workdir / f"r{i}"
             home.mkdir(parents=True, exist_ok=True)
-            replica = Replica(f"r{i}", _free_port(), home, env, self.log_level)
+            replica = Replica(f"r{i}", _free_port(), home, env, self.log_level, self.serve_args)
             replica.config.write_text(json.dumps(self.config_of(replica), indent=2))
             self.replicas.append(replica)
         self._stack.callback(self._stop_replicas)
