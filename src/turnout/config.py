@@ -101,7 +101,18 @@ class Storage(_Model):
         None, description="SQLAlchemy URL (postgresql://user:pass@host/db); default: SQLite turnout.db in data_dir"
     )
     redis_url: str | None = Field(
-        None, description="redis://host:port/db; when set, rate and token limits are shared by every replica"
+        None,
+        description="redis://host:port/db; when set, every replica shares through it the rate and token limits, the "
+        "requests in flight and the wait queue (every cap exact across replicas), the prefix index, and the one wake "
+        "per sleeping model (docs/scaling.md)",
+    )
+    redis_timeout_ms: float = Field(
+        250,
+        gt=0,
+        le=10_000,
+        description="a Redis reply later than this counts as Redis away: each replica serves on its own state (every "
+        "cap cut to its share) until Redis answers again. The time is the gateway's own: a busy gateway reads a "
+        "reply late even from a quick Redis, so a figure much below 100 ms takes load for an outage",
     )
 
 
@@ -157,6 +168,24 @@ class Routing(_Model):
         le=MAX_WAIT_S * 24,
         description="a learned prefill or decode rate older than this is forgotten: the worker counts as average "
         "again and gets requests, so that one slow answer never starves it",
+    )
+    hold_s: float = Field(
+        60,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="a request for a model that is waking, activating or starting (a claim), or whose only workers "
+        "are down but were healthy within the last minute (a restart), waits this long for it in the queue before "
+        "it is answered 503 with Retry-After: a wake takes about a second and a small model's start a few, while "
+        "clients wait minutes for an answer (the OpenAI and Anthropic SDKs 10); 0: answer at once. A request can "
+        "ask for less with the X-Turnout-Hold header",
+    )
+    batch_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="batch requests (the Batch API's lines, keys of class batch) may hold at most this share of a "
+        "worker's slots (what its engine runs at once; at least one), so an interactive request finds a free slot "
+        "instead of waiting behind a long batch generation; 1: no headroom",
     )
     explain_header: bool = Field(
         False,
@@ -479,6 +508,45 @@ class Responses(_Model):
     )
 
 
+class Batches(_Model):
+    """The OpenAI Batch API (docs/api.md#the-batch-api): its files live in the SQL store, so that every replica
+    can run or resume any batch."""
+
+    max_file_bytes: int = Field(
+        100 * 2**20,
+        ge=1024,
+        le=2**30,
+        description="largest input file POST /v1/files takes, in bytes (kept in the SQL store until deleted)",
+    )
+    max_lines: int = Field(50_000, ge=1, le=1_000_000, description="most requests in one batch input file")
+    retention_days: float = Field(
+        30,
+        gt=0,
+        le=3650,
+        description="days a batch is kept after it ended, with its output and error files (then deleted), and "
+        "an uploaded file after its upload unless it asked for less (expires_after)",
+    )
+    lines_in_flight: int = Field(
+        8,
+        ge=1,
+        le=10_000,
+        description="requests of one batch in flight at once (each asks the dispatcher for a slot at batch priority)",
+    )
+    max_attempts: int = Field(
+        3, ge=1, le=10, description="times a line is sent when its worker fails (5xx) before that failure is its answer"
+    )
+    lease_s: float = Field(
+        30,
+        ge=1,
+        le=MAX_WAIT_S,
+        description="a batch has one runner at a time, which renews its lease every third of this; another gateway "
+        "(or this one restarted) resumes a batch whose runner stopped renewing for this long",
+    )
+    poll_s: float = Field(
+        2, gt=0, le=MAX_WAIT_S, description="how often each gateway looks for batches to run or resume"
+    )
+
+
 class PoolAgent(_Model):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     agent_url: AnyHttpUrl = Field(description="the pod's runtime agent (turnout agent)")
@@ -658,6 +726,7 @@ class Settings(_Model):
     auth: Auth = Field(default_factory=Auth)
     responses: Responses = Field(default_factory=Responses)
     network: Network = Field(default_factory=Network)
+    batches: Batches = Field(default_factory=Batches)
     tenants: dict[str, Tenant] = Field(default_factory=dict)
     pools: Pools | None = Field(None, description="run the local ModelClaim controller inside the gateway")
     workers: list[Worker] = Field(default_factory=list)

@@ -136,6 +136,12 @@ class Metrics:
             registry=self.registry,
         )
         self.queued = Gauge("turnout_queued_requests", "requests waiting for a free slot", registry=self.registry)
+        self._shared_up: Gauge | None = None  # registered with storage.redis_url only (shared_state)
+        self.held = Gauge(
+            "turnout_held_requests",
+            "requests held now for a model that is waking, activating or starting (routing.hold_s)",
+            registry=self.registry,
+        )
         self.upstream_errors = Counter(
             "turnout_upstream_errors", "failed upstream attempts", ["worker", "kind"], registry=self.registry
         )
@@ -153,6 +159,17 @@ class Metrics:
         self.registry.register(_FleetCollector(fleet))
 
         self._done: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+
+    def shared_state(self, up: bool) -> None:
+        """The shared routing state (Redis) answers, or stopped answering."""
+        if self._shared_up is None:
+            self._shared_up = Gauge(
+                "turnout_shared_state_up",
+                "1 while the replicas' shared routing state (storage.redis_url) answers, 0 while this replica "
+                "serves on its own",
+                registry=self.registry,
+            )
+        self._shared_up.set(1.0 if up else 0.0)
 
     def request_done(self, api: str, endpoint: str, status: int, seconds: float) -> None:
         """Count one finished request (label children cached: this runs on every request)."""

@@ -126,8 +126,9 @@ class RedisServer:
 
 
 @contextmanager
-def redis_server() -> Iterator[str]:
-    server = RedisServer()
+def redis_server(port: int | None = None) -> Iterator[str]:
+    """A throwaway redis-server on loopback (``port``: this one, e.g. to start again where one was stopped)."""
+    server = RedisServer(port)
     server.start()
     try:
         yield server.url

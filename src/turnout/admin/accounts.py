@@ -236,11 +236,12 @@ async def _usage_filter(request: web.Request, query: UsageQuery) -> UsageFilter:
         model=query.model,
         route=query.route,
         key_ids=key_ids,
+        batch=query.batch,
     )
 
 
 def _filters(query: UsageQuery) -> dict[str, Any]:
-    return {n: getattr(query, n) for n in ("key", "endpoint", "worker", "model", "route")}
+    return {n: getattr(query, n) for n in ("key", "endpoint", "worker", "model", "route", "batch")}
 
 
 def _csv(rows: list[dict[str, Any]], columns: tuple[str, ...], name: str) -> web.Response:

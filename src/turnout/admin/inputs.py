@@ -61,6 +61,7 @@ __all__ = [
     "MAX_URL",
     "AliasSet",
     "AuditQuery",
+    "BatchListQuery",
     "EndpointChange",
     "EndpointCreate",
     "EndpointTest",
@@ -333,11 +334,12 @@ class UsageQuery(_Query):
     worker: Annotated[StrictStr, Field(min_length=1, max_length=128)] | None = None
     model: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
     route: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
+    batch: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None  # a Batch API batch's lines
     format: Literal["json", "csv"] = "json"
 
     @model_validator(mode="after")
     def _texts(self) -> UsageQuery:
-        for name in ("endpoint", "worker", "model", "route"):
+        for name in ("endpoint", "worker", "model", "route", "batch"):
             value = getattr(self, name)
             if value is not None and text_problem(value) is not None:
                 raise _FieldProblem(f'"{name}" {text_problem(value)}', name)
@@ -368,6 +370,17 @@ class AuditQuery(_Query):
 
     def until_ts(self, now: float) -> float | None:
         return parse_when(self.until, now, field="until")
+
+
+class BatchListQuery(_Query):
+    """``GET /admin/api/batches`` and ``turnout batch list``: filters (combined with AND), the newest first."""
+
+    app: Name | None = None
+    status: (
+        Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"]
+        | None
+    ) = None
+    limit: Annotated[int, BeforeValidator(_whole_number), Field(ge=1, le=1000)] = 100
 
 
 class EndpointCreate(_Input):

@@ -295,6 +295,7 @@ def usage(
     worker: Annotated[str | None, typer.Option(help="the worker that served the requests")] = None,
     model: Annotated[str | None, typer.Option(help="the model served (an alias counts as its model)")] = None,
     route: Annotated[str | None, typer.Option(help="the client API route, e.g. openai:chat")] = None,
+    batch: Annotated[str | None, typer.Option(help="only the lines of this Batch API batch (batch_...)")] = None,
     series: Annotated[bool, typer.Option("--series", help="one point per bucket (totals, as charted)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
     output_format: Annotated[str | None, typer.Option("--format", help="table (default), json or csv")] = None,
@@ -317,6 +318,7 @@ def usage(
         "worker": worker,
         "model": model,
         "route": route,
+        "batch": batch,
     }
     with cli_input():
         query = parse_input(UsageQuery, {**given, "format": "csv" if shape == "csv" else "json"})
@@ -352,7 +354,12 @@ def _usage_on_store(
     with open_store(settings) as (_, db):
         key_id = KeyStore(db).get(query.key).id if query.key else None
         where = UsageFilter(
-            key_id=key_id, endpoint=query.endpoint, worker=query.worker, model=query.model, route=query.route
+            key_id=key_id,
+            endpoint=query.endpoint,
+            worker=query.worker,
+            model=query.model,
+            route=query.route,
+            batch=query.batch,
         )
         store = UsageStore(db)
         try:

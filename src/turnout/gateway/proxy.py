@@ -35,6 +35,7 @@ import orjson
 from aiohttp import web
 
 from turnout.config import Settings
+from turnout.core.admission import Priority
 from turnout.core.health import failure_reason
 from turnout.core.prefix import BYTES_PER_TOKEN
 from turnout.core.routing import NoRoute
@@ -60,6 +61,8 @@ from turnout.gateway.accounting import Outcome
 from turnout.gateway.capabilities import EmbeddingProbe
 from turnout.gateway.catalog import iso_time, modified_at, unknown_details
 from turnout.gateway.dispatch import Ask, Dispatcher, Lease, no_route_error
+from turnout.gateway.hold import HOLDABLE, hold_limit
+from turnout.gateway.occupancy import Ticket
 from turnout.metrics import Metrics
 from turnout.responses import error_frame, error_response, json_response
 from turnout.upstream.client import ConnectFailed, NoAnswer, UpstreamClient, UpstreamResponse
@@ -103,18 +106,27 @@ class Proxy:
         self._embedding = EmbeddingProbe()  # whether a model on an OpenAI-style worker embeds (/api/show)
         self._explain = settings.routing.explain_header
 
-    async def serve(self, request: web.Request, call: Call, outcome: Outcome, tenant: str = "") -> web.StreamResponse:
+    async def serve(
+        self,
+        request: web.Request,
+        call: Call,
+        outcome: Outcome,
+        tenant: str = "",
+        priority: Priority = Priority.STANDARD,
+    ) -> web.StreamResponse:
+        """``priority``: the dispatcher's class for the call (``batch`` for a Batch API line), passed to
+        :meth:`Dispatcher.acquire`."""
         if call.endpoint is Endpoint.SHOW:
             return await self._show(call)
         if self.claims is not None and self.claims.claimed(call.model):
-            return await self._serve_claimed(request, call, outcome, tenant, self.claims)
+            return await self._serve_claimed(request, call, outcome, tenant, self.claims, priority)
         endpoint = self.fleet.endpoint_for(call.model)
         fallback = None if endpoint is None or endpoint.external is None else endpoint.external.fallback_model
         if fallback is None or call.fallback_from is not None:
-            return await self._serve_once(request, call, outcome, tenant)
+            return await self._serve_once(request, call, outcome, tenant, priority)
         assert endpoint is not None
         try:
-            return await self._serve_once(request, call, outcome, tenant)
+            return await self._serve_once(request, call, outcome, tenant, priority)
         except _NeedFallback as why:
             reason = why.reason
         except (ConnectFailed, Unavailable) as exc:  # endpoint down, unreachable or refused by the SSRF guard
@@ -131,17 +143,33 @@ class Proxy:
         body = orjson.dumps({**parse_object(call.body), "model": fallback})
         outcome.fallback_from = origin
         redirected = call._replace(model=fallback, payload=payload, body=body, fallback_from=origin)
-        return await self._serve_once(request, redirected, outcome, tenant)
+        return await self._serve_once(request, redirected, outcome, tenant, priority)
 
     async def _serve_claimed(
-        self, request: web.Request, call: Call, outcome: Outcome, tenant: str, claims: ClaimBindings
+        self,
+        request: web.Request,
+        call: Call,
+        outcome: Outcome,
+        tenant: str,
+        claims: ClaimBindings,
+        priority: Priority,
     ) -> web.StreamResponse:
-        """A claimed model is answered by its claim's state at every instant: 503 for one asleep, activating
-        or failed; and when its engine cannot be reached (the moment between a de-route and the status
-        saying so), the claim's "changing state" 503, never the generic no-route answer."""
-        claims.gate(call.model)
+        """A claimed model is answered by its claim's state at every instant: held while it gets ready (asleep and
+        woken, activating: :mod:`turnout.gateway.hold`), then the claim's 503 for one still not ready or failed; and
+        when its engine cannot be reached (the moment between a de-route and the status saying so), the claim's
+        "changing state" 503, never the generic no-route answer."""
+        model = call.model
+        ticket = None
+        refusal = None if model in self.fleet.bindings else claims.refusal(model, unreachable=True)
+        if refusal is not None:  # (asking for the refusal sent the wake of a sleeping model)
+            limit_s = hold_limit(request.headers, self.settings.routing.hold_s)
+            if limit_s <= 0 or refusal.code not in HOLDABLE:
+                raise refusal
+            ticket = await self.dispatcher.hold(model, tenant, priority, lambda: model in self.fleet.bindings, limit_s)
+            if ticket is None:
+                raise claims.refusal(model, unreachable=True) or refusal
         try:
-            return await self._serve_once(request, call, outcome, tenant)
+            return await self._serve_once(request, call, outcome, tenant, priority, ticket)
         except TurnoutError as exc:
             if not isinstance(exc, ConnectFailed) and exc.code not in _UNROUTABLE:
                 raise  # saturation of a live engine, a bad request: real answers
@@ -150,14 +178,27 @@ class Proxy:
                 raise
             raise refusal from None
 
-    async def _serve_once(self, request: web.Request, call: Call, outcome: Outcome, tenant: str) -> web.StreamResponse:
+    async def _serve_once(
+        self,
+        request: web.Request,
+        call: Call,
+        outcome: Outcome,
+        tenant: str,
+        priority: Priority,
+        ticket: Ticket | None = None,
+    ) -> web.StreamResponse:
+        """``ticket``: the place in the queue a hold kept for it."""
         exclude: set[str] = set()
         failure: ConnectFailed | None = None
         routing = self.settings.routing
         ask = Ask(call, request.headers, routing.session_header)
+        hold_s = hold_limit(request.headers, routing.hold_s)
         for _ in range(routing.max_attempts):
             try:
-                lease = await self.dispatcher.acquire(call.model, frozenset(exclude), tenant, ask)
+                lease = await self.dispatcher.acquire(
+                    call.model, frozenset(exclude), tenant, ask, priority=priority, ticket=ticket, hold_s=hold_s
+                )
+                ticket = None
             except TurnoutError:
                 if failure is not None:  # every reachable candidate failed: report the real cause
                     raise failure from None

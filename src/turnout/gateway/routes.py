@@ -8,7 +8,6 @@ alias is resolved in :func:`read_call` too, before the scope check; listings sho
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,12 +17,13 @@ from turnout import __version__
 from turnout.core.endpoint_urls import ENDPOINT_ROUTE_PREFIX
 from turnout.dialects import CLIENT_APIS
 from turnout.dialects.base import Dialect, Endpoint, Route
-from turnout.errors import Forbidden, NotFound, TurnoutError
-from turnout.gateway.access import CALLER, USAGE_ROW
-from turnout.gateway.accounting import Outcome, Ticket
+from turnout.errors import Forbidden, NotFound
+from turnout.gateway.access import CALLER
+from turnout.gateway.batch_api import BATCH_ROUTES
 from turnout.gateway.calls import read_call
 from turnout.gateway.catalog import anthropic_model, anthropic_models, ollama_ps, ollama_tags, openai_models
-from turnout.gateway.keys import ACCOUNTANT, ALIASES, FLEET, PROXY, SETTINGS, STORED
+from turnout.gateway.keys import ACCOUNTANT, ALIASES, FLEET, SETTINGS, STORED
+from turnout.gateway.serving import answer
 from turnout.responses import json_response
 
 __all__ = ["OLLAMA_COMPAT_VERSION", "add_client_routes"]
@@ -38,8 +38,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         app = request.app
-        accountant = app[ACCOUNTANT]
-        key = request[CALLER] = await accountant.authenticate(request)
+        key = request[CALLER] = await app[ACCOUNTANT].authenticate(request)
         call = await read_call(
             request,
             dialect,
@@ -48,38 +47,7 @@ def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
             namespace=endpoint_of(request),
             aliases=app[ALIASES].table,
         )
-        if endpoint is Endpoint.SHOW:
-            accountant.check_scope(key, call.model, call.alias)
-            ticket = Ticket(key, 0, [], 0.0)
-        else:
-            asked = time.perf_counter()
-            try:
-                accountant.check_scope(key, call.model, call.alias)
-                if endpoint is Endpoint.RESPONSES:  # its answer's id; a continuation's whole conversation
-                    call = await app[STORED].prepare(key, call)
-                ticket = await accountant.admit(key, call)
-                # what the call is billed when its worker counts none, and what a translated answer then says
-                call = call._replace(estimate=ticket.prompt_estimate)
-            except TurnoutError as exc:  # 403 scope, 429 limit, 503 limits unavailable: an error of this key
-                request[USAGE_ROW] = await accountant.finish(Ticket(key, 0, [], asked), call, Outcome(), exc.status)
-                raise
-        outcome = Outcome()
-        if endpoint is Endpoint.RESPONSES:
-            outcome.keep = app[STORED].keeper(key, call)
-        status = 500
-        try:
-            response = await app[PROXY].serve(request, call, outcome, "" if key is None else key.tenant)
-            status = response.status
-            return response
-        except TurnoutError as exc:
-            status = exc.status
-            raise
-        except BaseException:  # client gone (cancelled) or a bug: refund the reservation
-            outcome.failed = True
-            raise
-        finally:
-            if endpoint is not Endpoint.SHOW:
-                request[USAGE_ROW] = await accountant.finish(ticket, call, outcome, status)
+        return await answer(request, key, call)
 
     return handler
 
@@ -226,6 +194,11 @@ def add_client_routes(app: web.Application) -> None:
                 r.add_get(prefix + path, handler)  # HEAD too
             else:
                 r.add_route(method, prefix + path, handler)
+    for method, path, handler in BATCH_ROUTES:  # the Batch API: on the shared URL only
+        if method == "GET":
+            r.add_get(path, handler)
+        else:
+            r.add_route(method, path, handler)
     r.add_get("/", root)
     r.add_get(ENDPOINT_ROUTE_PREFIX, root)
     r.add_get(ENDPOINT_ROUTE_PREFIX + "/", root)

@@ -11,14 +11,14 @@
 The ``changes`` row is created here, at 0, so that every later bump is a plain ``UPDATE``.
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0015"
-down_revision = "0013"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
