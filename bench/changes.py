@@ -75,7 +75,7 @@ async def rounds(fleet: ReplicaFleet, count: int) -> list[float]:
 
 
 async def measure(workdir: Path, worker: str, replicas: int, count: int, idle_s: float, redis: bool) -> dict[str, Any]:
-    config = {"workers": [{"name": "a", "url": worker, "type": "ollama"}], "health": {"interval_s": 3600}}
+    config = {"workers": [{"name": "a", "url": worker, "type": "ollama"}], "health": {"interval_s": 2}}
     fleet = ReplicaFleet(workdir, config, replicas=replicas, redis=redis, balancer=False, log_level="warning")
     async with fleet:
         took = await rounds(fleet, count)

@@ -31,7 +31,8 @@ PRIVATE_OK = {"APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS": "true"}  # endpoints 
 def config(worker_url: str) -> dict[str, Any]:
     return {
         "workers": [{"name": "a", "url": worker_url, "type": "ollama"}],
-        "health": {"interval_s": 3600, "timeout_s": 2},
+        # short: a replica that starts while another holds the probe lease learns the health at its next round
+        "health": {"interval_s": 2, "timeout_s": 2},
         "auth": {"key_cache_s": 3600},  # a revoke must travel as a change, not wait for the cache to expire
     }
 

@@ -16,7 +16,8 @@ def fleet_config(url: str) -> dict[str, Any]:
     return {
         "workers": [{"name": "a", "url": url, "type": "ollama"}],
         "auth": {"open": True},
-        "health": {"interval_s": 3600, "timeout_s": 2},
+        # short: a replica that starts while another holds the probe lease learns the health at its next round
+        "health": {"interval_s": 2, "timeout_s": 2},
     }
 
 
