@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -26,6 +26,8 @@ from aiohttp import web
 
 from tests.support import leftovers
 from tests.support.ollama_emulator import Behaviour, OllamaEmulator
+from tests.support.replicas import ReplicaFleet
+from tests.support.services import fresh_postgres_database
 from tests.support.tiny_gguf import write_tiny_model
 from turnout.config import Settings, load_settings
 from turnout.gateway.server import start_runner
@@ -409,23 +411,25 @@ def redis_url() -> Iterator[str]:
         yield url
 
 
-_db_counter = iter(range(1, 1_000_000))
+FleetFactory = Callable[..., Awaitable[ReplicaFleet]]
 
 
-@contextmanager
-def fresh_postgres_database(server: str) -> Iterator[str]:
-    import sqlalchemy
+@pytest.fixture
+async def replica_fleet(tmp_path: Path, postgres_url: str) -> AsyncIterator[FleetFactory]:
+    """Start fleets of gateway replicas (tests/support/replicas.py: its own database on the session's PostgreSQL,
+    its own Redis, nginx in front): ``fleet = await replica_fleet(config, replicas=3)``; all stop at the end."""
+    started: list[ReplicaFleet] = []
 
-    name = f"t{os.getpid()}_{next(_db_counter)}"
-    admin = sqlalchemy.create_engine(server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    async def make(config: dict[str, Any], **options: Any) -> ReplicaFleet:
+        fleet = ReplicaFleet(tmp_path / f"fleet{len(started)}", config, postgres=postgres_url, **options)
+        started.append(fleet)
+        return await fleet.astart()
+
     try:
-        yield server.rsplit("/", 1)[0] + f"/{name}"
+        yield make
     finally:
-        with admin.connect() as conn:
-            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
+        for fleet in started:
+            await fleet.aclose()
 
 
 @pytest.fixture

@@ -63,10 +63,10 @@ DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "do
 SHELL = {"bash", "sh"}  # run in the document's shell
 RUN = {*SHELL, "console", "python"}
 DATA = {  # not commands: never run, no mark needed
-    *("text", "json", "jsonc", "yaml", "ini", "toml", "http", "promql", "dockerfile"),
+    *("text", "json", "jsonc", "yaml", "ini", "toml", "http", "promql", "dockerfile", "nginx"),
     *("jinja", "js", "html", "css", "mermaid"),
 }
-MAX_NOT_RUN = 13  # the <!-- not-run: reason --> marks in README.md and docs/ (each one reviewed: keep them few)
+MAX_NOT_RUN = 14  # the <!-- not-run: reason --> marks in README.md and docs/ (each one reviewed: keep them few)
 SERVES = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\./scripts/serve|(?:\.venv/bin/)?turnout serve)\b")
 BACKGROUND = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\.venv/bin/)?turnout (?:operator|controller|agent)\b")
 SCRIPTS_TEST = re.compile(r"^\./scripts/test\b")

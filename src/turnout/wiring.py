@@ -80,7 +80,7 @@ from turnout.redaction import handler_args
 from turnout.runtime.demo import DemoAgent
 from turnout.runtime.demo_install import model_path
 from turnout.state.changes import ChangeCounter
-from turnout.state.placement_store import PlacementStore
+from turnout.state.placement_shared import SharedPlacementStore
 from turnout.state.running import GatewayMark
 from turnout.store.aliases import AliasStore
 from turnout.store.audit import AuditLog
@@ -92,6 +92,7 @@ from turnout.store.listings import ModelListings
 from turnout.store.people import PeopleStore
 from turnout.store.responses import ResponseStore
 from turnout.store.secrets import SecretBox
+from turnout.store.shared_state import SharedState
 from turnout.store.usage import UsageStore
 from turnout.upstream.client import UpstreamClient
 
@@ -230,29 +231,32 @@ def _occupancy(settings: Settings, fleet: Fleet, metrics: Metrics) -> RedisOccup
 
 
 async def _catch_up(app: web.Application) -> None:
-    """Re-read what another process of this gateway changed through its admin API."""
+    """Re-read what another process or replica of this gateway changed through its admin API (people and their
+    tokens are read from the store on every use: nothing of them is kept)."""
     app[ACCOUNTANT].forget()
-    app[FLEET].placement.refresh(force=True)
+    await app[FLEET].placement.pull()
     await app[ENDPOINTS].sync()
     await app[ALIASES].reload()
     app[DISPATCHER].wake_all()
 
 
-def _peers(settings: Settings, processes: int, reload: Callable[[], Awaitable[None]]) -> Peers | None:
-    """The other gateway processes on this data dir (`serve --workers N`, or replicas sharing the dir): their
-    admin changes picked up at the start of the next request, ours announced. A single process on a data dir
-    it cannot write goes without (others there then see its changes at their next poll round)."""
+def _peers(settings: Settings, processes: int, shared: SharedState, reload: Callable[[], Awaitable[None]]) -> Peers:
+    """The other gateway processes on this data dir (`serve --workers N`, or replicas sharing the dir) through
+    its change counter, and every replica through the store's change version (and Redis, when configured):
+    their admin changes picked up, ours announced. A single process on a data dir it cannot write goes without
+    the counter (the store's version still carries its changes)."""
+    counter = None
     try:
-        return Peers(ChangeCounter(settings.data_dir), reload)
+        counter = ChangeCounter(settings.data_dir)
     except OSError as exc:
         if processes > 1:
             raise
         log.warning(
-            "cannot share admin changes with other gateways on %s (%s): they see them at their next poll round",
+            "cannot share admin changes through %s (%s): other gateways there take them from the store's poll",
             settings.data_dir,
             exc.strerror or exc,
         )
-        return None
+    return Peers(reload, counter=counter, shared=shared, redis_url=settings.storage.redis_url)
 
 
 def create_app(
@@ -263,10 +267,11 @@ def create_app(
     --workers N`: its rate and token limits are counted by the supervisor through ``limits`` (its end of the
     supervisor's socket pair) unless Redis is configured, and so are its requests in flight, its wait queue and
     the workers' prefix indexes (through ``limits`` too); admin changes are shared."""
-    placement = PlacementStore(settings.placement_file)
-    placement.load()
     database = Database(database_url(settings.storage.database_url, settings.data_dir))
     database.migrate()
+    shared = SharedState(database)
+    placement = SharedPlacementStore(settings.placement_file, shared)
+    placement.load()
     keys, usage = KeyStore(database), UsageStore(database)
     limiter = _limiter(settings, processes, limits)
     accountant = Accountant(settings, keys, usage, limiter=limiter)
@@ -355,7 +360,7 @@ def create_app(
                 demo.announce_ready()
 
         claims.on_change = changed
-    app[PEERS] = _peers(settings, processes, lambda: _catch_up(app))
+    peers = app[PEERS] = _peers(settings, processes, shared, lambda: _catch_up(app))
     add_client_routes(app)
     add_admin_routes(app)
     add_account_routes(app)
@@ -395,8 +400,10 @@ def create_app(
         if claims is not None:
             claims.start()
         batch_runner.start()
+        await peers.start()
         yield
         await batch_runner.stop()  # first: its lines' answers are written while the rest still runs
+        await peers.stop()
         if claims is not None:
             await claims.stop()
         await aliases.stop()
@@ -412,9 +419,7 @@ def create_app(
         await app[STORED].close()
         await client.close()
         database.close()
-        peers = app[PEERS]
-        if peers is not None:
-            peers.close()
+        peers.close()
         for value in credentials:
             SECRETS.discard(value)
         mark.release()

@@ -74,7 +74,7 @@ class BatchNudge(Protocol):
 BATCH_RUNNER: web.AppKey[BatchNudge] = web.AppKey("batch_runner")  # runs this process's share of the batches
 STORED: web.AppKey[StoredResponses] = web.AppKey("stored_responses")  # the Responses API's stored answers
 # Other gateway processes on this data dir (None only where the data dir has no change counter).
-PEERS: web.AppKey[Peers | None] = web.AppKey("peers")
+PEERS: web.AppKey[Peers] = web.AppKey("peers")
 # The admin package's gate for /admin/... (who asks, and whether their role may), run by the request frame before
 # the handler: None lets the request in, a response is the refusal to send instead (a UI page's 403); set by
 # turnout.wiring.create_app, so that the gateway does not import the admin package it serves.

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, CursorResult, RowMapping, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, CursorResult, Insert, RowMapping, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from turnout.core.patterns import Pattern, parse_pattern
 from turnout.store.bounds import MAX_INT, MAX_NAME
@@ -343,7 +344,12 @@ class KeyStore:
         found = conn.execute(select(tenants.c.id).where(tenants.c.name == name)).scalar()
         if found is not None:
             return int(found)
-        return _new_id(conn.execute(insert(tenants).values(name=name, created_at=now)))
+        made = _insert_once(conn, insert(tenants).values(name=name, created_at=now))
+        return (
+            made
+            if made is not None
+            else int(conn.execute(select(tenants.c.id).where(tenants.c.name == name)).scalar_one())
+        )
 
     def _app_id(self, conn: Connection, app: str, tenant: str | None, now: float) -> int:
         if not app or len(app) > MAX_NAME:
@@ -356,8 +362,8 @@ class KeyStore:
                 raise StoreError(f'app "{app}" belongs to tenant "{row[1]}", not "{tenant}"')
             return int(row[0])
         tenant_id = self._tenant_id(conn, tenant or DEFAULT_TENANT, now)
-        result = conn.execute(insert(apps).values(name=app, tenant_id=tenant_id, created_at=now))
-        return _new_id(result)
+        made = _insert_once(conn, insert(apps).values(name=app, tenant_id=tenant_id, created_at=now))
+        return made if made is not None else self._app_id(conn, app, tenant, now)
 
     def _insert(
         self,
@@ -450,6 +456,19 @@ def _record(row: RowMapping) -> KeyRecord:
         created_at=row["created_at"],
         rotated_to=row["rotated_to"],
     )
+
+
+def _insert_once(conn: Connection, statement: Insert) -> int | None:
+    """Insert a row another writer may be inserting at the same moment (two replicas starting on a new store each
+    make the first app's tenant): its id, or None when the other writer's row came first (read it then). On
+    PostgreSQL the insert is a savepoint, so the loser's transaction goes on; SQLite has one writer at a time."""
+    if conn.dialect.name != "postgresql":
+        return _new_id(conn.execute(statement))
+    try:
+        with conn.begin_nested():
+            return _new_id(conn.execute(statement))
+    except IntegrityError:
+        return None
 
 
 def _new_id(result: CursorResult[Any]) -> int:

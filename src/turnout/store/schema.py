@@ -34,6 +34,7 @@ __all__ = [
     "people",
     "personal_tokens",
     "responses",
+    "shared_state",
     "tenants",
     "usage",
 ]
@@ -294,4 +295,15 @@ batch_results = Table(
     Column("completion_tokens", Integer, nullable=False),
     Column("recorded_at", Float, nullable=False),
     PrimaryKeyConstraint("batch_id", "line", name="pk_batch_results"),
+)
+
+shared_state = Table(
+    # What every replica must see the same (turnout.store.shared_state): "changes" (the admin change version)
+    # and "placement" (the override file's document and its own write count).
+    "shared_state",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("version", BigInteger, nullable=False),
+    Column("document", Text, nullable=True),
+    Column("updated_at", Float, nullable=False),
 )
