@@ -193,3 +193,21 @@ def test_a_policy_vllm_would_refuse_is_refused_with_the_claim(args: dict[str, st
     assert fragment in str(caught.value)
     with pytest.raises(InvalidClaim):
         parse_claim_spec("c", {**BASE, "engine": "vllm", "engineConfig": {"args": args}})
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({**BASE, "engine": "vllm", "engineConfig": {"args": {"--scheduling-policy": "priority"}}}, True),
+        ({**BASE, "engineConfig": {"args": {"--scheduling-policy": "priority"}}}, True),  # vllm: the default engine
+        ({**BASE, "engine": "vllm", "engineConfig": {"args": {"--scheduling-policy": None}}}, False),  # "" : refused
+        ({**BASE, "engine": "vllm"}, False),
+        ({**BASE, "engine": "sglang", "engineConfig": {"args": {"--tp-size": "1"}}}, False),
+        ({"engine": "vllm", "engineConfig": {"args": {"--scheduling-policy": "priority"}}}, False),  # not a claim
+        ("not a spec", False),
+    ],
+)
+def test_a_claims_engine_schedules_by_priority(spec: object, expected: bool) -> None:
+    from turnout.core.claims import schedules_by_priority as claim_schedules
+
+    assert claim_schedules("c", spec) is expected

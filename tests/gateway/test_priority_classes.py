@@ -8,6 +8,7 @@ class as its per-request priority, and no other engine does."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -19,7 +20,8 @@ from aiohttp import web
 from tests.conftest import EmulatorFactory, Gateway, GatewayFactory, create_key, eventually, serve_app, worker
 from tests.support.engine_emulator import VLLM, Engine, build_app
 from turnout.core.admission import Priority
-from turnout.gateway.keys import DISPATCHER, KEYS
+from turnout.core.reconcile import ANNOTATION_PREFIX
+from turnout.gateway.keys import DISPATCHER, KEYS, PROXY
 
 HEADER = "X-Turnout-Priority"
 VllmFactory = Callable[..., Awaitable[tuple[str, Engine]]]
@@ -314,3 +316,50 @@ async def test_a_class_set_through_the_admin_api_applies_to_the_next_request(
         await chat(http, gw, key, "key interactive")
     assert [e["priority"] for e in engine.started_log] == [0, 1, -1]
     assert gw.app[KEYS].get(record.prefix).tenant_priority is Priority.BATCH
+
+
+async def test_a_claim_whose_vllm_args_schedule_by_priority_is_sent_the_class(
+    gateway: GatewayFactory, vllm: VllmFactory
+) -> None:
+    """Two vLLM claims on a pool, routed (the controller's status and routing annotation written as a tick would
+    leave them): the one whose engineConfig.args hold --scheduling_policy=priority (vLLM's own spelling rules) gets
+    each call's class; the other gets nothing. The gateway learns it from the claim as the local controller reads
+    it, when the claims change."""
+    ranked_url, ranked = await vllm(hold=False)
+    plain_url, plain = await vllm(hold=False)
+    labels = {"pool": "gpu", "pool.aibrix.ai/enabled": "true"}
+    gw = await gateway(
+        [],
+        auth={"open": False},
+        pools={"agents": [{"name": "pod-0", "agent_url": "http://127.0.0.1:9", "labels": labels}]},
+    )
+    claims = gw.app[PROXY].claims
+    assert claims is not None
+    await claims.stop()  # the test writes what a tick would
+    controller = claims.source.controller  # type: ignore[attr-defined]
+    for name, url, args in (
+        ("ranked", ranked_url, {"--scheduling_policy=priority": "", "--max-num-seqs": "8"}),
+        ("plain", plain_url, {"--max-num-seqs": "8"}),
+    ):
+        spec = {
+            "modelName": name,
+            "podSelector": {"matchLabels": {"pool": "gpu"}},
+            "artifactURL": "hf://org/tiny",
+            "engine": "vllm",
+            "engineConfig": {"args": args},
+        }
+        controller.files.apply({"metadata": {"name": name}, "spec": spec})
+        controller.statuses[name] = {"phase": "Active", "pod": "pod-0", "model": name}
+        port = int(url.rsplit(":", 1)[1])
+        route = json.dumps({"model": name, "port": port, "state": "active"})
+        controller.annotations["pod-0"][ANNOTATION_PREFIX + name] = route
+    claims.sync()
+    _, key = create_key(gw, app="nightly", priority=Priority.BATCH)
+    async with aiohttp.ClientSession() as http:
+        for model in ("ranked", "plain"):
+            body = {"model": model, "messages": [{"role": "user", "content": model}]}
+            headers = {"Authorization": f"Bearer {key}"}
+            async with http.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers) as resp:
+                assert resp.status == 200, await resp.text()
+    assert [(e["header"], e["body"]) for e in ranked.started_log] == [("1", 1)]
+    assert [(e["header"], e["body"]) for e in plain.started_log] == [(None, None)]
