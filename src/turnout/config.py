@@ -170,6 +170,24 @@ class Routing(_Model):
         description="a learned prefill or decode rate older than this is forgotten: the worker counts as average "
         "again and gets requests, so that one slow answer never starves it",
     )
+    hold_s: float = Field(
+        60,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="a request for a model that is waking, activating or starting (a claim), or whose only workers "
+        "are down but were healthy within the last minute (a restart), waits this long for it in the queue before "
+        "it is answered 503 with Retry-After: a wake takes about a second and a small model's start a few, while "
+        "clients wait minutes for an answer (the OpenAI and Anthropic SDKs 10); 0: answer at once. A request can "
+        "ask for less with the X-Turnout-Hold header",
+    )
+    batch_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="batch requests (the Batch API's lines, keys of class batch) may hold at most this share of a "
+        "worker's slots (what its engine runs at once; at least one), so an interactive request finds a free slot "
+        "instead of waiting behind a long batch generation; 1: no headroom",
+    )
     explain_header: bool = Field(
         False,
         description="answer every routed request with an X-Turnout-Route header: the worker and why it was chosen "

@@ -176,6 +176,11 @@ class Metrics:
         )
         self.queued = Gauge("turnout_queued_requests", "requests waiting for a free slot", registry=self.registry)
         self._shared_up: Gauge | None = None  # registered with storage.redis_url only (shared_state)
+        self.held = Gauge(
+            "turnout_held_requests",
+            "requests held now for a model that is waking, activating or starting (routing.hold_s)",
+            registry=self.registry,
+        )
         self.upstream_errors = Counter(
             "turnout_upstream_errors", "failed upstream attempts", ["worker", "kind"], registry=self.registry
         )

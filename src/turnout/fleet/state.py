@@ -130,6 +130,7 @@ class WorkerState:
     last_error: str | None = None
     down_reason: str | None = None  # the last counted failure in a few words (``connection refused``)
     credential_rejected: int | None = None  # the HTTP status of its credential's last rejection (until a success)
+    healthy_at: float | None = None  # monotonic time it was last seen healthy (a probe or an answer)
     failures: int = 0  # consecutive probe failures that counted
     request_failures: int = 0  # consecutive proxied requests that broke before any answer
     failures_to_down: int = 1  # health.failures_to_down (set by the fleet)
@@ -404,6 +405,8 @@ class WorkerState:
             self.down_reason = reason
         elif self.healthy:
             self.down_reason = None
+        if self.healthy:
+            self.healthy_at = time.monotonic()
         if known and not was and self.healthy:
             self.restarted()
         self._log_change(was, known, before, error)

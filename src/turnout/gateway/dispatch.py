@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -133,6 +133,8 @@ class Lease:
 
 
 _NOTHING_HELD = Held(0, 0, 0, {}, {}, False)  # a view not asked for: the take checks every cap
+HOLD_RECHECK_S = 0.5  # a held request looks again this often (a wake missed costs at most this)
+RECENTLY_S = 60.0  # a worker healthy this recently and down now is restarting: requests for it are held
 
 
 class Dispatcher:
@@ -186,14 +188,29 @@ class Dispatcher:
         tenant: str = "",
         ask: Ask | None = None,
         priority: Priority = Priority.STANDARD,
+        *,
+        ticket: Ticket | None = None,
+        hold_s: float = 0.0,
     ) -> Lease:
+        """A slot for ``model``. ``ticket``: its place in the queue, kept from a hold (:meth:`hold`); ``hold_s``: how
+        long it may wait for workers that are down for a moment (healthy within :data:`RECENTLY_S`: a restart),
+        instead of the 503 at once."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self.routing.queue_timeout_s
-        ticket: Ticket | None = None
+        held_until = started + hold_s
+        if ticket is not None:
+            self.metrics.queued.inc()  # (the hold gave its count back with the ticket)
         try:
             while True:
-                lease, message = await self._try(model, exclude, tenant, ask, priority, ticket)
+                try:
+                    lease, message = await self._try(model, exclude, tenant, ask, priority, ticket)
+                except Unavailable as exc:
+                    if exc.code != NoRouteReason.NO_HEALTHY.value or not self._coming_back(model):
+                        raise
+                    if loop.time() >= held_until:
+                        raise
+                    lease, message, deadline = None, exc.message, held_until  # held: a worker is coming back
                 if lease is not None:
                     if ticket is not None:
                         self.metrics.queue_wait.observe(loop.time() - started)
@@ -216,6 +233,41 @@ class Dispatcher:
             if ticket is not None:
                 self.occupancy.leave(ticket)  # (nothing, once it took a slot)
                 self.metrics.queued.dec()
+
+    async def hold(
+        self, model: str, tenant: str, priority: Priority, ready: Callable[[], bool], limit_s: float
+    ) -> Ticket | None:
+        """Wait for ``model`` to become ready (``ready()``: a sleeping or activating claim's engine is bound) for at
+        most ``limit_s``, in its queue: counted against ``routing.max_queue``, keeping a fair place (the held
+        requests go in the queue's order once it is ready). The ticket, still in the queue (for :meth:`acquire`), or
+        None when the time ran out. Raises 503 ``saturated`` when the queue is full."""
+        ticket = await self.occupancy.join(model, tenant, self._weight(tenant), priority, self.routing.max_queue)
+        if ticket is None:
+            self._saturated(f'model "{model}" is not ready', "the wait queue is full")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
+        self.metrics.held.inc()
+        try:
+            while not ready():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    self.occupancy.leave(ticket)
+                    return None
+                await self.occupancy.wait(ticket, min(remaining, HOLD_RECHECK_S))
+        except BaseException:
+            self.occupancy.leave(ticket)
+            raise
+        finally:
+            self.metrics.held.dec()
+        return ticket
+
+    def _coming_back(self, model: str) -> bool:
+        """A candidate for ``model`` is down but was healthy within :data:`RECENTLY_S` (a restart): worth a wait."""
+        now = time.monotonic()
+        return any(
+            not s.healthy and s.healthy_at is not None and now - s.healthy_at <= RECENTLY_S
+            for s in self.fleet.candidates(model)
+        )
 
     async def _try(
         self,
@@ -265,13 +317,8 @@ class Dispatcher:
             return None, decision.message
         best = decision.best
         worker = self.fleet.workers[best.worker]
-        caps = Caps(
-            self.routing.max_concurrent,
-            model_max,
-            cap,
-            worker.config.max_concurrent,
-            None,  # (batch headroom: a share of the worker's slots; see turnout.core.admission)
-        )
+        headroom = self._batch_cap(worker, model) if priority is Priority.BATCH else None
+        caps = Caps(self.routing.max_concurrent, model_max, cap, worker.config.max_concurrent, headroom)
         recorded = prompt if choice else None
         grant = Grant(next_id("l"), best.worker, model, tenant, priority, caps, recorded, ticket)
         refused = await occupancy.take(grant)
@@ -285,6 +332,16 @@ class Dispatcher:
             self._placed(lease, decision, prompt, time.monotonic())
         return lease, ""
 
+    def _batch_cap(self, worker: WorkerState, model: str) -> int | None:
+        """How many of ``worker``'s slots batch requests may hold: ``routing.batch_share`` of what its engine runs at
+        once (of its ``max_concurrent`` for a batching engine of unknown capacity; none without either), at least
+        one."""
+        slots = worker.parallelism(model, time.monotonic()).slots or worker.config.max_concurrent
+        share = self.routing.batch_share
+        if slots is None or share >= 1:
+            return None
+        return max(1, math.floor(slots * share))
+
     def _refused(self, count: str, model: str, tenant: str, worker: str = "") -> str:
         """Why a request waits, by the count at its cap (:func:`turnout.core.admission.refusal`), in the words of the
         router's own saturation messages."""
@@ -296,6 +353,8 @@ class Dispatcher:
             return f'model "{model}" is at its limit of {best_value(model, self._limits)} concurrent requests'
         if count == "ahead":
             return f'requests for model "{model}" are waiting ahead of this one'
+        if count == "worker_batch":
+            return f'batch requests hold their share of every worker for model "{model}" ({worker} the last tried)'
         return f'every worker for model "{model}" is busy ({worker})'
 
     def _saturated(self, message: str, why: str) -> NoReturn:

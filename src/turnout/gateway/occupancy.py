@@ -31,7 +31,7 @@ from typing import NamedTuple, Protocol
 from turnout.core.admission import Caps, Counts, Priority, Waiter, fair_tag, first, queue_score, refusal
 from turnout.core.prefix import Match, Prompt
 
-__all__ = ["Grant", "Held", "LocalOccupancy", "Occupancy", "Ticket"]
+__all__ = ["Grant", "Held", "LocalOccupancy", "Occupancy", "Ticket", "woken"]
 
 
 class Held(NamedTuple):
@@ -170,14 +170,19 @@ class LocalOccupancy:
         cap = self._tenant_caps.get(tenant)
         return cap is None or self.tenants.get(tenant, 0) < cap
 
-    def _ahead(self, model: str, ticket: Ticket | None) -> bool:
+    def _head(self, model: str) -> Ticket | None:
+        """The waiter of ``model``'s queue that goes first (:func:`turnout.core.admission.first`)."""
         queue = self._queues.get(model)
         if not queue or not queue.tickets:
-            return False
+            return None
         now = self._clock()
         can_go = {t.tenant: self.can_go(t.tenant) for t in queue.tickets.values()}
         head = first((t.waiter(now) for t in queue.tickets.values()), can_go)
-        return head is not None and (ticket is None or head.id != ticket.id)
+        return None if head is None else queue.tickets[head.id]
+
+    def _ahead(self, model: str, ticket: Ticket | None) -> bool:
+        head = self._head(model)
+        return head is not None and head is not ticket
 
     async def view(
         self,
@@ -285,15 +290,7 @@ class LocalOccupancy:
         return ticket
 
     async def wait(self, ticket: Ticket, limit_s: float) -> bool:
-        if ticket.woken.is_set():
-            ticket.woken.clear()
-            return True
-        try:
-            await asyncio.wait_for(ticket.woken.wait(), limit_s)
-        except TimeoutError:
-            return False
-        ticket.woken.clear()
-        return True
+        return await woken(ticket, limit_s)
 
     def leave(self, ticket: Ticket) -> None:
         self._left(ticket, served=False)
@@ -312,14 +309,8 @@ class LocalOccupancy:
 
     def _wake(self, model: str) -> None:
         """The first waiter of ``model``'s queue routes again."""
-        queue = self._queues.get(model)
-        if not queue or not queue.tickets:
-            return
-        now = self._clock()
-        can_go = {t.tenant: self.can_go(t.tenant) for t in queue.tickets.values()}
-        head = first((t.waiter(now) for t in queue.tickets.values()), can_go)
-        if head is not None:
-            ticket = queue.tickets[head.id]
+        ticket = self._head(model)
+        if ticket is not None:
             ticket.woken.set()
             if self._on_wake is not None:
                 self._on_wake(ticket)
@@ -327,6 +318,17 @@ class LocalOccupancy:
     def wake_all(self) -> None:
         for model in list(self._queues):
             self._wake(model)
+
+
+async def woken(ticket: Ticket, limit_s: float) -> bool:
+    """Until ``ticket`` is woken (True, and ready to be woken again) or ``limit_s`` passed (False)."""
+    if not ticket.woken.is_set():
+        try:
+            await asyncio.wait_for(ticket.woken.wait(), limit_s)
+        except TimeoutError:
+            return False
+    ticket.woken.clear()
+    return True
 
 
 def _bump(counts: dict[str, int], name: str, by: int) -> None:

@@ -70,6 +70,8 @@ from turnout.gateway.accounting import Outcome
 from turnout.gateway.capabilities import EmbeddingProbe
 from turnout.gateway.catalog import iso_time, modified_at, unknown_details
 from turnout.gateway.dispatch import Ask, Dispatcher, Lease, no_route_error
+from turnout.gateway.hold import HOLDABLE, hold_limit
+from turnout.gateway.occupancy import Ticket
 from turnout.metrics import Metrics
 from turnout.responses import error_frame, error_response, json_response
 from turnout.upstream.client import ConnectFailed, NoAnswer, UpstreamClient, UpstreamResponse
@@ -166,12 +168,22 @@ class Proxy:
         claims: ClaimBindings,
         priority: Priority,
     ) -> web.StreamResponse:
-        """A claimed model is answered by its claim's state at every instant: 503 for one asleep, activating
-        or failed; and when its engine cannot be reached (the moment between a de-route and the status
-        saying so), the claim's "changing state" 503, never the generic no-route answer."""
-        claims.gate(call.model)
+        """A claimed model is answered by its claim's state at every instant: held while it gets ready (asleep and
+        woken, activating: :mod:`turnout.gateway.hold`), then the claim's 503 for one still not ready or failed; and
+        when its engine cannot be reached (the moment between a de-route and the status saying so), the claim's
+        "changing state" 503, never the generic no-route answer."""
+        model = call.model
+        ticket = None
+        refusal = None if model in self.fleet.bindings else claims.refusal(model, unreachable=True)
+        if refusal is not None:  # (asking for the refusal sent the wake of a sleeping model)
+            limit_s = hold_limit(request.headers, self.settings.routing.hold_s)
+            if limit_s <= 0 or refusal.code not in HOLDABLE:
+                raise refusal
+            ticket = await self.dispatcher.hold(model, tenant, priority, lambda: model in self.fleet.bindings, limit_s)
+            if ticket is None:
+                raise claims.refusal(model, unreachable=True) or refusal
         try:
-            return await self._serve_once(request, call, outcome, tenant, priority)
+            return await self._serve_once(request, call, outcome, tenant, priority, ticket)
         except TurnoutError as exc:
             if not isinstance(exc, ConnectFailed) and exc.code not in _UNROUTABLE:
                 raise  # saturation of a live engine, a bad request: real answers
@@ -181,17 +193,28 @@ class Proxy:
             raise refusal from None
 
     async def _serve_once(
-        self, request: web.Request, call: Call, outcome: Outcome, tenant: str, priority: Priority
+        self,
+        request: web.Request,
+        call: Call,
+        outcome: Outcome,
+        tenant: str,
+        priority: Priority,
+        ticket: Ticket | None = None,
     ) -> web.StreamResponse:
+        """``ticket``: the place in the queue a hold kept for it."""
         exclude: set[str] = set()
         failure: ConnectFailed | None = None
         routing = self.settings.routing
         ask = Ask(call, request.headers, routing.session_header)
         counts = self.metrics.classes[priority]  # waiting and running requests of the class (scraped, Overview)
+        hold_s = hold_limit(request.headers, routing.hold_s)
         for _ in range(routing.max_attempts):
             counts.waiting += 1
             try:
-                lease = await self.dispatcher.acquire(call.model, frozenset(exclude), tenant, ask, priority=priority)
+                lease = await self.dispatcher.acquire(
+                    call.model, frozenset(exclude), tenant, ask, priority=priority, ticket=ticket, hold_s=hold_s
+                )
+                ticket = None
             except TurnoutError:
                 if failure is not None:  # every reachable candidate failed: report the real cause
                     raise failure from None

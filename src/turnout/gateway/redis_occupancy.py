@@ -33,8 +33,8 @@ from typing import Any
 
 from turnout.core.admission import CLASS_BAND, Caps, Priority, queue_score
 from turnout.core.prefix import Match, PrefixIndex, Prompt, match_of
-from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Ticket, next_id
-from turnout.gateway.redis_scripts import GIVE_KEYS, JOIN, TAKE, VIEW
+from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Ticket, next_id, woken
+from turnout.gateway.redis_scripts import GIVE, GIVE_KEYS, JOIN, TAKE, VIEW
 
 __all__ = ["LEASE_S", "RENEW_S", "RETRY_S", "RedisOccupancy"]
 
@@ -44,6 +44,7 @@ LEASE_S = 10.0  # a replica that stops renewing gives its slots back this long a
 RENEW_S = 3.0
 RETRY_S = 1.0  # Redis away: tried again this often
 RECHECK_S = 1.0  # a waiter routes again at least this often (a missed wake costs at most this)
+_AWAY = "\x00away"  # a take's answer when Redis could not be asked: taken on this replica's own counts
 _KEY = struct.Struct("<Q")
 
 
@@ -87,6 +88,9 @@ class RedisOccupancy:
         self._view = self._redis.register_script(VIEW)
         self._take = self._redis.register_script(TAKE)
         self._join = self._redis.register_script(JOIN)
+        self._give_script = self._redis.register_script(GIVE)
+        self._giving: list[Grant] = []  # given back and not sent to Redis yet (sent together, once a loop turn)
+        self._taking: list[tuple[Grant, asyncio.Future[str | None]]] = []  # asked for, likewise
         self._index = index
         self._tenant_caps = {k: v for k, v in tenant_caps.items() if v is not None}
         self._max_blocks, self._max_sessions = max_blocks, max_sessions
@@ -120,6 +124,8 @@ class RedisOccupancy:
     async def close(self) -> None:
         """Stop renewing and listening (this replica's leases expire by themselves if it could not give them back)."""
         self._closing = True
+        if self._giving and self.up:
+            await self._give()  # what was given back last goes now, not with the leases' expiry
         for task in self._tasks:
             task.cancel()
         if self._tasks or self._background:
@@ -168,45 +174,52 @@ class RedisOccupancy:
     async def take(self, grant: Grant) -> str | None:
         if not self.up:
             return self._take_here(grant)
-        keys, session = _pack(grant.prompt)
-        caps = grant.caps
-        batch = grant.priority is Priority.BATCH
-        args: list[Any] = [
-            self._p,
-            grant.lease,
-            int(LEASE_S * 1000),
-            grant.model,
-            grant.tenant,
-            grant.worker,
-            1 if batch else 0,
-            *(_cap(c) for c in caps),
-            self._ticket_id(grant.ticket),
-            CLASS_BAND,
-            keys,
-            0 if grant.prompt is None else grant.prompt.size,
-            session,
-            self._max_blocks,
-            self._max_sessions,
-            self._ttl_ms,
-        ]
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        if not self._taking:  # the first of this loop turn: they go together, in one script, just after it
+            asyncio.get_running_loop().call_soon(lambda: self._spawn(self._take_all()))
+        self._taking.append((grant, future))
+        refused = await future
+        if refused == _AWAY:
+            return self._take_here(grant)
+        return refused
+
+    async def _take_all(self) -> None:
+        """Take the slots asked for since the last time, in one script: each checked against the ones before it."""
+        asked, self._taking = self._taking, []
+        if not asked:
+            return
+        args: list[Any] = [self._p, int(LEASE_S * 1000), CLASS_BAND, self._max_blocks, self._max_sessions, self._ttl_ms]
+        for grant, _ in asked:
+            keys, session = _pack(grant.prompt)
+            args += [grant.lease, grant.model, grant.tenant, grant.worker, 1 if grant.priority is Priority.BATCH else 0]
+            args += [*(_cap(c) for c in grant.caps), self._ticket_id(grant.ticket), keys]
+            args += [0 if grant.prompt is None else grant.prompt.size, session]
         try:
-            reply = await self._take(args=args)
+            replies = await self._take(args=args)
         except Exception as exc:
             self._down(exc)
-            return self._take_here(grant)
+            for _, future in asked:
+                if not future.done():
+                    future.set_result(_AWAY)
+            return
         self.round_trips += 1
-        answer = reply.decode() if isinstance(reply, bytes) else str(reply)
-        if answer != "ok":
-            return answer
+        for (grant, future), reply in zip(asked, replies, strict=True):
+            answer = reply.decode() if isinstance(reply, bytes) else str(reply)
+            if answer == "ok":
+                self._taken(grant)
+            if not future.done():
+                future.set_result(None if answer == "ok" else answer)
+
+    def _taken(self, grant: Grant) -> None:
         self._mine[grant.lease] = grant
         if grant.ticket is not None:
             self._tickets.pop(grant.ticket.id, None)
             self._scores.pop(grant.ticket.id, None)
+            self._spawn(self._publish(grant.model))  # the next in line may go now (a held one, once ready)
         if grant.prompt is not None:  # this process's own index too: what routing falls back on without Redis
             index = self._index(grant.worker)
             if index is not None:
                 index.record(grant.prompt, time.monotonic())
-        return None
 
     def _take_here(self, grant: Grant) -> str | None:
         share = self._share(grant.caps)
@@ -227,17 +240,21 @@ class RedisOccupancy:
             self._here.discard(grant.lease)
             self.local.give(grant)
         if self.up:
-            self._spawn(self._give(grant))
+            if not self._giving:  # the first of this loop turn: they go together, in one script, just after it
+                asyncio.get_running_loop().call_soon(lambda: self._spawn(self._give()))
+            self._giving.append(grant)
 
-    async def _give(self, grant: Grant) -> None:
-        keys = _lease_keys(self._p, grant)
+    async def _give(self) -> None:
+        """Give back the leases given since the last time, in one script (it wakes waiters only when any wait)."""
+        grants, self._giving = self._giving, []
+        if not grants:
+            return
+        args: list[Any] = [self._p]
+        for g in grants:
+            args += [g.lease, g.model, g.tenant, g.worker, 1 if g.priority is Priority.BATCH else 0]
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for key in keys:
-                    pipe.zrem(key, grant.lease)
-                pipe.publish(f"{self._p}:freed", grant.model)
-                await pipe.execute()
-        except Exception as exc:
+            await self._give_script(args=args)
+        except Exception as exc:  # (their leases expire by themselves)
             self._down(exc)
 
     # -- the queue ---------------------------------------------------------------------------------------------
@@ -264,12 +281,7 @@ class RedisOccupancy:
     async def wait(self, ticket: Ticket, limit_s: float) -> bool:
         if ticket.id not in self._tickets:  # a ticket of the local queue (Redis was away when it joined)
             return await self.local.wait(ticket, limit_s)
-        if ticket.woken.is_set():
-            ticket.woken.clear()
-            return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ticket.woken.wait(), min(limit_s, RECHECK_S))
-        ticket.woken.clear()
+        await woken(ticket, min(limit_s, RECHECK_S))
         return True  # routes again either way: a wake may have been missed
 
     def leave(self, ticket: Ticket) -> None:
@@ -279,6 +291,12 @@ class RedisOccupancy:
         self._scores.pop(ticket.id, None)
         if self.up:
             self._spawn(self._leave(ticket))
+
+    async def _publish(self, model: str) -> None:
+        try:
+            await self._redis.publish(f"{self._p}:freed", model)
+        except Exception as exc:
+            self._down(exc)
 
     async def _leave(self, ticket: Ticket) -> None:
         try:

@@ -22,7 +22,7 @@ Numbers that may be fractional travel as strings (Redis turns a Lua number reply
 
 from __future__ import annotations
 
-__all__ = ["GIVE_KEYS", "JOIN", "TAKE", "VIEW"]
+__all__ = ["GIVE", "GIVE_KEYS", "JOIN", "TAKE", "TAKE_FIELDS", "VIEW"]
 
 _COMMON = """
 local P = ARGV[1]
@@ -109,44 +109,20 @@ return out
 """
 )
 
-# ARGV: P, lease, lease_ms, model, tenant, worker, batch (0/1), caps x5 (-1: none), ticket ('' none), band,
-#       packed keys ('' none), bytes, session ('' none), max_blocks, max_sessions, ttl_ms
+# ARGV: P, lease_ms, band, max_blocks, max_sessions, ttl_ms, then per grant TAKE_FIELDS fields: lease, model, tenant,
+#       worker, batch (0/1), caps x5 (-1: none), ticket ('' none), packed keys ('' none), bytes, session ('' none).
+#       The grants are taken in order, each against what the ones before it took; one answer each ('ok' or the
+#       count at its cap, or 'ahead').
+TAKE_FIELDS = 14
 TAKE = (
     _COMMON
     + """
-local lease, lease_ms, model, tenant, worker = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
-local batch = ARGV[7] == '1'
-local ticket, band = ARGV[13], tonumber(ARGV[14])
-local packed, size, session = ARGV[15], ARGV[16], ARGV[17]
-local max_blocks, max_sessions, ttl = tonumber(ARGV[18]), tonumber(ARGV[19]), tonumber(ARGV[20])
+local lease_ms, band = tonumber(ARGV[2]), tonumber(ARGV[3])
+local max_blocks, max_sessions, ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
-local keys = {P .. ':l:all', P .. ':l:m:' .. model, P .. ':l:t:' .. tenant,
-              P .. ':l:w:' .. worker, P .. ':l:b:' .. worker}
 local names = {'total', 'model', 'tenant', 'worker', 'worker_batch'}
-for i = 1, 5 do
-  local cap = tonumber(ARGV[7 + i])
-  if cap >= 0 and (i < 5 or batch) and live(keys[i], now) >= cap then return names[i] end
-end
-local first = head(model, now)
-if first and first ~= ticket then return 'ahead' end
-local expires = now + lease_ms
-for i = 1, 4 do redis.call('ZADD', keys[i], expires, lease) end
-if batch then redis.call('ZADD', keys[5], expires, lease) end
-if ticket ~= '' then
-  local q = P .. ':q:' .. model
-  local score = redis.call('ZSCORE', q, ticket)
-  if score then
-    score = tonumber(score)
-    local tag = score - math.floor(score / band) * band
-    local qv = P .. ':qv:' .. model
-    local v = tonumber(redis.call('HGET', qv, '_v') or '0')
-    if tag > v then redis.call('HSET', qv, '_v', tostring(tag)) end
-  end
-  redis.call('ZREM', q, ticket)
-  redis.call('ZREM', P .. ':qx', ticket)
-  redis.call('HDEL', P .. ':qt:' .. model, ticket)
-end
-if packed ~= '' or session ~= '' then
+
+local function record(worker, packed, size, session)
   local send = redis.call('INCR', P .. ':pn:' .. worker)
   local px, ps = P .. ':px:' .. worker, P .. ':ps:' .. worker
   local count = #packed / 8
@@ -174,9 +150,50 @@ if packed ~= '' or session ~= '' then
     end
   end
 end
-return 'ok'
+
+local function served(model, ticket)
+  local q = P .. ':q:' .. model
+  local score = redis.call('ZSCORE', q, ticket)
+  if score then
+    score = tonumber(score)
+    local tag = score - math.floor(score / band) * band
+    local qv = P .. ':qv:' .. model
+    local v = tonumber(redis.call('HGET', qv, '_v') or '0')
+    if tag > v then redis.call('HSET', qv, '_v', tostring(tag)) end
+  end
+  redis.call('ZREM', q, ticket)
+  redis.call('ZREM', P .. ':qx', ticket)
+  redis.call('HDEL', P .. ':qt:' .. model, ticket)
+end
+
+local function take(a)
+  local lease, model, tenant, worker = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local batch = ARGV[a + 4] == '1'
+  local ticket, packed, size, session = ARGV[a + 10], ARGV[a + 11], ARGV[a + 12], ARGV[a + 13]
+  local keys = {P .. ':l:all', P .. ':l:m:' .. model, P .. ':l:t:' .. tenant,
+                P .. ':l:w:' .. worker, P .. ':l:b:' .. worker}
+  for i = 1, 5 do
+    local cap = tonumber(ARGV[a + 4 + i])
+    if cap >= 0 and (i < 5 or batch) and live(keys[i], now) >= cap then return names[i] end
+  end
+  local first = head(model, now)
+  if first and first ~= ticket then return 'ahead' end
+  local expires = now + lease_ms
+  for i = 1, 4 do redis.call('ZADD', keys[i], expires, lease) end
+  if batch then redis.call('ZADD', keys[5], expires, lease) end
+  if ticket ~= '' then served(model, ticket) end
+  if packed ~= '' or session ~= '' then record(worker, packed, size, session) end
+  return 'ok'
+end
+
+local out = {}
+for a = 7, #ARGV, """
+    + str(TAKE_FIELDS)
+    + """ do out[#out + 1] = take(a) end
+return out
 """
 )
+
 
 # ARGV: P, model, tenant, weight, rank, ticket, max_queue, expires_ms, band -> the ticket's tag, or false: the queue
 # is full
@@ -197,6 +214,31 @@ redis.call('ZADD', P .. ':q:' .. model, rank * band + tag, ticket)
 redis.call('ZADD', qx, now + expires_ms, ticket)
 redis.call('HSET', P .. ':qt:' .. model, ticket, tenant)
 return tostring(tag)
+"""
+)
+
+
+# ARGV: P, then per lease: its id, model, tenant, worker, batch (0/1). Removes each lease from its sets and, when any
+# request waits anywhere (a live ticket), publishes each model once: the first waiters route again.
+GIVE = (
+    _COMMON
+    + """
+local n = (#ARGV - 1) / 5
+local models = {}
+for i = 0, n - 1 do
+  local lease, model, tenant, worker, batch = ARGV[2 + 5 * i], ARGV[3 + 5 * i], ARGV[4 + 5 * i], ARGV[5 + 5 * i],
+    ARGV[6 + 5 * i]
+  redis.call('ZREM', P .. ':l:all', lease)
+  redis.call('ZREM', P .. ':l:m:' .. model, lease)
+  redis.call('ZREM', P .. ':l:t:' .. tenant, lease)
+  redis.call('ZREM', P .. ':l:w:' .. worker, lease)
+  if batch == '1' then redis.call('ZREM', P .. ':l:b:' .. worker, lease) end
+  models[model] = true
+end
+if live(P .. ':qx', now_ms()) > 0 then
+  for model, _ in pairs(models) do redis.call('PUBLISH', P .. ':freed', model) end
+end
+return n
 """
 )
 

@@ -12,7 +12,6 @@ dispatcher asks.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,7 +19,7 @@ from typing import Any
 
 from turnout.core.admission import Caps, Priority
 from turnout.core.prefix import Match, PrefixIndex, Prompt
-from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Ticket, next_id
+from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Ticket, next_id, woken
 from turnout.gateway.shared_limits import SharedLimiter
 
 __all__ = ["OccupancyKeeper", "SupervisedOccupancy"]
@@ -175,15 +174,7 @@ class SupervisedOccupancy:
         return ticket
 
     async def wait(self, ticket: Ticket, limit_s: float) -> bool:
-        if ticket.woken.is_set():
-            ticket.woken.clear()
-            return True
-        try:
-            await asyncio.wait_for(ticket.woken.wait(), limit_s)
-        except TimeoutError:
-            return False
-        ticket.woken.clear()
-        return True
+        return await woken(ticket, limit_s)
 
     def leave(self, ticket: Ticket) -> None:
         if self._tickets.pop(ticket.id, None) is not None:
