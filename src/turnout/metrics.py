@@ -65,8 +65,9 @@ class _InFlightCollector(Collector):
 
 
 class ClassCounts:
-    """One priority class's requests in this process: waiting for a slot (in the dispatcher: routed, or in its
-    queue) and running (holding a worker's slot). Plain counts the proxy keeps, read at scrape time."""
+    """One priority class's requests in this process: waiting for a slot (in the dispatcher: routed, in its queue,
+    or held until their model's engine is ready) and running (holding a worker's slot). Plain counts the proxy
+    keeps, read at scrape time."""
 
     __slots__ = ("running", "waiting")
 
@@ -84,7 +85,7 @@ class _ClassesCollector(Collector):
     def collect(self):  # type: ignore[no-untyped-def]
         waiting = GaugeMetricFamily(
             "turnout_priority_waiting_requests",
-            "requests of this gateway process waiting for a slot (being routed or in the queue), by priority class",
+            "requests of this gateway process waiting for a slot (being routed, in the queue or held), by priority class",
             labels=["priority"],
         )
         running = GaugeMetricFamily(

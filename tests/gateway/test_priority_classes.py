@@ -21,7 +21,7 @@ from tests.conftest import EmulatorFactory, Gateway, GatewayFactory, create_key,
 from tests.support.engine_emulator import VLLM, Engine, build_app
 from turnout.core.admission import Priority
 from turnout.core.reconcile import ANNOTATION_PREFIX
-from turnout.gateway.keys import DISPATCHER, KEYS, PROXY
+from turnout.gateway.keys import DISPATCHER, FLEET, KEYS, PROXY
 
 HEADER = "X-Turnout-Priority"
 VllmFactory = Callable[..., Awaitable[tuple[str, Engine]]]
@@ -363,3 +363,30 @@ async def test_a_claim_whose_vllm_args_schedule_by_priority_is_sent_the_class(
                 assert resp.status == 200, await resp.text()
     assert [(e["header"], e["body"]) for e in ranked.started_log] == [("1", 1)]
     assert [(e["header"], e["body"]) for e in plain.started_log] == [(None, None)]
+
+
+async def test_a_held_request_counts_as_waiting_in_its_class(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    """A request held while its worker restarts (routing.hold_s) is one of its class's waiting requests."""
+    emu = await emulator("a", ["m:1"])
+    gw = await gateway(
+        [worker("a", emu.url)], auth={"open": False}, routing={"hold_s": 30}, health={"interval_s": 0.2, "timeout_s": 1}
+    )
+    _, key = create_key(gw, app="nightly", priority=Priority.BATCH)
+    state = gw.app[FLEET].workers["a"]
+    port = emu.port
+    await emu.stop()
+    await eventually(lambda: _true(not state.healthy), "the worker seen down", limit_s=10)
+    body = {"model": "m:1", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    async with aiohttp.ClientSession() as http:
+        asked = asyncio.ensure_future(
+            http.post(f"{gw.url}/api/chat", json=body, headers={"Authorization": f"Bearer {key}"})
+        )
+        await eventually(lambda: _true(gw.app[DISPATCHER].waiting == 1), "the request held")
+        async with http.get(f"{gw.url}/metrics") as resp:
+            held = _gauges(await resp.text())
+        await emu.start(port)
+        async with await asked as resp:
+            assert resp.status == 200, await resp.text()
+    assert held[("waiting", "batch")] == 1.0 and held[("running", "batch")] == 0.0

@@ -179,7 +179,14 @@ class Proxy:
             limit_s = hold_limit(request.headers, self.settings.routing.hold_s)
             if limit_s <= 0 or refusal.code not in HOLDABLE:
                 raise refusal
-            ticket = await self.dispatcher.hold(model, tenant, priority, lambda: model in self.fleet.bindings, limit_s)
+            counts = self.metrics.classes[priority]  # a held request waits too (for its model's engine)
+            counts.waiting += 1
+            try:
+                ticket = await self.dispatcher.hold(
+                    model, tenant, priority, lambda: model in self.fleet.bindings, limit_s
+                )
+            finally:
+                counts.waiting -= 1
             if ticket is None:
                 raise claims.refusal(model, unreachable=True) or refusal
         try:
