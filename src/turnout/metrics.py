@@ -85,7 +85,8 @@ class _ClassesCollector(Collector):
     def collect(self):  # type: ignore[no-untyped-def]
         waiting = GaugeMetricFamily(
             "turnout_priority_waiting_requests",
-            "requests of this gateway process waiting for a slot (being routed, in the queue or held), by priority class",
+            "requests of this gateway process waiting for a slot (being routed, in the queue or held), by priority "
+            "class",
             labels=["priority"],
         )
         running = GaugeMetricFamily(
