@@ -202,6 +202,10 @@ async def main(out: Path) -> None:
                     await page.wait_for_load_state("networkidle")
                     await page.screenshot(path=str(out / "batches-de.png"), full_page=True)
                     written.append("batches-de")
+                await page.goto(f"{url}/admin/keys")  # the Keys page in German (priority classes)
+                await page.wait_for_load_state("networkidle")
+                await page.screenshot(path=str(out / "keys-de.png"), full_page=True)
+                written.append("keys-de")
                 await browser.close()
             print("wrote", ", ".join(f"{out}/{n}.png" for n in written))
             if skipped:

@@ -29,6 +29,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from turnout.core.admission import Priority
 from turnout.core.aliases import table_problems
 from turnout.core.patterns import Pattern, parse_pattern
 from turnout.core.placement import PlacementMode, PlacementRules
@@ -593,6 +594,11 @@ class Pools(_Model):
 class TeamCeiling(_Model):
     rpm: int | None = Field(None, ge=1, le=MAX_INT, description="requests per minute of one key at most")
     daily_tokens: int | None = Field(None, ge=1, le=MAX_INT, description="tokens per UTC day of one key at most")
+    priority: Priority | None = Field(
+        None,
+        description="the highest priority class a team-admin may give one key (unset: the tenant's default class, "
+        "so a team-admin may lower a key's class and never raise it above the tenant's)",
+    )
 
 
 class Tenant(_Model):
@@ -609,6 +615,12 @@ class Tenant(_Model):
     team_ceiling: TeamCeiling = Field(
         default_factory=lambda: TeamCeiling(),
         description="the largest limits a team-admin of this tenant may give one key (admins set it here)",
+    )
+    priority: Priority | None = Field(
+        None,
+        description="the priority class of this tenant's keys that set none themselves: interactive, standard or "
+        "batch (unset: the default set through the admin API, else standard); a request may lower its class "
+        "with the X-Turnout-Priority header, never raise it",
     )
 
 
@@ -669,6 +681,12 @@ class Worker(_Model):
         "counts no more than this as cached here; unset: routing.prefix_max_blocks alone bounds it",
     )
     model_placement: ModelPlacement = Field(default_factory=ModelPlacement)
+    priority_scheduling: bool = Field(
+        False,
+        description="its engine schedules by each request's priority (vLLM started with --scheduling-policy "
+        "priority): each request carries its class as vLLM's per-request priority (interactive -1, standard 0, "
+        "batch 1; lower is served first). Only for an engine started so: another may refuse the field",
+    )
 
     @field_validator("native_apis")
     @classmethod
@@ -691,6 +709,15 @@ class Worker(_Model):
         if value is not None and any(ch < " " or ch == "\x7f" for ch in value):
             raise ValueError("must not contain control characters (it is sent as an HTTP header)")
         return value
+
+    @model_validator(mode="after")
+    def _priority_on_openai(self) -> Self:
+        if self.priority_scheduling and self.type is not WorkerType.OPENAI:
+            raise ValueError(
+                "priority_scheduling is for an OpenAI-style worker whose engine schedules by priority (vLLM with "
+                '--scheduling-policy priority): set "type": "openai", or remove it'
+            )
+        return self
 
     @property
     def base_url(self) -> str:
@@ -814,6 +841,11 @@ class Settings(_Model):
     @property
     def placement_file(self) -> Path:
         return (self.data_dir / self.storage.model_placement_file).resolve()
+
+    def tenant_class(self, tenant: str) -> Priority | None:
+        """The default priority class this file gives ``tenant``'s keys (``tenants.<t>.priority``), or None."""
+        configured = self.tenants.get(tenant)
+        return None if configured is None else configured.priority
 
     def worker(self, name: str) -> Worker | None:
         return next((w for w in self.workers if w.name == name), None)

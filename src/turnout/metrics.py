@@ -8,9 +8,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from turnout.core.admission import Priority
+from turnout.core.priority import CLASSES
 from turnout.fleet.state import Fleet
 
-__all__ = ["Metrics"]
+__all__ = ["ClassCounts", "Metrics"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -62,6 +64,43 @@ class _InFlightCollector(Collector):
         )
 
 
+class ClassCounts:
+    """One priority class's requests in this process: waiting for a slot (in the dispatcher: routed, in its queue,
+    or held until their model's engine is ready) and running (holding a worker's slot). Plain counts the proxy
+    keeps, read at scrape time."""
+
+    __slots__ = ("running", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.running = 0
+
+
+class _ClassesCollector(Collector):
+    """Requests waiting and running by priority class (``Metrics.classes``), read at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        waiting = GaugeMetricFamily(
+            "turnout_priority_waiting_requests",
+            "requests of this gateway process waiting for a slot (being routed, in the queue or held), by priority "
+            "class",
+            labels=["priority"],
+        )
+        running = GaugeMetricFamily(
+            "turnout_priority_running_requests",
+            "requests of this gateway process holding a worker's slot, by priority class",
+            labels=["priority"],
+        )
+        for priority, counts in self.metrics.classes.items():
+            waiting.add_metric([priority.value], float(counts.waiting))
+            running.add_metric([priority.value], float(counts.running))
+        yield waiting
+        yield running
+
+
 class _ReasonsCollector(Collector):
     """Why routed requests went where they did: counts the dispatcher keeps (``Metrics.route_reasons``), read at
     scrape time (a Counter takes a lock on every request)."""
@@ -101,6 +140,8 @@ class Metrics:
         self.routing = Counter("turnout_routing_decisions", "routing outcomes", ["outcome"], registry=self.registry)
         self.route_reasons: dict[str, int] = {}  # reason -> routed requests: plain counts, read at scrape time
         self.registry.register(_ReasonsCollector(self))
+        self.classes: dict[Priority, ClassCounts] = {p: ClassCounts() for p in CLASSES}
+        self.registry.register(_ClassesCollector(self))
         self.routed_prompt_tokens = Counter(
             "turnout_prefix_prompt_tokens",
             "prompt tokens (estimated, 4 bytes each) of requests routed with a choice of workers, by the worker chosen",

@@ -350,13 +350,13 @@ def create_app(
     app[DEMO] = demo
     claims = _claim_bindings(settings, fleet, client, metrics, demo)
     if claims is not None:
-        claims.on_change = dispatcher.wake_all
-        app[PROXY].claims = claims
-    if claims is not None and demo is not None:
+        proxy = app[PROXY]
+        proxy.claims = claims
 
-        def changed(claims: ClaimBindings = claims, demo: DemoAgent = demo) -> None:
+        def changed(demo: DemoAgent | None = demo) -> None:
             dispatcher.wake_all()
-            if demo_rules.MODEL in fleet.bindings:
+            proxy.claims_changed()  # which claims' engines schedule by priority
+            if demo is not None and demo_rules.MODEL in fleet.bindings:
                 demo.announce_ready()
 
         claims.on_change = changed

@@ -69,6 +69,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("POST", "/admin/api/keys/{ref}/revoke"): "OAT",
     ("POST", "/admin/api/keys/{ref}/rotate"): "OAT",
     ("GET", "/admin/api/tenants"): "VOAT",
+    ("PATCH", "/admin/api/tenants/{name}"): "OA",
     ("GET", "/admin/api/apps"): "VOAT",
     ("GET", "/admin/api/usage"): "VOAT",
     ("GET", "/admin/api/usage/series"): "VOAT",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from turnout.core.claims import InvalidClaim, parse_claim_spec
-from turnout.core.engine_args import InvalidEngineArgs, flag_names, judge_engine_args
+from turnout.core.engine_args import InvalidEngineArgs, flag_names, judge_engine_args, schedules_by_priority
 from turnout.core.runtime import ActivateRequest, InvalidRequest, sleeps_in_place
 
 BASE = {"podSelector": {"matchLabels": {"pool": "a"}}, "artifactURL": "hf://org/m"}
@@ -151,3 +151,63 @@ def test_names_of_args_judged_before_are_read_without_judging_values_again() -> 
         "--no-enable-sleep-mode",
     }
     assert flag_names("llamacpp", {"--anything": ""}) == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("engine", "args", "expected"),
+    [
+        ("vllm", {"--scheduling-policy": "priority"}, True),
+        ("vllm", {"--scheduling_policy": "priority"}, True),  # FlexibleArgumentParser: underscores to dashes
+        ("vllm", {"--scheduling-policy=priority": ""}, True),
+        ("vllm", {"--scheduling_policy=priority": ""}, True),
+        ("vllm", {"--scheduling-pol": "priority"}, True),  # argparse's unambiguous prefix
+        ("vllm", {"--scheduli": "priority"}, True),
+        ("vllm", {"--scheduling-policy": "fcfs"}, False),
+        ("vllm", {}, False),  # vLLM's default: fcfs
+        ("vllm", {"--max-num-seqs": "8", "-tp": "1"}, False),
+        ("vllm", {"--scheduler-cls": "x.Y"}, False),  # a neighbour, not the policy
+        ("vllm", {"--schedul": "priority"}, False),  # ambiguous: vLLM refuses it, so nothing is sent
+        ("vllm", {"--scheduling-policy": "Priority"}, False),  # not one of its choices: refused
+        ("sglang", {"--schedule-policy": "priority"}, False),  # SGLang: not passed on
+        ("llamacpp", {}, False),
+    ],
+)
+def test_an_engine_started_with_the_priority_policy_in_any_spelling(
+    engine: str, args: dict[str, str], expected: bool
+) -> None:
+    assert schedules_by_priority(engine, args) is expected
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ({"--scheduling-policy": "Priority"}, "--scheduling-policy must be fcfs or priority, got 'Priority'"),
+        ({"--scheduling_policy": "lifo"}, "(vLLM's --scheduling-policy) must be fcfs or priority"),
+        ({"--scheduling-policy": ""}, "must be fcfs or priority"),
+        ({"--schedul": "priority"}, "cannot resolve"),  # --scheduler-cls, --scheduler-reserve-full-isl or this
+    ],
+)
+def test_a_policy_vllm_would_refuse_is_refused_with_the_claim(args: dict[str, str], fragment: str) -> None:
+    with pytest.raises(InvalidEngineArgs) as caught:
+        judge_engine_args("vllm", args)
+    assert fragment in str(caught.value)
+    with pytest.raises(InvalidClaim):
+        parse_claim_spec("c", {**BASE, "engine": "vllm", "engineConfig": {"args": args}})
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({**BASE, "engine": "vllm", "engineConfig": {"args": {"--scheduling-policy": "priority"}}}, True),
+        ({**BASE, "engineConfig": {"args": {"--scheduling-policy": "priority"}}}, True),  # vllm: the default engine
+        ({**BASE, "engine": "vllm", "engineConfig": {"args": {"--scheduling-policy": None}}}, False),  # "" : refused
+        ({**BASE, "engine": "vllm"}, False),
+        ({**BASE, "engine": "sglang", "engineConfig": {"args": {"--tp-size": "1"}}}, False),
+        ({"engine": "vllm", "engineConfig": {"args": {"--scheduling-policy": "priority"}}}, False),  # not a claim
+        ("not a spec", False),
+    ],
+)
+def test_a_claims_engine_schedules_by_priority(spec: object, expected: bool) -> None:
+    from turnout.core.claims import schedules_by_priority as claim_schedules
+
+    assert claim_schedules("c", spec) is expected

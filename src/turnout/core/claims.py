@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from turnout.core.engine_args import EngineArgs, InvalidEngineArgs, judge_engine_args
+from turnout.core.engine_args import schedules_by_priority as _args_schedule_by_priority
 from turnout.core.runtime import ENGINES, artifact_problem
 from turnout.core.selectors import InvalidSelector, LabelSelector, parse_label_selector
 
@@ -24,6 +25,7 @@ __all__ = [
     "candidates",
     "parse_claim_spec",
     "rank_pods",
+    "schedules_by_priority",
 ]
 
 POOL_LABEL = "pool.aibrix.ai/enabled"
@@ -97,6 +99,16 @@ def parse_claim_spec(name: str, spec: Any) -> ClaimSpec:
         raise InvalidClaim('spec.engineConfig.args must be a map of strings ("" for a boolean flag)')
     _judged_args(engine, args)  # every rule on the args, in every spelling the engine takes
     return ClaimSpec(model, selector, artifact, engine, 1, dict(args))
+
+
+def schedules_by_priority(name: str, spec: Any) -> bool:
+    """Whether the engine of a claim with ``spec`` schedules by each request's priority (vLLM's
+    ``--scheduling-policy priority`` in its args); False for a spec that is not a valid claim."""
+    try:
+        claim = parse_claim_spec(name, spec)
+    except InvalidClaim:
+        return False
+    return _args_schedule_by_priority(claim.engine, claim.args)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,11 @@ The rules (the ModelClaim design): ``--gpu-memory-utilization`` is refused (the 
 kvcached); data parallelism is 1 (one claim per replica); tensor x pipeline parallel size is the GPUs one engine
 takes, which must be the pod's. The flags Turnout writes itself (model, served name, host, port) and a config
 file that could hide any of the above (``--config``) are refused too.
+
+vLLM's ``--scheduling-policy`` (``fcfs`` or ``priority``, vllm/config/scheduler.py) is read in every spelling:
+an engine started with ``priority`` schedules by each request's own priority, which the gateway then sends
+(:attr:`EngineArgs.priority_scheduling`, :func:`schedules_by_priority`); another value is refused here, as vLLM
+would refuse it at start.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 
 from turnout.core.llamacpp_flags import InvalidLlamaArgs, LlamaSettings, llama_name, settings
 
-__all__ = ["EngineArgs", "InvalidEngineArgs", "flag_names", "judge_engine_args"]
+__all__ = ["EngineArgs", "InvalidEngineArgs", "flag_names", "judge_engine_args", "schedules_by_priority"]
 
 
 class InvalidEngineArgs(ValueError):
@@ -45,6 +50,7 @@ class EngineArgs:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     llama: LlamaSettings | None = None
+    priority_scheduling: bool = False  # vLLM's --scheduling-policy priority
 
     @property
     def gpus(self) -> int:
@@ -75,6 +81,7 @@ _VLLM = (
     _Option(("--config",), "config"),
     _Option(("--enable-sleep-mode",)),
     _Option(("--no-enable-sleep-mode",)),
+    _Option(("--scheduling-policy",), "policy"),
     # neighbours (vllm/engine/arg_utils.py): they make some prefixes ambiguous, which vLLM refuses
     _Option(("--data-parallel-rank", "-dpn")),
     _Option(("--data-parallel-start-rank", "-dpr")),
@@ -86,7 +93,10 @@ _VLLM = (
     _Option(("--decode-context-parallel-size", "-dcp")),
     _Option(("--prefill-context-parallel-size", "-pcp")),
     _Option(("--enable-expert-parallel", "-ep")),
+    _Option(("--scheduler-cls",)),
+    _Option(("--scheduler-reserve-full-isl",)),
 )
+_POLICIES = ("fcfs", "priority")  # vllm/config/scheduler.py: SchedulerPolicy
 _SGLANG = (
     _Option(("--tp-size", "--tensor-parallel-size"), "tp"),
     _Option(("--pp-size", "--pipeline-parallel-size"), "pp"),
@@ -192,6 +202,7 @@ def judge_engine_args(engine: str, args: Mapping[str, str]) -> EngineArgs:
     label = _ENGINE_NAMES[engine]
     seen: dict[str, str] = {}
     sizes = {"tp": 1, "pp": 1}
+    policy = "fcfs"
     for key, raw in args.items():
         written, value = _split(key, raw)
         option = _resolve(engine, written)
@@ -219,4 +230,19 @@ def judge_engine_args(engine: str, args: Mapping[str, str]) -> EngineArgs:
             size = _size(said, value, option.rule)
             if option.rule != "dp":
                 sizes[option.rule] = size
-    return EngineArgs(engine, frozenset(seen), sizes["tp"], sizes["pp"])
+        if option.rule == "policy":
+            if value not in _POLICIES:
+                raise InvalidEngineArgs(f"{said} must be fcfs or priority, got {value!r}")
+            policy = value
+    return EngineArgs(engine, frozenset(seen), sizes["tp"], sizes["pp"], priority_scheduling=policy == "priority")
+
+
+def schedules_by_priority(engine: str, args: Mapping[str, str]) -> bool:
+    """Whether an engine started with ``args`` (judged when its claim was accepted) schedules by each request's
+    priority: vLLM's ``--scheduling-policy priority``, in any spelling. False for args it would refuse."""
+    if engine != "vllm":
+        return False
+    try:
+        return judge_engine_args(engine, args).priority_scheduling
+    except InvalidEngineArgs:
+        return False

@@ -232,6 +232,7 @@ def _rules() -> dict[tuple[str, str], Rule]:
         ("POST", "/admin/api/keys/{ref}/revoke"): OPERATE_OR_TEAM,
         ("POST", "/admin/api/keys/{ref}/rotate"): OPERATE_OR_TEAM,
         ("GET", "/admin/api/tenants"): VIEW_OR_TEAM,
+        ("PATCH", "/admin/api/tenants/{name}"): OPERATE,
         ("GET", "/admin/api/apps"): VIEW_OR_TEAM,
         ("GET", "/admin/api/usage"): VIEW_OR_TEAM,
         ("GET", "/admin/api/batches"): VIEW_OR_TEAM,

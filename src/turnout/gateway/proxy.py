@@ -14,6 +14,13 @@ through :mod:`turnout.dialects.base`'s interface).
   (:class:`~turnout.dialects.base.TokenCounter`) and says in ``X-Turnout-Token-Count`` whether the count is
   the worker's (``tokenizer``) or the gateway's estimate (``estimate``).
 
+A worker whose engine schedules by priority itself (vLLM started with ``--scheduling-policy priority``: a worker's
+``priority_scheduling``, or a ModelClaim whose vLLM args say so) gets each call's class as vLLM's per-request
+``priority`` (:func:`turnout.core.priority.engine_priority`), in the body of the routes whose requests have one
+(chat, completions, embeddings, Responses; the client's own value is replaced) and in vLLM's ``X-Vllm-Priority``
+header (which vLLM reads first, and for its Messages route too). Any other worker gets the body as the client sent
+it.
+
 A client stream whose kind has a keep-alive (Anthropic's ``ping`` event, :func:`turnout.dialects.streams.keepalive`)
 gets one each time the worker has been silent, or sent nothing the client is sent, for ``limits.stream_keepalive_s``.
 
@@ -38,6 +45,8 @@ from turnout.config import Settings
 from turnout.core.admission import Priority
 from turnout.core.health import failure_reason
 from turnout.core.prefix import BYTES_PER_TOKEN
+from turnout.core.priority import HEADER as PRIORITY_HEADER
+from turnout.core.priority import engine_priority
 from turnout.core.routing import NoRoute
 from turnout.core.signals import Reported, Sample, input_counts, reported
 from turnout.dialects import NATIVE_HEADERS, api, worker_error_message
@@ -56,7 +65,7 @@ from turnout.dialects.streams import FrameError, StreamKind, StreamWatch, keepal
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
 from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
-from turnout.gateway.access import REQUEST_ID, ROUTE
+from turnout.gateway.access import PRIORITY, REQUEST_ID, ROUTE
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.capabilities import EmbeddingProbe
 from turnout.gateway.catalog import iso_time, modified_at, unknown_details
@@ -82,6 +91,10 @@ _TOKENIZER_S = 10.0  # a tokenizer's answer later than this: the gateway's estim
 _TOKENIZER_ANSWER = 64 << 20  # bytes: a tokenizer's answer (a list of token ids) larger than this is not read
 COUNT_SOURCE = "X-Turnout-Token-Count"  # on a count_tokens answer: "tokenizer" (the worker's) or "estimate"
 EXPLAIN_HEADER = "X-Turnout-Route"  # routing.explain_header: "<worker>; <why>"
+ENGINE_PRIORITY_HEADER = "X-Vllm-Priority"  # vllm/entrypoints/generate/base/serving.py: read before the body's
+# The calls whose vLLM request has a ``priority`` field (vllm/entrypoints/openai/*/protocol.py,
+# vllm/entrypoints/pooling/base/protocol.py); the Messages route reads the header only.
+_PRIORITY_BODIES = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
 
 
 class Proxy:
@@ -105,6 +118,7 @@ class Proxy:
         self._tokenizers: dict[str, int] = {}  # worker -> which of a TokenCounter's requests its tokenizer took
         self._embedding = EmbeddingProbe()  # whether a model on an OpenAI-style worker embeds (/api/show)
         self._explain = settings.routing.explain_header
+        self._claim_priority: frozenset[str] = frozenset()  # claim workers whose vLLM schedules by priority
 
     async def serve(
         self,
@@ -165,7 +179,14 @@ class Proxy:
             limit_s = hold_limit(request.headers, self.settings.routing.hold_s)
             if limit_s <= 0 or refusal.code not in HOLDABLE:
                 raise refusal
-            ticket = await self.dispatcher.hold(model, tenant, priority, lambda: model in self.fleet.bindings, limit_s)
+            counts = self.metrics.classes[priority]  # a held request waits too (for its model's engine)
+            counts.waiting += 1
+            try:
+                ticket = await self.dispatcher.hold(
+                    model, tenant, priority, lambda: model in self.fleet.bindings, limit_s
+                )
+            finally:
+                counts.waiting -= 1
             if ticket is None:
                 raise claims.refusal(model, unreachable=True) or refusal
         try:
@@ -192,8 +213,10 @@ class Proxy:
         failure: ConnectFailed | None = None
         routing = self.settings.routing
         ask = Ask(call, request.headers, routing.session_header)
+        counts = self.metrics.classes[priority]  # waiting and running requests of the class (scraped, Overview)
         hold_s = hold_limit(request.headers, routing.hold_s)
         for _ in range(routing.max_attempts):
+            counts.waiting += 1
             try:
                 lease = await self.dispatcher.acquire(
                     call.model, frozenset(exclude), tenant, ask, priority=priority, ticket=ticket, hold_s=hold_s
@@ -203,6 +226,9 @@ class Proxy:
                 if failure is not None:  # every reachable candidate failed: report the real cause
                     raise failure from None
                 raise
+            finally:
+                counts.waiting -= 1
+            counts.running += 1
             outcome.worker = lease.worker.name
             request[ROUTE] = lease.why
             try:
@@ -223,26 +249,45 @@ class Proxy:
                 raise
             finally:
                 lease.release()
+                counts.running -= 1
         assert failure is not None
         raise failure
 
+    def claims_changed(self) -> None:
+        """The claims changed: which claim-bound engines schedule by priority (their vLLM args say so)."""
+        claims = self.claims
+        if claims is not None:
+            views = claims.source.views()
+            self._claim_priority = frozenset(claims.worker_name(v.key) for v in views if v.priority_scheduling)
+
+    def _engine_priority(self, lease: Lease) -> int | None:
+        """The call's class as its engine's own priority, where the engine schedules by it; else None."""
+        worker = lease.worker
+        if not worker.config.priority_scheduling and worker.name not in self._claim_priority:
+            return None
+        grant = lease.grant
+        return engine_priority(Priority.STANDARD if grant is None else grant.priority)
+
     async def _attempt(self, request: web.Request, call: Call, lease: Lease, outcome: Outcome) -> web.StreamResponse:
         worker = lease.worker
+        rank = self._engine_priority(lease)
         translation = api(call.dialect).translation(worker.speaks, call.endpoint, worker.native_apis)
         if translation is not None:
             if call.endpoint is Endpoint.COUNT_TOKENS:  # checked first: a Protocol's isinstance is not cheap
                 assert isinstance(translation, TokenCounter), translation
                 return await self._count_tokens(call, lease, translation, outcome)
-            return await self._translated(request, call, lease, cast(Translation, translation), outcome)
+            return await self._translated(request, call, lease, cast(Translation, translation), outcome, rank)
         body = call.body
         upstream = _upstream_name(worker, lease.model)
-        if upstream != call.model:
+        if rank is not None and call.endpoint in _PRIORITY_BODIES:  # the body as sent, with the class's priority
+            body = orjson.dumps({**parse_object(call.body), "model": upstream, "priority": rank})
+        elif upstream != call.model:
             body = orjson.dumps({**call.payload, "model": upstream})
-        return await self._passthrough(request, call, lease, body, outcome)
+        return await self._passthrough(request, call, lease, body, outcome, rank)
 
     # -- same dialect ----------------------------------------------------------------------------
     async def _passthrough(
-        self, request: web.Request, call: Call, lease: Lease, body: bytes, outcome: Outcome
+        self, request: web.Request, call: Call, lease: Lease, body: bytes, outcome: Outcome, rank: int | None = None
     ) -> web.StreamResponse:
         """``lease.model``: the name the worker knows it by (its failures and successes are counted under it)."""
         worker, model = lease.worker, lease.model
@@ -250,6 +295,8 @@ class Proxy:
         started = time.perf_counter()
         forward = NATIVE_HEADERS.get(call.dialect)
         extra = None if forward is None else {k: v for k in forward if (v := request.headers.get(k)) is not None}
+        if rank is not None:
+            extra = {**(extra or {}), ENGINE_PRIORITY_HEADER: str(rank)}
         async with self._post(worker, call.path, body, extra) as up:
             _check_fallback(worker, model, up.status)
             if up.status >= 300:
@@ -416,12 +463,22 @@ class Proxy:
 
     # -- a client dialect the worker does not speak: its dialect's translation --------------------------
     async def _translated(
-        self, request: web.Request, call: Call, lease: Lease, translation: Translation, outcome: Outcome
+        self,
+        request: web.Request,
+        call: Call,
+        lease: Lease,
+        translation: Translation,
+        outcome: Outcome,
+        rank: int | None = None,
     ) -> web.StreamResponse:
         try:
             path, req = translation.request(call, _upstream_name(lease.worker, lease.model))
         except TranslationError as exc:
             raise BadRequest(str(exc)) from None
+        extra = None
+        if rank is not None:  # (a translation's worker request is one of OpenAI's: chat, completions, embeddings)
+            req["priority"] = rank
+            extra = {ENGINE_PRIORITY_HEADER: str(rank)}
         worker = lease.worker
         loop = asyncio.get_running_loop()
         started = time.perf_counter_ns()
@@ -430,7 +487,7 @@ class Proxy:
         if alternate is not None and form in self._alternate_form:
             req, alternate = alternate, None  # this worker takes the other form
         headers = translation.headers(call)
-        async with self._post(worker, path, orjson.dumps(req)) as up:
+        async with self._post(worker, path, orjson.dumps(req), extra) as up:
             _check_fallback(worker, lease.model, up.status)
             rejected = await up.read() if up.status >= 300 else b""
             # llama_cpp.server answers a response_format it does not know with 500 (a validation error its
@@ -441,7 +498,7 @@ class Proxy:
                 return await self._translated_answer(request, call, lease, translation, up, started, outcome, headers)
         assert alternate is not None  # the worker refused OpenAI's json_schema form: try the one it may take
         del rejected
-        async with self._post(worker, path, orjson.dumps(alternate)) as up:
+        async with self._post(worker, path, orjson.dumps(alternate), extra) as up:
             if up.status >= 300:  # refused in both forms: the worker's own answer to the second says why
                 return self._upstream_error(call, worker, lease.model, up.status, await up.read(), loop.time())
             self._alternate_form.add(form)
@@ -814,13 +871,18 @@ async def _cut_short(resp: web.StreamResponse, fail: Callable[[TurnoutError], by
 
 def _stream_headers(request: web.Request, call: Call) -> dict[str, str]:
     request_id = request.get(REQUEST_ID)
-    if call.fallback_from is None and request_id is None:
+    chosen = request.get(PRIORITY)
+    said = chosen is not None and chosen.asked is not None  # the request named a class: the answer names its own
+    if call.fallback_from is None and request_id is None and not said:
         return _STREAM_HEADERS
     headers = dict(_STREAM_HEADERS)
     if call.fallback_from is not None:
         headers["X-Fallback-From"] = call.fallback_from
     if request_id is not None:
         headers["request-id"] = request_id
+    if said:
+        assert chosen is not None
+        headers[PRIORITY_HEADER] = chosen.priority.value
     return headers
 
 

@@ -49,6 +49,8 @@ tenants = Table(
     Column("max_concurrent", Integer, nullable=True),
     Column("weight", Integer, nullable=False, server_default="1"),
     Column("created_at", Float, nullable=False),
+    # since 0016: the default priority class of the tenant's keys (NULL: config.json's, else standard)
+    Column("priority", String(16), nullable=True),
 )
 
 apps = Table(
@@ -75,6 +77,7 @@ keys = Table(
     Column("rotated_to", Integer, nullable=True),
     Column("lineage", Integer, nullable=True),  # the first key of a rotation chain; limits are shared along it
     Column("created_at", Float, nullable=False),
+    Column("priority", String(16), nullable=True),  # since 0016: the key's priority class (NULL: its tenant's)
 )
 
 usage = Table(

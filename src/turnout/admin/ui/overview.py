@@ -1,6 +1,7 @@
 """The Overview page: workers and endpoints with health (and why when down), models, load, requests per
-minute, each worker's prefix cache hit rate and what its engine runs at once (and how that was found), and
-ModelClaims by phase. The body is a fragment
+minute, each worker's prefix cache hit rate and what its engine runs at once (and how that was found), the
+requests waiting and running by priority class (this process's, as ``/metrics`` has them), and ModelClaims by
+phase. The body is a fragment
 (``/admin/overview/fragment``) that the page polls with htmx, so it refreshes itself without a reload.
 
 Requests per minute come from the usage store (all replicas' traffic, flushed first): the requests of the
@@ -18,7 +19,7 @@ from aiohttp import web
 
 from turnout.admin.ui.display import when
 from turnout.admin.ui.render import page, render
-from turnout.gateway.keys import ACCOUNTANT, ENDPOINTS, FLEET, PROXY, USAGE
+from turnout.gateway.keys import ACCOUNTANT, ENDPOINTS, FLEET, METRICS, PROXY, USAGE
 
 __all__ = ["POLL_S", "add_overview_routes", "overview_state"]
 
@@ -79,9 +80,13 @@ async def overview_state(request: web.Request) -> dict[str, Any]:
     phases: Counter[str] = Counter()
     if bindings is not None:
         phases.update(view.phase.value for view in bindings.source.views())
+    classes = [
+        {"name": p.value, "waiting": c.waiting, "running": c.running} for p, c in request.app[METRICS].classes.items()
+    ]
     return {
         "workers": workers,
         "endpoints": endpoints,
+        "classes": classes,
         "claims_configured": bindings is not None,
         "phases": sorted(phases.items()),
         "in_flight": sum(s.in_flight for s in fleet.workers.values()),
