@@ -40,7 +40,9 @@ MODEL = "m:1"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": False}
 
 
-async def load(url: str, keys: list[str], total: int, clients: int, headers: dict[str, str] | None = None) -> Counter[int]:
+async def load(
+    url: str, keys: list[str], total: int, clients: int, headers: dict[str, str] | None = None
+) -> Counter[int]:
     """``total`` requests from ``clients`` clients (each its own connection), the keys taken in turn: statuses."""
     statuses: Counter[int] = Counter()
     left = iter(range(total))

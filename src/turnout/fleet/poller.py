@@ -87,7 +87,7 @@ class Probes(Protocol):
 
     async def share(self, state: WorkerState) -> None: ...
 
-    async def adopt(self, state: WorkerState, now: float) -> None: ...
+    async def adopt(self, state: WorkerState, now: float) -> bool: ...
 
 
 class Poller:
@@ -129,9 +129,15 @@ class Poller:
             interval_s=health.interval_s,
         )
         shared = self.probes
-        if probe and shared is not None and not await shared.may_probe(state, policy is ProbePolicy.IDLE_ONLY):
-            await shared.adopt(state, self.clock())  # another replica probes it now: what it found
-        elif probe:
+        # another replica probes it now: what it found (nothing yet, as this one starts: its own look, once)
+        if (
+            probe
+            and shared is not None
+            and not await shared.may_probe(state, policy is ProbePolicy.IDLE_ONLY)
+            and (await shared.adopt(state, self.clock()) or state.checked)
+        ):
+            probe = False
+        if probe:
             await self._probe(state, ollama, started)
             if shared is not None:
                 await shared.share(state)

@@ -208,14 +208,15 @@ class SharedProbes:
         with contextlib.suppress(Exception):
             await self._redis.set(f"{self._p}:health:{state.name}", orjson.dumps(document), px=self._hold_ms * 3)
 
-    async def adopt(self, state: WorkerState, now: float) -> None:
-        """Take what the replica that probed ``state``'s worker found (nothing when it published nothing yet)."""
+    async def adopt(self, state: WorkerState, now: float) -> bool:
+        """Take what the replica that probed ``state``'s worker found; False when it published nothing yet (a
+        replica starting while another holds the lease: it probes itself, once)."""
         try:
             raw = await self._redis.get(f"{self._p}:health:{state.name}")
         except Exception:
-            return
+            return False
         if not raw:
-            return
+            return False
         found = orjson.loads(raw)
         if found.get("checked"):
             if found.get("healthy"):
@@ -237,3 +238,4 @@ class SharedProbes:
         figure = found.get("parallelism")
         if isinstance(figure, dict) and figure.get("source") in Source.__members__.values():
             state.engine_parallelism = Parallelism(figure.get("slots"), Source(figure["source"]), figure.get("why", ""))
+        return True
