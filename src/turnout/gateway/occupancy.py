@@ -93,6 +93,12 @@ class Occupancy(Protocol):
 
     def give(self, grant: Grant) -> None: ...
 
+    async def settle(self) -> None:
+        """Until the slots given back so far count as free for every replica (a Redis round trip; nothing here):
+        awaited before a non-streamed answer goes out, so that the client's next request, on any replica, finds
+        the worker that answered it free."""
+        ...
+
     @property
     def remote(self) -> bool:
         """Counts live elsewhere (a view costs a round trip): a request with a single candidate worker takes its slot
@@ -254,6 +260,9 @@ class LocalOccupancy:
             index = self._index(grant.worker)
             if index is not None:
                 index.record(grant.prompt, self._clock())  # type: ignore[attr-defined]
+        return None
+
+    async def settle(self) -> None:
         return None
 
     def give(self, grant: Grant) -> None:

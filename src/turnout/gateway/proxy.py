@@ -231,11 +231,11 @@ class Proxy:
             counts.running += 1
             outcome.worker = lease.worker.name
             request[ROUTE] = lease.why
+            response: web.StreamResponse | None = None
             try:
                 response = await self._attempt(request, call, lease, outcome)
                 if self._explain and not response.prepared:  # a stream has it already (_stream_headers)
                     response.headers[EXPLAIN_HEADER] = _explained(lease)
-                return response
             except ConnectFailed as exc:
                 self.metrics.upstream_errors.labels(lease.worker.name, "connect").inc()
                 lease.worker.mark_down(exc.message, failure_reason(exc.code))
@@ -250,6 +250,10 @@ class Proxy:
             finally:
                 lease.release()
                 counts.running -= 1
+            if response is not None:
+                if not response.prepared:  # a whole answer: its slot counts as free everywhere before it goes out
+                    await self.dispatcher.occupancy.settle()
+                return response
         assert failure is not None
         raise failure
 
@@ -337,6 +341,8 @@ class Proxy:
                         lease.answering(now)
                     if watch.finished and outcome.keep is not None:  # the answer is whole: kept before it goes out
                         await outcome.keep(watch.final or {"usage": watch.usage})
+                    if watch.ended:
+                        await self._give_back(lease)
                     if data:
                         if first is None:
                             first = time.perf_counter()
@@ -651,7 +657,14 @@ class Proxy:
             total_s = (time.perf_counter_ns() - started) / 1e9
             self._observe(lease, call, rep, counts.completion_tokens, first_ns / 1e9 if first_ns else None, total_s)
         worker.record_success(now, model)
+        await self._give_back(lease)
         await resp.write_eof(pending + b"".join(map(translation.frame, final)))
+
+    async def _give_back(self, lease: Lease) -> None:
+        """The worker has answered: its slot is given back, and counts as free on every replica, before the end of
+        the answer goes out (so the client's next turn, on any replica, finds the worker that holds its prefix free)."""
+        lease.release()
+        await self.dispatcher.occupancy.settle()
 
     async def _count_tokens(
         self, call: Call, lease: Lease, counter: TokenCounter, outcome: Outcome

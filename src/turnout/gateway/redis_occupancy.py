@@ -90,6 +90,7 @@ class RedisOccupancy:
         self._join = self._redis.register_script(JOIN)
         self._give_script = self._redis.register_script(GIVE)
         self._giving: list[Grant] = []  # given back and not sent to Redis yet (sent together, once a loop turn)
+        self._given: asyncio.Future[None] | None = None  # done once the gives of the batch being sent are in Redis
         self._taking: list[tuple[Grant, asyncio.Future[str | None]]] = []  # asked for, likewise
         self._index = index
         self._tenant_caps = {k: v for k, v in tenant_caps.items() if v is not None}
@@ -241,21 +242,34 @@ class RedisOccupancy:
             self.local.give(grant)
         if self.up:
             if not self._giving:  # the first of this loop turn: they go together, in one script, just after it
-                asyncio.get_running_loop().call_soon(lambda: self._spawn(self._give()))
+                loop = asyncio.get_running_loop()
+                given = self._given = loop.create_future()
+                loop.call_soon(lambda: self._spawn(self._give(given)))
             self._giving.append(grant)
 
-    async def _give(self) -> None:
+    async def settle(self) -> None:
+        given = self._given
+        if given is not None:
+            await asyncio.shield(given)
+
+    async def _give(self, given: asyncio.Future[None]) -> None:
         """Give back the leases given since the last time, in one script (it wakes waiters only when any wait)."""
         grants, self._giving = self._giving, []
-        if not grants:
-            return
-        args: list[Any] = [self._p]
-        for g in grants:
-            args += [g.lease, g.model, g.tenant, g.worker, 1 if g.priority is Priority.BATCH else 0]
         try:
-            await self._give_script(args=args)
-        except Exception as exc:  # (their leases expire by themselves)
-            self._down(exc)
+            if not grants:
+                return
+            args: list[Any] = [self._p]
+            for g in grants:
+                args += [g.lease, g.model, g.tenant, g.worker, 1 if g.priority is Priority.BATCH else 0]
+            try:
+                await self._give_script(args=args)
+            except Exception as exc:  # (their leases expire by themselves)
+                self._down(exc)
+        finally:
+            if self._given is given:
+                self._given = None
+            if not given.done():
+                given.set_result(None)
 
     # -- the queue ---------------------------------------------------------------------------------------------
     async def join(self, model: str, tenant: str, weight: int, priority: Priority, max_queue: int) -> Ticket | None:

@@ -164,6 +164,9 @@ class SupervisedOccupancy:
     def give(self, grant: Grant) -> None:
         self._channel.tell("occ.give", grant.lease)
 
+    async def settle(self) -> None:
+        return None  # a frame to the supervisor, sent in order before this process's next one
+
     async def join(self, model: str, tenant: str, weight: int, priority: Priority, max_queue: int) -> Ticket | None:
         ticket_id = next_id(f"p{os.getpid()}-")
         answer = await self._channel.ask("occ.join", model, tenant, weight, priority.value, max_queue, ticket_id)
