@@ -94,8 +94,10 @@ async def test_a_killed_replicas_slot_comes_back(emulator: EmulatorFactory, repl
         assert emu.active == 1
         fleet.kill(0)
         started = time.monotonic()
-        status, _ = await post(http, fleet.replicas[1].url, {**body, "stream": False})
-        waited = time.monotonic() - started
+        async with http.post(f"{fleet.replicas[1].url}/v1/chat/completions", json=body) as r:
+            status = r.status
+            await r.content.readline()  # its first event: it got the slot (its whole answer takes 20 s more)
+            waited = time.monotonic() - started
         long.cancel()
     assert status == 200
     assert waited < 25, waited  # the lease (10 s) and a renewal period, not the long answer's 20 s
