@@ -6,6 +6,9 @@ coming back."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -284,3 +287,23 @@ async def test_rate_limits_away_and_back() -> None:
                 await limiter.admit(subject, 1)
     finally:
         await limiter.close()
+
+
+def test_ids_are_unique_across_processes_and_forks() -> None:
+    """Leases and tickets of every replica meet in Redis: two processes (and a forked child, as `serve --workers N`
+    makes them) never make the same id (two replicas' first leases were both ``l1``: one lease in Redis, so a
+    worker's cap let one request more through)."""
+    code = "from turnout.gateway.occupancy import next_id; print(next_id('l'))"
+    made = {subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()}
+    made.add(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip())
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first id, then out at once
+        os.write(write, next_id("l").encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.close(write)
+    made.add(os.read(read, 100).decode())
+    os.close(read)
+    made.add(next_id("l"))
+    assert len(made) == 4, made

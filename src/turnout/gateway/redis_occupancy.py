@@ -126,7 +126,7 @@ class RedisOccupancy:
         """Stop renewing and listening (this replica's leases expire by themselves if it could not give them back)."""
         self._closing = True
         if self._giving and self.up:
-            await self._give()  # what was given back last goes now, not with the leases' expiry
+            await self._give(self._given)  # what was given back last goes now, not with the leases' expiry
         for task in self._tasks:
             task.cancel()
         if self._tasks or self._background:
@@ -252,7 +252,7 @@ class RedisOccupancy:
         if given is not None:
             await asyncio.shield(given)
 
-    async def _give(self, given: asyncio.Future[None]) -> None:
+    async def _give(self, given: asyncio.Future[None] | None = None) -> None:
         """Give back the leases given since the last time, in one script (it wakes waiters only when any wait)."""
         grants, self._giving = self._giving, []
         try:
@@ -266,10 +266,11 @@ class RedisOccupancy:
             except Exception as exc:  # (their leases expire by themselves)
                 self._down(exc)
         finally:
-            if self._given is given:
-                self._given = None
-            if not given.done():
-                given.set_result(None)
+            if given is not None:
+                if self._given is given:
+                    self._given = None
+                if not given.done():
+                    given.set_result(None)
 
     # -- the queue ---------------------------------------------------------------------------------------------
     async def join(self, model: str, tenant: str, weight: int, priority: Priority, max_queue: int) -> Ticket | None:
