@@ -289,6 +289,25 @@ async def test_rate_limits_away_and_back() -> None:
         await limiter.close()
 
 
+async def test_what_is_in_flight_when_redis_goes_counts_against_the_share() -> None:
+    """Two requests in flight, taken through Redis, when Redis goes: the replica's own counts start with them, so a
+    worker capped at 2 gets no third (it got up to its share more: 4 at once with three replicas, bench/shared.py)."""
+    with redis_server() as url:
+        keeper = redis_keeper(url)
+        await keeper.start()
+        caps = Caps(worker=2)
+        held = [grant(caps=caps), grant(caps=caps)]
+        for g in held:
+            assert await keeper.take(g) is None
+    try:
+        assert await keeper.take(grant(caps=caps)) == "worker"  # Redis is gone; the two still run
+        assert not keeper.up
+        keeper.give(held[0])
+        assert await keeper.take(grant(caps=caps)) is None  # one given back: one fits
+    finally:
+        await keeper.close()
+
+
 def test_ids_are_unique_across_processes_and_forks() -> None:
     """Leases and tickets of every replica meet in Redis: two processes (and a forked child, as `serve --workers N`
     makes them) never make the same id (two replicas' first leases were both ``l1``: one lease in Redis, so a

@@ -269,12 +269,7 @@ class LocalOccupancy:
             return refused
         if self._ahead(grant.model, grant.ticket):
             return "ahead"
-        self.total += 1
-        _bump(self.models, grant.model, 1)
-        _bump(self.tenants, grant.tenant, 1)
-        _bump(self.workers, grant.worker, 1)
-        if batch:
-            _bump(self.worker_batch, grant.worker, 1)
+        self.carry(grant)
         if grant.ticket is not None:
             self._left(grant.ticket, served=True)
         if grant.prompt is not None and self._index is not None:
@@ -282,6 +277,17 @@ class LocalOccupancy:
             if index is not None:
                 index.record(grant.prompt, self._clock())  # type: ignore[attr-defined]
         return None
+
+    def carry(self, grant: Grant) -> None:
+        """Count ``grant``'s request, whatever the caps: one already in flight (taken where the counts lived before:
+        in Redis, until it went away), so that what is taken here from now on counts it."""
+        batch = grant.priority is Priority.BATCH
+        self.total += 1
+        _bump(self.models, grant.model, 1)
+        _bump(self.tenants, grant.tenant, 1)
+        _bump(self.workers, grant.worker, 1)
+        if batch:
+            _bump(self.worker_batch, grant.worker, 1)
 
     async def settle(self) -> None:
         return None

@@ -427,6 +427,10 @@ class RedisOccupancy:
         )
         if self._on_change is not None:
             self._on_change(False)
+        for lease, grant in self._mine.items():  # in flight: counted here too, so its worker's share is not exceeded
+            if lease not in self._here:
+                self.local.carry(grant)
+                self._here.add(lease)
         for ticket in self._tickets.values():
             ticket.woken.set()  # its waiters route again, on this replica's own state
 
