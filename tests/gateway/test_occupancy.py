@@ -313,6 +313,23 @@ async def test_what_is_in_flight_when_redis_goes_counts_against_the_share() -> N
         await keeper.close()
 
 
+async def test_a_take_counts_the_live_replicas(redis_url: str) -> None:
+    """A replica that started first learns of the others at its next take, not only at its next renewal (3 s): its
+    share of a cap, should Redis go, is never the whole cap because it started first."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    first = redis_keeper(redis_url, prefix)
+    await first.start()
+    assert first.replicas == 1
+    second = redis_keeper(redis_url, prefix)
+    await second.start()
+    try:
+        assert await first.take(grant()) is None
+        assert first.replicas == 2
+    finally:
+        await second.close()
+        await first.close()
+
+
 def test_ids_are_unique_across_processes_and_forks() -> None:
     """Leases and tickets of every replica meet in Redis: two processes (and a forked child, as `serve --workers N`
     makes them) never make the same id (two replicas' first leases were both ``l1``: one lease in Redis, so a

@@ -210,6 +210,7 @@ class RedisOccupancy:
                     future.set_result(_AWAY)
             return
         self.round_trips += 1
+        self.replicas = max(int(replies.pop()), 1)  # known at every take, not only every renewal
         for (grant, future), reply in zip(asked, replies, strict=True):
             answer = reply.decode() if isinstance(reply, bytes) else str(reply)
             if answer == "ok":
