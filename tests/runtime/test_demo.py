@@ -293,3 +293,28 @@ def _alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_claude_codes_and_codexs_first_turns_are_held_while_the_demo_model_wakes(
+    gateway: GatewayFactory, clients: Any
+) -> None:
+    """The demo model asleep: Claude Code's first request as it sends it (the captured stream, its 4,000-token system
+    prompt) is held while the one wake runs and answered with a whole stream, no retry; the model asleep again, a
+    Responses stream as Codex sends it (the official SDK's) likewise."""
+    gw = await demo_gateway(gateway, sleep_after_s=2)
+    await eventually(lambda: _phase_is(gw, "Sleeping"), f"{MODEL} asleep after 2 idle s", limit_s=60)
+    case = json.loads(CLAUDE_CODE_FIRST.read_text())
+    body = {**case["request"], "model": MODEL, "max_tokens": 8, "stream": True}
+    async with aiohttp.ClientSession() as http, http.post(gw.url + "/v1/messages?beta=true", json=body) as r:
+        assert r.status == 200, await r.text()
+        events = [
+            line.split(b":", 1)[1].strip() for line in (await r.read()).splitlines() if line.startswith(b"event:")
+        ]
+    kept = [e for e in events if e != b"ping"]  # keep-alives while the engine reads the prompt (the SDK skips them)
+    assert kept[0] == b"message_start" and kept[-1] == b"message_stop", events
+    await eventually(lambda: _phase_is(gw, "Sleeping"), f"{MODEL} asleep again", limit_s=60)
+    openai = clients.openai(gw.url)
+    stream = await openai.responses.create(model=MODEL, input="Say hello.", max_output_tokens=16, stream=True)
+    kinds = [event.type async for event in stream]
+    assert "response.output_text.delta" in kinds, kinds
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete"), kinds
