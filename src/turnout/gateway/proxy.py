@@ -36,9 +36,8 @@ from aiohttp import web
 
 from turnout.config import Settings
 from turnout.core.health import failure_reason
-from turnout.core.prefix import BYTES_PER_TOKEN
 from turnout.core.routing import NoRoute
-from turnout.core.signals import Reported, Sample, input_counts, reported
+from turnout.core.signals import Reported, reported
 from turnout.dialects import NATIVE_HEADERS, api, worker_error_message
 from turnout.dialects.base import (
     Call,
@@ -60,6 +59,7 @@ from turnout.gateway.accounting import Outcome
 from turnout.gateway.capabilities import EmbeddingProbe
 from turnout.gateway.catalog import iso_time, modified_at, unknown_details
 from turnout.gateway.dispatch import Ask, Dispatcher, Lease, no_route_error
+from turnout.gateway.learning import AnswerLearner
 from turnout.metrics import Metrics
 from turnout.responses import error_frame, error_response, json_response
 from turnout.upstream.client import ConnectFailed, NoAnswer, UpstreamClient, UpstreamResponse
@@ -102,6 +102,7 @@ class Proxy:
         self._tokenizers: dict[str, int] = {}  # worker -> which of a TokenCounter's requests its tokenizer took
         self._embedding = EmbeddingProbe()  # whether a model on an OpenAI-style worker embeds (/api/show)
         self._explain = settings.routing.explain_header
+        self.learner = AnswerLearner(settings, fleet, metrics)
 
     async def serve(self, request: web.Request, call: Call, outcome: Outcome, tenant: str = "") -> web.StreamResponse:
         if call.endpoint is Endpoint.SHOW:
@@ -216,7 +217,7 @@ class Proxy:
             if not _streaming(call, up):
                 data = await up.read()
                 answer = self._answer(worker, model, data, loop.time())
-                self._learn(lease, call, answer, started, None, outcome)
+                self.learner.learn(lease, call, answer, started, None, outcome)
                 if outcome.keep is not None:
                     await outcome.keep(answer)
                 reply = _raw_json(data, up.status, call)
@@ -275,7 +276,7 @@ class Proxy:
                     final = watch.final
                 else:
                     final = {"usage": watch.usage, "timings": watch.timings}
-                self._learn(lease, call, final, started, first, outcome, stream_events=max(watch.events - 1, 0))
+                self.learner.learn(lease, call, final, started, first, outcome, stream_events=max(watch.events - 1, 0))
             return resp
 
     async def _end_stream(
@@ -429,7 +430,9 @@ class Proxy:
             outcome.prompt_tokens = counts.prompt_tokens
             outcome.completion_tokens = counts.completion_tokens
             if lease.choice:
-                self._observe(lease, call, reported(parsed), counts.completion_tokens, None, timing.total_ns / 1e9)
+                self.learner.observe(
+                    lease, call, reported(parsed), counts.completion_tokens, None, timing.total_ns / 1e9
+                )
             if outcome.keep is not None:
                 await outcome.keep(out)
             response = _json(out, 200, call)
@@ -551,7 +554,9 @@ class Proxy:
         if lease.choice:
             rep = Reported(counts.prompt_tokens, counts.completion_tokens)
             total_s = (time.perf_counter_ns() - started) / 1e9
-            self._observe(lease, call, rep, counts.completion_tokens, first_ns / 1e9 if first_ns else None, total_s)
+            self.learner.observe(
+                lease, call, rep, counts.completion_tokens, first_ns / 1e9 if first_ns else None, total_s
+            )
         worker.record_success(now, model)
         await resp.write_eof(pending + b"".join(map(translation.frame, final)))
 
@@ -648,87 +653,6 @@ class Proxy:
         headers = _stream_headers(request, call)
         return {**headers, EXPLAIN_HEADER: _explained(lease)} if self._explain else headers
 
-    def _learn(
-        self,
-        lease: Lease,
-        call: Call,
-        answer: dict[str, Any],
-        started: float,
-        first: float | None,
-        outcome: Outcome,
-        *,
-        stream_events: int = 0,
-    ) -> None:
-        """Token counts for accounting (None when the worker reported none: accounting estimates), and, where the
-        router had a choice of workers, what the answer says of the worker's speed (its learned rates rank
-        candidates, and nothing else reads them). ``started``, ``first``: ``perf_counter`` times of sending and
-        of the first bytes of a stream."""
-        if not lease.choice or call.endpoint is Endpoint.COUNT_TOKENS:
-            # the usual single-worker model: the counts alone, as cheaply as they come (a token count is no answer)
-            usage = _obj(answer.get("usage"))
-            outcome.prompt_tokens = _first(
-                _count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"), input_counts(usage)[0]
-            )
-            completion = _first(
-                _count(answer, "eval_count"), _count(usage, "completion_tokens"), _count(usage, "output_tokens")
-            )
-            outcome.completion_tokens = completion if completion is not None else (stream_events or None)
-            return
-        rep = reported(answer)
-        outcome.prompt_tokens = rep.prompt_tokens
-        completion = rep.completion_tokens if rep.completion_tokens is not None else (stream_events or None)
-        outcome.completion_tokens = completion
-        now = time.perf_counter()
-        self._observe(lease, call, rep, completion, None if first is None else first - started, now - started)
-
-    def _observe(
-        self,
-        lease: Lease,
-        call: Call,
-        rep: Reported,
-        completion: int | None,
-        first_s: float | None,
-        total_s: float,
-    ) -> None:
-        """Learn the worker's prefill and decode rates from one answer (:func:`turnout.core.signals.speeds`): the
-        prompt's tokens as reported (else the prefix index's estimate), those served from the engine's cache as it
-        reported them (else what the prefix index expected it to hold)."""
-        worker = lease.worker
-        if first_s is None and (rep.prefill_s is not None or rep.decode_s is not None):
-            # an answer in one piece: the span the engine's own timings say it worked on it
-            lease.worked((rep.prefill_s or 0.0) + (rep.decode_s or 0.0), asyncio.get_running_loop().time())
-        if completion:
-            self.fleet.answered(call.model, completion)
-        prompt_tokens = rep.prompt_tokens
-        if prompt_tokens is None and lease.prompt is not None:
-            prompt_tokens = round(lease.prompt.size / BYTES_PER_TOKEN)
-        cached = rep.cached_tokens
-        if cached is not None and rep.prompt_tokens:
-            worker.engine_counted(rep.prompt_tokens, cached)
-            self.metrics.engine_tokens(worker.name, rep.prompt_tokens, cached)
-        else:
-            cached = round((prompt_tokens or 0) * lease.share)
-            if lease.share:
-                # the index's word only: when the engine no longer held what it expected, a prefill rate from this
-                # would be far too slow, so only answers expected cold (or counted by the engine) teach it
-                prompt_tokens = None
-        prefill_tokens = rep.prefill_tokens
-        if prefill_tokens is not None and rep.prefill_counts_cache:  # Ollama's count includes its cache
-            prefill_tokens = None if prompt_tokens is None else max(prefill_tokens - cached, 0)
-        sample = Sample(
-            prompt_tokens,
-            cached,
-            completion,
-            first_s,
-            total_s,
-            lease.queued,
-            prefill_tokens,
-            rep.prefill_s,
-            rep.decode_tokens,
-            rep.decode_s,
-        )
-        worker.observe(call.model, sample, time.monotonic(), self.settings.routing.speed_ttl_s)
-
 
 def _explained(lease: Lease) -> str:
     return f"{lease.worker.name}; {lease.why}"
@@ -804,20 +728,6 @@ def _what(data: bytes, exc: FrameError) -> str:
     head = data[:60].decode("utf-8", "replace")
     printable = "".join(ch if ch.isprintable() else "?" for ch in head)
     return f"{exc} (starts {printable!r})"
-
-
-def _obj(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _count(obj: dict[str, Any], key: str) -> int | None:
-    """A non-negative integer field, or None (absent, wrong type, negative)."""
-    value = obj.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def _first(*values: int | None) -> int | None:
-    return next((v for v in values if v is not None), None)
 
 
 def _tagged(response: web.Response, call: Call | None) -> web.Response:
