@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from turnout.fleet.state import Fleet
+from turnout.phase_stats import PhaseCollector, PhaseStats
 
 __all__ = ["Metrics"]
 
@@ -50,8 +51,9 @@ class _FleetCollector(Collector):
 
 
 class _InFlightCollector(Collector):
-    """Client requests being served: a plain count the request path keeps (``Metrics.requests_in_flight``),
-    read at scrape time; a Gauge takes a lock twice per request."""
+    """Client requests being served, and of those the ones held: plain counts the request path keeps
+    (``Metrics.requests_in_flight``, ``Metrics.requests_held``), read at scrape time; a Gauge takes a lock twice
+    per request."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -60,6 +62,31 @@ class _InFlightCollector(Collector):
         yield GaugeMetricFamily(
             "turnout_in_flight_requests", "client requests being served", value=self.metrics.requests_in_flight
         )
+        yield GaugeMetricFamily(
+            "turnout_held_requests",
+            "client requests held now, waiting for a wake or an activation of their model's engine",
+            value=self.metrics.requests_held,
+        )
+
+
+class _SpansCollector(Collector):
+    """Spans the trace exporter lost (``Metrics.spans_dropped``: reason -> count, kept by the tracing's own
+    thread and the request path, read at scrape time)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        family = CounterMetricFamily(
+            "turnout_trace_spans_dropped",
+            "spans never delivered to the OTLP collector (telemetry.otlp_endpoint): queue_full (the collector slow "
+            "or away and the export queue full: dropped rather than waited for), export_failed (the collector "
+            "refused them or could not be reached)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.metrics.spans_dropped.items()):
+            family.add_metric([reason], float(count))
+        yield family
 
 
 class _ReasonsCollector(Collector):
@@ -97,7 +124,12 @@ class Metrics:
             registry=self.registry,
         )
         self.requests_in_flight = 0  # exported as turnout_in_flight_requests
+        self.requests_held = 0  # exported as turnout_held_requests (turnout.gateway.timing.Holding keeps it)
         self.registry.register(_InFlightCollector(self))
+        self.phases = PhaseStats()  # turnout_request_phase_seconds, and the Overview's last minutes
+        self.registry.register(PhaseCollector(self.phases))
+        self.spans_dropped = {"queue_full": 0, "export_failed": 0}  # turnout_trace_spans_dropped_total
+        self.registry.register(_SpansCollector(self))
         self.routing = Counter("turnout_routing_decisions", "routing outcomes", ["outcome"], registry=self.registry)
         self.route_reasons: dict[str, int] = {}  # reason -> routed requests: plain counts, read at scrape time
         self.registry.register(_ReasonsCollector(self))

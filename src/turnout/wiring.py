@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -85,6 +86,9 @@ from turnout.store.responses import ResponseStore
 from turnout.store.secrets import SecretBox
 from turnout.store.usage import UsageStore
 from turnout.upstream.client import UpstreamClient
+
+if TYPE_CHECKING:
+    from turnout.gateway.tracing import Tracing
 
 __all__ = ["DEMO", "create_app"]
 
@@ -216,6 +220,15 @@ def _peers(settings: Settings, processes: int, reload: Callable[[], Awaitable[No
         return None
 
 
+def _tracing(settings: Settings, metrics: Metrics) -> Tracing | None:
+    """Traces to an OTLP collector, when one is configured (the OpenTelemetry SDK is imported only then)."""
+    if settings.telemetry.otlp_endpoint is None:
+        return None
+    from turnout.gateway.tracing import Tracing
+
+    return Tracing(settings.telemetry, metrics)
+
+
 def create_app(
     settings: Settings, *, admin_token: str, processes: int = 1, limits: socket.socket | None = None
 ) -> web.Application:
@@ -269,6 +282,8 @@ def create_app(
     app[DISPATCHER] = dispatcher
     app[POLLER] = poller
     app[PROXY] = Proxy(settings, fleet, dispatcher, client, metrics)
+    tracing = _tracing(settings, metrics)
+    app[PROXY].tracing = tracing
     app[ADMIN_AUTH] = AdminAuth(admin_token, enabled=settings.auth.break_glass)
     app[PEOPLE] = PeopleStore(database)
     app[ADMIN_GATE] = check_admin
@@ -313,12 +328,15 @@ def create_app(
     credentials += [
         urlsplit(url).password for url in (settings.storage.database_url, settings.storage.redis_url) if url
     ]
+    credentials += settings.telemetry.headers.values()  # a collector's credential
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         mark = GatewayMark(settings.data_dir)  # `turnout backup restore` refuses while a gateway runs here
         for value in credentials:
             SECRETS.add(value)
         await client.start()
+        if tracing is not None:
+            tracing.start()
         if shared is not None:
             shared.listen()
         await accountant.start()
@@ -341,6 +359,8 @@ def create_app(
         await accountant.close()
         await app[STORED].close()
         await client.close()
+        if tracing is not None:
+            await tracing.close()  # the last spans, the collector given at most telemetry.export_timeout_s
         database.close()
         peers = app[PEERS]
         if peers is not None:

@@ -29,7 +29,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 from aiohttp import web
@@ -60,9 +60,14 @@ from turnout.gateway.capabilities import EmbeddingProbe
 from turnout.gateway.catalog import iso_time, modified_at, unknown_details
 from turnout.gateway.dispatch import Ask, Dispatcher, Lease, no_route_error
 from turnout.gateway.learning import AnswerLearner
+from turnout.gateway.timing import PHASES, SERVER_TIMING, Phases, model_label, unrouted_label
+from turnout.gateway.trace_context import passed_on
 from turnout.metrics import Metrics
 from turnout.responses import error_frame, error_response, json_response
 from turnout.upstream.client import ConnectFailed, NoAnswer, UpstreamClient, UpstreamResponse
+
+if TYPE_CHECKING:
+    from turnout.gateway.tracing import Tracing
 
 __all__ = ["Proxy"]
 
@@ -103,8 +108,12 @@ class Proxy:
         self._embedding = EmbeddingProbe()  # whether a model on an OpenAI-style worker embeds (/api/show)
         self._explain = settings.routing.explain_header
         self.learner = AnswerLearner(settings, fleet, metrics)
+        self.tracing: Tracing | None = None  # set when telemetry.otlp_endpoint is (turnout.wiring)
 
     async def serve(self, request: web.Request, call: Call, outcome: Outcome, tenant: str = "") -> web.StreamResponse:
+        if self.tracing is not None:
+            phases = request[PHASES]
+            phases.span = self.tracing.begin(request, call, phases)
         if call.endpoint is Endpoint.SHOW:
             return await self._show(call)
         if self.claims is not None and self.claims.claimed(call.model):
@@ -156,21 +165,30 @@ class Proxy:
         failure: ConnectFailed | None = None
         routing = self.settings.routing
         ask = Ask(call, request.headers, routing.session_header)
+        phases = request[PHASES]
         for _ in range(routing.max_attempts):
+            held, asked = phases.hold, time.perf_counter()  # (a hold inside acquire is its own phase)
             try:
                 lease = await self.dispatcher.acquire(call.model, frozenset(exclude), tenant, ask)
-            except TurnoutError:
+            except TurnoutError as exc:
+                phases.queued(asked, time.perf_counter(), held)
+                if exc.status == 503 and phases.model is None:  # it waited, or could not: counted by its model
+                    phases.model, phases.worker = unrouted_label(self.fleet, call.model), "-"
                 if failure is not None:  # every reachable candidate failed: report the real cause
                     raise failure from None
                 raise
-            outcome.worker = lease.worker.name
+            phases.queued(asked, time.perf_counter(), held)
+            worker = lease.worker
+            phases.model, phases.worker = model_label(worker, lease.model), worker.name
+            outcome.worker = worker.name
             request[ROUTE] = lease.why
             try:
-                response = await self._attempt(request, call, lease, outcome)
+                response = await self._attempt(request, call, lease, outcome, phases)
                 if self._explain and not response.prepared:  # a stream has it already (_stream_headers)
                     response.headers[EXPLAIN_HEADER] = _explained(lease)
                 return response
             except ConnectFailed as exc:
+                phases.connect_failed(exc.connect_s)
                 self.metrics.upstream_errors.labels(lease.worker.name, "connect").inc()
                 lease.worker.mark_down(exc.message, failure_reason(exc.code))
                 self.dispatcher.wake_all()
@@ -186,23 +204,49 @@ class Proxy:
         assert failure is not None
         raise failure
 
-    async def _attempt(self, request: web.Request, call: Call, lease: Lease, outcome: Outcome) -> web.StreamResponse:
+    async def _attempt(
+        self, request: web.Request, call: Call, lease: Lease, outcome: Outcome, phases: Phases
+    ) -> web.StreamResponse:
+        """One try on one worker, with the request's trace context: its span's (a client span for this try,
+        ended with it) while tracing is on, else the client's own (W3C ``traceparent``, ``tracestate``) as it
+        came, so that an engine that traces (vLLM, SGLang) joins the client's trace."""
+        span = phases.span
+        if span is None:
+            return await self._forward(request, call, lease, outcome, passed_on(request.headers))
+        trace = span.to_worker(call, lease.worker, _upstream_name(lease.worker, lease.model))
+        try:
+            response = await self._forward(request, call, lease, outcome, trace)
+        except BaseException as exc:
+            span.worker_done(phases, outcome, None, exc)
+            raise
+        span.worker_done(phases, outcome, response.status, None)
+        return response
+
+    async def _forward(
+        self, request: web.Request, call: Call, lease: Lease, outcome: Outcome, trace: dict[str, str] | None
+    ) -> web.StreamResponse:
         worker = lease.worker
         translation = api(call.dialect).translation(worker.speaks, call.endpoint, worker.native_apis)
         if translation is not None:
             if call.endpoint is Endpoint.COUNT_TOKENS:  # checked first: a Protocol's isinstance is not cheap
                 assert isinstance(translation, TokenCounter), translation
                 return await self._count_tokens(call, lease, translation, outcome)
-            return await self._translated(request, call, lease, cast(Translation, translation), outcome)
+            return await self._translated(request, call, lease, cast(Translation, translation), outcome, trace)
         body = call.body
         upstream = _upstream_name(worker, lease.model)
         if upstream != call.model:
             body = orjson.dumps({**call.payload, "model": upstream})
-        return await self._passthrough(request, call, lease, body, outcome)
+        return await self._passthrough(request, call, lease, body, outcome, trace)
 
     # -- same dialect ----------------------------------------------------------------------------
     async def _passthrough(
-        self, request: web.Request, call: Call, lease: Lease, body: bytes, outcome: Outcome
+        self,
+        request: web.Request,
+        call: Call,
+        lease: Lease,
+        body: bytes,
+        outcome: Outcome,
+        trace: dict[str, str] | None,
     ) -> web.StreamResponse:
         """``lease.model``: the name the worker knows it by (its failures and successes are counted under it)."""
         worker, model = lease.worker, lease.model
@@ -210,11 +254,17 @@ class Proxy:
         started = time.perf_counter()
         forward = NATIVE_HEADERS.get(call.dialect)
         extra = None if forward is None else {k: v for k in forward if (v := request.headers.get(k)) is not None}
+        if trace is not None:
+            extra = trace if extra is None else {**extra, **trace}
+        phases = request[PHASES]
         async with self._post(worker, call.path, body, extra) as up:
+            phases.connected(up.connect_s, up.sent_at)
             _check_fallback(worker, model, up.status)
             if up.status >= 300:
+                phases.first_byte(up.head_at)
                 return self._upstream_error(call, worker, model, up.status, await up.read(), loop.time())
             if not _streaming(call, up):
+                phases.first_byte(up.head_at)
                 data = await up.read()
                 answer = self._answer(worker, model, data, loop.time())
                 self.learner.learn(lease, call, answer, started, None, outcome)
@@ -253,6 +303,7 @@ class Proxy:
                     if data:
                         if first is None:
                             first = time.perf_counter()
+                            phases.first_byte(first)
                         await resp.write(data)
                     if watch.ended:
                         answered = True
@@ -376,7 +427,13 @@ class Proxy:
 
     # -- a client dialect the worker does not speak: its dialect's translation --------------------------
     async def _translated(
-        self, request: web.Request, call: Call, lease: Lease, translation: Translation, outcome: Outcome
+        self,
+        request: web.Request,
+        call: Call,
+        lease: Lease,
+        translation: Translation,
+        outcome: Outcome,
+        trace: dict[str, str] | None,
     ) -> web.StreamResponse:
         try:
             path, req = translation.request(call, _upstream_name(lease.worker, lease.model))
@@ -390,19 +447,24 @@ class Proxy:
         if alternate is not None and form in self._alternate_form:
             req, alternate = alternate, None  # this worker takes the other form
         headers = translation.headers(call)
-        async with self._post(worker, path, orjson.dumps(req)) as up:
+        phases = request[PHASES]
+        async with self._post(worker, path, orjson.dumps(req), trace) as up:
+            phases.connected(up.connect_s, up.sent_at)
             _check_fallback(worker, lease.model, up.status)
             rejected = await up.read() if up.status >= 300 else b""
             # llama_cpp.server answers a response_format it does not know with 500 (a validation error its
             # handler reports as a server error): 400, 422 and 500 all earn one retry in the other form
             if up.status >= 300 and not (alternate is not None and up.status in (400, 422, 500)):
+                phases.first_byte(up.head_at)
                 return self._upstream_error(call, worker, lease.model, up.status, rejected, loop.time())
             if up.status < 300:
                 return await self._translated_answer(request, call, lease, translation, up, started, outcome, headers)
         assert alternate is not None  # the worker refused OpenAI's json_schema form: try the one it may take
         del rejected
-        async with self._post(worker, path, orjson.dumps(alternate)) as up:
+        async with self._post(worker, path, orjson.dumps(alternate), trace) as up:
+            phases.connected(up.connect_s, up.sent_at)
             if up.status >= 300:  # refused in both forms: the worker's own answer to the second says why
+                phases.first_byte(up.head_at)
                 return self._upstream_error(call, worker, lease.model, up.status, await up.read(), loop.time())
             self._alternate_form.add(form)
             return await self._translated_answer(request, call, lease, translation, up, started, outcome, headers)
@@ -421,6 +483,7 @@ class Proxy:
         loop = asyncio.get_running_loop()
         worker = lease.worker
         if not _streaming(call, up):
+            request[PHASES].first_byte(up.head_at)
             parsed = self._answer(worker, lease.model, await up.read(), loop.time())
             timing = Timing(iso_time(), time.perf_counter_ns() - started)
             try:
@@ -459,6 +522,7 @@ class Proxy:
         await resp.prepare(request)
         translator = translation.stream(call)
         watch = StreamWatch(translation.worker_stream, collect=True)
+        phases = request[PHASES]
 
         def fail(err: TurnoutError) -> bytes:
             return b"".join(translation.frame(obj) for obj in translator.fail(err))
@@ -487,6 +551,7 @@ class Proxy:
                     watch.frames.clear()
                     if data and not first_ns:
                         first_ns = time.perf_counter_ns() - started
+                        phases.first_byte(time.perf_counter())
                 if watch.ended:  # this chunk's frames go out with the last ones, in one write
                     up.finish_later(_DRAIN_S)
                     await self._finish_translated(
@@ -696,10 +761,10 @@ async def _cut_short(resp: web.StreamResponse, fail: Callable[[TurnoutError], by
 
 
 def _stream_headers(request: web.Request, call: Call) -> dict[str, str]:
+    """A stream's headers, sent before its body: its ``Server-Timing`` says what is known by then (the queue, a
+    hold, the connect; :mod:`turnout.gateway.timing`)."""
     request_id = request.get(REQUEST_ID)
-    if call.fallback_from is None and request_id is None:
-        return _STREAM_HEADERS
-    headers = dict(_STREAM_HEADERS)
+    headers = {**_STREAM_HEADERS, SERVER_TIMING: request[PHASES].header(None)}
     if call.fallback_from is not None:
         headers["X-Fallback-From"] = call.fallback_from
     if request_id is not None:
