@@ -7,7 +7,10 @@ turn, round after round, so that the machine's drift hits every tree alike. Prin
 bench/README.md were judged one by one.
 
     git worktree add /tmp/base HEAD~1
-    python bench/ab.py /tmp/base/src src [--stream] [--rounds 5] [--level info] [-c 32] [-d 3]
+    python bench/ab.py /tmp/base/src src [--stream] [--rounds 5] [--level info] [-c 32] [-d 3] [--traces]
+
+``--traces`` runs each tree a second time with OpenTelemetry traces on (``telemetry.otlp_endpoint``; the mock
+upstream takes the spans as a collector would), for trees that have them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -32,6 +36,11 @@ def main() -> None:
     parser.add_argument("--level", default="warning", help="--log-level of the gateways (info: access log on)")
     parser.add_argument("-c", type=int, default=32, help="wrk connections (default 32)")
     parser.add_argument("-d", type=float, default=3.0, help="seconds per run (default 3)")
+    parser.add_argument(
+        "--traces",
+        action="store_true",
+        help="also run each tree with traces on (telemetry.otlp_endpoint: the mock takes the spans)",
+    )
     args = parser.parse_args()
     for src in args.srcs:
         if not (src / "turnout" / "__init__.py").is_file():
@@ -42,8 +51,14 @@ def main() -> None:
     try:
         mock_url = bench.start_mock(procs, load)
         targets = []
-        for n, src in enumerate(args.srcs):
-            target = bench.start_turnout(f"tree {n}", tmp / f"t{n}", mock_url, procs, str(src), args.level, pin)
+        runs: list[tuple[Path, dict[str, Any] | None]] = [(src, None) for src in args.srcs]
+        if args.traces:
+            traces = {"telemetry": {"otlp_endpoint": f"{mock_url}/v1/traces"}}
+            runs += [(src, traces) for src in args.srcs]
+        for n, (src, extra) in enumerate(runs):
+            target = bench.start_turnout(
+                f"tree {n}", tmp / f"t{n}", mock_url, procs, str(src), args.level, pin, config_extra=extra
+            )
             bench.wait_ready(target.url, target.proc, target.key)
             targets.append(target)
         results: list[list[float]] = [[] for _ in targets]
@@ -57,8 +72,9 @@ def main() -> None:
         bench.stop_all(procs)
     mode = "stream (64 SSE chunks)" if args.stream else "non-stream"
     print(f"\n{mode}, c={args.c}, {args.rounds} rounds of {args.d:g} s, --log-level {args.level}\n")
-    for src, got in zip(args.srcs, results, strict=True):
-        print(f"{statistics.median(got):7.1f} us CPU/req  {src}  (rounds: {', '.join(f'{x:.0f}' for x in got)})")
+    for (src, extra), got in zip(runs, results, strict=True):
+        name = f"{src} + traces" if extra else str(src)
+        print(f"{statistics.median(got):7.1f} us CPU/req  {name}  (rounds: {', '.join(f'{x:.0f}' for x in got)})")
 
 
 if __name__ == "__main__":

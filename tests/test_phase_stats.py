@@ -1,17 +1,23 @@
 """The phase histograms (:mod:`turnout.phase_stats`): what Prometheus reads against the samples themselves, and the
-last minutes' percentiles against the samples of exactly those minutes, time given."""
+last minutes' percentiles against the samples of exactly those minutes, time given; the request counts and
+durations, counted the same way."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from turnout.config import Settings
 from turnout.core.latency import LEGACY_BOUNDS_MS
+from turnout.fleet.state import Fleet
+from turnout.metrics import Metrics
 from turnout.phase_stats import KEEP_MINUTES, PhaseCollector, PhaseStats
+from turnout.state.placement_store import PlacementStore
 
 T0 = 6000.0  # a minute's start (100 * 60)
 
@@ -42,7 +48,14 @@ def _exposed(stats: PhaseStats) -> dict[tuple[str, ...], float]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(min_value=0, max_value=400, allow_nan=False), min_size=1, max_size=40))
+@given(
+    st.lists(
+        st.floats(min_value=0, max_value=400, allow_nan=False)
+        | st.sampled_from([b / 1000 for b in LEGACY_BOUNDS_MS]),  # on a bound exactly
+        min_size=1,
+        max_size=40,
+    )
+)
 def test_prometheus_buckets_count_the_samples_at_or_below_each_bound(totals: list[float]) -> None:
     stats = PhaseStats()
     for seconds in totals:
@@ -56,8 +69,8 @@ def test_prometheus_buckets_count_the_samples_at_or_below_each_bound(totals: lis
 
     for bound in LEGACY_BOUNDS_MS:
         le = f"le={bound / 1000:g}"
-        # a sample exactly on a bound counts in it (le: less than or equal)
-        assert sample("turnout_request_phase_seconds_bucket", le) == sum(1 for t in totals if t * 1000 <= bound)
+        # a sample exactly on a bound counts in it (le: less than or equal, in seconds)
+        assert sample("turnout_request_phase_seconds_bucket", le) == sum(1 for t in totals if t <= bound / 1000)
     assert sample("turnout_request_phase_seconds_bucket", "le=+Inf") == len(totals)
     assert sample("turnout_request_phase_seconds_count") == len(totals)
     assert math.isclose(sample("turnout_request_phase_seconds_sum"), sum(totals), rel_tol=1e-9, abs_tol=1e-9)
@@ -118,3 +131,26 @@ def test_minutes_are_kept_no_longer_than_the_longest_window() -> None:
         _record(stats, 0.1, minute * 60.0)
     assert len(stats._marks) <= KEEP_MINUTES
     assert stats.recent(KEEP_MINUTES, 99 * 60.0)["total_whole"]["count"] == KEEP_MINUTES
+
+
+def test_request_counts_and_durations_are_exposed_as_before() -> None:
+    """``turnout_requests_total`` and ``turnout_request_duration_seconds``, now plain counts read at scrape time:
+    the same names, labels and buckets, and every request counted, past the point its durations are folded."""
+    metrics = Metrics(Fleet(Settings(), PlacementStore(Path("/nonexistent/model-placement.json"))))
+    durations = [0.0005 * (i % 700) for i in range(5000)]  # more than one fold's worth
+    for i, seconds in enumerate(durations):
+        metrics.request_done("openai", "/v1/chat/completions", 200 if i % 10 else 503, seconds)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for s in family.samples
+    }
+    chat = (("api", "openai"), ("endpoint", "/v1/chat/completions"))
+    assert samples[("turnout_requests_total", (*chat, ("status", "200")))] == 4500
+    assert samples[("turnout_requests_total", (*chat, ("status", "503")))] == 500
+    assert samples[("turnout_request_duration_seconds_count", chat)] == len(durations)
+    assert math.isclose(samples[("turnout_request_duration_seconds_sum", chat)], sum(durations), rel_tol=1e-9)
+    for bound in LEGACY_BOUNDS_MS:
+        le = bound / 1000
+        key = ("turnout_request_duration_seconds_bucket", tuple(sorted((*chat, ("le", f"{le:g}")))))
+        assert samples[key] == sum(1 for d in durations if d <= le)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from turnout.fleet.state import Fleet
-from turnout.phase_stats import PhaseCollector, PhaseStats
+from turnout.phase_stats import PhaseCollector, PhaseStats, count_into, exposed
 
 __all__ = ["Metrics"]
 
@@ -110,19 +110,66 @@ class _ReasonsCollector(Collector):
         yield family
 
 
+_FOLD_DURATIONS = 4096  # durations of one (api, endpoint) kept before they are counted (a bound on memory)
+
+
+class _Latency:
+    """The durations of one (api, endpoint): counts per bucket of :data:`turnout.phase_stats.BOUNDS_S`, their sum,
+    and those not counted yet."""
+
+    __slots__ = ("counts", "pending", "sum")
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.sum = 0.0
+        self.pending: list[float] = []
+
+    def fold(self) -> None:
+        pending, self.pending = self.pending, []
+        self.sum += count_into(self.counts, pending)
+
+
+class _Done:
+    """One (api, endpoint, status): its requests, and its (api, endpoint)'s durations (shared by its statuses)."""
+
+    __slots__ = ("count", "latency")
+
+    def __init__(self, latency: _Latency) -> None:
+        self.count = 0
+        self.latency = latency
+
+
+class _RequestsCollector(Collector):
+    """Client requests and their durations (``Metrics.request_done``): plain counts the request path keeps, read at
+    scrape time; a Counter and a Histogram take a lock each, and search the buckets, on every request."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        requests = CounterMetricFamily("turnout_requests", "client requests", labels=["api", "endpoint", "status"])
+        latency = HistogramMetricFamily(
+            "turnout_request_duration_seconds",
+            "time from request to the last byte of the response",
+            labels=["api", "endpoint"],
+        )
+        seen: set[int] = set()
+        for (api, endpoint, status), done in sorted(self.metrics._done.items()):
+            requests.add_metric([api, endpoint, str(status)], float(done.count))
+            if id(done.latency) not in seen:
+                seen.add(id(done.latency))
+                done.latency.fold()
+                latency.add_metric([api, endpoint], *exposed(done.latency.counts, done.latency.sum))
+        yield requests
+        yield latency
+
+
 class Metrics:
     def __init__(self, fleet: Fleet) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            "turnout_requests", "client requests", ["api", "endpoint", "status"], registry=self.registry
-        )
-        self.latency = Histogram(
-            "turnout_request_duration_seconds",
-            "time from request to the last byte of the response",
-            ["api", "endpoint"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
+        # turnout_requests_total, turnout_request_duration_seconds: plain counts, read at scrape time
+        self._done: dict[tuple[str, str, int], _Done] = {}
+        self.registry.register(_RequestsCollector(self))
         self.requests_in_flight = 0  # exported as turnout_in_flight_requests
         self.requests_held = 0  # exported as turnout_held_requests (turnout.gateway.timing.Holding keeps it)
         self.registry.register(_InFlightCollector(self))
@@ -184,17 +231,18 @@ class Metrics:
         )
         self.registry.register(_FleetCollector(fleet))
 
-        self._done: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
-
     def request_done(self, api: str, endpoint: str, status: int, seconds: float) -> None:
-        """Count one finished request (label children cached: this runs on every request)."""
-        key = (api, endpoint, status)
-        children = self._done.get(key)
-        if children is None:
-            children = (self.requests.labels(api, endpoint, str(status)), self.latency.labels(api, endpoint))
-            self._done[key] = children
-        children[0].inc()
-        children[1].observe(seconds)
+        """Count one finished request (this runs on every request: a count and an append; its duration is put in
+        its bucket with the others' when they are read, or when 4096 wait)."""
+        done = self._done.get((api, endpoint, status))
+        if done is None:
+            latency = next((d.latency for (a, e, _), d in self._done.items() if (a, e) == (api, endpoint)), None)
+            done = self._done[(api, endpoint, status)] = _Done(latency or _Latency())
+        done.count += 1
+        pending = done.latency.pending
+        pending.append(seconds)
+        if len(pending) >= _FOLD_DURATIONS:
+            done.latency.fold()
 
     def prefix_tokens(self, worker: str, prompt: float, matched: float) -> None:
         """A request routed with a choice of workers: its prompt's tokens and those its worker was expected to hold."""

@@ -7,8 +7,8 @@ One set of counts serves both: each sample goes into its phase's histogram of :d
 (two significant digits, so a percentile is off by at most a tenth of its value); Prometheus gets them coarsened to
 its buckets (every one of which is one of those bounds, so exactly), and the last minutes are the counts now less
 the counts as they were at that minute's start (a copy of the counts is kept at the first sample, or the first
-read, of each minute, for :data:`KEEP_MINUTES` minutes). A sample costs a bucket search and a count; copies and
-percentiles are made once a minute and on read.
+read, of each minute, for :data:`KEEP_MINUTES` minutes). A request costs one append of its row of phases: rows are
+counted together (a bucket search each, in C) when they are read, when a minute ends, or when 4096 wait.
 
 Labels are bounded: worker names by the fleet's configuration, endpoints and claims; model names by the fleet's
 inventory (the proxy passes a model's name only when the worker that answered lists it, or serves it as a claim,
@@ -19,15 +19,27 @@ and :data:`OTHER_MODEL` otherwise: a worker whose inventory is not known is sent
 from __future__ import annotations
 
 import bisect
-from collections import deque
+import math
+from collections import Counter, deque
 from collections.abc import Iterator
+from functools import partial
 
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from turnout.core.latency import BOUNDS_MS, LEGACY_BOUNDS_MS, coarsen, percentile
 
-__all__ = ["KEEP_MINUTES", "OTHER_MODEL", "PHASE_NAMES", "VIEWS", "PhaseCollector", "PhaseStats"]
+__all__ = [
+    "BOUNDS_S",
+    "KEEP_MINUTES",
+    "OTHER_MODEL",
+    "PHASE_NAMES",
+    "VIEWS",
+    "PhaseCollector",
+    "PhaseStats",
+    "count_into",
+    "exposed",
+]
 
 PHASE_NAMES = ("queue", "hold", "upstream", "ttft", "total")
 # What the Overview shows: (view, phase, stream): ttft and total mean different things for a stream (its first
@@ -43,23 +55,40 @@ VIEWS = (
 OTHER_MODEL = "other"
 KEEP_MINUTES = 15
 _LE = [f"{bound / 1000:g}" for bound in LEGACY_BOUNDS_MS] + ["+Inf"]
+BOUNDS_S = tuple(bound / 1000 for bound in BOUNDS_MS)  # the buckets' upper bounds, in seconds
+_bucket = partial(bisect.bisect_left, BOUNDS_S)
+_FOLD_ROWS = 4096  # rows of one label set kept before they are counted (a bound on memory)
 _Key = tuple[str, str, bool]  # (model, worker, stream)
 
 
 class _Series:
-    """The counts of one label set: per phase, samples per bucket (sparse) and their sum in seconds."""
+    """The counts of one label set: per phase, samples per bucket (sparse) and their sum in seconds; and the
+    requests recorded since the last fold, one row of phases each."""
 
-    __slots__ = ("counts", "sums")
+    __slots__ = ("counts", "rows", "sums")
 
     def __init__(self) -> None:
         self.counts: list[dict[int, int]] = [{} for _ in PHASE_NAMES]
         self.sums = [0.0] * len(PHASE_NAMES)
+        self.rows: list[tuple[float | None, float, float | None, float | None, float]] = []
+
+    def fold(self) -> None:
+        rows = self.rows
+        if not rows:
+            return
+        self.rows = []
+        for phase, column in enumerate(zip(*rows, strict=True)):
+            # None: a phase the request did not go through (a hold of 0 too)
+            values = [v for v in column if v is not None] if phase != 1 else [v for v in column if v]
+            if values:
+                self.sums[phase] += count_into(self.counts[phase], values)
 
 
 class PhaseStats:
     def __init__(self) -> None:
         self._series: dict[_Key, _Series] = {}
         self._minute = -1  # the minute (now // 60) of the last sample or read
+        self._next_minute = 0.0  # when the next one begins
         # (minute, the counts at its start): the copies of the last KEEP_MINUTES minutes that saw a sample or a read
         self._marks: deque[tuple[int, dict[_Key, list[dict[int, int]]]]] = deque()
 
@@ -75,33 +104,32 @@ class PhaseStats:
         total: float,
         now: float,
     ) -> None:
-        """One request's phases, in seconds (None, or a hold of 0: it did not go through that phase)."""
-        if now // 60 > self._minute:
+        """One request's phases, in seconds (None, or a hold of 0: it did not go through that phase). Kept as a
+        row until the next read, the next minute or :data:`_FOLD_ROWS` rows, then counted with the others: a
+        request costs an append."""
+        if now >= self._next_minute:
             self._roll(now)
         key = (model, worker, stream)
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = _Series()
-        counts, sums = series.counts, series.sums
-        if queue is not None:
-            _add(counts[0], queue)
-            sums[0] += queue
-        if hold:
-            _add(counts[1], hold)
-            sums[1] += hold
-        if upstream is not None:
-            _add(counts[2], upstream)
-            sums[2] += upstream
-        if ttft is not None:
-            _add(counts[3], ttft)
-            sums[3] += ttft
-        _add(counts[4], total)
-        sums[4] += total
+        rows = series.rows
+        rows.append((queue, hold, upstream, ttft, total))
+        if len(rows) >= _FOLD_ROWS:
+            series.fold()
+
+    def _fold(self) -> None:
+        for series in self._series.values():
+            series.fold()
 
     def _roll(self, now: float) -> None:
-        """A new minute: the counts as they are now are its start's."""
+        """A new minute: the counts as they are now (every row counted) are its start's."""
         minute = int(now // 60)
+        if minute <= self._minute:
+            return
+        self._fold()
         self._minute = minute
+        self._next_minute = (minute + 1) * 60.0
         self._marks.append((minute, {key: [dict(c) for c in s.counts] for key, s in self._series.items()}))
         while self._marks and self._marks[0][0] <= minute - KEEP_MINUTES:
             self._marks.popleft()
@@ -111,8 +139,8 @@ class PhaseStats:
         samples of the last ``minutes`` minutes (1 to :data:`KEEP_MINUTES`: this minute so far and the ones before
         it)."""
         minutes = max(1, min(minutes, KEEP_MINUTES))
-        if now // 60 > self._minute:
-            self._roll(now)
+        self._roll(now)
+        self._fold()
         start = self._minute - minutes + 1
         # the counts at the start of minute `start`: the first copy made at or after it (nothing was counted between
         # the last sample before that copy and it); none: this process started after it
@@ -132,6 +160,7 @@ class PhaseStats:
         return {view: _summary(counts) for (view, _, _), counts in zip(VIEWS, merged, strict=True)}
 
     def families(self) -> Iterator[HistogramMetricFamily]:
+        self._fold()
         family = HistogramMetricFamily(
             "turnout_request_phase_seconds",
             "where proxied requests' time went, by phase: queue (waiting for a slot), hold (waiting for a wake or an "
@@ -142,20 +171,28 @@ class PhaseStats:
         )
         for (model, worker, stream), series in sorted(self._series.items()):
             for phase, (name, counts) in enumerate(zip(PHASE_NAMES, series.counts, strict=True)):
-                if not counts:
-                    continue
-                dense = coarsen(counts)
-                cumulative, buckets = 0, []
-                for i, le in enumerate(_LE):
-                    cumulative += dense.get(i, 0)
-                    buckets.append((le, float(cumulative)))
-                family.add_metric([name, model, worker, str(stream).lower()], buckets, series.sums[phase])
+                if counts:
+                    family.add_metric([name, model, worker, str(stream).lower()], *exposed(counts, series.sums[phase]))
         yield family
 
 
-def _add(counts: dict[int, int], seconds: float) -> None:
-    bucket = bisect.bisect_left(BOUNDS_MS, seconds * 1000)
-    counts[bucket] = counts.get(bucket, 0) + 1
+def count_into(counts: dict[int, int], values: list[float]) -> float:
+    """Count ``values`` (seconds) into ``counts``, by their bucket of :data:`BOUNDS_S`; their sum. A bucket holds
+    the values above the bound before it, up to its own (Prometheus's ``le``)."""
+    for bucket, n in Counter(map(_bucket, values)).items():
+        counts[bucket] = counts.get(bucket, 0) + n
+    return math.fsum(values)
+
+
+def exposed(counts: dict[int, int], total: float) -> tuple[list[tuple[str, float]], float]:
+    """(cumulative Prometheus buckets, the sum) of counts over :data:`BOUNDS_S`: coarsened onto
+    :data:`turnout.core.latency.LEGACY_BOUNDS_MS`, every one of which is one of those bounds."""
+    dense = coarsen(counts)
+    cumulative, buckets = 0, []
+    for i, le in enumerate(_LE):
+        cumulative += dense.get(i, 0)
+        buckets.append((le, float(cumulative)))
+    return buckets, total
 
 
 def _summary(counts: dict[int, int]) -> dict[str, float | int | None]:

@@ -37,6 +37,7 @@ class Span:
     end_ns: int
     attributes: dict[str, Any]
     events: dict[str, int] = field(default_factory=dict)  # name -> time
+    durations: dict[str, float] = field(default_factory=dict)  # event name -> its turnout.duration_ms
     status: str = "UNSET"
 
 
@@ -98,6 +99,12 @@ class Collector:
                             end_ns=s.end_time_unix_nano,
                             attributes={a.key: _value(a.value) for a in s.attributes},
                             events={e.name: e.time_unix_nano for e in s.events},
+                            durations={
+                                e.name: _value(a.value)
+                                for e in s.events
+                                for a in e.attributes
+                                if a.key == "turnout.duration_ms"
+                            },
                             status=s.status.StatusCode.Name(s.status.code).removeprefix("STATUS_CODE_"),
                         )
                     )

@@ -53,6 +53,9 @@ __all__ = ["PHASES", "SERVER_TIMING", "CallTrace", "Holding", "Phases", "model_l
 SERVER_TIMING = "Server-Timing"
 
 
+_USUAL = "queue;dur=%.1f, upstream;dur=%.1f, ttft;dur=%.1f, total;dur=%.1f"
+
+
 class Phases:
     """One request's phases (``perf_counter`` seconds). The request path only adds numbers here; the header,
     the access line's fields, the histograms and the span are made from them at the end."""
@@ -89,8 +92,10 @@ class Phases:
     def queued(self, started: float, ended: float, held_before: float) -> None:
         """One attempt waited from ``started`` to ``ended`` for a slot; ``held_before``: :attr:`hold` then (a hold
         inside the wait is its own phase)."""
-        held = self.hold - held_before
-        self.queue = (self.queue or 0.0) + max(ended - started - held, 0.0)
+        waited = ended - started
+        if self.holds is not None:
+            waited = max(waited - (self.hold - held_before), 0.0)
+        self.queue = waited if self.queue is None else self.queue + waited
         if not self.queue_from:
             self.queue_from = started
         self.queue_to = ended
@@ -130,12 +135,8 @@ class Phases:
         """The ``Server-Timing`` value; ``now``: the answer's end (``total``), None for a stream's header."""
         queue, upstream, ttft = self.queue, self.upstream, self.ttft
         if self.holds is None and queue is not None and upstream is not None and ttft is not None and now:
-            # the usual proxied answer, in one format call
-            total = now - self.started
-            return (
-                f"queue;dur={queue * 1000:.1f}, upstream;dur={upstream * 1000:.1f}, "
-                f"ttft;dur={ttft * 1000:.1f}, total;dur={total * 1000:.1f}"
-            )
+            # the usual proxied answer, in one format call (%-formatting: the quickest way to four numbers)
+            return _USUAL % (queue * 1000, upstream * 1000, ttft * 1000, (now - self.started) * 1000)
         parts = [f"{name};dur={seconds * 1000:.1f}" for name, seconds in self.told()]
         if now is not None:
             parts.append(f"total;dur={(now - self.started) * 1000:.1f}")

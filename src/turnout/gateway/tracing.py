@@ -1,25 +1,31 @@
 """OpenTelemetry traces of proxied calls, sent to an OTLP/HTTP collector (``telemetry.otlp_endpoint``; off by
 default, and then this module is not imported).
 
-Each call that passed its key and limits checks is a trace, or a part of the client's (its W3C ``traceparent``):
+Each call that passed its key and limits checks is one span, the root of a trace or, when the request carries a
+W3C ``traceparent``, a child of the client's span. It follows the OpenTelemetry GenAI semantic conventions for an
+inference (named ``{gen_ai.operation.name} {gen_ai.request.model}``: ``chat llama3``), as the gateway serves it
+(kind SERVER):
 
-* the request's span (kind SERVER, named ``{method} {route}``: ``POST /v1/chat/completions``): the HTTP server
-  attributes (``http.request.method``, ``url.path``, ``http.route``, ``http.response.status_code``,
-  ``client.address``), the GenAI ones of the call as the client made it (``gen_ai.operation.name``,
-  ``gen_ai.request.model``, ``gen_ai.request.stream``, ``gen_ai.usage.input_tokens`` and ``output_tokens`` as
-  accounted), ``error.type`` (the error's ``code``) for an error answer, and ``turnout.worker``,
-  ``turnout.route`` (why that worker);
-* its children, the phases (:mod:`turnout.gateway.timing`): ``queue`` (the wait for a slot) and ``hold`` (each
-  wait for a wake or an activation), and for each try on a worker an inference span following the OpenTelemetry
-  GenAI semantic conventions (kind CLIENT, named ``{gen_ai.operation.name} {gen_ai.request.model}``: ``chat
-  llama3``): ``gen_ai.operation.name`` (``chat``, ``text_completion``, ``embeddings``), ``gen_ai.provider.name``
-  (the worker's engine where its listing names one, ``vllm``, ``sglang``, ``llamacpp``, else its API,
-  ``ollama`` or ``openai``), ``gen_ai.request.model`` and ``gen_ai.response.model`` (the name the worker serves
-  it by), ``gen_ai.usage.input_tokens`` and ``output_tokens`` (as the worker reported them),
-  ``gen_ai.response.time_to_first_chunk`` (streams), ``server.address`` and ``server.port`` (the worker),
-  ``http.response.status_code``, ``error.type``; with the events ``connected`` (the request written to the
-  worker: the ``upstream`` phase ends) and ``first_byte`` (``ttft``). That span is the parent the worker is
-  told of (``traceparent``): vLLM and SGLang, tracing, put their own spans under it.
+* the call: ``gen_ai.operation.name`` (``chat``, ``text_completion``, ``embeddings``), ``gen_ai.request.model``
+  (as asked, an alias resolved; ``turnout.alias`` the alias), ``gen_ai.request.stream``; the HTTP request:
+  ``http.request.method``, ``http.route`` (and ``url.path`` where it differs: an endpoint's own URL),
+  ``client.address``, ``http.response.status_code``;
+* the worker that answered: ``server.address`` and ``server.port`` (its URL's), ``gen_ai.provider.name`` (its
+  engine where its listing names one, ``vllm``, ``sglang``, ``llamacpp``, else its API, ``ollama`` or ``openai``),
+  ``gen_ai.response.model`` (the name it serves the model by), ``turnout.worker``, ``turnout.route`` (why it);
+* the answer: ``gen_ai.usage.input_tokens`` and ``output_tokens`` (the worker's counts, else the gateway's, as
+  accounted), ``gen_ai.response.time_to_first_chunk`` (a stream's ``ttft``, seconds), ``error.type`` (an error
+  answer's ``code``; ``stream_failed`` for a stream that broke) with the span's status ERROR for a 5xx or a broken
+  stream;
+* the phases (:mod:`turnout.gateway.timing`) as events, each at the moment its phase ended with its length in
+  ``turnout.duration_ms``: ``queue``, ``hold`` (each wait for a wake or an activation), ``connected`` (the
+  ``upstream`` phase), ``first_byte`` (``ttft``); and ``upstream_failed`` (with its ``error.type``) for each worker
+  tried that could not be reached.
+
+The worker is sent this span as its parent (``traceparent``, ``tracestate``): vLLM and SGLang, tracing, put their
+own request spans under it. One span a call rather than one per phase, and no attribute that another one says:
+what a span costs to make and to encode (each attribute checked, then encoded, in Python) is most of what tracing
+costs (bench/README.md).
 
 A slow or absent collector costs the request path nothing: spans are queued (a bounded queue, ``queue_spans``)
 and sent in batches by the SDK's own thread; when the queue is full a span is dropped rather than waited for, and
@@ -189,8 +195,8 @@ class Tracing:
         await asyncio.to_thread(done.wait, self.settings.export_timeout_s + 1)
 
     def begin(self, request: web.Request, call: Call, phases: Phases) -> Traced | None:
-        """A proxied call's trace: its request span, started when the request's frame started, the client's trace
-        context (``traceparent``) its parent."""
+        """A proxied call's trace: its span, started when the request's frame started, the client's trace context
+        (``traceparent``) its parent."""
         tracer = self._tracer
         if tracer is None:
             return None
@@ -200,26 +206,26 @@ class Tracing:
         route = resource.canonical if resource is not None else request.path
         operation = _OPERATIONS.get(call.endpoint, call.endpoint.value)
         attributes: dict[str, Any] = {
-            "http.request.method": request.method,
-            "url.path": request.path,
-            "http.route": route,
             "gen_ai.operation.name": operation,
             "gen_ai.request.model": call.model,
             "gen_ai.request.stream": call.stream,
-            "turnout.api": call.api_name,
+            "http.request.method": request.method,
+            "http.route": route,
         }
+        if request.path != route:  # an endpoint's own URL (/endpoints/<name>/v1/...)
+            attributes["url.path"] = request.path
         if request.remote:
             attributes["client.address"] = request.remote
         if call.alias is not None:
             attributes["turnout.alias"] = call.alias
         span = tracer.start_span(
-            f"{request.method} {route}",
+            f"{operation} {call.model}",
             context=parent,
             kind=SpanKind.SERVER,
             attributes=attributes,
             start_time=int(phases.started * 1e9) + offset,
         )
-        return Traced(self, tracer, span, offset, operation)
+        return Traced(self, span, offset)
 
     def address(self, worker: WorkerState) -> tuple[str, int]:
         """(host, port) of the worker's URL, as ``server.address`` and ``server.port``."""
@@ -234,95 +240,81 @@ class Tracing:
 
 class Traced:
     """One call's trace (:class:`turnout.gateway.timing.CallTrace`): made by :meth:`Tracing.begin`, told of each
-    try on a worker by the proxy, finished by the request's frame."""
+    try on a worker by the proxy, ended by the request's frame."""
 
-    __slots__ = ("client", "model", "offset", "operation", "server", "stream", "tracer", "tracing")
+    __slots__ = ("carrier", "failed", "offset", "reported", "span", "stream", "tracing")
 
-    def __init__(self, tracing: Tracing, tracer: Tracer, server: Span, offset: int, operation: str) -> None:
+    def __init__(self, tracing: Tracing, span: Span, offset: int) -> None:
         self.tracing = tracing
-        self.tracer = tracer
-        self.server = server
+        self.span = span
         self.offset = offset  # epoch ns - perf_counter ns
-        self.operation = operation
-        self.client: Span | None = None  # the try on a worker under way, its model (as sent), whether it streams
-        self.model = ""
+        self.carrier: dict[str, str] | None = None  # what the workers are sent (the span's context: made once)
+        self.reported: tuple[int | None, int | None] = (None, None)  # the worker's own token counts
         self.stream = False
+        self.failed = False  # the answer began, and its stream broke
 
     def _ns(self, perf: float) -> int:
         return int(perf * 1e9) + self.offset
 
     def to_worker(self, call: Call, worker: WorkerState, model: str) -> dict[str, str]:
         host, port = self.tracing.address(worker)
-        self.model, self.stream = model, call.stream
-        self.client = span = self.tracer.start_span(
-            f"{self.operation} {model}",
-            context=set_span_in_context(self.server),
-            kind=SpanKind.CLIENT,
-            attributes={
-                "gen_ai.operation.name": self.operation,
+        self.stream = call.stream
+        self.span.set_attributes(
+            {
                 "gen_ai.provider.name": worker.engine_family or worker.config.type.value,
-                "gen_ai.request.model": model,
-                "gen_ai.request.stream": call.stream,
+                "gen_ai.response.model": model,
                 "server.address": host,
                 "server.port": port,
                 "turnout.worker": worker.name,
-            },
+            }
         )
-        carrier: dict[str, str] = {}
-        self.tracing.propagator.inject(carrier, context=set_span_in_context(span))
+        carrier = self.carrier
+        if carrier is None:
+            carrier = self.carrier = {}
+            self.tracing.propagator.inject(carrier, context=set_span_in_context(self.span))
         return carrier
 
     def worker_done(self, phases: Phases, outcome: Outcome, status: int | None, error: BaseException | None) -> None:
-        span, self.client = self.client, None
-        if span is None:
+        if error is not None or status is None:  # a try that failed (the next worker may be tried)
+            self.span.add_event("upstream_failed", {"error.type": _error_type(error, status, outcome) or "unknown"})
             return
-        if phases.sent_at:
-            span.add_event("connected", timestamp=self._ns(phases.sent_at))
-            if phases.first_at:
-                span.add_event("first_byte", timestamp=self._ns(phases.first_at))
-                if self.stream:
-                    span.set_attribute("gen_ai.response.time_to_first_chunk", phases.first_at - phases.sent_at)
-        if status is not None:
-            span.set_attribute("http.response.status_code", status)
-            if status < 400:
-                span.set_attribute("gen_ai.response.model", self.model)
-        if outcome.prompt_tokens is not None:
-            span.set_attribute("gen_ai.usage.input_tokens", outcome.prompt_tokens)
-        if outcome.completion_tokens is not None:
-            span.set_attribute("gen_ai.usage.output_tokens", outcome.completion_tokens)
-        failure = _error_type(error, status, outcome)
-        if failure is not None:
-            span.set_attribute("error.type", failure)
-            span.set_status(Status(StatusCode.ERROR))
-        span.end()
+        self.reported = (outcome.prompt_tokens, outcome.completion_tokens)
+        if outcome.failed:  # the worker's stream broke, or carried its error
+            self.failed = True
 
     def finish(self, request: web.Request, response: web.StreamResponse, phases: Phases, now: float) -> None:
-        if self.client is not None:  # (a try the proxy never reported: ended with the request)
-            self.client.end(self._ns(now))
-            self.client = None
-        server = self.server
-        parent = set_span_in_context(server)
+        span = self.span
         if phases.queue is not None:
-            queue = self.tracer.start_span("queue", context=parent, start_time=self._ns(phases.queue_from))
-            queue.end(self._ns(phases.queue_to))
+            span.add_event("queue", {"turnout.duration_ms": phases.queue * 1000}, self._ns(phases.queue_to))
         for started, ended in phases.holds or ():
-            self.tracer.start_span("hold", context=parent, start_time=self._ns(started)).end(self._ns(ended))
+            span.add_event("hold", {"turnout.duration_ms": (ended - started) * 1000}, self._ns(ended))
+        if phases.sent_at:
+            span.add_event(
+                "connected", {"turnout.duration_ms": (phases.upstream or 0.0) * 1000}, self._ns(phases.sent_at)
+            )
+            ttft = phases.ttft
+            if ttft is not None:
+                span.add_event("first_byte", {"turnout.duration_ms": ttft * 1000}, self._ns(phases.first_at))
+                if self.stream:
+                    span.set_attribute("gen_ai.response.time_to_first_chunk", ttft)
         status = response.status
-        server.set_attribute("http.response.status_code", status)
-        if phases.worker is not None:
-            server.set_attribute("turnout.worker", phases.worker)
+        attributes: dict[str, Any] = {"http.response.status_code": status}
         why = request.get(ROUTE)
         if why is not None:
-            server.set_attribute("turnout.route", why)
+            attributes["turnout.route"] = why
+        prompt, completion = self.reported
         row = request.get(USAGE_ROW)
-        if row is not None:
-            server.set_attribute("gen_ai.usage.input_tokens", row.prompt_tokens)
-            server.set_attribute("gen_ai.usage.output_tokens", row.completion_tokens)
+        if row is not None:  # the worker's counts where it gave them, else the gateway's, as accounted
+            attributes["gen_ai.usage.input_tokens"] = prompt if prompt is not None else row.prompt_tokens
+            attributes["gen_ai.usage.output_tokens"] = completion if completion is not None else row.completion_tokens
         if status >= 400:
-            server.set_attribute("error.type", response.get(ERROR_CODE) or str(status))
-            if status >= 500:
-                server.set_status(Status(StatusCode.ERROR))
-        server.end(self._ns(now))
+            attributes["error.type"] = response.get(ERROR_CODE) or str(status)
+        elif self.failed:
+            attributes["error.type"] = "stream_failed"
+        span.set_attributes(attributes)
+        if status >= 500 or self.failed:  # (a 4xx is the client's: the span's status stays unset)
+            span.set_status(Status(StatusCode.ERROR))
+        span.end(self._ns(now))
 
 
 def _error_type(error: BaseException | None, status: int | None, outcome: Outcome) -> str | None:
