@@ -38,7 +38,7 @@ from turnout.config import Settings
 from turnout.core.health import failure_reason
 from turnout.core.routing import NoRoute
 from turnout.core.signals import Reported, reported
-from turnout.dialects import NATIVE_HEADERS, api, worker_error_message
+from turnout.dialects import NATIVE_HEADERS, api
 from turnout.dialects.base import (
     Call,
     Dialect,
@@ -56,6 +56,7 @@ from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.access import REQUEST_ID, ROUTE
 from turnout.gateway.accounting import Outcome
+from turnout.gateway.answers import WorkerAnswers, json_answer, raw_json
 from turnout.gateway.capabilities import EmbeddingProbe
 from turnout.gateway.catalog import iso_time, modified_at, unknown_details
 from turnout.gateway.dispatch import Ask, Dispatcher, Lease, no_route_error
@@ -63,7 +64,7 @@ from turnout.gateway.learning import AnswerLearner
 from turnout.gateway.timing import PHASES, SERVER_TIMING, Phases, model_label, unrouted_label
 from turnout.gateway.trace_context import passed_on
 from turnout.metrics import Metrics
-from turnout.responses import error_frame, error_response, json_response
+from turnout.responses import error_frame
 from turnout.upstream.client import ConnectFailed, NoAnswer, UpstreamClient, UpstreamResponse
 
 if TYPE_CHECKING:
@@ -108,6 +109,7 @@ class Proxy:
         self._embedding = EmbeddingProbe()  # whether a model on an OpenAI-style worker embeds (/api/show)
         self._explain = settings.routing.explain_header
         self.learner = AnswerLearner(settings, fleet, metrics)
+        self.answers = WorkerAnswers(metrics)
         self.tracing: Tracing | None = None  # set when telemetry.otlp_endpoint is (turnout.wiring)
 
     async def serve(self, request: web.Request, call: Call, outcome: Outcome, tenant: str = "") -> web.StreamResponse:
@@ -207,9 +209,9 @@ class Proxy:
     async def _attempt(
         self, request: web.Request, call: Call, lease: Lease, outcome: Outcome, phases: Phases
     ) -> web.StreamResponse:
-        """One try on one worker, with the request's trace context: its span's (a client span for this try,
-        ended with it) while tracing is on, else the client's own (W3C ``traceparent``, ``tracestate``) as it
-        came, so that an engine that traces (vLLM, SGLang) joins the client's trace."""
+        """One try on one worker, with the request's trace context: its span's while tracing is on (told how the
+        try went), else the client's own (W3C ``traceparent``, ``tracestate``) as it came, so that an engine that
+        traces (vLLM, SGLang) joins the client's trace."""
         span = phases.span
         if span is None:
             return await self._forward(request, call, lease, outcome, passed_on(request.headers))
@@ -262,15 +264,15 @@ class Proxy:
             _check_fallback(worker, model, up.status)
             if up.status >= 300:
                 phases.first_byte(up.head_at)
-                return self._upstream_error(call, worker, model, up.status, await up.read(), loop.time())
+                return self.answers.worker_error(call, worker, model, up.status, await up.read(), loop.time())
             if not _streaming(call, up):
                 phases.first_byte(up.head_at)
                 data = await up.read()
-                answer = self._answer(worker, model, data, loop.time())
+                answer = self.answers.checked(worker, model, data, loop.time())
                 self.learner.learn(lease, call, answer, started, None, outcome)
                 if outcome.keep is not None:
                     await outcome.keep(answer)
-                reply = _raw_json(data, up.status, call)
+                reply = raw_json(data, up.status, call)
                 if call.endpoint is Endpoint.COUNT_TOKENS:
                     reply.headers[COUNT_SOURCE] = "tokenizer"
                 return reply
@@ -372,59 +374,6 @@ class Proxy:
         await resp.write(fail(err))
         await resp.write_eof()
 
-    def _answer(self, worker: WorkerState, model: str, data: bytes, now: float) -> dict[str, Any]:
-        """A 2xx non-stream answer must be the JSON object its route promises; anything else is a 502."""
-        try:
-            answer = parse_object(data)
-        except FrameError as exc:
-            self.metrics.upstream_errors.labels(worker.name, "invalid_answer").inc()
-            worker.record_model_failure(model, "invalid answer", now)
-            raise UpstreamError(f"{worker.name}: the worker answered with {_what(data, exc)}") from None
-        worker.record_success(now, model)
-        return answer
-
-    def _upstream_error(
-        self, call: Call, worker: WorkerState, model: str, status: int, data: bytes, now: float
-    ) -> web.StreamResponse:
-        """A worker's error answer in the caller's dialect: 4xx keep their status and the worker's message;
-        5xx (and nonsense statuses) become 502, 503 stays 503. A 401/403 is about the gateway's credential
-        for the worker (the client's key never goes upstream): 502 ``upstream_auth_failed``, never relayed."""
-        if status in (401, 403):
-            return self._credential_rejected(call, worker, status, data, now)
-        if status >= 500:
-            self.metrics.upstream_errors.labels(worker.name, f"http_{status}").inc()
-            worker.record_model_failure(model, f"HTTP {status}", now)
-        else:
-            worker.record_success(now)  # it answered: alive (a 4xx says nothing about the model)
-        if 400 <= status < 500:
-            try:
-                parsed: dict[str, Any] | None = parse_object(data)
-            except FrameError:
-                parsed = None
-            if parsed is not None and api(call.dialect).error_in_dialect(parsed):
-                return _json(parsed, status, call)
-        message = worker_error_message(data, status)
-        err = UpstreamError(message if message.startswith("upstream") else f"worker answered HTTP {status}: {message}")
-        err.status = status if 400 <= status < 500 or status == 503 else 502
-        if status < 400:
-            err.code = "upstream_bad_status"
-        return _tagged(error_response(call.dialect, err), call)
-
-    def _credential_rejected(
-        self, call: Call, worker: WorkerState, status: int, data: bytes, now: float
-    ) -> web.Response:
-        """The worker refused the credential the gateway holds for it: the operator's problem. Its own answer
-        (which may echo part of that credential, or read like the client's key is wrong) goes to the log only."""
-        self.metrics.upstream_errors.labels(worker.name, "auth").inc()
-        detail = " ".join(worker_error_message(data, status).split())[:200]
-        worker.reject_credential(status, f"{call.path}: {detail}", now)
-        err = UpstreamError(
-            f'the {worker.kind} "{worker.name}" rejected its credential (HTTP {status}): the gateway\'s '
-            "configuration, not your API key; ask the gateway's operator to fix it",
-            code="upstream_auth_failed",
-        )
-        return _tagged(error_response(call.dialect, err), call)
-
     # -- a client dialect the worker does not speak: its dialect's translation --------------------------
     async def _translated(
         self,
@@ -456,7 +405,7 @@ class Proxy:
             # handler reports as a server error): 400, 422 and 500 all earn one retry in the other form
             if up.status >= 300 and not (alternate is not None and up.status in (400, 422, 500)):
                 phases.first_byte(up.head_at)
-                return self._upstream_error(call, worker, lease.model, up.status, rejected, loop.time())
+                return self.answers.worker_error(call, worker, lease.model, up.status, rejected, loop.time())
             if up.status < 300:
                 return await self._translated_answer(request, call, lease, translation, up, started, outcome, headers)
         assert alternate is not None  # the worker refused OpenAI's json_schema form: try the one it may take
@@ -465,7 +414,7 @@ class Proxy:
             phases.connected(up.connect_s, up.sent_at)
             if up.status >= 300:  # refused in both forms: the worker's own answer to the second says why
                 phases.first_byte(up.head_at)
-                return self._upstream_error(call, worker, lease.model, up.status, await up.read(), loop.time())
+                return self.answers.worker_error(call, worker, lease.model, up.status, await up.read(), loop.time())
             self._alternate_form.add(form)
             return await self._translated_answer(request, call, lease, translation, up, started, outcome, headers)
 
@@ -484,7 +433,7 @@ class Proxy:
         worker = lease.worker
         if not _streaming(call, up):
             request[PHASES].first_byte(up.head_at)
-            parsed = self._answer(worker, lease.model, await up.read(), loop.time())
+            parsed = self.answers.checked(worker, lease.model, await up.read(), loop.time())
             timing = Timing(iso_time(), time.perf_counter_ns() - started)
             try:
                 out, counts = translation.answer(call, parsed, timing)
@@ -498,7 +447,7 @@ class Proxy:
                 )
             if outcome.keep is not None:
                 await outcome.keep(out)
-            response = _json(out, 200, call)
+            response = json_answer(out, 200, call)
             response.headers.update(headers)
             return response
         return await self._translate_stream(request, call, lease, translation, up, started, outcome, headers)
@@ -655,7 +604,7 @@ class Proxy:
                 self._tokenizers[worker.name] = n
                 break
         outcome.prompt_tokens = outcome.completion_tokens = 0
-        reply = _json(counter.answer(call, tokens), 200, call)
+        reply = json_answer(counter.answer(call, tokens), 200, call)
         reply.headers[COUNT_SOURCE] = "estimate" if tokens is None else "tokenizer"
         return reply
 
@@ -670,7 +619,7 @@ class Proxy:
             return await self._passthrough_show(call, worker, model)
         entry = worker.tags.get(model, {})
         embeds = await self._embedding.embeds(worker, model, _upstream_name(worker, model), self._post)
-        return _json(
+        return json_answer(
             {
                 "modelfile": "",
                 "parameters": "",
@@ -688,10 +637,10 @@ class Proxy:
         async with self._post(worker, "/api/show", body) as up:
             now = asyncio.get_running_loop().time()
             if up.status >= 300:
-                return self._upstream_error(call, worker, model, up.status, await up.read(), now)
+                return self.answers.worker_error(call, worker, model, up.status, await up.read(), now)
             data = await up.read()
-            self._answer(worker, model, data, now)
-            return _raw_json(data, up.status, call)
+            self.answers.checked(worker, model, data, now)
+            return raw_json(data, up.status, call)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _post(
@@ -785,27 +734,3 @@ def _translate_events(
         return translator.feed(events, created)
     except _SHAPE_ERRORS as exc:
         raise UpstreamError(f"{label}: the worker's stream has an unexpected shape ({exc})") from None
-
-
-def _what(data: bytes, exc: FrameError) -> str:
-    if not data:
-        return "an empty body, not JSON"
-    head = data[:60].decode("utf-8", "replace")
-    printable = "".join(ch if ch.isprintable() else "?" for ch in head)
-    return f"{exc} (starts {printable!r})"
-
-
-def _tagged(response: web.Response, call: Call | None) -> web.Response:
-    """Every non-stream answer of a fallback call says where it fell back from (streams: _stream_headers)."""
-    if call is not None and call.fallback_from is not None:
-        response.headers["X-Fallback-From"] = call.fallback_from
-    return response
-
-
-def _raw_json(data: bytes, status: int, call: Call) -> web.Response:
-    """A worker's JSON answer relayed byte for byte (it was checked to be a JSON object)."""
-    return _tagged(web.Response(status=status, body=data, content_type="application/json"), call)
-
-
-def _json(obj: Any, status: int = 200, call: Call | None = None) -> web.Response:
-    return _tagged(json_response(obj, status), call)
