@@ -8,12 +8,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from turnout.core.latency import LEGACY_BOUNDS_MS
 from turnout.fleet.state import Fleet
-from turnout.phase_stats import PhaseCollector, PhaseStats, count_into, exposed
+from turnout.phase_stats import PhaseCollector, PhaseStats, count_coarse, exposed
 
 __all__ = ["Metrics"]
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# 1 ms .. 300 s (phase_stats.count_coarse counts in these too)
+_LATENCY_BUCKETS = tuple(bound / 1000 for bound in LEGACY_BOUNDS_MS)
 
 
 class _FleetCollector(Collector):
@@ -114,19 +116,19 @@ _FOLD_DURATIONS = 4096  # durations of one (api, endpoint) kept before they are 
 
 
 class _Latency:
-    """The durations of one (api, endpoint): counts per bucket of :data:`turnout.phase_stats.BOUNDS_S`, their sum,
-    and those not counted yet."""
+    """The durations of one (api, endpoint): counts per bucket (:data:`_LATENCY_BUCKETS`, and one above them), their
+    sum, and those not counted yet."""
 
     __slots__ = ("counts", "pending", "sum")
 
     def __init__(self) -> None:
-        self.counts: dict[int, int] = {}
+        self.counts = [0] * (len(_LATENCY_BUCKETS) + 1)
         self.sum = 0.0
         self.pending: list[float] = []
 
     def fold(self) -> None:
         pending, self.pending = self.pending, []
-        self.sum += count_into(self.counts, pending)
+        self.sum += count_coarse(self.counts, pending)
 
 
 class _Done:

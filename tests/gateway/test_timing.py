@@ -48,6 +48,18 @@ def _phases(
             100.6,
             "queue;dur=1.0, upstream;dur=0.0, ttft;dur=498.8, total;dur=600.0",
         ),
+        # the most usual: no wait, a kept-alive connection (each under a twentieth of a millisecond)
+        (
+            _phases(queue=(100.0, 100.00004), connect=0.000049, sent=100.0001, first=100.2),
+            100.25,
+            "queue;dur=0.0, upstream;dur=0.0, ttft;dur=199.9, total;dur=250.0",
+        ),
+        # ... and one just over: 0.05 ms reads 0.1
+        (
+            _phases(queue=(100.0, 100.00005), connect=0.0, sent=100.0001, first=100.2),
+            100.25,
+            "queue;dur=0.1, upstream;dur=0.0, ttft;dur=199.9, total;dur=250.0",
+        ),
         # held 2 s inside its wait for a slot: the hold is not queue time
         (
             _phases(queue=(100.0, 102.5), holds=[(100.1, 102.1)], connect=0.003, sent=102.503, first=103.0),

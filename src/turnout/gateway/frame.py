@@ -109,14 +109,15 @@ async def _respond(
         if request_id is not None:
             response.headers["request-id"] = request_id
     if phases.model is not None:  # a proxied call that was routed, or waited for a worker
+        first, sent = phases.first_at, phases.sent_at
         metrics.phases.record(
             phases.model,
             phases.worker or "-",
             streamed,
             phases.queue,
-            phases.hold,
+            0.0 if phases.holds is None else phases.hold,
             phases.upstream,
-            phases.ttft,
+            first - sent if first and sent else None,  # (Phases.ttft, without the property's call)
             now - started,
             now,
         )

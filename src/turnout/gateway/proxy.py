@@ -185,7 +185,10 @@ class Proxy:
             outcome.worker = worker.name
             request[ROUTE] = lease.why
             try:
-                response = await self._attempt(request, call, lease, outcome, phases)
+                if phases.span is None:  # (the client's trace context, if any, goes on as it came)
+                    response = await self._forward(request, call, lease, outcome, passed_on(request.headers))
+                else:
+                    response = await self._traced(request, call, lease, outcome, phases)
                 if self._explain and not response.prepared:  # a stream has it already (_stream_headers)
                     response.headers[EXPLAIN_HEADER] = _explained(lease)
                 return response
@@ -206,15 +209,14 @@ class Proxy:
         assert failure is not None
         raise failure
 
-    async def _attempt(
+    async def _traced(
         self, request: web.Request, call: Call, lease: Lease, outcome: Outcome, phases: Phases
     ) -> web.StreamResponse:
-        """One try on one worker, with the request's trace context: its span's while tracing is on (told how the
-        try went), else the client's own (W3C ``traceparent``, ``tracestate``) as it came, so that an engine that
-        traces (vLLM, SGLang) joins the client's trace."""
+        """One try on one worker while tracing is on: the worker is sent the call's span as its parent, and the span
+        is told how the try went. (Tracing off, the client's own W3C ``traceparent`` and ``tracestate`` go to the
+        worker as they came, so that an engine that traces, vLLM or SGLang, joins the client's trace.)"""
         span = phases.span
-        if span is None:
-            return await self._forward(request, call, lease, outcome, passed_on(request.headers))
+        assert span is not None
         trace = span.to_worker(call, lease.worker, _upstream_name(lease.worker, lease.model))
         try:
             response = await self._forward(request, call, lease, outcome, trace)

@@ -33,11 +33,13 @@ it went through (a queue timeout: ``queue`` and ``total``; a refused key: ``tota
 
 from __future__ import annotations
 
+import math
 import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
+from multidict import istr
 
 from turnout.core.routing import installed_name
 from turnout.fleet.state import Fleet, WorkerState
@@ -50,43 +52,34 @@ if TYPE_CHECKING:
 
 __all__ = ["PHASES", "SERVER_TIMING", "CallTrace", "Holding", "Phases", "model_label", "unrouted_label"]
 
-SERVER_TIMING = "Server-Timing"
+SERVER_TIMING = istr("Server-Timing")  # (a header name as aiohttp's own: set without folding its case again)
 
 
 _USUAL = "queue;dur=%.1f, upstream;dur=%.1f, ttft;dur=%.1f, total;dur=%.1f"
+_NO_WAIT = "queue;dur=0.0, upstream;dur=0.0, ttft;dur=%.1f, total;dur=%.1f"
 
 
 class Phases:
     """One request's phases (``perf_counter`` seconds). The request path only adds numbers here; the header,
-    the access line's fields, the histograms and the span are made from them at the end."""
+    the access line's fields, the histograms and the span are made from them at the end.
 
-    __slots__ = (
-        "first_at",
-        "holds",
-        "model",
-        "queue",
-        "queue_from",
-        "queue_to",
-        "sent_at",
-        "span",
-        "started",
-        "upstream",
-        "worker",
-    )
+    No ``__slots__``: a request makes one, and with the defaults on the class only what a request goes through is
+    set on it (most requests set a few of these; a slotted instance would have to set them all)."""
+
+    queue: float | None = None  # seconds in the queue (None: never asked for a slot)
+    queue_from = 0.0  # when the first attempt asked for a slot, and when the last had one (the span's)
+    queue_to = 0.0
+    holds: list[tuple[float, float]] | None = None  # (start, end) of each hold
+    upstream: float | None = None  # seconds connecting to workers
+    sent_at = 0.0  # when the request was written to the worker that answered
+    first_at = 0.0  # when that worker's first byte arrived
+    # the labels its histograms go under (set once the call was routed or queued; None: not a proxied call)
+    model: str | None = None
+    worker: str | None = None
+    span: CallTrace | None = None  # its trace, while tracing is on (turnout.gateway.tracing)
 
     def __init__(self, started: float) -> None:
         self.started = started
-        self.queue: float | None = None  # seconds in the queue (None: never asked for a slot)
-        self.queue_from = 0.0  # when the first attempt asked for a slot, and when the last had one (the span's)
-        self.queue_to = 0.0
-        self.holds: list[tuple[float, float]] | None = None  # (start, end) of each hold
-        self.upstream: float | None = None  # seconds connecting to workers
-        self.sent_at = 0.0  # when the request was written to the worker that answered
-        self.first_at = 0.0  # when that worker's first byte arrived
-        # the labels its histograms go under (set once the call was routed or queued; None: not a proxied call)
-        self.model: str | None = None
-        self.worker: str | None = None
-        self.span: CallTrace | None = None  # its trace, while tracing is on (turnout.gateway.tracing)
 
     # -- recorded on the request path ------------------------------------------------------------------
     def queued(self, started: float, ended: float, held_before: float) -> None:
@@ -125,7 +118,7 @@ class Phases:
     def hold(self) -> float:
         """Seconds held, in all (0: never)."""
         holds = self.holds
-        return 0.0 if holds is None else sum(end - start for start, end in holds)
+        return 0.0 if holds is None else math.fsum(end - start for start, end in holds)
 
     @property
     def ttft(self) -> float | None:
@@ -133,10 +126,15 @@ class Phases:
 
     def header(self, now: float | None) -> str:
         """The ``Server-Timing`` value; ``now``: the answer's end (``total``), None for a stream's header."""
-        queue, upstream, ttft = self.queue, self.upstream, self.ttft
-        if self.holds is None and queue is not None and upstream is not None and ttft is not None and now:
-            # the usual proxied answer, in one format call (%-formatting: the quickest way to four numbers)
-            return _USUAL % (queue * 1000, upstream * 1000, ttft * 1000, (now - self.started) * 1000)
+        queue, upstream, sent, first = self.queue, self.upstream, self.sent_at, self.first_at
+        if self.holds is None and queue is not None and upstream is not None and first and sent and now:
+            ttft = first - sent
+            # the usual proxied answer, in one format call (%-formatting: the quickest way to four numbers; and
+            # the most usual of all, no wait and a kept-alive connection, with the two that read 0.0 made once)
+            queue_ms, upstream_ms = queue * 1000, upstream * 1000
+            if queue_ms < 0.05 and upstream_ms < 0.05:
+                return _NO_WAIT % (ttft * 1000, (now - self.started) * 1000)
+            return _USUAL % (queue_ms, upstream_ms, ttft * 1000, (now - self.started) * 1000)
         parts = [f"{name};dur={seconds * 1000:.1f}" for name, seconds in self.told()]
         if now is not None:
             parts.append(f"total;dur={(now - self.started) * 1000:.1f}")
