@@ -66,6 +66,9 @@ def _phases(
             103.2,
             "queue;dur=500.0, hold;dur=2000.0, upstream;dur=3.0, ttft;dur=497.0, total;dur=3200.0",
         ),
+        # a stream's header sent before anything ended (its headers sent early, while it is held): nothing to tell,
+        # and the proxy sends no Server-Timing then
+        (_phases(), None, ""),
         # a stream's header, sent before its body: no first byte, no total
         (_phases(queue=(100.0, 100.002), connect=0.0004, sent=100.003), None, "queue;dur=2.0, upstream;dur=0.4"),
     ],

@@ -169,7 +169,8 @@ class Proxy:
         ask = Ask(call, request.headers, routing.session_header)
         phases = request[PHASES]
         for _ in range(routing.max_attempts):
-            held, asked = phases.hold, time.perf_counter()  # (a hold inside acquire is its own phase)
+            held = 0.0 if phases.holds is None else phases.hold  # (a hold inside acquire is its own phase)
+            asked = time.perf_counter()
             try:
                 lease = await self.dispatcher.acquire(call.model, frozenset(exclude), tenant, ask)
             except TurnoutError as exc:
@@ -712,10 +713,11 @@ async def _cut_short(resp: web.StreamResponse, fail: Callable[[TurnoutError], by
 
 
 def _stream_headers(request: web.Request, call: Call) -> dict[str, str]:
-    """A stream's headers, sent before its body: its ``Server-Timing`` says what is known by then (the queue, a
-    hold, the connect; :mod:`turnout.gateway.timing`)."""
+    """A stream's headers, sent before its body: its ``Server-Timing`` says what had ended by then (the queue, a
+    hold, the connect; :mod:`turnout.gateway.timing`), and is left out when nothing had."""
     request_id = request.get(REQUEST_ID)
-    headers = {**_STREAM_HEADERS, SERVER_TIMING: request[PHASES].header(None)}
+    timing = request[PHASES].header(None)
+    headers = {**_STREAM_HEADERS, SERVER_TIMING: timing} if timing else dict(_STREAM_HEADERS)
     if call.fallback_from is not None:
         headers["X-Fallback-From"] = call.fallback_from
     if request_id is not None:

@@ -29,6 +29,13 @@ header goes out before its body, so it carries only what is known by then: ``que
 ``upstream``; its ``ttft`` and ``total`` are in the access line, the histograms and the span (an HTTP trailer
 could carry them, but most clients never read trailers). An error the gateway answers itself carries the phases
 it went through (a queue timeout: ``queue`` and ``total``; a refused key: ``total``).
+
+How a hold records itself: ``with Holding(phases, metrics):`` around each wait for a wake or an activation,
+``phases`` the request's (``request[PHASES]``; the proxy's ``_serve_once`` holds it as ``phases`` and can hand it
+on with the call, to the dispatcher through its ``Ask``), ``metrics`` the app's. The block's span is the ``hold``
+phase (the header, the access line's ``hold=``, the ``hold`` histogram, an event of the call's span), and while it
+runs the request counts in ``turnout_held_requests``. A hold inside ``Dispatcher.acquire`` is taken out of the
+``queue`` phase (:meth:`Phases.queued`); one outside it counts as ``hold`` only.
 """
 
 from __future__ import annotations
