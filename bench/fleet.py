@@ -188,7 +188,10 @@ def run_opaque(args: argparse.Namespace) -> None:
             return resp
 
     async def start_session(app: web.Application) -> None:
-        app["session"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        # a connection per request: llama.cpp's server closes idle keep-alive connections after 5 s, and a request
+        # sent on one as it closes is lost (aiohttp's pool does not check them before reuse)
+        connector = aiohttp.TCPConnector(force_close=True)
+        app["session"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None), connector=connector)
 
     async def close_session(app: web.Application) -> None:
         await app["session"].close()

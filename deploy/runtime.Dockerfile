@@ -13,8 +13,9 @@
 #
 # PID 1 is tini: it reaps engine processes that outlive a crashed agent and forwards the pod's SIGTERM to the
 # restart loop (deploy/runtime-entrypoint.sh), which restarts the agent after a crash so that it re-adopts the
-# engines that kept running. The base image brings the engine and its Python; EXTRA_PIP adds more pip
-# requirements to the same Python, e.g. --build-arg EXTRA_PIP="llama-cpp-python[server]".
+# engines that kept running. The base image brings the engine (vLLM with kvcached by default) and its Python;
+# EXTRA_PIP adds more pip requirements to the same Python; EXTRAS=gpu,s3,llamacpp adds llama.cpp's own server (the
+# xllamacpp wheel) for engine: llamacpp claims.
 ARG ENGINE_BASE=ghcr.io/ovg-project/kvcached-vllm:latest
 FROM ${ENGINE_BASE}
 

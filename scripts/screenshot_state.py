@@ -71,7 +71,13 @@ async def seed_operator_pages(url: str, token: str, data_dir: Path, tmp: Path) -
                 r.raise_for_status()
         made = {}
         for body in (
-            {"app": "support-bot", "tenant": "customer-care", "models": ["llama3.2", "mac-mini/*"], "rpm": 120},
+            {
+                "app": "support-bot",
+                "tenant": "customer-care",
+                "models": ["llama3.2", "mac-mini/*"],
+                "rpm": 120,
+                "priority": "interactive",
+            },
             {"app": "batch-jobs", "tenant": "research", "daily_tokens": 2_000_000, "expires": "90d"},
             {"app": "old-prototype", "tenant": "research"},
         ):
@@ -83,6 +89,8 @@ async def seed_operator_pages(url: str, token: str, data_dir: Path, tmp: Path) -
             r.raise_for_status()
         async with http.post(f"{url}/admin/api/keys/{made['old-prototype']}/revoke") as r:
             r.raise_for_status()
+        async with http.patch(f"{url}/admin/api/tenants/research", json={"priority": "batch"}) as r:
+            r.raise_for_status()  # the research tenant's keys: batch, unless a key says otherwise
         async with http.post(f"{url}/admin/api/keys", json={"app": "support-bot"}) as r:
             key = (await r.json())["key"]
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:

@@ -50,6 +50,7 @@ PAGES = [
     ("models", "/admin/models", "ui.models"),
     ("keys", "/admin/keys", "ui.keys"),
     ("usage", "/admin/usage", "ui.usage"),
+    ("batches", "/admin/batches", "ui.batches"),
     ("audit", "/admin/audit", "ui.audit"),
     ("pools", "/admin/pools", "ui.pools"),
     ("persistence", "/admin/persistence", "ui.persistence"),
@@ -83,6 +84,7 @@ async def seed(url: str) -> None:
                 f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
             ) as r:
                 await r.read()
+        await seed_batches(http, url, key)
         # multi-turn conversations sharing a system prompt: the workers' prefix cache hit rates
         system = "You are the research team's assistant. Cite sources and keep answers short. " * 10
         for turn in range(5):
@@ -94,6 +96,47 @@ async def seed(url: str) -> None:
                     f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
                 ) as r:
                     await r.read()
+
+
+async def seed_batches(http: aiohttp.ClientSession, url: str, key: str) -> None:
+    """Batch API batches for the Batches page: one completed; one still running, its lines for a model that only the
+    down worker may hold waiting for it (503: a batch waits and sends them again); one cancelled right away."""
+    auth = {"Authorization": f"Bearer {key}"}
+    made = []
+    for lines, odd, cancel in ((12, 0, False), (40, 5, False), (300, 0, True)):
+        rows = [
+            {
+                "custom_id": f"eval-{n}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "phi4:14b" if odd and n % odd == 1 else "qwen3:8b",
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+            }
+            for n in range(lines)
+        ]
+        form = aiohttp.FormData()
+        form.add_field("purpose", "batch")
+        form.add_field("file", "".join(json.dumps(r) + "\n" for r in rows).encode(), filename="evals.jsonl")
+        async with http.post(f"{url}/v1/files", data=form, headers=auth) as r:
+            r.raise_for_status()
+            file_id = (await r.json())["id"]
+        body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        async with http.post(f"{url}/v1/batches", json=body, headers=auth) as r:
+            r.raise_for_status()
+            made.append((await r.json())["id"])
+        if cancel:
+            async with http.post(f"{url}/v1/batches/{made[-1]}/cancel", headers=auth) as r:
+                r.raise_for_status()
+    for _ in range(200):  # the first and the last end within seconds (emulated workers)
+        statuses = []
+        for batch_id in (made[0], made[-1]):
+            async with http.get(f"{url}/v1/batches/{batch_id}", headers=auth) as r:
+                statuses.append((await r.json())["status"])
+        if statuses == ["completed", "cancelled"]:
+            return
+        await asyncio.sleep(0.1)
 
 
 async def main(out: Path) -> None:
@@ -119,6 +162,7 @@ async def main(out: Path) -> None:
                     "workers": workers,
                     "pools": pools,
                     "aliases": {"gpt-5-codex": "qwen3:32b", "gpt-4o": "llama3.3:70b"},
+                    "batches": {"poll_s": 0.2, "lines_in_flight": 2},
                 }
             )
         )
@@ -160,6 +204,15 @@ async def main(out: Path) -> None:
                 await page.hover("#matrix tbody tr:nth-child(2) td:nth-of-type(3)")
                 await page.screenshot(path=str(out / "placement-de.png"))
                 written.append("placement-de")
+                if "ui.batches" in named:  # and the Batches page in German
+                    await page.goto(f"{url}/admin/batches")
+                    await page.wait_for_load_state("networkidle")
+                    await page.screenshot(path=str(out / "batches-de.png"), full_page=True)
+                    written.append("batches-de")
+                await page.goto(f"{url}/admin/keys")  # the Keys page in German (priority classes)
+                await page.wait_for_load_state("networkidle")
+                await page.screenshot(path=str(out / "keys-de.png"), full_page=True)
+                written.append("keys-de")
                 await browser.close()
             print("wrote", ", ".join(f"{out}/{n}.png" for n in written))
             if skipped:

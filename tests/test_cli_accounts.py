@@ -143,3 +143,39 @@ def test_usage_audit_and_claim_tables(tmp_path: Path) -> None:
     assert claims[1].split()[:3] == ["qwen", "qwen", "Pending"]
     [listed] = json.loads(run(["claim", "list", "--json", *d], tmp_path).stdout)
     assert listed["name"] == "qwen" and listed["phase"] == "Pending" and listed["port"] == 0
+
+
+def test_a_keys_priority_class_through_the_gateway_and_on_the_store(tmp_path: Path) -> None:
+    """`key create --priority`, `key edit --priority` (default: the tenant's), a CLASS column in `key list` once
+    some key is not standard, the class in `--json`; the same on the store when no gateway runs, with
+    config.json's tenant default."""
+    config = write_config(tmp_path / "config.json", tenants={"research": {"priority": "batch"}})
+    c = ["--config", str(config)]
+    bad = run(["key", "create", "--app", "web", "--priority", "urgent", *c], tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("turnout: --priority: "), bad.stderr
+    assert "'interactive', 'standard' or 'batch'" in bad.stderr
+    plain = run(["key", "create", "--app", "web", *c], tmp_path)
+    assert plain.returncode == 0 and "priority standard" in plain.stderr, plain.stderr
+    assert "CLASS" not in run(["key", "list", *c], tmp_path).stdout  # every key standard: no column
+    nightly = run(["key", "create", "--app", "nightly", "--tenant", "research", *c], tmp_path)
+    assert "priority batch" in nightly.stderr  # the tenant's default, from config.json, on the store
+    with serving(config):
+        agent = run(["key", "create", "--app", "agent", "--priority", "interactive", *c], tmp_path)
+        assert agent.returncode == 0 and "no gateway" not in agent.stderr and "priority interactive" in agent.stderr
+        listing = run(["key", "list", *c], tmp_path).stdout.splitlines()
+        assert "CLASS" in listing[0].split() and all(len(line) <= 80 for line in listing), listing
+        column = listing[0].index("CLASS")
+        classes = {line.split()[2]: line[column:].split()[0] for line in listing[1:]}
+        assert classes == {"web": "standard", "nightly": "batch", "agent": "interactive"}
+        edited = run(["key", "edit", nightly.stdout.strip()[:10], "--priority", "standard", *c], tmp_path)
+        assert edited.returncode == 0 and json.loads(edited.stdout)["effective_priority"] == "standard"
+        views = {v["app"]: v for v in json.loads(run(["key", "list", "--json", *c], tmp_path).stdout)}
+        assert (views["nightly"]["priority"], views["agent"]["priority"], views["web"]["priority"]) == (
+            "standard",
+            "interactive",
+            None,
+        )
+    back = run(["key", "edit", nightly.stdout.strip()[:10], "--priority", "default", *c], tmp_path)
+    assert back.returncode == 0 and "no gateway" in back.stderr
+    view = json.loads(back.stdout)
+    assert view["priority"] is None and view["effective_priority"] == "batch"  # the tenant's again

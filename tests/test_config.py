@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from turnout.config import ConfigError, agent_env, config_schema, load_settings
+from turnout.config import ConfigError, Settings, agent_env, config_schema, load_settings, settings_from_document
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -235,3 +235,23 @@ def test_a_worker_url_may_not_carry_a_password(tmp_path: Path, field: str) -> No
     entry = {"name": "a", "url": "http://127.0.0.1:1", field: "http://user:pw@127.0.0.1:2"}
     with pytest.raises(ConfigError, match=rf"workers\[0\]\.{field}: .*user or password"):
         load_settings(write(tmp_path, {"workers": [entry]}), env={})
+
+
+def test_a_tenants_priority_class_and_a_workers_priority_scheduling() -> None:
+    """``tenants.<t>.priority`` is one of the three classes (the example sets two); ``priority_scheduling`` is for
+    an OpenAI-style worker (vLLM with --scheduling-policy priority) only."""
+    example = load_settings(ROOT / "config.example.json", env={})
+    assert {name: t.priority for name, t in example.tenants.items()} == {"support": "interactive", "research": "batch"}
+    assert not any(w.priority_scheduling for w in example.workers)
+    vllm = {"name": "v", "url": "http://127.0.0.1:8000", "type": "openai", "priority_scheduling": True}
+    assert load_document({"workers": [vllm]}).workers[0].priority_scheduling
+    with pytest.raises(ConfigError, match=r"workers\[0\]: priority_scheduling is for an OpenAI-style worker"):
+        load_document({"workers": [{**vllm, "type": "ollama"}]})
+    with pytest.raises(ConfigError, match=r"tenants\.t\.priority: "):
+        load_document({"tenants": {"t": {"priority": "urgent"}}})
+    with pytest.raises(ConfigError, match=r"tenants\.t\.team_ceiling\.priority"):
+        load_document({"tenants": {"t": {"team_ceiling": {"priority": "high"}}}})
+
+
+def load_document(data: dict[str, object]) -> Settings:
+    return settings_from_document(ROOT / "config.json", data, env={})

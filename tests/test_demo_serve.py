@@ -84,7 +84,11 @@ def engine_pids(tmp_path: Path) -> list[int]:
             cwd = os.readlink(proc / "cwd")
         except OSError:
             continue
-        if b"llama_cpp.server" in cmdline and MODEL.encode() in cmdline and cwd.startswith(str(tmp_path)):
+        if (
+            b"turnout.runtime.llamacpp_server" in cmdline
+            and MODEL.encode() in cmdline
+            and cwd.startswith(str(tmp_path))
+        ):
             out.append(int(proc.name))
     return out
 

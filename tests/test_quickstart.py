@@ -131,6 +131,6 @@ def _engines(checkout: Path) -> list[int]:
             cmdline = (proc / "cmdline").read_bytes() if cwd.startswith(str(checkout)) else b""
         except OSError:
             continue
-        if b"llama_cpp.server" in cmdline:
+        if b"turnout.runtime.llamacpp_server" in cmdline:
             found.append(int(proc.name))
     return found

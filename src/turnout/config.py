@@ -29,6 +29,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from turnout.core.admission import Priority
 from turnout.core.aliases import table_problems
 from turnout.core.patterns import Pattern, parse_pattern
 from turnout.core.placement import PlacementMode, PlacementRules
@@ -102,7 +103,18 @@ class Storage(_Model):
         None, description="SQLAlchemy URL (postgresql://user:pass@host/db); default: SQLite turnout.db in data_dir"
     )
     redis_url: str | None = Field(
-        None, description="redis://host:port/db; when set, rate and token limits are shared by every replica"
+        None,
+        description="redis://host:port/db; when set, every replica shares through it the rate and token limits, the "
+        "requests in flight and the wait queue (every cap exact across replicas), the prefix index, and the one wake "
+        "per sleeping model (docs/scaling.md)",
+    )
+    redis_timeout_ms: float = Field(
+        250,
+        gt=0,
+        le=10_000,
+        description="a Redis reply later than this counts as Redis away: each replica serves on its own state (every "
+        "cap cut to its share) until Redis answers again. The time is the gateway's own: a busy gateway reads a "
+        "reply late even from a quick Redis, so a figure much below 100 ms takes load for an outage",
     )
 
 
@@ -158,6 +170,24 @@ class Routing(_Model):
         le=MAX_WAIT_S * 24,
         description="a learned prefill or decode rate older than this is forgotten: the worker counts as average "
         "again and gets requests, so that one slow answer never starves it",
+    )
+    hold_s: float = Field(
+        60,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="a request for a model that is waking, activating or starting (a claim), or whose only workers "
+        "are down but were healthy within the last minute (a restart), waits this long for it in the queue before "
+        "it is answered 503 with Retry-After: a wake takes about a second and a small model's start a few, while "
+        "clients wait minutes for an answer (the OpenAI and Anthropic SDKs 10); 0: answer at once. A request can "
+        "ask for less with the X-Turnout-Hold header",
+    )
+    batch_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="batch requests (the Batch API's lines, keys of class batch) may hold at most this share of a "
+        "worker's slots (what its engine runs at once; at least one), so an interactive request finds a free slot "
+        "instead of waiting behind a long batch generation; 1: no headroom",
     )
     explain_header: bool = Field(
         False,
@@ -521,6 +551,45 @@ class Responses(_Model):
     )
 
 
+class Batches(_Model):
+    """The OpenAI Batch API (docs/api.md#the-batch-api): its files live in the SQL store, so that every replica
+    can run or resume any batch."""
+
+    max_file_bytes: int = Field(
+        100 * 2**20,
+        ge=1024,
+        le=2**30,
+        description="largest input file POST /v1/files takes, in bytes (kept in the SQL store until deleted)",
+    )
+    max_lines: int = Field(50_000, ge=1, le=1_000_000, description="most requests in one batch input file")
+    retention_days: float = Field(
+        30,
+        gt=0,
+        le=3650,
+        description="days a batch is kept after it ended, with its output and error files (then deleted), and "
+        "an uploaded file after its upload unless it asked for less (expires_after)",
+    )
+    lines_in_flight: int = Field(
+        8,
+        ge=1,
+        le=10_000,
+        description="requests of one batch in flight at once (each asks the dispatcher for a slot at batch priority)",
+    )
+    max_attempts: int = Field(
+        3, ge=1, le=10, description="times a line is sent when its worker fails (5xx) before that failure is its answer"
+    )
+    lease_s: float = Field(
+        30,
+        ge=1,
+        le=MAX_WAIT_S,
+        description="a batch has one runner at a time, which renews its lease every third of this; another gateway "
+        "(or this one restarted) resumes a batch whose runner stopped renewing for this long",
+    )
+    poll_s: float = Field(
+        2, gt=0, le=MAX_WAIT_S, description="how often each gateway looks for batches to run or resume"
+    )
+
+
 class PoolAgent(_Model):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     agent_url: AnyHttpUrl = Field(description="the pod's runtime agent (turnout agent)")
@@ -567,6 +636,11 @@ class Pools(_Model):
 class TeamCeiling(_Model):
     rpm: int | None = Field(None, ge=1, le=MAX_INT, description="requests per minute of one key at most")
     daily_tokens: int | None = Field(None, ge=1, le=MAX_INT, description="tokens per UTC day of one key at most")
+    priority: Priority | None = Field(
+        None,
+        description="the highest priority class a team-admin may give one key (unset: the tenant's default class, "
+        "so a team-admin may lower a key's class and never raise it above the tenant's)",
+    )
 
 
 class Tenant(_Model):
@@ -583,6 +657,12 @@ class Tenant(_Model):
     team_ceiling: TeamCeiling = Field(
         default_factory=lambda: TeamCeiling(),
         description="the largest limits a team-admin of this tenant may give one key (admins set it here)",
+    )
+    priority: Priority | None = Field(
+        None,
+        description="the priority class of this tenant's keys that set none themselves: interactive, standard or "
+        "batch (unset: the default set through the admin API, else standard); a request may lower its class "
+        "with the X-Turnout-Priority header, never raise it",
     )
 
 
@@ -643,6 +723,12 @@ class Worker(_Model):
         "counts no more than this as cached here; unset: routing.prefix_max_blocks alone bounds it",
     )
     model_placement: ModelPlacement = Field(default_factory=ModelPlacement)
+    priority_scheduling: bool = Field(
+        False,
+        description="its engine schedules by each request's priority (vLLM started with --scheduling-policy "
+        "priority): each request carries its class as vLLM's per-request priority (interactive -1, standard 0, "
+        "batch 1; lower is served first). Only for an engine started so: another may refuse the field",
+    )
 
     @field_validator("native_apis")
     @classmethod
@@ -665,6 +751,15 @@ class Worker(_Model):
         if value is not None and any(ch < " " or ch == "\x7f" for ch in value):
             raise ValueError("must not contain control characters (it is sent as an HTTP header)")
         return value
+
+    @model_validator(mode="after")
+    def _priority_on_openai(self) -> Self:
+        if self.priority_scheduling and self.type is not WorkerType.OPENAI:
+            raise ValueError(
+                "priority_scheduling is for an OpenAI-style worker whose engine schedules by priority (vLLM with "
+                '--scheduling-policy priority): set "type": "openai", or remove it'
+            )
+        return self
 
     @property
     def base_url(self) -> str:
@@ -701,6 +796,7 @@ class Settings(_Model):
     auth: Auth = Field(default_factory=Auth)
     responses: Responses = Field(default_factory=Responses)
     network: Network = Field(default_factory=Network)
+    batches: Batches = Field(default_factory=Batches)
     tenants: dict[str, Tenant] = Field(default_factory=dict)
     pools: Pools | None = Field(None, description="run the local ModelClaim controller inside the gateway")
     workers: list[Worker] = Field(default_factory=list)
@@ -788,6 +884,11 @@ class Settings(_Model):
     @property
     def placement_file(self) -> Path:
         return (self.data_dir / self.storage.model_placement_file).resolve()
+
+    def tenant_class(self, tenant: str) -> Priority | None:
+        """The default priority class this file gives ``tenant``'s keys (``tenants.<t>.priority``), or None."""
+        configured = self.tenants.get(tenant)
+        return None if configured is None else configured.priority
 
     def worker(self, name: str) -> Worker | None:
         return next((w for w in self.workers if w.name == name), None)

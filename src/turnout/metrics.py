@@ -8,11 +8,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from turnout.core.admission import Priority
 from turnout.core.latency import LEGACY_BOUNDS_MS
+from turnout.core.priority import CLASSES
 from turnout.fleet.state import Fleet
 from turnout.phase_stats import PhaseCollector, PhaseStats, count_coarse, exposed
 
-__all__ = ["Metrics"]
+__all__ = ["ClassCounts", "Metrics"]
 
 # 1 ms .. 300 s (phase_stats.count_coarse counts in these too)
 _LATENCY_BUCKETS = tuple(bound / 1000 for bound in LEGACY_BOUNDS_MS)
@@ -66,7 +68,8 @@ class _InFlightCollector(Collector):
         )
         yield GaugeMetricFamily(
             "turnout_held_requests",
-            "client requests held now, waiting for a wake or an activation of their model's engine",
+            "requests held now for a model that is waking, activating or starting, or whose workers are expected "
+            "back (routing.hold_s)",
             value=self.metrics.requests_held,
         )
 
@@ -89,6 +92,43 @@ class _SpansCollector(Collector):
         for reason, count in sorted(self.metrics.spans_dropped.items()):
             family.add_metric([reason], float(count))
         yield family
+
+
+class ClassCounts:
+    """One priority class's requests in this process: waiting for a slot (in the dispatcher: routed, in its queue,
+    or held until their model's engine is ready) and running (holding a worker's slot). Plain counts the proxy
+    keeps, read at scrape time."""
+
+    __slots__ = ("running", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.running = 0
+
+
+class _ClassesCollector(Collector):
+    """Requests waiting and running by priority class (``Metrics.classes``), read at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        waiting = GaugeMetricFamily(
+            "turnout_priority_waiting_requests",
+            "requests of this gateway process waiting for a slot (being routed, in the queue or held), by priority "
+            "class",
+            labels=["priority"],
+        )
+        running = GaugeMetricFamily(
+            "turnout_priority_running_requests",
+            "requests of this gateway process holding a worker's slot, by priority class",
+            labels=["priority"],
+        )
+        for priority, counts in self.metrics.classes.items():
+            waiting.add_metric([priority.value], float(counts.waiting))
+            running.add_metric([priority.value], float(counts.running))
+        yield waiting
+        yield running
 
 
 class _ReasonsCollector(Collector):
@@ -182,6 +222,8 @@ class Metrics:
         self.routing = Counter("turnout_routing_decisions", "routing outcomes", ["outcome"], registry=self.registry)
         self.route_reasons: dict[str, int] = {}  # reason -> routed requests: plain counts, read at scrape time
         self.registry.register(_ReasonsCollector(self))
+        self.classes: dict[Priority, ClassCounts] = {p: ClassCounts() for p in CLASSES}
+        self.registry.register(_ClassesCollector(self))
         self.routed_prompt_tokens = Counter(
             "turnout_prefix_prompt_tokens",
             "prompt tokens (estimated, 4 bytes each) of requests routed with a choice of workers, by the worker chosen",
@@ -217,6 +259,7 @@ class Metrics:
             registry=self.registry,
         )
         self.queued = Gauge("turnout_queued_requests", "requests waiting for a free slot", registry=self.registry)
+        self._shared_up: Gauge | None = None  # registered with storage.redis_url only (shared_state)
         self.upstream_errors = Counter(
             "turnout_upstream_errors", "failed upstream attempts", ["worker", "kind"], registry=self.registry
         )
@@ -232,6 +275,17 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_FleetCollector(fleet))
+
+    def shared_state(self, up: bool) -> None:
+        """The shared routing state (Redis) answers, or stopped answering."""
+        if self._shared_up is None:
+            self._shared_up = Gauge(
+                "turnout_shared_state_up",
+                "1 while the replicas' shared routing state (storage.redis_url) answers, 0 while this replica "
+                "serves on its own",
+                registry=self.registry,
+            )
+        self._shared_up.set(1.0 if up else 0.0)
 
     def request_done(self, api: str, endpoint: str, status: int, seconds: float) -> None:
         """Count one finished request (this runs on every request: a count and an append; its duration is put in

@@ -22,6 +22,7 @@ from turnout.admin.aliases_api import add_alias_routes
 from turnout.admin.api import add_admin_routes
 from turnout.admin.auth import AdminAuth
 from turnout.admin.backup_api import add_backup_routes
+from turnout.admin.batches_api import add_batch_routes
 from turnout.admin.changes import AdminSignIns
 from turnout.admin.endpoints_api import add_endpoint_routes
 from turnout.admin.keys import ADMIN_AUTH, PEOPLE, SIGNINS
@@ -32,13 +33,16 @@ from turnout.controller.claim_sources import LocalSource
 from turnout.controller.local import ClaimFiles, LocalController, Pool, policy_text
 from turnout.controller.metrics import ControllerMetrics
 from turnout.core import demo as demo_rules
+from turnout.core.prefix import PrefixIndex
 from turnout.fleet.claims import ClaimBindings, RedisWakeLock
 from turnout.fleet.endpoints import EndpointManager
 from turnout.fleet.poller import Poller
-from turnout.fleet.state import Fleet
+from turnout.fleet.state import MAX_SESSIONS, Fleet
 from turnout.gateway.access import AccessLog
 from turnout.gateway.accounting import Accountant
 from turnout.gateway.aliases import Aliases
+from turnout.gateway.batch_lease import Leases, RedisLeases, SqlLeases
+from turnout.gateway.batch_runner import BatchRunner
 from turnout.gateway.dispatch import Dispatcher
 from turnout.gateway.frame import middleware, request_ids
 from turnout.gateway.keys import (
@@ -46,6 +50,8 @@ from turnout.gateway.keys import (
     ADMIN_GATE,
     ALIASES,
     AUDIT,
+    BATCH_RUNNER,
+    BATCH_STORE,
     DATABASE,
     DISPATCHER,
     ENDPOINTS,
@@ -63,20 +69,23 @@ from turnout.gateway.keys import (
 from turnout.gateway.limiter import LocalLimiter, RedisLimiter, TokenLimiter
 from turnout.gateway.peers import Peers
 from turnout.gateway.proxy import Proxy
+from turnout.gateway.redis_fleet import FleetSync, SharedProbes
+from turnout.gateway.redis_occupancy import RedisOccupancy
 from turnout.gateway.routes import add_client_routes
 from turnout.gateway.shared_limits import SharedLimiter
-from turnout.gateway.shared_prefixes import SharedPrefixes
 from turnout.gateway.stored import StoredResponses
+from turnout.gateway.supervised import SupervisedOccupancy
 from turnout.masking import SECRETS
 from turnout.metrics import Metrics
 from turnout.redaction import handler_args
 from turnout.runtime.demo import DemoAgent
 from turnout.runtime.demo_install import model_path
 from turnout.state.changes import ChangeCounter
-from turnout.state.placement_store import PlacementStore
+from turnout.state.placement_shared import SharedPlacementStore
 from turnout.state.running import GatewayMark
 from turnout.store.aliases import AliasStore
 from turnout.store.audit import AuditLog
+from turnout.store.batches import BatchStore
 from turnout.store.db import Database, database_url
 from turnout.store.endpoints import EndpointStore
 from turnout.store.keys import KeyStore
@@ -84,6 +93,7 @@ from turnout.store.listings import ModelListings
 from turnout.store.people import PeopleStore
 from turnout.store.responses import ResponseStore
 from turnout.store.secrets import SecretBox
+from turnout.store.shared_state import SharedState
 from turnout.store.usage import UsageStore
 from turnout.upstream.client import UpstreamClient
 
@@ -106,8 +116,14 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _healthz(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     up = sum(1 for w in fleet.workers.values() if w.healthy)
-    # pid: which gateway process answered (`turnout serve --workers N` runs several on one port)
-    return web.json_response({"status": "ok", "workers": len(fleet.workers), "healthy_workers": up, "pid": os.getpid()})
+    occupancy = request.app[DISPATCHER].occupancy
+    # pid: which gateway process answered (`turnout serve --workers N` runs several on one port); shared_state: with
+    # storage.redis_url, whether the replicas' shared routing state (Redis) answers ("local": this replica's own)
+    body: dict[str, object] = {"status": "ok", "workers": len(fleet.workers), "healthy_workers": up, "pid": os.getpid()}
+    if isinstance(occupancy, RedisOccupancy):
+        body["shared_state"] = "redis" if occupancy.up else "local"
+        body["replicas"] = occupancy.replicas
+    return web.json_response(body)
 
 
 def _claim_bindings(
@@ -186,7 +202,7 @@ def _limiter(settings: Settings, processes: int, limits: socket.socket | None) -
     """Redis when configured (any number of replicas), else the supervisor of `--workers N` (``limits``: this
     process's channel to it), else memory: each is exact for the processes that share it."""
     if settings.storage.redis_url:
-        return RedisLimiter(settings.storage.redis_url)
+        return RedisLimiter(settings.storage.redis_url, timeout_s=settings.storage.redis_timeout_ms / 1000)
     if limits is not None:
         return SharedLimiter(limits)
     if processes > 1:  # counting in memory here would give each process the whole limit
@@ -194,30 +210,57 @@ def _limiter(settings: Settings, processes: int, limits: socket.socket | None) -
     return LocalLimiter()
 
 
+def _occupancy(settings: Settings, fleet: Fleet, metrics: Metrics) -> RedisOccupancy | None:
+    """Redis keeps the requests in flight and the queue for every replica when configured; else the dispatcher keeps
+    them in memory."""
+    url = settings.storage.redis_url
+    if not url:
+        return None
+    routing = settings.routing
+
+    def index(worker: str) -> PrefixIndex | None:
+        state = fleet.workers.get(worker)
+        return None if state is None else state.prefix
+
+    return RedisOccupancy(
+        url,
+        timeout_s=settings.storage.redis_timeout_ms / 1000,
+        index=index,
+        tenant_caps={name: tenant.max_concurrent for name, tenant in settings.tenants.items()},
+        max_blocks=routing.prefix_max_blocks,
+        max_sessions=MAX_SESSIONS,
+        prefix_ttl_s=routing.prefix_ttl_s,
+        on_change=metrics.shared_state,
+    )
+
+
 async def _catch_up(app: web.Application) -> None:
-    """Re-read what another process of this gateway changed through its admin API."""
+    """Re-read what another process or replica of this gateway changed through its admin API (people and their
+    tokens are read from the store on every use: nothing of them is kept)."""
     app[ACCOUNTANT].forget()
-    app[FLEET].placement.refresh(force=True)
+    await app[FLEET].placement.pull()
     await app[ENDPOINTS].sync()
     await app[ALIASES].reload()
     app[DISPATCHER].wake_all()
 
 
-def _peers(settings: Settings, processes: int, reload: Callable[[], Awaitable[None]]) -> Peers | None:
-    """The other gateway processes on this data dir (`serve --workers N`, or replicas sharing the dir): their
-    admin changes picked up at the start of the next request, ours announced. A single process on a data dir
-    it cannot write goes without (others there then see its changes at their next poll round)."""
+def _peers(settings: Settings, processes: int, shared: SharedState, reload: Callable[[], Awaitable[None]]) -> Peers:
+    """The other gateway processes on this data dir (`serve --workers N`, or replicas sharing the dir) through
+    its change counter, and every replica through the store's change version (and Redis, when configured):
+    their admin changes picked up, ours announced. A single process on a data dir it cannot write goes without
+    the counter (the store's version still carries its changes)."""
+    counter = None
     try:
-        return Peers(ChangeCounter(settings.data_dir), reload)
+        counter = ChangeCounter(settings.data_dir)
     except OSError as exc:
         if processes > 1:
             raise
         log.warning(
-            "cannot share admin changes with other gateways on %s (%s): they see them at their next poll round",
+            "cannot share admin changes through %s (%s): other gateways there take them from the store's poll",
             settings.data_dir,
             exc.strerror or exc,
         )
-        return None
+    return Peers(reload, counter=counter, shared=shared, redis_url=settings.storage.redis_url)
 
 
 def _tracing(settings: Settings, metrics: Metrics) -> Tracing | None:
@@ -235,12 +278,13 @@ def create_app(
     """Build the gateway. Raises PlacementFileError if the override file is unusable, StoreError if the
     database cannot be opened or migrated. ``processes`` > 1: one of the processes of `turnout serve
     --workers N`: its rate and token limits are counted by the supervisor through ``limits`` (its end of the
-    supervisor's socket pair) unless Redis is configured; admin changes are shared, and so are the records of
-    the workers' prefix indexes (through ``limits`` too)."""
-    placement = PlacementStore(settings.placement_file)
-    placement.load()
+    supervisor's socket pair) unless Redis is configured, and so are its requests in flight, its wait queue and
+    the workers' prefix indexes (through ``limits`` too); admin changes are shared."""
     database = Database(database_url(settings.storage.database_url, settings.data_dir))
     database.migrate()
+    shared = SharedState(database)
+    placement = SharedPlacementStore(settings.placement_file, shared)
+    placement.load()
     keys, usage = KeyStore(database), UsageStore(database)
     limiter = _limiter(settings, processes, limits)
     accountant = Accountant(settings, keys, usage, limiter=limiter)
@@ -255,18 +299,28 @@ def create_app(
         connect_timeout_s=settings.limits.connect_timeout_s,
         total_timeout_s=settings.limits.upstream_timeout_s,
     )
+    occupancy = _occupancy(settings, fleet, metrics)
+    if occupancy is not None and isinstance(limiter, RedisLimiter):
+        limiter.replicas = lambda: occupancy.replicas  # each one's share of a limit while Redis is away
+    channel = None
+    supervised = None
+    if occupancy is None and processes > 1 and limits is not None:  # the supervisor keeps it for every process
+        channel = limiter if isinstance(limiter, SharedLimiter) else SharedLimiter(limits)
+        supervised = SupervisedOccupancy(channel)
+        channel.on_told = lambda message: supervised.woken(message[2]) if message[1] == "occ.wake" else None
     dispatcher = Dispatcher(
         fleet,
         settings.routing,
         metrics,
         retry_after_s=max(1, int(settings.health.interval_s)),
         tenants=settings.tenants,
+        occupancy=occupancy or supervised,
     )
-    shared = None
-    if processes > 1 and limits is not None:  # one prefix index for all the processes
-        channel = limiter if isinstance(limiter, SharedLimiter) else SharedLimiter(limits)
-        shared = dispatcher.shared = SharedPrefixes(channel, fleet)
     poller = Poller(fleet, client, on_change=dispatcher.wake_all)
+    sync = None
+    if occupancy is not None:  # one probe per worker across replicas, and their learned figures pooled
+        poller.probes = SharedProbes(occupancy, settings.health.interval_s)
+        sync = FleetSync(occupancy, fleet)
     endpoints = EndpointManager(settings, fleet, client, EndpointStore(database), secrets)
     endpoints.on_change = dispatcher.wake_all
 
@@ -296,28 +350,39 @@ def create_app(
     app[ENDPOINTS] = endpoints
     aliases = app[ALIASES] = Aliases(settings.aliases, AliasStore(database))
     app[STORED] = StoredResponses(ResponseStore(database), settings.responses.store_days)
+    batch_store = app[BATCH_STORE] = BatchStore(database)
+    leases: Leases = (
+        RedisLeases(settings.storage.redis_url, settings.batches.lease_s)
+        if settings.storage.redis_url
+        else SqlLeases(batch_store, settings.batches.lease_s)
+    )
+    app[REQUEST_IDS] = request_ids()
+    batch_runner = BatchRunner(
+        app, batch_store, settings.batches, leases, keys=keys, aliases=aliases, request_ids=app[REQUEST_IDS]
+    )
+    app[BATCH_RUNNER] = batch_runner
     demo = _demo(settings)
     app[DEMO] = demo
     claims = _claim_bindings(settings, fleet, client, metrics, demo)
     if claims is not None:
-        claims.on_change = dispatcher.wake_all
-        app[PROXY].claims = claims
-    if claims is not None and demo is not None:
+        proxy = app[PROXY]
+        proxy.claims = claims
 
-        def changed(claims: ClaimBindings = claims, demo: DemoAgent = demo) -> None:
+        def changed(demo: DemoAgent | None = demo) -> None:
             dispatcher.wake_all()
-            if demo_rules.MODEL in fleet.bindings:
+            proxy.claims_changed()  # which claims' engines schedule by priority
+            if demo is not None and demo_rules.MODEL in fleet.bindings:
                 demo.announce_ready()
 
         claims.on_change = changed
-    app[PEERS] = _peers(settings, processes, lambda: _catch_up(app))
-    app[REQUEST_IDS] = request_ids()
+    peers = app[PEERS] = _peers(settings, processes, shared, lambda: _catch_up(app))
     add_client_routes(app)
     add_admin_routes(app)
     add_account_routes(app)
     add_endpoint_routes(app)
     add_alias_routes(app)
     add_backup_routes(app)
+    add_batch_routes(app)
     add_people_routes(app)
     add_ui_routes(app)
     app.router.add_get("/metrics", _metrics)
@@ -337,18 +402,26 @@ def create_app(
         await client.start()
         if tracing is not None:
             tracing.start()
-        if shared is not None:
-            shared.listen()
+        if occupancy is not None:
+            await occupancy.start()
+        if channel is not None:
+            channel.listen()
         await accountant.start()
         await poller.poll_all()
         poller.start()
+        if sync is not None:
+            sync.start()
         await endpoints.start()
         await aliases.start()
         if demo is not None:
             await demo.start()
         if claims is not None:
             claims.start()
+        batch_runner.start()
+        await peers.start()
         yield
+        await batch_runner.stop()  # first: its lines' answers are written while the rest still runs
+        await peers.stop()
         if claims is not None:
             await claims.stop()
         await aliases.stop()
@@ -356,15 +429,17 @@ def create_app(
             await demo.stop()  # after the claims loop: nothing starts the engine again
         await endpoints.stop()
         await poller.stop()
+        if sync is not None:
+            await sync.stop()
+        if occupancy is not None:
+            await occupancy.close()
         await accountant.close()
         await app[STORED].close()
         await client.close()
         if tracing is not None:
             await tracing.close()  # the last spans, the collector given at most telemetry.export_timeout_s
         database.close()
-        peers = app[PEERS]
-        if peers is not None:
-            peers.close()
+        peers.close()
         for value in credentials:
             SECRETS.discard(value)
         mark.release()

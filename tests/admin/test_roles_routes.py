@@ -46,6 +46,8 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("GET", "/admin/keys"): "VOAT",
     ("GET", "/admin/keys/fragment"): "VOAT",
     ("GET", "/admin/usage"): "VOAT",
+    ("GET", "/admin/batches"): "VOAT",
+    ("GET", "/admin/batches/fragment"): "VOAT",
     ("GET", "/admin/audit"): "VOA",
     ("GET", "/admin/pools"): "VOA",
     ("GET", "/admin/pools/fragment"): "VOA",
@@ -67,9 +69,13 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("POST", "/admin/api/keys/{ref}/revoke"): "OAT",
     ("POST", "/admin/api/keys/{ref}/rotate"): "OAT",
     ("GET", "/admin/api/tenants"): "VOAT",
+    ("PATCH", "/admin/api/tenants/{name}"): "OA",
     ("GET", "/admin/api/apps"): "VOAT",
     ("GET", "/admin/api/usage"): "VOAT",
     ("GET", "/admin/api/usage/series"): "VOAT",
+    ("GET", "/admin/api/batches"): "VOAT",
+    ("GET", "/admin/api/batches/{batch_id}"): "VOAT",
+    ("POST", "/admin/api/batches/{batch_id}/cancel"): "OAT",
     ("GET", "/admin/api/audit"): "VOA",
     ("GET", "/admin/api/audit/facets"): "VOA",
     ("GET", "/admin/api/endpoints"): "VOA",
@@ -99,7 +105,14 @@ EXPECTED: dict[tuple[str, str], str] = {
 }
 
 PEOPLE_ROLES = {"V": ("viewer", []), "O": ("operator", []), "A": ("admin", []), "T": (None, ["a"])}
-VALUES = {"name": "w1", "ref": "tk_nosuchkey", "id": "999999", "token": "999999", "tail": "no-such-page"}
+VALUES = {
+    "name": "w1",
+    "ref": "tk_nosuchkey",
+    "id": "999999",
+    "token": "999999",
+    "tail": "no-such-page",
+    "batch_id": "batch_none",
+}
 
 
 def admin_routes(app: Any) -> set[tuple[str, str]]:

@@ -22,7 +22,7 @@ BASE = {"podSelector": {"matchLabels": {"pool": "a"}}, "artifactURL": "hf://org/
         ({**BASE, "engine": "tgi"}, "engine must be one of"),
         ({**BASE, "replicas": 2}, "replicas must be 1"),
         ({**BASE, "engineConfig": {"args": {"--gpu-memory-utilization": "0.9"}}}, "not allowed"),
-        ({**BASE, "engineConfig": {"args": {"--data-parallel-size": "2"}}}, "data-parallel-size must be 1"),
+        ({**BASE, "engineConfig": {"args": {"--data-parallel-size": "2"}}}, "data parallel size must be 1"),
         ({**BASE, "engineConfig": {"args": {"--tensor-parallel-size": "two"}}}, "must be an integer"),
         ({**BASE, "engineConfig": {"args": {"--tensor-parallel-size": 2}}}, "map of strings"),
         ([], "spec must be an object"),

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from turnout.core.claims import PodView, candidates, parse_claim_spec
-from turnout.core.demo import MODEL, Choice, choose, claim_document, pool_labels, pool_policy
+from turnout.core.demo import CONTEXT, MODEL, Choice, choose, claim_document, pool_labels, pool_policy
 from turnout.core.poolpolicy import may_idle_sleep, parse_pool_policy
 
 URL = "http://127.0.0.1:11434"
@@ -71,8 +71,9 @@ def test_the_claim_is_a_valid_llamacpp_claim_placed_on_the_demo_pool_only() -> N
     doc = claim_document("demo", "/m/SmolLM2.gguf", 2)
     spec = parse_claim_spec(doc["metadata"]["name"], doc["spec"])
     assert (spec.model_name, spec.engine, spec.artifact_url) == (MODEL, "llamacpp", "file:///m/SmolLM2.gguf")
-    assert spec.args["--n_threads"] == spec.args["--n_threads_batch"] == "2"
-    assert spec.args["--interrupt_requests"] == "false"
+    assert spec.args["--threads"] == spec.args["--threads-batch"] == "2"
+    # the context SmolLM2 holds, all of it for a request (one slot): Claude Code's first request fits
+    assert spec.args["--ctx-size"] == str(CONTEXT) == "8192" and spec.args["--parallel"] == "1"
     demo = PodView("demo", pool_labels("demo"), True, "127.0.0.1", 1)
     other = PodView("gpu-0", {"pool": "a", "pool.aibrix.ai/enabled": "true"}, True, "10.0.0.5", 1)
     assert candidates(spec, [demo, other]) == 1

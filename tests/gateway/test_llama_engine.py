@@ -120,8 +120,10 @@ async def test_mixed_fleet_ollama_and_llama(
 
 
 async def test_ollama_format_schema_reaches_llama_cpp_in_the_form_it_takes(gw_url: str, clients: Clients) -> None:
-    """llama_cpp.server answers 422 to OpenAI's json_schema response_format; the gateway retries in
-    llama-cpp-python's json_object+schema form, whose grammar makes even the tiny model write JSON."""
+    """An Ollama ``format`` schema reaches llama.cpp's server as OpenAI's json_schema response_format, which it
+    takes (its grammar makes even the tiny random model write JSON of that schema). llama-cpp-python's server
+    refused that form; the retry in its own form is tested against a worker that refuses it
+    (tests/gateway/test_worker_misbehaviour.py)."""
     client = clients.ollama(gw_url)
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     for _ in range(2):
@@ -132,6 +134,5 @@ async def test_ollama_format_schema_reaches_llama_cpp_in_the_form_it_takes(gw_ur
             options={"num_predict": 48},
             stream=False,
         )
-        assert reply.done
-        if reply.done_reason == "stop":
-            assert isinstance(json.loads(reply.message.content)["ok"], bool)
+        assert reply.done and reply.done_reason == "stop", reply
+        assert isinstance(json.loads(reply.message.content)["ok"], bool)

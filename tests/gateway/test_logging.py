@@ -277,19 +277,21 @@ def test_access_log_is_on_by_default_one_line_per_request(tmp_path: Path, llama_
             f" key={prefix} app=starter api=openai:chat model=tiny worker=llama"
             f" tokens={usage['prompt_tokens']}+{usage['completion_tokens']}"
             ' route="only candidate"'  # why it went to that worker: the model has one
+            " priority=standard"  # the class it was served at (the starter key's: neither it nor its tenant says)
         )
         + phases,
         first["rest"],
     ), first["rest"]
     assert second["request"] == "POST /api/chat HTTP/1.1" and second["status"] == "200"
     assert re.fullmatch(
-        rf' key={prefix} app=starter api=ollama:chat model=tiny worker=llama tokens=\d+\+\d+ route="only candidate"'
+        rf" key={prefix} app=starter api=ollama:chat model=tiny worker=llama tokens=\d+\+\d+"
+        ' route="only candidate" priority=standard'
         + phases,  # a stream's too, though its header could not say its ttft
         second["rest"],
     ), second["rest"]
     assert missing["status"] == "404"
     assert re.fullmatch(
-        re.escape(f" key={prefix} app=starter api=openai:chat model=nope worker=- tokens=0+0")
+        re.escape(f" key={prefix} app=starter api=openai:chat model=nope worker=- tokens=0+0 priority=standard")
         + r" queue=\d+\.\dms error=model_not_found",  # it asked for a slot, and was routed nowhere
         missing["rest"],
     ), missing["rest"]

@@ -429,14 +429,14 @@ async def test_ping_while_the_worker_is_silent(setup: Setup, model: str) -> None
 
 # -- count_tokens ---------------------------------------------------------------------------------------------------
 async def test_count_tokens_from_the_tokenizer_or_the_estimate(setup: Setup, engine: Engine) -> None:
-    """llama.cpp (llama-cpp-python's /extras/tokenize) counts with the model's tokenizer; Ollama has none: the
-    gateway's estimate. A header says which."""
+    """llama.cpp (its server's /tokenize) counts with the model's tokenizer; Ollama has none: the gateway's
+    estimate. A header says which."""
     body = {"model": "tiny", "system": "be brief", "messages": [{"role": "user", "content": "hello world"}]}
     status, headers, data = await setup.post("/v1/messages/count_tokens", body)
     assert status == 200 and headers["X-Turnout-Token-Count"] == "tokenizer"
     async with (
         aiohttp.ClientSession() as http,
-        http.post(engine.url + "/extras/tokenize", json={"input": "be brief\nuser: hello world"}) as r,
+        http.post(engine.url + "/tokenize", json={"content": "be brief\nuser: hello world", "add_special": True}) as r,
     ):
         assert json.loads(data) == {"input_tokens": len((await r.json())["tokens"])}
     status, headers, data = await setup.post("/v1/messages/count_tokens", {**body, "model": "llama3.2"})

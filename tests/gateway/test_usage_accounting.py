@@ -175,7 +175,9 @@ async def test_refusals_and_names_at_column_limits_are_recorded_on_postgres(
 async def test_llama_cpp_stream_without_usage_is_charged_the_prompt_estimate(
     llama_engine: Engine, gateway: GatewayFactory, clients: Clients
 ) -> None:
-    """llama_cpp.server streams carry no usage: the proxy reports no prompt count (None), accounting estimates."""
+    """A stream that does not ask for usage (``stream_options.include_usage``) gets none from llama.cpp's server, as
+    from OpenAI's API (llama-cpp-python's server never sent any): the proxy reports no prompt count (None),
+    accounting estimates."""
     gw = await gateway([worker("llama", llama_engine.url, type="openai")], auth={"open": False})
     record, key = make_key(gw, daily_tokens=100_000)
     client = clients.openai(gw.url)

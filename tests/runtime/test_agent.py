@@ -63,7 +63,7 @@ def activate_body(name: str, model: Path, **extra: Any) -> dict[str, Any]:
         "model_name": name,
         "artifact_url": f"file://{model}",
         "engine": "llamacpp",
-        "engine_config": {"args": {"--n_ctx": "256"}},
+        "engine_config": {"args": {"--ctx-size": "256"}},
         **extra,
     }
 

@@ -123,7 +123,7 @@ async def test_real_engine_snapshot_validates_with_aibrix_models(start_agent: Ag
     a = Agent(url)
     ref = {"namespace": "local", "name": "tiny", "uid": "u1"}
     body = {"model_name": "tiny", "artifact_url": f"file://{tiny_model}", "engine": "llamacpp", "claim_ref": ref}
-    body["engine_config"] = {"args": {"--n_ctx": "256"}}
+    body["engine_config"] = {"args": {"--ctx-size": "256"}}
     status, answer = await a.call("POST", "/v1/runtime/models/activate", body)
     assert status == 200 and answer["phase"] == "booting"
 

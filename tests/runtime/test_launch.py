@@ -36,12 +36,34 @@ def test_engines_listen_where_the_agent_listens(engine: str, host: str) -> None:
 
 @pytest.mark.parametrize(
     ("engine", "module", "sleeps_in_place"),
-    [("sglang", "sglang.launch_server", True), ("llamacpp", "llama_cpp.server", False)],
+    [("sglang", "sglang.launch_server", True), ("llamacpp", "turnout.runtime.llamacpp_server", False)],
 )
 def test_other_engines(engine: str, module: str, sleeps_in_place: bool) -> None:
     launch = launch_command(engine, "m", "file:///models/m.gguf", 30002, {}, python="/opt/engines/bin/python")
     assert launch.argv[:3] == ["/opt/engines/bin/python", "-m", module]  # the interpreter that has the engine
     assert "/models/m.gguf" in launch.argv and launch.sleep_api is sleeps_in_place
+
+
+def test_llama_cpp_is_its_own_server_with_llama_servers_flags() -> None:
+    """llama.cpp's server from the xllamacpp wheel, told llama-server's flags (the claim's args after Turnout's
+    own), ready when its /health says so (503 while the model loads)."""
+    launch = launch_command("llamacpp", "smol", "file:///m.gguf", 20001, {"--ctx-size": "8192", "--embedding": ""})
+    assert launch.argv[1:] == [
+        "-m",
+        "turnout.runtime.llamacpp_server",
+        "--model",
+        "/m.gguf",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "20001",
+        "--alias",
+        "smol",
+        "--ctx-size",
+        "8192",
+        "--embedding",
+    ]
+    assert launch.health_path == "/health" and not launch.sleep_api and launch.activity is None
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ spec:
   podSelector: {matchLabels: {pool: cpu}}
   artifactURL: file://MODEL
   engine: llamacpp
-  engineConfig: {args: {"--n_ctx": "256"}}
+  engineConfig: {args: {"--ctx-size": "256"}}
 ---
 apiVersion: model.aibrix.ai/v1alpha1
 kind: ModelClaim
@@ -117,13 +117,13 @@ async def test_changed_and_recreated_claims_get_new_engines(
     pid, uid = engines["tiny"].pid, ctl.files.all()[0]["metadata"]["uid"]
 
     # re-applied with other args: de-routed, stopped, started again with them
-    changed = {**first, "spec": {**first["spec"], "engineConfig": {"args": {"--n_ctx": "128"}}}}
+    changed = {**first, "spec": {**first["spec"], "engineConfig": {"args": {"--ctx-size": "128"}}}}
     ctl.files.apply(changed)
     assert ctl.files.all()[0]["metadata"]["uid"] == uid  # an update keeps the claim's identity
     await tick_until(ctl, "tiny-claim", ClaimPhase.LOADING)
     assert ctl.statuses["tiny-claim"]["reason"] in ("SpecChanged", "Activating", "Loading")
     await tick_until(ctl, "tiny-claim", ClaimPhase.ACTIVE)
-    assert engines["tiny"].args == {"--n_ctx": "128"} and engines["tiny"].pid != pid
+    assert engines["tiny"].args == {"--ctx-size": "128"} and engines["tiny"].pid != pid
 
     # deleted, then created again under the same name: a new claim, so a new engine (not a remembered answer)
     ctl.files.mark_deleted("tiny-claim")
@@ -132,4 +132,4 @@ async def test_changed_and_recreated_claims_get_new_engines(
     ctl.files.apply(first)
     assert ctl.files.all()[0]["metadata"]["uid"] != uid
     await tick_until(ctl, "tiny-claim", ClaimPhase.ACTIVE)
-    assert engines["tiny"].args == {"--n_ctx": "256"}
+    assert engines["tiny"].args == {"--ctx-size": "256"}

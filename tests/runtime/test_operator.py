@@ -141,7 +141,7 @@ def claim(name: str, artifact: str) -> dict[str, Any]:
             "podSelector": {"matchLabels": {"pool": "cpu"}},
             "artifactURL": artifact,
             "engine": "llamacpp",
-            "engineConfig": {"args": {"--n_ctx": "256"}},
+            "engineConfig": {"args": {"--ctx-size": "256"}},
         },
     }
 
@@ -492,7 +492,7 @@ async def test_a_claim_deleted_under_the_earlier_finalizer_alone_is_still_releas
     # what the earlier operator left behind: the claim bound to the pod, its engine running there, its route
     ref = {"namespace": NS, "name": "old", "uid": uid}
     body = {"model_name": "old", "artifact_url": f"file://{tiny_model}", "engine": "llamacpp", "claim_ref": ref}
-    body["engine_config"] = {"args": {"--n_ctx": "256"}}
+    body["engine_config"] = {"args": {"--ctx-size": "256"}}
     async with aiohttp.ClientSession() as http, http.post(f"{url}/v1/runtime/models/activate", json=body) as r:
         assert r.status == 200
         port = (await r.json())["port"]

@@ -28,7 +28,7 @@ spec:
   podSelector: {matchLabels: {pool: cpu}}
   artifactURL: file://MODEL
   engine: llamacpp
-  engineConfig: {args: {"--n_ctx": "256"}}
+  engineConfig: {args: {"--ctx-size": "256"}}
 """
 LABELS = {"pool": "cpu", POOL_LABEL: "true"}
 PAGE = 2 << 20

@@ -92,3 +92,33 @@ def test_migration_head_is_read_only_when_certain(tmp_path: Path, files: dict[st
         (tmp_path / name).write_text(body)
     (tmp_path / "__init__.py").write_text("")
     assert migration_head(tmp_path) == head
+
+
+def test_replicas_migrating_a_new_postgresql_at_once_all_succeed(postgres_database: str) -> None:
+    """Three gateways started together on a new database (a Deployment's first rollout): without the migration's
+    advisory lock two of them fail with duplicate tables."""
+    import subprocess
+
+    check = f"from turnout.store.db import Database\ndb = Database({postgres_database!r})\ndb.migrate()\ndb.close()\n"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", check], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in results]
+    db = Database(postgres_database)
+    try:
+        assert _revision(db) == [head_revision()]
+    finally:
+        db.close()
+
+
+def test_the_shared_state_starts_with_the_change_version_at_zero(database_url: str) -> None:
+    db = Database(database_url)
+    try:
+        db.migrate()
+        with db.engine.connect() as conn:
+            rows = conn.execute(text("SELECT name, version, document FROM shared_state")).all()
+        assert [tuple(r) for r in rows] == [("changes", 0, None)]
+    finally:
+        db.close()

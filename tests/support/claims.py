@@ -17,7 +17,7 @@ spec:
   podSelector: {matchLabels: {pool: cpu}}
   artifactURL: file://MODEL
   engine: llamacpp
-  engineConfig: {args: {"--n_ctx": "256"}}
+  engineConfig: {args: {"--ctx-size": "256"}}
 """
 
 

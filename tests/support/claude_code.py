@@ -49,9 +49,10 @@ async def run_claude(
     api_key: str | None = None,
     auth_token: str | None = None,
     extra: dict[str, str] | None = None,
+    flags: tuple[str, ...] = (),
     limit_s: float = 240,
 ) -> ClaudeRun:
-    """``claude -p PROMPT`` in ``tmp/work`` with ``ANTHROPIC_BASE_URL`` the gateway and the key as
+    """``claude FLAGS -p PROMPT`` in ``tmp/work`` with ``ANTHROPIC_BASE_URL`` the gateway and the key as
     ``ANTHROPIC_API_KEY`` (sent as x-api-key) or ``ANTHROPIC_AUTH_TOKEN`` (sent as Bearer)."""
     home, work = tmp / "home", tmp / "work"
     home.mkdir(parents=True, exist_ok=True)
@@ -73,6 +74,7 @@ async def run_claude(
     }
     proc = await asyncio.create_subprocess_exec(
         str(agent_clis() / "claude"),
+        *flags,
         "-p",
         prompt,
         cwd=work,

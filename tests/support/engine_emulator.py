@@ -23,6 +23,19 @@ vLLM
   labels ``model_name`` (the served model name) and ``engine`` (vllm/v1/metrics/loggers.py).
 - ``EMULATOR_WAKE_LAG_S``: seconds ``is_sleeping`` stays true after ``/wake_up`` returned (upstream's
   "the wake-up command is sent but does not finish yet when we return a response").
+- Scheduling (vLLM 0.32.0): at most ``--max-num-seqs`` requests run at once (default 128:
+  vllm/config/scheduler.py ``DEFAULT_MAX_NUM_SEQS``); the others wait. ``--scheduling-policy`` is ``fcfs`` (the
+  default: waiting requests start in arrival order) or ``priority`` (vllm/v1/core/sched/request_queue.py
+  ``PriorityRequestQueue``: the lowest ``(priority, arrival time)`` first, vllm/v1/request.py ``Request.__lt__``).
+  A request's priority is the ``X-Vllm-Priority`` header where it holds an integer, else the body's ``priority``
+  (vllm/entrypoints/generate/base/serving.py ``_get_priority``; default 0); a body ``priority`` that is not an
+  integer in the int64 range is a 400 validation error (vllm/entrypoints/openai/chat_completion/protocol.py,
+  vllm/entrypoints/serve/exception_handling/handlers/validation.py). Under ``fcfs`` the priority is read and has
+  no effect (0.32.0 no longer refuses a non-zero one; vLLM's old V0 engine did). Not modelled: preemption of a
+  running request when KV cache blocks run out (vllm/v1/core/sched/scheduler.py), which under ``priority`` takes
+  the lowest-priority one. ``EMULATOR_HOLD=1`` keeps every started request running until the test ends the
+  oldest one (``POST /emulator/step``); ``GET /emulator/calls`` lists, in start order, each request's label (its
+  last message's content), the priority it ran at and what the header and body said.
 - Start-up: the port is bound at once, but only listened on once the engine is built
   (vllm/entrypoints/openai/api_server.py: ``setup_server`` binds the socket "before the engine is set up",
   ``build_async_engine_client`` loads the model, then ``serve_http`` starts serving on that socket), so while
@@ -45,10 +58,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import socket
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -56,11 +71,41 @@ from aiohttp import web
 VLLM = "vllm.entrypoints.openai.api_server"
 SGLANG = "sglang.launch_server"
 TAGS = ("weights", "kv_cache")
+PRIORITY_HEADER = "X-Vllm-Priority"  # vllm/entrypoints/generate/base/serving.py
+INT64 = (-(2**63), 2**63 - 1)
+DEFAULT_MAX_NUM_SEQS = 128
+
+
+@dataclass(eq=False)
+class Scheduled:
+    """One request in the engine: waiting, then running until it ends."""
+
+    label: str
+    priority: int
+    arrival: int
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    said: dict[str, Any] = field(default_factory=dict)  # what the header and body said
 
 
 class Engine:
-    def __init__(self, kind: str, model: str, sleep_mode: bool, metrics: bool) -> None:
+    def __init__(
+        self,
+        kind: str,
+        model: str,
+        sleep_mode: bool,
+        metrics: bool,
+        *,
+        policy: str = "fcfs",
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+        hold: bool = False,
+    ) -> None:
         self.kind, self.model, self.sleep_mode, self.metrics = kind, model, sleep_mode, metrics
+        self.policy, self.max_num_seqs, self.hold = policy, max_num_seqs, hold
+        self.waiting: list[Scheduled] = []
+        self.running: list[Scheduled] = []
+        self.started_log: list[dict[str, Any]] = []
+        self._arrivals = itertools.count()
         self.started = time.monotonic()
         self.asleep: set[str] = set()  # memory tags asleep
         self.paused = False  # level 0: scheduling paused, memory kept (is_sleeping is true all the same)
@@ -72,6 +117,63 @@ class Engine:
 
     def is_sleeping(self) -> bool:
         return bool(self.asleep) or self.paused or time.monotonic() < self.awake_at
+
+    async def run(self, label: str, priority: int, said: dict[str, Any]) -> None:
+        """Wait for a place among the running requests (by the policy), run, end."""
+        request = Scheduled(label, priority, next(self._arrivals), said=said)
+        self.waiting.append(request)
+        self._schedule()
+        try:
+            await request.started.wait()
+            if self.hold:
+                await request.ended.wait()
+        finally:
+            if request in self.waiting:
+                self.waiting.remove(request)
+            if request in self.running:
+                self.running.remove(request)
+            self._schedule()
+
+    def _schedule(self) -> None:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            if self.policy == "priority":  # the lowest (priority, arrival) first
+                chosen = min(self.waiting, key=lambda r: (r.priority, r.arrival))
+            else:  # first come, first served
+                chosen = self.waiting[0]
+            self.waiting.remove(chosen)
+            self.running.append(chosen)
+            self.started_log.append({"label": chosen.label, "priority": chosen.priority, **chosen.said})
+            chosen.started.set()
+
+    def step(self) -> str | None:
+        """End the oldest running request (``EMULATOR_HOLD``); its label."""
+        if not self.running:
+            return None
+        oldest = self.running[0]
+        oldest.ended.set()
+        return oldest.label
+
+
+def request_priority(request: web.Request, body: dict[str, Any]) -> int | web.Response:
+    """The header's integer, else the body's (0 when neither); a body value that is no int64: vLLM's 400."""
+    raw = body.get("priority", 0)
+    if isinstance(raw, bool) or not isinstance(raw, int) or not INT64[0] <= raw <= INT64[1]:
+        error = {"message": "priority: Input should be a valid integer", "type": "BadRequestError"}
+        return web.json_response({"error": {**error, "param": "body.priority", "code": 400}}, status=400)
+    header = request.headers.get(PRIORITY_HEADER)
+    if header is not None:
+        try:
+            return int(header)
+        except ValueError:
+            pass
+    return raw
+
+
+def _label(body: dict[str, Any]) -> str:
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        return str(messages[-1].get("content", ""))
+    return str(body.get("prompt", body.get("input", "")))
 
 
 def chat_answer(engine: Engine, model: str) -> dict[str, Any]:
@@ -97,15 +199,33 @@ def build_app(engine: Engine, dev_mode: bool) -> web.Application:
         body = await request.json()
         if engine.asleep or engine.paused:  # nothing is scheduled: no weights or KV cache, or paused
             return web.json_response({"error": {"message": "engine is sleeping", "code": 503}}, status=503)
+        if engine.kind == VLLM:
+            priority = request_priority(request, body)
+            if isinstance(priority, web.Response):
+                return priority
+            said = {"header": request.headers.get(PRIORITY_HEADER), "body": body.get("priority")}
+            await engine.run(_label(body), priority, said)
         engine.completed += 1
         return web.json_response(chat_answer(engine, str(body.get("model", engine.model))))
 
     async def calls(request: web.Request) -> web.Response:
-        return web.json_response({"calls": engine.calls, "probes": engine.probes})
+        return web.json_response(
+            {
+                "calls": engine.calls,
+                "probes": engine.probes,
+                "started": engine.started_log,
+                "waiting": len(engine.waiting),
+                "running": len(engine.running),
+            }
+        )
+
+    async def step(request: web.Request) -> web.Response:
+        return web.json_response({"ended": engine.step()})
 
     r.add_get("/v1/models", models)
     r.add_post("/v1/chat/completions", chat)
     r.add_get("/emulator/calls", calls)
+    r.add_post("/emulator/step", step)
     if engine.kind == VLLM:
         add_vllm_routes(app, engine, dev_mode)
     else:
@@ -124,9 +244,9 @@ def add_vllm_routes(app: web.Application, engine: Engine, dev_mode: bool) -> Non
         labels = f'engine="0",model_name="{engine.model}"'
         text = (
             "# TYPE vllm:num_requests_running gauge\n"
-            f"vllm:num_requests_running{{{labels}}} 0.0\n"
+            f"vllm:num_requests_running{{{labels}}} {float(len(engine.running))}\n"
             "# TYPE vllm:num_requests_waiting gauge\n"
-            f"vllm:num_requests_waiting{{{labels}}} 0.0\n"
+            f"vllm:num_requests_waiting{{{labels}}} {float(len(engine.waiting))}\n"
             "# TYPE vllm:request_success_total counter\n"
             f'vllm:request_success_total{{{labels},finished_reason="stop"}} {float(engine.completed)}\n'
         )
@@ -231,8 +351,19 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--enable-sleep-mode", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--enable-metrics", action="store_true")
+    if kind == VLLM:  # vllm/engine/arg_utils.py: SchedulerConfig.policy is Literal["fcfs", "priority"]
+        parser.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
+        parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
     args, _ = parser.parse_known_args(argv[2:])  # engine flags the emulator does not model
-    engine = Engine(kind, args.served_model_name or args.model, args.enable_sleep_mode, args.enable_metrics)
+    engine = Engine(
+        kind,
+        args.served_model_name or args.model,
+        args.enable_sleep_mode,
+        args.enable_metrics,
+        policy=getattr(args, "scheduling_policy", "fcfs"),
+        max_num_seqs=getattr(args, "max_num_seqs", DEFAULT_MAX_NUM_SEQS),
+        hold=os.environ.get("EMULATOR_HOLD") == "1",
+    )
     app = build_app(engine, os.environ.get("VLLM_SERVER_DEV_MODE") == "1")
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

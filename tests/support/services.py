@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["postgres_server", "redis_server"]
+__all__ = ["RedisServer", "fresh_postgres_database", "postgres_server", "redis_server"]
 
 
 def _free_port() -> int:
@@ -76,31 +76,81 @@ def postgres_server() -> Iterator[str]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-@contextmanager
-def redis_server() -> Iterator[str]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise RuntimeError("redis-server not found: install it (scripts/test does: apt-get install redis-server)")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
+class RedisServer:
+    """Debian's redis-server on a loopback port, with nothing saved to disk; stopped and started again on the
+    same port (a restart comes back empty, as a Redis without persistence does)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server not found: install it (scripts/test does: apt-get install redis-server)")
+        self.exe = exe
+        self.port = port or _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, limit_s: float = 20) -> None:
+        """Start it and wait until it answers PING."""
+        argv = [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + limit_s
+        while not self._pong():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"redis-server did not start on port {self.port}")
+            time.sleep(0.02)
+
+    def _pong(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """Stop it (SIGTERM, then SIGKILL after 10 s); a no-op when it is not running."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@contextmanager
+def redis_server(port: int | None = None) -> Iterator[str]:
+    """A throwaway redis-server on loopback (``port``: this one, e.g. to start again where one was stopped)."""
+    server = RedisServer(port)
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+_databases = iter(range(1, 1_000_000))
+
+
+@contextmanager
+def fresh_postgres_database(server: str) -> Iterator[str]:
+    """A new, empty database on the PostgreSQL server whose URL is ``server`` (dropped afterwards)."""
+    import sqlalchemy
+
+    name = f"t{os.getpid()}_{next(_databases)}"
+    admin = sqlalchemy.create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    try:
+        yield server.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()

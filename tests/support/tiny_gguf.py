@@ -20,7 +20,9 @@ N_HEAD = 4
 N_HEAD_KV = 2
 N_FF = 128
 N_LAYER = 2
-N_CTX = 512
+# The trained context the model says it has: llama.cpp's server caps a slot's context at it ("the slot context
+# exceeds the training context of the model - capping"), and the coding-agent tests need room for their prompts.
+N_CTX = 32768
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -70,6 +72,10 @@ def write_tiny_model(path: Path, seed: int = 0, eos_logit: float = 0.0) -> Path:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(4)
     writer.add_add_bos_token(True)
+    # No "▁" before the text that follows a special token: llama.cpp feeds the chat template's generation prompt
+    # ("<|im_start|>assistant\n") to a grammar before sampling, and a space there fails every grammar
+    # (response_format, tool calls) with "Failed to initialize samplers".
+    writer.add_add_space_prefix(False)
     writer.add_chat_template(CHAT_TEMPLATE)
     writer.add_pooling_type(gguf.PoolingType.MEAN)  # one vector per input on /v1/embeddings
 

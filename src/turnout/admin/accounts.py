@@ -11,8 +11,15 @@ locked). Usage reads filter by key, endpoint, worker, model and route and answer
 
 A team-admin (the admin gate lets them in kept to their tenants, :data:`turnout.admin.keys.TEAM_SCOPE`) sees
 and manages only their tenants' keys, apps and usage: a key of another tenant is 403 ``forbidden_tenant``, and
-a key they create or change must keep ``rpm`` and ``daily_tokens`` within the tenant's ``team_ceiling``
-(``tenants.<name>.team_ceiling`` in config.json, set by an admin).
+a key they create or change must keep ``rpm``, ``daily_tokens`` and ``priority`` within the tenant's
+``team_ceiling`` (``tenants.<name>.team_ceiling`` in config.json, set by an admin; a class above the tenant's
+default class where it sets none).
+
+Every key carries its ``priority`` (its own class, null: its tenant's) and ``effective_priority`` (the class its
+requests are served at before a request header lowers it: :func:`turnout.core.priority.key_class`). A tenant's
+default class is config.json's ``tenants.<t>.priority`` where it sets one, else the one set through
+``PATCH /admin/api/tenants/{name}`` (an operator's change, audited as ``tenant.change``; refused with 409 where
+config.json sets it, since that one would win).
 """
 
 from __future__ import annotations
@@ -30,11 +37,15 @@ from turnout.admin.inputs import (
     KeyCreate,
     KeyListQuery,
     KeyRotate,
+    TenantChange,
     UsageQuery,
     parse_input,
 )
+from turnout.config import Settings
+from turnout.core.admission import Priority
+from turnout.core.priority import key_class, tenant_default
 from turnout.core.roles import team_allows, within_ceiling
-from turnout.errors import Forbidden, Unprocessable
+from turnout.errors import Conflict, Forbidden, Unprocessable
 from turnout.gateway.keys import ACCOUNTANT, AUDIT, KEYS, SETTINGS, USAGE
 from turnout.responses import json_response
 from turnout.store.keys import KeyRecord, parse_scopes
@@ -47,8 +58,13 @@ def key_etag(record: KeyRecord) -> str:
     return etag_of(record.stored_json())
 
 
-def key_view(record: KeyRecord, now: float, last_used: dict[int, float]) -> dict[str, Any]:
-    return {**record.to_json(now), "last_used": last_used.get(record.id), "etag": key_etag(record)}
+def key_view(record: KeyRecord, now: float, last_used: dict[int, float], settings: Settings) -> dict[str, Any]:
+    return {
+        **record.to_json(now),
+        "effective_priority": record.priority_class(settings.tenant_class(record.tenant)).value,
+        "last_used": last_used.get(record.id),
+        "etag": key_etag(record),
+    }
 
 
 async def _last_used(request: web.Request) -> dict[int, float]:
@@ -72,18 +88,37 @@ def _own(request: web.Request, record: KeyRecord) -> None:
         )
 
 
-def _ceiling(request: web.Request, tenant: str, rpm: int | None, daily_tokens: int | None) -> None:
-    """A team-admin's key must stay within the tenant's ceiling (``tenants.<t>.team_ceiling``)."""
+def _ceiling(
+    request: web.Request,
+    tenant: str,
+    rpm: int | None,
+    daily_tokens: int | None,
+    priority: Priority | None = None,
+    stored: Priority | None = None,
+) -> None:
+    """A team-admin's key must stay within the tenant's ceiling (``tenants.<t>.team_ceiling``); its class, at most
+    the ceiling's, else the tenant's default class (``stored``: the store's default for the tenant)."""
     if _scope(request) is None:
         return
     configured = request.app[SETTINGS].tenants.get(tenant)
+    if priority is not None:
+        most = configured.team_ceiling.priority if configured is not None else None
+        if most is None:
+            most = key_class(None, tenant_default(None if configured is None else configured.priority, stored))
+        if priority.rank < most.rank:
+            raise Forbidden(
+                f"priority must be at most {most.value} for a key of tenant {tenant!r} (its team ceiling: "
+                f"tenants.{tenant}.team_ceiling.priority, set by an admin, else the tenant's default class); "
+                f"{priority.value} is higher",
+                code="over_ceiling",
+            )
     if configured is None:
         return
     ceiling = configured.team_ceiling
-    for field, value, most in (("rpm", rpm, ceiling.rpm), ("daily_tokens", daily_tokens, ceiling.daily_tokens)):
-        if not within_ceiling(value, most):
+    for field, value, most_n in (("rpm", rpm, ceiling.rpm), ("daily_tokens", daily_tokens, ceiling.daily_tokens)):
+        if not within_ceiling(value, most_n):
             raise Forbidden(
-                f"{field} must be at most {most} for a key of tenant {tenant!r} (its team ceiling, set by an admin "
+                f"{field} must be at most {most_n} for a key of tenant {tenant!r} (its team ceiling, set by an admin "
                 f"in tenants.{tenant}.team_ceiling); {'none (unlimited)' if value is None else value} is more",
                 code="over_ceiling",
             )
@@ -101,6 +136,8 @@ def _key_check(request: web.Request, changes: dict[str, Any] | None = None) -> A
                 record.tenant,
                 changes.get("rpm", record.rpm),
                 changes.get("daily_tokens", record.daily_tokens),
+                changes.get("priority", record.priority),
+                record.tenant_priority,
             )
         check_if_match(headers, key_etag(record), f"key {record.prefix}")
 
@@ -120,13 +157,14 @@ async def list_keys(request: web.Request) -> web.Response:
     scope = _scope(request)
     picked = [r for r in records if query.matches(r, now) and team_allows(scope, r.tenant)]
     used = await _last_used(request)
-    return json_response({"keys": [key_view(r, now, used) for r in picked]})
+    settings = request.app[SETTINGS]
+    return json_response({"keys": [key_view(r, now, used, settings) for r in picked]})
 
 
 async def get_key(request: web.Request) -> web.Response:
     record = await store_call(request.app[KEYS].get, request.match_info["ref"])
     _own(request, record)
-    view = key_view(record, time.time(), await _last_used(request))
+    view = key_view(record, time.time(), await _last_used(request), request.app[SETTINGS])
     return _with_etag(view, view["etag"])
 
 
@@ -141,7 +179,7 @@ async def change_key(request: web.Request) -> web.Response:
     await audit_change(
         request, "key.change", f"key:{after.prefix}", before=before.to_json(now), after=after.to_json(now)
     )
-    view = key_view(after, now, await _last_used(request))
+    view = key_view(after, now, await _last_used(request), request.app[SETTINGS])
     return _with_etag(view, view["etag"])
 
 
@@ -154,7 +192,10 @@ async def create_key(request: web.Request) -> web.Response:
                 f"as team-admin you create keys for your tenant only: set tenant to {' or '.join(sorted(scope))}",
                 code="forbidden_tenant",
             )
-        _ceiling(request, spec.tenant, spec.rpm, spec.daily_tokens)
+        stored = None
+        if spec.priority is not None:
+            stored = await store_call(request.app[KEYS].tenant_priority, spec.tenant)
+        _ceiling(request, spec.tenant, spec.rpm, spec.daily_tokens, spec.priority_class(), stored)
     now = time.time()
     expires_at = spec.expires_at(now)
     record, plaintext = await store_call(
@@ -166,9 +207,10 @@ async def create_key(request: web.Request) -> web.Response:
         daily_tokens=spec.daily_tokens,
         expires_at=expires_at,
         now=now,
+        priority=spec.priority_class(),
     )
     await audit_change(request, "key.create", f"key:{record.prefix}", after=record.to_json(now))
-    view = key_view(record, now, {})
+    view = key_view(record, now, {}, request.app[SETTINGS])
     return _with_etag({"key": plaintext, "record": view, "note": "the key is shown only once"}, view["etag"], 201)
 
 
@@ -181,7 +223,7 @@ async def revoke_key(request: web.Request) -> web.Response:
     await audit_change(
         request, "key.revoke", f"key:{after.prefix}", before=before.to_json(now), after=after.to_json(now)
     )
-    view = key_view(after, now, await _last_used(request))
+    view = key_view(after, now, await _last_used(request), request.app[SETTINGS])
     return _with_etag(view, view["etag"])
 
 
@@ -195,11 +237,12 @@ async def rotate_key(request: web.Request) -> web.Response:
     request.app[ACCOUNTANT].forget()
     await audit_change(request, "key.rotate", f"key:{old.prefix}", before=old.to_json(now), after=new.to_json(now))
     used = await _last_used(request)
+    settings = request.app[SETTINGS]
     return json_response(
         {
             "key": plaintext,
-            "record": key_view(new, now, used),
-            "old": key_view(old, now, used),
+            "record": key_view(new, now, used, settings),
+            "old": key_view(old, now, used, settings),
             "note": "the key is shown only once; the old key works until old.expires_at",
         },
         201,
@@ -209,7 +252,45 @@ async def rotate_key(request: web.Request) -> web.Response:
 async def list_tenants(request: web.Request) -> web.Response:
     scope = _scope(request)
     found = await store_call(request.app[KEYS].tenants)
-    return json_response({"tenants": [t for t in found if team_allows(scope, t["name"])]})
+    settings = request.app[SETTINGS]
+    return json_response({"tenants": [_tenant_view(t, settings) for t in found if team_allows(scope, t["name"])]})
+
+
+def _tenant_view(tenant: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """A tenant's row with its default class: ``priority`` as set through the API, ``config_priority`` as
+    config.json sets it, ``default_priority`` the class its keys get when they set none."""
+    configured = settings.tenant_class(tenant["name"])
+    stored = None if tenant["priority"] is None else Priority(tenant["priority"])
+    return {
+        **tenant,
+        "config_priority": None if configured is None else configured.value,
+        "default_priority": key_class(None, tenant_default(configured, stored)).value,
+    }
+
+
+async def change_tenant(request: web.Request) -> web.Response:
+    """``PATCH /admin/api/tenants/{name}`` ``{"priority": "batch" | null}``: the default class of the tenant's
+    keys that set none. Refused (409) where config.json sets the tenant's class: that one applies."""
+    name = request.match_info["name"]
+    spec = parse_input(TenantChange, await read_object(request))
+    configured = request.app[SETTINGS].tenant_class(name)
+    if configured is not None:
+        raise Conflict(
+            f"tenant {name!r} has its class in config.json (tenants.{name}.priority: {configured.value}), which "
+            "applies over one set here; change it there",
+            code="set_in_config",
+        )
+    before, after = await store_call(request.app[KEYS].set_tenant_priority, name, spec.priority_class())
+    request.app[ACCOUNTANT].forget()
+    await audit_change(
+        request,
+        "tenant.change",
+        f"tenant:{name}",
+        before={"priority": None if before is None else before.value},
+        after={"priority": None if after is None else after.value},
+    )
+    found = await store_call(request.app[KEYS].tenants)
+    return json_response(next(_tenant_view(t, request.app[SETTINGS]) for t in found if t["name"] == name))
 
 
 async def list_apps(request: web.Request) -> web.Response:
@@ -236,11 +317,12 @@ async def _usage_filter(request: web.Request, query: UsageQuery) -> UsageFilter:
         model=query.model,
         route=query.route,
         key_ids=key_ids,
+        batch=query.batch,
     )
 
 
 def _filters(query: UsageQuery) -> dict[str, Any]:
-    return {n: getattr(query, n) for n in ("key", "endpoint", "worker", "model", "route")}
+    return {n: getattr(query, n) for n in ("key", "endpoint", "worker", "model", "route", "batch")}
 
 
 def _csv(rows: list[dict[str, Any]], columns: tuple[str, ...], name: str) -> web.Response:
@@ -317,6 +399,7 @@ def add_account_routes(app: web.Application) -> None:
     r.add_get("/admin/api/keys/{ref}", get_key)
     r.add_patch("/admin/api/keys/{ref}", change_key)
     r.add_get("/admin/api/tenants", list_tenants)
+    r.add_patch("/admin/api/tenants/{name}", change_tenant)
     r.add_get("/admin/api/apps", list_apps)
     r.add_post("/admin/api/keys/{ref}/revoke", revoke_key)
     r.add_post("/admin/api/keys/{ref}/rotate", rotate_key)

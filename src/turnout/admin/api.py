@@ -9,11 +9,11 @@ client changed the worker in between (:mod:`turnout.admin.concurrency`). The mat
 validates the whole answer (``If-None-Match`` -> 304); writes compare against the worker's tag only, so two
 tabs editing different workers never conflict.
 
-Every placement write is decided and written inside one transaction of the override file
-(:meth:`~turnout.state.placement_store.PlacementStore.transaction`: its lock held, the file re-read), so the
-ETag check and the change start from the last write of any process on the data dir, and no write of another
-process is lost. Each cell of the matrix is :func:`turnout.core.placement.decide`: the router's
-``resolve_placement`` and the origin of the deciding rule.
+Every placement write is decided and written inside one transaction of the overrides
+(:meth:`~turnout.state.placement_shared.SharedPlacementStore.transaction`: the override file's lock and the shared
+store's row held, the store's document re-read), so the ETag check and the change start from the last write of any
+process or replica, and no write of another is lost. Each cell of the matrix is
+:func:`turnout.core.placement.decide`: the router's ``resolve_placement`` and the origin of the deciding rule.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.keys import DISPATCHER, FLEET, PROXY
 from turnout.responses import json_response
 from turnout.state.placement_store import PlacementFileError, parse_rules_body
+from turnout.store.db import StoreError
 
 __all__ = [
     "MAX_RULES",
@@ -180,6 +181,8 @@ def _transaction(fleet: Fleet, request: web.Request, state: WorkerState) -> Iter
             yield
     except PlacementFileError as exc:
         raise Conflict(str(exc), code="placement_file_broken") from None
+    except StoreError as exc:
+        raise TurnoutError(f"the placement overrides could not be stored, nothing was changed: {exc}") from None
     except OSError as exc:
         raise TurnoutError(f"cannot write {fleet.placement.path}: {exc.strerror}") from None
 

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from turnout.admin.changes import audit_change
 from turnout.admin.inputs import parse_input
 from turnout.errors import BadRequest, Conflict, PayloadTooLarge, TurnoutError
-from turnout.gateway.keys import ACCOUNTANT, DATABASE, ENDPOINTS, FLEET, SETTINGS
+from turnout.gateway.keys import ACCOUNTANT, ALIASES, DATABASE, ENDPOINTS, FLEET, PEERS, SETTINGS
 from turnout.responses import json_response
 from turnout.state.backup import (
     BackupError,
@@ -169,11 +169,14 @@ async def restore(request: web.Request) -> web.Response:
                 raise Conflict(f"not restored, nothing was changed: {exc}", code="backup_refused") from None
             except BackupError as exc:
                 raise TurnoutError(str(exc), code="restore_failed") from None
-    # What this process can take live; the rest waits for a restart.
-    app[FLEET].placement.refresh()
+    # What this process can take live; the rest waits for a restart. The other processes and replicas take it
+    # when this answer announces the change (the restore moved the store's change version too).
     app[ACCOUNTANT].forget()
-    await asyncio.to_thread(app[DATABASE].engine.dispose)
+    async with app[PEERS].quiet():  # the pool is replaced: its connections know the tables before the restore
+        await asyncio.to_thread(app[DATABASE].engine.dispose)
+    await app[FLEET].placement.pull()
     await app[ENDPOINTS].sync()
+    await app[ALIASES].reload()
     reasons = []
     if result.config_changed:
         reasons.append("config.json changed: workers, limits and pools are read at start")
@@ -182,9 +185,9 @@ async def restore(request: web.Request) -> web.Response:
     body: dict[str, Any] = {
         **result.to_json(),
         "size": size,
-        "reloaded": ["model-placement.json", "keys", "endpoints", "claims (next controller tick)"]
+        "reloaded": ["model-placement.json", "keys", "endpoints", "aliases", "claims (next controller tick)"]
         if settings.pools is not None and settings.pools.agents
-        else ["model-placement.json", "keys", "endpoints"],
+        else ["model-placement.json", "keys", "endpoints", "aliases"],
         "restart_required": bool(reasons),
         "restart_reasons": reasons,
     }

@@ -18,7 +18,7 @@ from turnout.errors import BadRequest, Conflict, NotFound, TurnoutError
 from turnout.gateway.keys import AUDIT
 from turnout.store.db import StoreError
 from turnout.store.endpoints import EndpointExists
-from turnout.store.keys import KeyRevoked, StaleRecord
+from turnout.store.keys import KeyRevoked, StaleRecord, UnknownTenant
 
 __all__ = [
     "ADMIN_ACTOR",
@@ -56,6 +56,8 @@ async def store_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     -> 409, a row changed by another writer between check and write -> 412, other store refusals -> 400."""
     try:
         return await asyncio.to_thread(fn, *args, **kwargs)
+    except UnknownTenant as exc:
+        raise NotFound(str(exc.args[0]), code="tenant_not_found") from None
     except KeyError as exc:
         raise NotFound(str(exc.args[0]), code="unknown_key") from None
     except EndpointExists as exc:

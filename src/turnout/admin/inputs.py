@@ -40,6 +40,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from turnout.core.admission import Priority
 from turnout.core.endpoint_rules import base_url
 from turnout.core.names import model_name_problem
 from turnout.core.patterns import PatternError, parse_pattern
@@ -61,6 +62,7 @@ __all__ = [
     "MAX_URL",
     "AliasSet",
     "AuditQuery",
+    "BatchListQuery",
     "EndpointChange",
     "EndpointCreate",
     "EndpointTest",
@@ -70,6 +72,7 @@ __all__ = [
     "KeyRotate",
     "OnlyInstalled",
     "PlacementToggle",
+    "TenantChange",
     "UsageQuery",
     "check_model_names",
     "parse_input",
@@ -209,6 +212,7 @@ def _one_credential(spec: Any) -> None:
         )
 
 
+ClassName = Literal["interactive", "standard", "batch"]  # turnout.core.admission.Priority (a test checks they agree)
 ApiType = Literal["openai", "ollama"]
 NativeApi = Literal["anthropic", "responses"]  # turnout.dialects.base.NATIVE_APIS
 
@@ -256,6 +260,7 @@ class KeyCreate(_Input):
     rpm: Count | None = None
     daily_tokens: Count | None = None
     expires: TimeValue | None = None
+    priority: ClassName | None = None
 
     @model_validator(mode="after")
     def _scopes(self) -> KeyCreate:
@@ -265,20 +270,25 @@ class KeyCreate(_Input):
     def expires_at(self, now: float) -> float | None:
         return parse_when(self.expires, now, future=True, field="expires")
 
+    def priority_class(self) -> Priority | None:
+        return None if self.priority is None else Priority(self.priority)
+
 
 class KeyChange(_Input):
     """``PATCH /admin/api/keys/{ref}`` and ``turnout key edit``: only the fields given change; ``null``
-    removes a limit (``rpm``, ``daily_tokens``) or the expiry (``expires``)."""
+    removes a limit (``rpm``, ``daily_tokens``), the expiry (``expires``) or the key's own class (``priority``:
+    its tenant's default applies)."""
 
     models: Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_SCOPES)] | None = None
     rpm: Count | None = None
     daily_tokens: Count | None = None
     expires: TimeValue | None = None
+    priority: ClassName | None = None
 
     @model_validator(mode="after")
     def _check(self) -> KeyChange:
         if not self.model_fields_set:
-            raise _FieldProblem("nothing to change: give models, rpm, daily_tokens or expires", "")
+            raise _FieldProblem("nothing to change: give models, rpm, daily_tokens, expires or priority", "")
         if "models" in self.model_fields_set and self.models is None:
             raise _FieldProblem('"models" cannot be removed; give ["*"] for every model', "models")
         _check_scopes(self.models)
@@ -292,9 +302,20 @@ class KeyChange(_Input):
         for name in ("rpm", "daily_tokens"):
             if name in self.model_fields_set:
                 out[name] = getattr(self, name)
+        if "priority" in self.model_fields_set:
+            out["priority"] = None if self.priority is None else Priority(self.priority)
         if "expires" in self.model_fields_set:
             out["expires_at"] = parse_when(self.expires, now, future=True, field="expires")
         return out
+
+
+class TenantChange(_Input):
+    """``PATCH /admin/api/tenants/{name}``: the default class of the tenant's keys (``null``: none set here)."""
+
+    priority: ClassName | None  # required: null removes the default set here
+
+    def priority_class(self) -> Priority | None:
+        return None if self.priority is None else Priority(self.priority)
 
 
 class KeyListQuery(_Query):
@@ -333,11 +354,12 @@ class UsageQuery(_Query):
     worker: Annotated[StrictStr, Field(min_length=1, max_length=128)] | None = None
     model: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
     route: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
+    batch: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None  # a Batch API batch's lines
     format: Literal["json", "csv"] = "json"
 
     @model_validator(mode="after")
     def _texts(self) -> UsageQuery:
-        for name in ("endpoint", "worker", "model", "route"):
+        for name in ("endpoint", "worker", "model", "route", "batch"):
             value = getattr(self, name)
             if value is not None and text_problem(value) is not None:
                 raise _FieldProblem(f'"{name}" {text_problem(value)}', name)
@@ -368,6 +390,17 @@ class AuditQuery(_Query):
 
     def until_ts(self, now: float) -> float | None:
         return parse_when(self.until, now, field="until")
+
+
+class BatchListQuery(_Query):
+    """``GET /admin/api/batches`` and ``turnout batch list``: filters (combined with AND), the newest first."""
+
+    app: Name | None = None
+    status: (
+        Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"]
+        | None
+    ) = None
+    limit: Annotated[int, BeforeValidator(_whole_number), Field(ge=1, le=1000)] = 100
 
 
 class EndpointCreate(_Input):

@@ -4,6 +4,7 @@
 - :mod:`.workers`: ``worker add|list|remove`` (the config file's workers)
 - :mod:`.endpoints`: ``endpoint ...`` (external endpoints)
 - :mod:`.accounts`: ``key ...``, ``usage``, ``audit``
+- :mod:`.batches`: ``batch list|show|cancel`` (the OpenAI Batch API's batches)
 - :mod:`.aliases`: ``alias list|set|remove`` (model aliases)
 - :mod:`.backup`: ``backup create|restore``
 - :mod:`.claims`: ``claim ...``, ``controller``, ``operator``
@@ -31,7 +32,7 @@ from turnout import __version__
 __all__ = ["COMMANDS", "GROUPS", "app", "build", "main"]
 
 # The modules that register commands, in the order `turnout --help` lists them (serve first).
-GROUPS = ("gateway", "agent", "claims", "workers", "endpoints", "aliases", "accounts", "backup", "login")
+GROUPS = ("gateway", "agent", "claims", "workers", "endpoints", "aliases", "accounts", "batches", "backup", "login")
 # Each top-level command, and the module of GROUPS that registers it (tests/test_cli_help.py checks them).
 COMMANDS = {
     "serve": "gateway",
@@ -46,6 +47,7 @@ COMMANDS = {
     "key": "accounts",
     "usage": "accounts",
     "audit": "accounts",
+    "batch": "batches",
     "backup": "backup",
     "login": "login",
     "logout": "login",

@@ -41,6 +41,7 @@ from turnout.store.bounds import MAX_AUDIT_ENTRIES
 
 if TYPE_CHECKING:
     from turnout.config import Settings
+    from turnout.store.keys import KeyRecord
 
 # The store stack (SQLAlchemy, the admin input models) is imported inside the commands, so that
 # `turnout --help` does not pay for it, nor a command that talks to a running gateway.
@@ -69,6 +70,9 @@ def key_create(
     rpm: Annotated[int | None, typer.Option(min=1, help="requests per minute")] = None,
     daily_tokens: Annotated[int | None, typer.Option(min=1, help="tokens per UTC day")] = None,
     expires: Annotated[str | None, typer.Option(help="2026-12-31, an ISO time, or a duration such as 30d")] = None,
+    priority: Annotated[
+        str | None, typer.Option(help="priority class: interactive, standard or batch (default: the tenant's)")
+    ] = None,
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Create a key; it is printed once and only its hash is stored."""
@@ -82,6 +86,7 @@ def key_create(
         "rpm": rpm,
         "daily_tokens": daily_tokens,
         "expires": expires or None,
+        "priority": priority,
     }
     with cli_input():
         spec = parse_input(KeyCreate, body)
@@ -104,11 +109,25 @@ def key_create(
                 daily_tokens=spec.daily_tokens,
                 expires_at=expires_at,
                 now=now,
+                priority=spec.priority_class(),
             )
             cli_audit(db, action="key.create", target=f"key:{record.prefix}", after=record.to_json(now), now=now)
-        view = record.to_json(now)
+        view = _view(record, now, settings)
     typer.echo(plaintext)
-    typer.echo(f"key {view['prefix']} for app {view['app']} (tenant {view['tenant']}); shown only once", err=True)
+    typer.echo(
+        f"key {view['prefix']} for app {view['app']} (tenant {view['tenant']}, priority "
+        f"{view['effective_priority']}); shown only once",
+        err=True,
+    )
+
+
+def _view(record: KeyRecord, now: float, settings: Settings, used: dict[int, float] | None = None) -> dict[str, Any]:
+    """A key as the admin API shows it, read from the store (its class with the config's tenant default)."""
+    served_at = record.priority_class(settings.tenant_class(record.tenant))
+    view = {**record.to_json(now), "effective_priority": served_at.value}
+    if used is not None:
+        view["last_used"] = used.get(record.id)
+    return view
 
 
 @key_app.command("list")
@@ -140,7 +159,7 @@ def key_list(
         with open_store(settings) as (_, db):
             records = KeyStore(db).all()
             used = UsageStore(db).last_used()
-        views = [{**r.to_json(now), "last_used": used.get(r.id)} for r in records if query.matches(r, now)]
+        views = [_view(r, now, settings, used) for r in records if query.matches(r, now)]
     if as_json:
         echo_json(views)
         return
@@ -148,12 +167,13 @@ def key_list(
 
 
 def key_table(views: list[dict[str, Any]]) -> list[str]:
-    """One row per key; UNTIL is a rotated key's grace end, else its expiry. TENANT and LIMITS appear only
-    when some key has them (so the usual table fits 80 columns)."""
+    """One row per key; UNTIL is a rotated key's grace end, else its expiry. TENANT, LIMITS and CLASS (the
+    priority class its requests get) appear only when some key has them (so the usual table fits 80 columns)."""
     tenants = any(v["tenant"] != "default" for v in views)
     limited = any(v.get("rpm") or v.get("daily_tokens") for v in views)
+    classes = any(v.get("effective_priority", "standard") != "standard" for v in views)
     headers = ["ID", "PREFIX", "APP", *(["TENANT"] if tenants else []), "STATE", "UNTIL", "LAST USED"]
-    headers += [*(["LIMITS"] if limited else []), "MODELS"]
+    headers += [*(["LIMITS"] if limited else []), *(["CLASS"] if classes else []), "MODELS"]
     rows = []
     for v in views:
         until = v.get("grace_until") if v["state"] == "in_grace" else v.get("expires_at")
@@ -171,6 +191,7 @@ def key_table(views: list[dict[str, Any]]) -> list[str]:
                 local_time(until, seconds=False) if until else "-",
                 local_time(v.get("last_used"), seconds=False),
                 *([", ".join(x for x in limits if x) or "-"] if limited else []),
+                *([v.get("effective_priority", "standard")] if classes else []),
                 ",".join(m.removeprefix("model:") for m in v["models"]),
             ]
         )
@@ -184,9 +205,14 @@ def key_edit(
     rpm: Annotated[str | None, typer.Option(help="requests per minute; 'none' removes the limit")] = None,
     daily_tokens: Annotated[str | None, typer.Option(help="tokens per UTC day; 'none' removes the limit")] = None,
     expires: Annotated[str | None, typer.Option(help="2026-12-31, an ISO time, 30d ...; 'never' removes it")] = None,
+    priority: Annotated[
+        str | None,
+        typer.Option(help="interactive, standard or batch; 'default' removes the key's own (its tenant's applies)"),
+    ] = None,
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
-    """Change a key's scopes and limits (PATCH /admin/api/keys/{ref}); only the options given change."""
+    """Change a key's scopes, limits and priority class (PATCH /admin/api/keys/{ref}); only the options given
+    change."""
     from turnout.admin.inputs import KeyChange, parse_input
 
     body: dict[str, object] = {}
@@ -197,6 +223,8 @@ def key_edit(
             body[name] = None if value.lower() == "none" else _count(value, name)
     if expires is not None:
         body["expires"] = None if expires.lower() == "never" else expires
+    if priority is not None:
+        body["priority"] = None if priority.lower() == "default" else priority
     now = time.time()
     with cli_input():
         changes = parse_input(KeyChange, body).changes(now)
@@ -211,7 +239,7 @@ def key_edit(
     with open_store(settings) as (_, db):
         before, after = KeyStore(db).update(ref, now=now, **changes)
         cli_audit_key(db, "key.change", before, after, now)
-    echo_json(after.to_json(now))
+    echo_json(_view(after, now, settings))
 
 
 def _count(value: str, name: str) -> int | str:
@@ -295,6 +323,7 @@ def usage(
     worker: Annotated[str | None, typer.Option(help="the worker that served the requests")] = None,
     model: Annotated[str | None, typer.Option(help="the model served (an alias counts as its model)")] = None,
     route: Annotated[str | None, typer.Option(help="the client API route, e.g. openai:chat")] = None,
+    batch: Annotated[str | None, typer.Option(help="only the lines of this Batch API batch (batch_...)")] = None,
     series: Annotated[bool, typer.Option("--series", help="one point per bucket (totals, as charted)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
     output_format: Annotated[str | None, typer.Option("--format", help="table (default), json or csv")] = None,
@@ -317,6 +346,7 @@ def usage(
         "worker": worker,
         "model": model,
         "route": route,
+        "batch": batch,
     }
     with cli_input():
         query = parse_input(UsageQuery, {**given, "format": "csv" if shape == "csv" else "json"})
@@ -352,7 +382,12 @@ def _usage_on_store(
     with open_store(settings) as (_, db):
         key_id = KeyStore(db).get(query.key).id if query.key else None
         where = UsageFilter(
-            key_id=key_id, endpoint=query.endpoint, worker=query.worker, model=query.model, route=query.route
+            key_id=key_id,
+            endpoint=query.endpoint,
+            worker=query.worker,
+            model=query.model,
+            route=query.route,
+            batch=query.batch,
         )
         store = UsageStore(db)
         try:

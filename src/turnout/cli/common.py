@@ -210,10 +210,22 @@ def open_store(config: Path | Settings) -> Iterator[tuple[Settings, Database]]:
 
 
 def cli_audit(db: Database, **entry: Any) -> None:
-    """Append an audit entry made from the command line (actor ``cli:<user>``)."""
+    """Append an audit entry made from the command line (actor ``cli:<user>``), for a change written to the store
+    while no gateway answered; and tell the gateway replicas sharing the store (its change version), so that
+    they re-read it within a second rather than at their next refresh."""
     from turnout.store.audit import AuditLog
+    from turnout.store.db import StoreError
+    from turnout.store.shared_state import SharedState
 
     AuditLog(db).record(actor=cli_actor(), **entry)
+    try:
+        SharedState(db).bump_changes(now=time.time())
+    except StoreError as exc:
+        typer.echo(
+            f"turnout: the change was made, but gateway replicas could not be told through the store ({exc}): they "
+            "take it at their next refresh",
+            err=True,
+        )
 
 
 def cli_audit_key(db: Database, action: str, before: Any, after: Any, now: float) -> None:

@@ -304,12 +304,11 @@ def _serve_processes(
     """`serve --workers N`: the supervisor's side (turnout.gateway.processes says how it works)."""
     from turnout.gateway import processes, server
     from turnout.gateway.shared_limits import LimitKeeper
+    from turnout.gateway.supervised import OccupancyKeeper
     from turnout.wiring import create_app
 
     def serve_one(index: int, report: Any, limits: Any) -> None:
-        application = create_app(
-            processes.split_caps(settings, index, count), admin_token=token, processes=count, limits=limits
-        )
+        application = create_app(settings, admin_token=token, processes=count, limits=limits)
         drained = server.run(
             application,
             groups[index],
@@ -320,12 +319,21 @@ def _serve_processes(
         )
         report(f"done {drained.in_flight} {drained.closed}")
 
+    # limits, the requests in flight, the wait queue and the prefix indexes (unless Redis keeps them) are kept by the
+    # supervisor for every process
+    keeper = LimitKeeper()
+    if not settings.storage.redis_url:
+        keeper.occupancy = OccupancyKeeper(
+            keeper.send,
+            tenant_caps={name: tenant.max_concurrent for name, tenant in settings.tenants.items()},
+            blocks=settings.routing.prefix_max_blocks,
+            ttl_s=settings.routing.prefix_ttl_s,
+        )
     supervisor = processes.Supervisor(
         count,
         groups,
         serve_one,
-        # limits (unless Redis counts them) and the prefix indexes' records go through the supervisor
-        keeper=LimitKeeper(),
+        keeper=keeper,
         on_ready=lambda: typer.echo(serving),
         on_stopping=lambda: typer.echo(
             f"turnout: stopping {count} gateway processes; requests in flight get up to {drain_timeout:g} s to finish"

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from turnout.controller.agents import Activity, AgentClient
 from turnout.controller.local import LocalController
 from turnout.controller.status import bound_pod, phase_of
-from turnout.core.claims import ClaimPhase
+from turnout.core.claims import ClaimPhase, schedules_by_priority
 from turnout.core.reconcile import parse_route
 
 __all__ = ["ClaimSource", "ClaimView", "LocalSource", "WakeTarget", "effective_phase", "sleeping_engine"]
@@ -23,6 +23,7 @@ class ClaimView:
     phase: ClaimPhase
     route: tuple[str, int] | None  # (address, port) while the routing annotation has a port
     placed: bool  # bound to a pod (a claim no pod can take stays Scheduling with none)
+    priority_scheduling: bool = False  # its engine schedules by each request's priority (vLLM's args say so)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,8 @@ class LocalSource:
             _, state = parse_route(self.controller.annotation(claim))
             phase = effective_phase(phase, state, route is not None)
             where = None if route is None else (route[0].address, route[1])
-            out.append(ClaimView(claim, model, phase, where, bound_pod(status) is not None))
+            ranked = schedules_by_priority(claim, doc.get("spec"))
+            out.append(ClaimView(claim, model, phase, where, bound_pod(status) is not None, ranked))
         return out
 
     async def wake_target(self, key: str) -> WakeTarget | None:

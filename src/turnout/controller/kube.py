@@ -45,7 +45,15 @@ from turnout.controller.claim_sources import ClaimView, WakeTarget, effective_ph
 from turnout.controller.metrics import ControllerMetrics
 from turnout.controller.policy import PolicyRunner, PoolTarget
 from turnout.controller.status import bound_pod, now_iso, phase_of, rejection, render_status
-from turnout.core.claims import POOL_LABEL, ClaimPhase, ClaimSpec, InvalidClaim, candidates, parse_claim_spec
+from turnout.core.claims import (
+    POOL_LABEL,
+    ClaimPhase,
+    ClaimSpec,
+    InvalidClaim,
+    candidates,
+    parse_claim_spec,
+    schedules_by_priority,
+)
 from turnout.core.poolpolicy import PolicyError, parse_pool_policy
 from turnout.core.reconcile import (
     ANNOTATION_PREFIX,
@@ -528,7 +536,8 @@ class KubeRoutes:
                 ip = (pod.get("status") or {}).get("podIP")
                 route = (ip, port) if port and ip else None
                 phase = effective_phase(phase, state, route is not None)
-            views.append(ClaimView(key, model, phase, route, bound_pod(status) is not None))
+            ranked = schedules_by_priority(meta["name"], claim.get("spec"))
+            views.append(ClaimView(key, model, phase, route, bound_pod(status) is not None, ranked))
         self._views, self._bound = views, bound
 
     def views(self) -> list[ClaimView]:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from turnout.core.engine_args import EngineArgs, InvalidEngineArgs, judge_engine_args
+from turnout.core.engine_args import schedules_by_priority as _args_schedule_by_priority
 from turnout.core.runtime import ENGINES, artifact_problem
 from turnout.core.selectors import InvalidSelector, LabelSelector, parse_label_selector
 
@@ -23,6 +25,7 @@ __all__ = [
     "candidates",
     "parse_claim_spec",
     "rank_pods",
+    "schedules_by_priority",
 ]
 
 POOL_LABEL = "pool.aibrix.ai/enabled"
@@ -53,23 +56,15 @@ class ClaimSpec:
 
     @property
     def parallel_gpus(self) -> int:
-        """GPUs one replica needs: tensor x pipeline parallel size."""
-        return _int_arg(self.args, "--tensor-parallel-size", "-tp") * _int_arg(
-            self.args, "--pipeline-parallel-size", "-pp"
-        )
+        """GPUs one replica needs: tensor x pipeline parallel size, in whatever spelling the engine takes."""
+        return _judged_args(self.engine, self.args).gpus
 
 
-def _int_arg(args: Mapping[str, str], *names: str) -> int:
-    for name in names:
-        if name in args:
-            try:
-                value = int(args[name])
-            except ValueError:
-                raise InvalidClaim(f"engineConfig.args[{name}] must be an integer, got {args[name]!r}") from None
-            if value < 1:
-                raise InvalidClaim(f"engineConfig.args[{name}] must be at least 1")
-            return value
-    return 1
+def _judged_args(engine: str, args: Mapping[str, str]) -> EngineArgs:
+    try:
+        return judge_engine_args(engine, args)
+    except InvalidEngineArgs as exc:
+        raise InvalidClaim(str(exc)) from None
 
 
 def parse_claim_spec(name: str, spec: Any) -> ClaimSpec:
@@ -102,14 +97,18 @@ def parse_claim_spec(name: str, spec: Any) -> ClaimSpec:
         args = {k: "" if v is None else v for k, v in args.items()}
     if not isinstance(args, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in args.items()):
         raise InvalidClaim('spec.engineConfig.args must be a map of strings ("" for a boolean flag)')
-    if "--gpu-memory-utilization" in args:
-        raise InvalidClaim("--gpu-memory-utilization is not allowed: the pool shares GPU memory through kvcached")
-    dp = args.get("--data-parallel-size", "1")
-    if dp != "1":
-        raise InvalidClaim(f"--data-parallel-size must be 1 (got {dp}); use one claim per replica")
-    claim = ClaimSpec(model, selector, artifact, engine, 1, dict(args))
-    _ = claim.parallel_gpus  # validates the parallel sizes
-    return claim
+    _judged_args(engine, args)  # every rule on the args, in every spelling the engine takes
+    return ClaimSpec(model, selector, artifact, engine, 1, dict(args))
+
+
+def schedules_by_priority(name: str, spec: Any) -> bool:
+    """Whether the engine of a claim with ``spec`` schedules by each request's priority (vLLM's
+    ``--scheduling-policy priority`` in its args); False for a spec that is not a valid claim."""
+    try:
+        claim = parse_claim_spec(name, spec)
+    except InvalidClaim:
+        return False
+    return _args_schedule_by_priority(claim.engine, claim.args)
 
 
 @dataclass(frozen=True, slots=True)

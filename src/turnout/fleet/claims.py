@@ -165,14 +165,6 @@ class ClaimBindings:
             if state.claim is not None:  # keep the count going across re-binds
                 self._completed[state.claim] = self._completed.get(state.claim, 0) + state.completed
 
-    def gate(self, model: str) -> None:
-        """Raise the 503 for a claimed model that is not routable (after starting a wake when it sleeps)."""
-        if model in self.fleet.bindings:
-            return
-        refusal = self.refusal(model, unreachable=True)  # claimed, yet no route: a transition
-        if refusal is not None:
-            raise refusal
-
     def claimed(self, model: str) -> bool:
         return model in self.phases
 

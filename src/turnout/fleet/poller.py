@@ -25,21 +25,29 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from turnout.config import WorkerType
 from turnout.core.engines import BATCHING, FAMILIES, family_of, queue_gauges, read_gauges, slots_from_props
-from turnout.core.health import Event, ProbeResult, failure_reason, probe_event, probe_policy, should_probe
+from turnout.core.health import (
+    Event,
+    ProbePolicy,
+    ProbeResult,
+    failure_reason,
+    probe_event,
+    probe_policy,
+    should_probe,
+)
 from turnout.core.parallelism import Parallelism, Source, engine_capacity
 from turnout.core.signals import gpu_from_samples, vram_pressure_from_ps
 from turnout.errors import UpstreamError
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.upstream.client import ConnectFailed, UpstreamClient
 
-__all__ = ["Poller", "apply_openai_models", "apply_tags"]
+__all__ = ["Poller", "Probes", "apply_openai_models", "apply_tags"]
 
 log = logging.getLogger("turnout.fleet")
 
@@ -71,6 +79,17 @@ class _Reply:
             raise UpstreamError(f"{label}: {path} did not return JSON") from None
 
 
+class Probes(Protocol):
+    """Gateway replicas that probe together (:class:`turnout.gateway.redis_fleet.SharedProbes`): one at a time per
+    worker, the others taking what it found."""
+
+    async def may_probe(self, state: WorkerState, idle_only: bool) -> bool: ...
+
+    async def share(self, state: WorkerState) -> None: ...
+
+    async def adopt(self, state: WorkerState, now: float) -> bool: ...
+
+
 class Poller:
     def __init__(
         self,
@@ -83,6 +102,7 @@ class Poller:
         self.client = client
         self.on_change = on_change
         self.clock = clock  # the proxy's record_* calls use the same clock
+        self.probes: Probes | None = None  # with other replicas: who probes which worker (None: this one, all)
         self._task: asyncio.Task[None] | None = None
 
     async def poll_all(self) -> None:
@@ -108,23 +128,37 @@ class Poller:
             now=started,
             interval_s=health.interval_s,
         )
+        shared = self.probes
+        # another replica probes it now: what it found (nothing yet, as this one starts: its own look, once)
+        if (
+            probe
+            and shared is not None
+            and not await shared.may_probe(state, policy is ProbePolicy.IDLE_ONLY)
+            and (await shared.adopt(state, self.clock()) or state.checked)
+        ):
+            probe = False
         if probe:
-            reply = await self._get(state, "/api/version" if ollama else "/v1/models")
-            event = probe_event(
-                reply.result, started=started, last_progress=state.last_progress, window_s=health.timeout_s
-            )
-            if event is None:
-                log.debug("%s: probe %s while requests progress; not counted", cfg.name, reply.result.value)
-            else:
-                state.record(event, reply.error, None if event is Event.ALIVE else reply.reason)
-            if reply.result is ProbeResult.ANSWERED:
-                if ollama:
-                    await self._ollama_inventory(state)
-                else:
-                    self._inventory(state, reply, "/v1/models", apply_openai_models)
-                    await self._engine(state)
+            await self._probe(state, ollama, started)
+            if shared is not None:
+                await shared.share(state)
         if cfg.metrics_url is not None:
             await self._scrape_gpu(state, str(cfg.metrics_url), health.timeout_s)
+
+    async def _probe(self, state: WorkerState, ollama: bool, started: float) -> None:
+        """Liveness, then inventory and what the engine says of itself."""
+        window_s = self.fleet.settings.health.timeout_s
+        reply = await self._get(state, "/api/version" if ollama else "/v1/models")
+        event = probe_event(reply.result, started=started, last_progress=state.last_progress, window_s=window_s)
+        if event is None:
+            log.debug("%s: probe %s while requests progress; not counted", state.name, reply.result.value)
+        else:
+            state.record(event, reply.error, None if event is Event.ALIVE else reply.reason)
+        if reply.result is ProbeResult.ANSWERED:
+            if ollama:
+                await self._ollama_inventory(state)
+            else:
+                self._inventory(state, reply, "/v1/models", apply_openai_models)
+                await self._engine(state)
 
     async def _get(self, state: WorkerState, path: str) -> _Reply:
         url = f"{state.base_url}{path}"

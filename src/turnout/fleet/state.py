@@ -34,12 +34,12 @@ from turnout.core.parallelism import Evidence, Parallelism, Span, depth, effecti
 from turnout.core.placement import PlacementRules
 from turnout.core.prefix import BYTES_PER_TOKEN, Match, PrefixIndex, Prompt
 from turnout.core.routing import WorkerView
-from turnout.core.signals import Sample, smooth, speeds
+from turnout.core.signals import Sample, pool, smooth, speeds
 from turnout.dialects.base import WorkerAPI
 from turnout.state.placement_store import PlacementStore
 from turnout.upstream.http1 import DialGuard
 
-__all__ = ["External", "Fleet", "Learned", "WorkerState"]
+__all__ = ["MAX_SESSIONS", "External", "Fleet", "Learned", "WorkerState"]
 
 log = logging.getLogger("turnout.fleet")
 
@@ -79,6 +79,10 @@ class Learned:
     # what it has shown of its parallelism, and its last answers' spans (those that ran together show it)
     parallel: Evidence = field(default_factory=Evidence)
     spans: deque[Span] = field(default_factory=lambda: deque(maxlen=RECENT_SPANS))
+    # the other gateway replicas' figures for it (pooled: prefill, its answers, decode, its answers, service), and
+    # when they were read (monotonic; see turnout.gateway.redis_fleet)
+    peers: tuple[float | None, int, float | None, int, float | None] | None = None
+    peers_at: float = 0.0
 
     def learn(self, sample: Sample, now: float, ttl_s: float) -> None:
         """Fold one answer in: each rate it teaches smoothed into the fresh figure, or replacing a stale one."""
@@ -95,6 +99,18 @@ class Learned:
         if learned.service_s is not None:
             service = self.service if self.service_at >= limit else None
             self.service, self.service_at = smooth(service, learned.service_s), now
+
+    def pooled(self, now: float, ttl_s: float) -> tuple[float | None, int, float | None, int, float | None]:
+        """(prefill, its answers, decode, its answers, service): this process's fresh figures pooled with the other
+        replicas' (:func:`turnout.core.signals.pool`) while theirs are fresh."""
+        prefill, decode, service = self.fresh(now, ttl_s)
+        own = (prefill, self.prefill_n if prefill is not None else 0, decode, self.decode_n if decode else 0, service)
+        peers = self.peers
+        if peers is None or now - self.peers_at > ttl_s:
+            return own
+        prefill, prefill_n = pool([(own[0], own[1]), (peers[0], peers[1])])
+        decode, decode_n = pool([(own[2], own[3]), (peers[2], peers[3])])
+        return prefill, prefill_n, decode, decode_n, service if service is not None else peers[4]
 
     def fresh(self, now: float, ttl_s: float) -> tuple[float | None, float | None, float | None]:
         """(prefill, decode, service) learned within ``ttl_s`` of ``now``; None where older or never learned."""
@@ -114,6 +130,7 @@ class WorkerState:
     last_error: str | None = None
     down_reason: str | None = None  # the last counted failure in a few words (``connection refused``)
     credential_rejected: int | None = None  # the HTTP status of its credential's last rejection (until a success)
+    healthy_at: float | None = None  # monotonic time it was last seen healthy (a probe or an answer)
     failures: int = 0  # consecutive probe failures that counted
     request_failures: int = 0  # consecutive proxied requests that broke before any answer
     failures_to_down: int = 1  # health.failures_to_down (set by the fleet)
@@ -388,6 +405,8 @@ class WorkerState:
             self.down_reason = reason
         elif self.healthy:
             self.down_reason = None
+        if self.healthy:
+            self.healthy_at = time.monotonic()
         if known and not was and self.healthy:
             self.restarted()
         self._log_change(was, known, before, error)
@@ -516,7 +535,9 @@ class Fleet:
             )
             if choice:
                 learned = state.learned.get(model)
-                prefill, decode, service = (None, None, None) if learned is None else learned.fresh(now, ttl_s)
+                prefill, prefill_n, decode, decode_n, service = (
+                    (None, 0, None, 0, None) if learned is None else learned.pooled(now, ttl_s)
+                )
                 # a batching engine (no slots) keeps a shared cache; the others one prompt per slot
                 match = None
                 if prompt is not None:
@@ -527,8 +548,8 @@ class Fleet:
                     busy_s=now - state.sent_at[0] if state.sent_at else 0.0,
                     prefill_rate=prefill,
                     decode_rate=decode,
-                    prefill_samples=0 if learned is None else learned.prefill_n,
-                    decode_samples=0 if learned is None else learned.decode_n,
+                    prefill_samples=prefill_n,
+                    decode_samples=decode_n,
                     service_s=service,
                     backlog_s=state.backlog_s,
                     ranked=state.ranked_in_flight,

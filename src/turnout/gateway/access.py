@@ -3,20 +3,23 @@
 Text (``turnout serve``, the default; ``--no-access-log`` or ``logging.access_log: false`` turns it off)::
 
     127.0.0.1 "POST /v1/chat/completions HTTP/1.1" 200 1432 0.532s key=tk_AbCdEfG app=starter \
-api=openai:chat model=llama3 worker=w1 tokens=12+30 route="prefix 0.83" queue=0.1ms upstream=0.3ms ttft=512.3ms
+api=openai:chat model=llama3 worker=w1 tokens=12+30 route="prefix 0.83" priority=standard \
+queue=0.1ms upstream=0.3ms ttft=512.3ms
 
 ``route`` says why the request went to that worker (:attr:`turnout.core.routing.Route.why`: ``prefix 0.83``,
 ``session``, ``history 0.70``, ``load guard``, ``least expected time``, ``only candidate``).
 A request that named a model alias has ``model=`` the model served and ``alias=`` the name it asked for.
+``priority`` is the class an inference call was served at (:mod:`turnout.core.priority`: its key's class, or the
+lower one its ``X-Turnout-Priority`` header asked for).
 ``queue``, ``hold``, ``upstream`` and ``ttft`` say where its time went, in milliseconds, for each phase it went
 through (:mod:`turnout.gateway.timing`; the seconds after the status and size are its total).
 With ``--log-format json`` the same facts are fields of the record's JSON object (``remote``, ``method``,
 ``path``, ``status``, ``bytes``, ``latency_ms``, ``key``, ``app``, ``api``, ``model``, ``worker``,
-``prompt_tokens``, ``completion_tokens``, ``route``, ``error``, ``fallback_from``, ``alias`` (the model alias the
-client named), ``queue_ms``, ``hold_ms``, ``upstream_ms``, ``ttft_ms``, ``dropped_tools``: the hosted tools of a
-Responses request that its worker cannot run, as the answer's ``X-Turnout-Dropped-Tools`` header says). ``key`` is
-the key's display prefix (``turnout key list`` shows the same), never the key; no request header is ever written
-and secret-looking query values are redacted.
+``prompt_tokens``, ``completion_tokens``, ``route``, ``priority``, ``error``, ``fallback_from``, ``alias`` (the model
+alias the client named), ``queue_ms``, ``hold_ms``, ``upstream_ms``, ``ttft_ms``, ``dropped_tools``: the hosted
+tools of a Responses request that its worker cannot run, as the answer's ``X-Turnout-Dropped-Tools`` header says).
+``key`` is the key's display prefix (``turnout key list`` shows the same), never the key; no request header is ever
+written and secret-looking query values are redacted.
 
 The request path stays cheap: handlers only hang what they already hold on the request (:data:`CALLER`, the
 usage row as :data:`USAGE_ROW`) and error responses their code (:data:`ERROR_CODE`); the line is built here,
@@ -40,10 +43,11 @@ from turnout.redaction import SECRETS, Redacted, redact, redact_target
 from turnout.responses import ERROR_CODE
 
 if TYPE_CHECKING:
+    from turnout.core.priority import Chosen
     from turnout.store.keys import KeyRecord
     from turnout.store.usage import UsageRow
 
-__all__ = ["CALLER", "ERROR_CODE", "REQUEST_ID", "ROUTE", "USAGE_ROW", "AccessLog"]
+__all__ = ["CALLER", "ERROR_CODE", "PRIORITY", "REQUEST_ID", "ROUTE", "USAGE_ROW", "AccessLog"]
 
 # The caller's key (None: open access without one), set once the request is authenticated.
 CALLER: web.RequestKey[KeyRecord | None] = web.RequestKey("access_caller")
@@ -53,6 +57,8 @@ USAGE_ROW: web.RequestKey[UsageRow] = web.RequestKey("access_usage")
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
 # Why the proxy sent it to its worker (``prefix 0.83``, ``load guard``...), set when a worker was chosen.
 ROUTE: web.RequestKey[str] = web.RequestKey("access_route")
+# The priority class an inference call is served at (and what its header asked), decided once its key is known.
+PRIORITY: web.RequestKey[Chosen] = web.RequestKey("access_priority")
 
 _PHASE_FIELDS = {"queue": "queue_ms", "hold": "hold_ms", "upstream": "upstream_ms", "ttft": "ttft_ms"}
 
@@ -174,6 +180,10 @@ class AccessLog(AbstractAccessLogger):
             if dropped is not None:
                 fields["dropped_tools"] = dropped
                 line += f" dropped_tools={_value(dropped)}"
+        chosen = request.get(PRIORITY)
+        if chosen is not None:
+            fields["priority"] = chosen.priority.value
+            line += f" priority={chosen.priority.value}"
         phases = request.get(PHASES)
         if phases is not None:  # where its time went: queue, hold, upstream, ttft (total: the seconds above)
             for name, seconds in phases.told():

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from turnout.config import Settings
+from turnout.core.batches import line_limits
 from turnout.core.limits import Decision, completion_budget, learn_bytes_per_token, prompt_estimate
 from turnout.dialects.base import Call
 from turnout.errors import Forbidden, TurnoutError, Unauthorized
@@ -247,13 +248,17 @@ class Accountant:
             )
 
     # -- limits and usage --------------------------------------------------------------------------
-    def subjects(self, key: KeyRecord | None) -> list[Subject]:
+    def subjects(self, key: KeyRecord | None, *, batch: bool = False) -> list[Subject]:
+        """The limits a request of ``key`` counts against; ``batch``: a Batch API line's, which count against the
+        daily token budgets and never the rates (:func:`turnout.core.batches.line_limits`)."""
         if key is None or (key.rpm is None and key.daily_tokens is None and key.tenant not in self.settings.tenants):
             return []  # the common case, kept cheap: it runs on every request
         out = [Subject.of_key(key)]
         tenant = self.settings.tenants.get(key.tenant)
         if tenant is not None:
             out.append(Subject(f"t:{key.tenant}", tenant.rpm, tenant.daily_tokens, f'tenant "{key.tenant}": '))
+        if batch:
+            out = [Subject(s.id, *line_limits(s.rpm, s.daily_tokens), s.label) for s in out]
         return [s for s in out if s.limited]
 
     def estimate(self, call: Call) -> int:
@@ -282,11 +287,12 @@ class Accountant:
                     learned.clear()
                 learned[key] = ratio
 
-    async def admit(self, key: KeyRecord | None, call: Call) -> Ticket:
-        """Admit against every limit that applies; a refusal by one undoes the others (all or nothing)."""
+    async def admit(self, key: KeyRecord | None, call: Call, *, batch: bool = False) -> Ticket:
+        """Admit against every limit that applies; a refusal by one undoes the others (all or nothing). ``batch``: a
+        Batch API line (see :meth:`subjects`)."""
         started = time.perf_counter()
         prompt = self.estimate(call)  # the prompt part alone
-        subjects = self.subjects(key)
+        subjects = self.subjects(key, batch=batch)
         if not subjects:
             return Ticket(key, 0, [], started, prompt)
         default = self.settings.auth.default_completion_tokens
@@ -301,10 +307,13 @@ class Accountant:
             raise
         return Ticket(key, reserved, admitted, started, prompt)
 
-    async def finish(self, ticket: Ticket, call: Call, outcome: Outcome, status: int) -> UsageRow:
+    async def finish(
+        self, ticket: Ticket, call: Call, outcome: Outcome, status: int, *, batch_id: str | None = None
+    ) -> UsageRow:
         """Settle the limits and queue the usage row (returned: the access log writes it too). For a request
         that succeeded, a prompt count the worker did not report is the ticket's estimate (a completion count,
-        0); a failed one is refunded and recorded with the counts reported, else zero."""
+        0); a failed one is refunded and recorded with the counts reported, else zero. ``batch_id``: the Batch API
+        batch whose line this was (in the usage row)."""
         failed = outcome.failed or status >= 400
         prompt, completion = outcome.prompt_tokens, outcome.completion_tokens
         if not failed:
@@ -330,6 +339,7 @@ class Accountant:
             latency_ms=(time.perf_counter() - ticket.started) * 1000,
             fallback_from=outcome.fallback_from,
             alias=call.alias,
+            batch_id=batch_id,
         )
         self.usage.add(row)
         return row

@@ -24,7 +24,7 @@ from turnout.dialects import api
 from turnout.dialects.base import Call, Dialect, Endpoint
 from turnout.errors import BadRequest, PayloadTooLarge
 
-__all__ = ["MAX_JSON_DEPTH", "Call", "Endpoint", "json_depth_exceeds", "read_call"]
+__all__ = ["MAX_JSON_DEPTH", "Call", "Endpoint", "call_of", "json_depth_exceeds", "read_call"]
 
 MAX_JSON_DEPTH = 64  # objects/arrays nested deeper than this are refused (no client needs more)
 MAX_TOKENS_FIELD = 2**31 - 1  # the largest token count a client may ask for (reservations must stay finite)
@@ -55,6 +55,20 @@ async def read_call(
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise _too_large(max_body) from None
+    return call_of(body, dialect, endpoint, api_path(request.path), namespace=namespace, aliases=aliases)
+
+
+def call_of(
+    body: bytes,
+    dialect: Dialect,
+    endpoint: Endpoint,
+    path: str,
+    *,
+    namespace: str | None = None,
+    aliases: AliasTable | None = None,
+) -> Call:
+    """The call a request body makes on ``path`` (a shared-URL path): :func:`read_call`'s rules, for a body read
+    already (a Batch API line's)."""
     if not body:
         raise BadRequest('request body is empty; send a JSON object with at least "model"')
     try:
@@ -85,7 +99,7 @@ async def read_call(
         return Call(
             dialect,
             endpoint,
-            api_path(request.path),
+            path,
             body,
             payload,
             shared_name(namespace, model),
@@ -97,7 +111,7 @@ async def read_call(
     return Call(
         dialect,
         endpoint,
-        api_path(request.path),
+        path,
         orjson.dumps(payload),
         payload,
         alias.target,

@@ -154,16 +154,15 @@ def _modified_epoch(fleet: Fleet, shared: str, entry: dict[str, Any], now: float
     known = fleet.first_listed.get(shared)
     if known is None:
         created = entry.get("created")
+        first = now
         if isinstance(created, int | float) and not isinstance(created, bool) and created > 0:
-            known = min(float(created), now)
-        elif fleet.keep_listing is not None:
+            first = min(float(created), now)  # llama.cpp's server and vLLM say the time of the request: no earlier
+        known = first
+        if fleet.keep_listing is not None:
             try:  # once per model and process: the time the first process recorded, or this one
-                known = fleet.keep_listing(shared, now)
+                known = fleet.keep_listing(shared, first)
             except StoreError as exc:
                 log.warning("could not record when %s was first listed (kept in this process only): %s", shared, exc)
-                known = now
-        else:
-            known = now
         fleet.first_listed[shared] = known
     return known
 
@@ -171,7 +170,8 @@ def _modified_epoch(fleet: Fleet, shared: str, entry: dict[str, Any], now: float
 def modified_at(fleet: Fleet, shared: str, entry: dict[str, Any], now: float) -> str:
     """``modified_at`` of an OpenAI-style worker's model: its ``created`` or the time this gateway first listed
     it, whichever is earlier, decided once and kept (a first listing in the store, where the gateway has one:
-    the same in every process and after a restart)."""
+    the same in every process and after a restart, also for a server whose ``created`` is the time of each
+    request, as llama.cpp's and vLLM's are)."""
     return iso_time(_modified_epoch(fleet, shared, entry, now))
 
 

@@ -1,17 +1,18 @@
 """Admission: route a request, hold its concurrency slots, queue it while everything is busy.
 
-Wraps the pure router with the counters it needs (global, per model, per worker, per tenant) and a
-bounded wait queue per model. Inside a model's queue each tenant has its own FIFO line, and a freed
-slot goes to the tenants in weighted round-robin (:mod:`turnout.core.fairness`), so one tenant's burst
-cannot starve another. A woken waiter re-runs routing and keeps its place at the head of its line if it
-still cannot go. A tenant at its ``max_concurrent`` waits without blocking other tenants.
+Wraps the pure router with what is held (:mod:`turnout.gateway.occupancy`: the requests in flight globally, per
+model, per tenant and per worker, and one bounded wait queue per model), wherever it is kept: this process's
+memory, the supervisor of `turnout serve --workers N`, or Redis for any number of replicas. Each attempt reads
+what is held, routes, and takes the chosen worker's slot atomically against every cap and the queue's order; one
+that cannot go joins the queue (ordered by priority class, then weighted fair queueing between tenants:
+:mod:`turnout.core.admission`) and routes again when a slot is given back, until ``routing.queue_timeout_s``. A
+tenant at its ``max_concurrent`` waits without blocking other tenants.
 
 Where a model has more than one candidate worker, the request's prompt (its parts as the worker will see them,
 and the client's session, through the dialect: :class:`Ask`) is matched against each worker's prefix index and
-the router ranks them by expected time (:mod:`turnout.core.routing`); the prompt is then recorded in the index of
-the worker it goes to, at once, so that the next request of the same conversation follows it even while this
-one runs (and, with `serve --workers N`, in the other processes' copies: :mod:`.shared_prefixes`). With a single
-candidate none of this is computed.
+the router ranks them by expected time (:mod:`turnout.core.routing`); the prompt is recorded in the index of the
+worker it goes to as its slot is taken, so that the next request of the same conversation follows it even while
+this one runs, whichever process or replica it reaches. With a single candidate none of this is computed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -44,8 +45,8 @@ from turnout.dialects import api
 from turnout.dialects.base import Call
 from turnout.errors import Forbidden, NotFound, TurnoutError, Unavailable
 from turnout.fleet.state import Fleet, WorkerState
-from turnout.gateway.occupancy import Grant, LocalOccupancy, Occupancy, Ticket, next_id
-from turnout.gateway.shared_prefixes import SharedPrefixes
+from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Occupancy, Ticket, next_id
+from turnout.gateway.timing import Holding, Phases
 from turnout.metrics import Metrics
 
 __all__ = ["Ask", "Dispatcher", "Lease", "no_route_error"]
@@ -132,6 +133,11 @@ class Lease:
             self._dispatcher._release(self)
 
 
+_NOTHING_HELD = Held(0, 0, 0, {}, {}, False)  # a view not asked for: the take checks every cap
+HOLD_RECHECK_S = 0.5  # a held request looks again this often (a wake missed costs at most this)
+RECENTLY_S = 60.0  # a worker healthy this recently and down now is restarting: requests for it are held
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -159,7 +165,6 @@ class Dispatcher:
         for reason in Reason:
             self._reasons[reason.value] = 0
         self._guard = LoadGuard(routing.load_guard_absolute, routing.load_guard_relative)
-        self.shared: SharedPrefixes | None = None  # `serve --workers N`: the other processes record it too
 
     def _index(self, worker: str) -> PrefixIndex | None:
         state = self.fleet.workers.get(worker)
@@ -184,14 +189,38 @@ class Dispatcher:
         tenant: str = "",
         ask: Ask | None = None,
         priority: Priority = Priority.STANDARD,
+        *,
+        ticket: Ticket | None = None,
+        hold_s: float = 0.0,
+        phases: Phases | None = None,
     ) -> Lease:
+        """A slot for ``model``. ``ticket``: its place in the queue, kept from a hold (:meth:`hold`); ``hold_s``: how
+        long it may wait for workers that are down for a moment (healthy within :data:`RECENTLY_S`: a restart),
+        instead of the 503 at once; that wait is the request's ``hold`` phase (``phases``, the request's timing:
+        :mod:`turnout.gateway.timing`) and counts in ``turnout_held_requests``."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self.routing.queue_timeout_s
-        ticket: Ticket | None = None
+        held_until = started + hold_s
+        holding: Holding | None = None  # while it is held (its workers expected back)
+        if ticket is not None:
+            self.metrics.queued.inc()  # (the hold gave its count back with the ticket)
         try:
             while True:
-                lease, message = await self._try(model, exclude, tenant, ask, priority, ticket)
+                try:
+                    lease, message = await self._try(model, exclude, tenant, ask, priority, ticket)
+                except Unavailable as exc:
+                    if exc.code != NoRouteReason.NO_HEALTHY.value or not self._coming_back(model):
+                        raise
+                    if loop.time() >= held_until:
+                        raise
+                    lease, message, deadline = None, exc.message, held_until  # held: a worker is coming back
+                    if holding is None:
+                        holding = Holding(phases, self.metrics).begin()
+                else:
+                    if holding is not None:  # a worker is back: any further wait is the queue's
+                        holding.end()
+                        holding = None
                 if lease is not None:
                     if ticket is not None:
                         self.metrics.queue_wait.observe(loop.time() - started)
@@ -211,9 +240,51 @@ class Dispatcher:
                 assert ticket is not None
                 await self.occupancy.wait(ticket, remaining)
         finally:
+            if holding is not None:
+                holding.end()
             if ticket is not None:
                 self.occupancy.leave(ticket)  # (nothing, once it took a slot)
                 self.metrics.queued.dec()
+
+    async def hold(
+        self,
+        model: str,
+        tenant: str,
+        priority: Priority,
+        ready: Callable[[], bool],
+        limit_s: float,
+        phases: Phases | None = None,
+    ) -> Ticket | None:
+        """Wait for ``model`` to become ready (``ready()``: a sleeping or activating claim's engine is bound) for at
+        most ``limit_s``, in its queue: counted against ``routing.max_queue``, keeping a fair place (the held
+        requests go in the queue's order once it is ready). The ticket, still in the queue (for :meth:`acquire`), or
+        None when the time ran out. Raises 503 ``saturated`` when the queue is full. The wait is the request's
+        ``hold`` phase (``phases``: :mod:`turnout.gateway.timing`) and counts in ``turnout_held_requests``."""
+        ticket = await self.occupancy.join(model, tenant, self._weight(tenant), priority, self.routing.max_queue)
+        if ticket is None:
+            self._saturated(f'model "{model}" is not ready', "the wait queue is full")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
+        try:
+            with Holding(phases, self.metrics):
+                while not ready():
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        self.occupancy.leave(ticket)
+                        return None
+                    await self.occupancy.wait(ticket, min(remaining, HOLD_RECHECK_S))
+        except BaseException:
+            self.occupancy.leave(ticket)
+            raise
+        return ticket
+
+    def _coming_back(self, model: str) -> bool:
+        """A candidate for ``model`` is down but was healthy within :data:`RECENTLY_S` (a restart): worth a wait."""
+        now = time.monotonic()
+        return any(
+            not s.healthy and s.healthy_at is not None and now - s.healthy_at <= RECENTLY_S
+            for s in self.fleet.candidates(model)
+        )
 
     async def _try(
         self,
@@ -228,16 +299,20 @@ class Dispatcher:
         candidates = self.fleet.candidates(model)
         choice = len(candidates) > 1
         prompt, demand = self._demand(model, ask) if choice else (None, NO_DEMAND)
-        names = [state.name for state in candidates]
-        now = time.monotonic()
-        slots = {s.name: s.parallelism(model, now).slots for s in candidates} if prompt is not None else {}
-        held = await self.occupancy.view(model, tenant, names, prompt, ticket, slots)
         cap = self._tenant_cap(tenant)
-        if cap is not None and held.tenant >= cap:
-            return None, f'tenant "{tenant}" is at its limit of {cap} concurrent requests'
-        if held.ahead:
-            return None, f'requests for model "{model}" are waiting ahead of this one'
         model_max = best_value(model, self._limits)
+        occupancy = self.occupancy
+        if choice or not occupancy.remote:
+            names = [state.name for state in candidates]
+            now = time.monotonic()
+            slots = {s.name: s.parallelism(model, now).slots for s in candidates} if prompt is not None else {}
+            held = await occupancy.view(model, tenant, names, prompt, ticket, slots)
+            if cap is not None and held.tenant >= cap:
+                return None, self._refused("tenant", model, tenant)
+            if held.ahead:
+                return None, self._refused("ahead", model, tenant)
+        else:  # one candidate, counts kept elsewhere: the take checks every cap (one round trip, not two)
+            held = _NOTHING_HELD
         decision = route(
             model,
             self.fleet.views(model, prompt, candidates, held.workers, held.matches if prompt is not None else None),
@@ -259,17 +334,13 @@ class Dispatcher:
             return None, decision.message
         best = decision.best
         worker = self.fleet.workers[best.worker]
-        caps = Caps(
-            self.routing.max_concurrent,
-            model_max,
-            cap,
-            worker.config.max_concurrent,
-            None,  # (batch headroom: a share of the worker's slots; see turnout.core.admission)
-        )
+        headroom = self._batch_cap(worker, model) if priority is Priority.BATCH else None
+        caps = Caps(self.routing.max_concurrent, model_max, cap, worker.config.max_concurrent, headroom)
         recorded = prompt if choice else None
         grant = Grant(next_id("l"), best.worker, model, tenant, priority, caps, recorded, ticket)
-        if not await self.occupancy.take(grant):
-            return None, f'every worker for model "{model}" is busy (another request took the slot first)'
+        refused = await occupancy.take(grant)
+        if refused is not None:
+            return None, self._refused(refused, model, tenant, best.worker)
         self._routed.inc()
         self._reasons[decision.reason] += 1
         self._rotation += 1
@@ -277,6 +348,31 @@ class Dispatcher:
         if choice:  # (even when only one of them was free just now)
             self._placed(lease, decision, prompt, time.monotonic())
         return lease, ""
+
+    def _batch_cap(self, worker: WorkerState, model: str) -> int | None:
+        """How many of ``worker``'s slots batch requests may hold: ``routing.batch_share`` of what its engine runs at
+        once (of its ``max_concurrent`` for a batching engine of unknown capacity; none without either), at least
+        one."""
+        slots = worker.parallelism(model, time.monotonic()).slots or worker.config.max_concurrent
+        share = self.routing.batch_share
+        if slots is None or share >= 1:
+            return None
+        return max(1, math.floor(slots * share))
+
+    def _refused(self, count: str, model: str, tenant: str, worker: str = "") -> str:
+        """Why a request waits, by the count at its cap (:func:`turnout.core.admission.refusal`), in the words of the
+        router's own saturation messages."""
+        if count == "tenant":
+            return f'tenant "{tenant}" is at its limit of {self._tenant_cap(tenant)} concurrent requests'
+        if count == "total":
+            return f"the gateway is at its limit of {self.routing.max_concurrent} concurrent requests"
+        if count == "model":
+            return f'model "{model}" is at its limit of {best_value(model, self._limits)} concurrent requests'
+        if count == "ahead":
+            return f'requests for model "{model}" are waiting ahead of this one'
+        if count == "worker_batch":
+            return f'batch requests hold their share of every worker for model "{model}" ({worker} the last tried)'
+        return f'every worker for model "{model}" is busy ({worker})'
 
     def _saturated(self, message: str, why: str) -> NoReturn:
         self.metrics.routing.labels("saturated").inc()
@@ -301,9 +397,8 @@ class Dispatcher:
         return prompt, Demand(size, ask.output_tokens(self.fleet.completion.get(model)))
 
     def _placed(self, lease: Lease, decision: Route, prompt: Prompt | None, now: float) -> None:
-        """A request for a model with several candidate workers goes to ``lease.worker``: why, what it holds, and
-        its prompt (recorded in that worker's prefix index as the slot was taken: the engine will hold it once it
-        starts; and with `serve --workers N`, in the other processes' copies)."""
+        """A request for a model with several candidate workers goes to ``lease.worker``: why, and what it holds
+        (its prompt was recorded in that worker's prefix index by the occupancy's keeper as the slot was taken)."""
         worker = lease.worker
         lease.why = decision.why
         lease.choice = True
@@ -317,8 +412,6 @@ class Dispatcher:
         lease.prompt = prompt
         cached = decision.best.cached
         lease.share = min(cached / prompt.size, 1.0) if prompt.size else 0.0
-        if self.shared is not None:
-            self.shared.recorded(worker.name, prompt)
         worker.routed(prompt.size / BYTES_PER_TOKEN, cached / BYTES_PER_TOKEN)
         self.metrics.prefix_tokens(worker.name, prompt.size / BYTES_PER_TOKEN, cached / BYTES_PER_TOKEN)
 

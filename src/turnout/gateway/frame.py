@@ -65,8 +65,8 @@ async def _respond(
     dialect: Dialect,
     endpoint: str,
 ) -> web.StreamResponse:
-    """Every request's frame: admin auth, errors in the route's dialect, metrics, and catching up with the
-    other processes of `turnout serve --workers N`."""
+    """Every request's frame: admin auth, errors in the route's dialect, metrics, catching up with the other
+    processes on this data dir (`turnout serve --workers N`), and announcing admin changes to every replica."""
     app = request.app
     metrics = app[METRICS]
     started = time.perf_counter()
@@ -78,14 +78,14 @@ async def _respond(
         ids: Iterator[str] = app[REQUEST_IDS]
         request_id = request[REQUEST_ID] = next(ids)
     try:
-        if peers is not None and peers.moved():
+        if peers.moved():
             await peers.catch_up()  # another process changed keys, placement or endpoints: take them first
         refused = None
         if dialect is Dialect.ADMIN:  # who asks, and may they (the role table): a refusal is its own answer
             refused = await app[ADMIN_GATE](request)
         response = refused if refused is not None else await handler(request)
-        if peers is not None and dialect is Dialect.ADMIN and request.method not in _READS and response.status < 400:
-            peers.announce()  # before the answer leaves: the other processes re-read before their next request
+        if dialect is Dialect.ADMIN and request.method not in _READS and response.status < 400:
+            await peers.announce()  # before the answer leaves: the others re-read before their next request
     except TurnoutError as exc:
         response = _error(dialect, exc, request_id)
     except web.HTTPException as exc:

@@ -31,7 +31,7 @@ from typing import NamedTuple, Protocol
 from turnout.core.admission import Caps, Counts, Priority, Waiter, fair_tag, first, queue_score, refusal
 from turnout.core.prefix import Match, Prompt
 
-__all__ = ["Grant", "Held", "LocalOccupancy", "Occupancy", "Ticket"]
+__all__ = ["Grant", "Held", "LocalOccupancy", "Occupancy", "Ticket", "woken"]
 
 
 class Held(NamedTuple):
@@ -86,9 +86,24 @@ class Occupancy(Protocol):
         slots: Mapping[str, int | None],
     ) -> Held: ...
 
-    async def take(self, grant: Grant) -> bool: ...
+    async def take(self, grant: Grant) -> str | None:
+        """Take the slot: None, or why not (``total``, ``model``, ``tenant``, ``worker``, ``worker_batch``: that count
+        is at its cap; ``ahead``: a waiter that can go is ahead of it)."""
+        ...
 
     def give(self, grant: Grant) -> None: ...
+
+    async def settle(self) -> None:
+        """Until the slots given back so far count as free for every replica (a Redis round trip; nothing here):
+        awaited before a non-streamed answer goes out, so that the client's next request, on any replica, finds
+        the worker that answered it free."""
+        ...
+
+    @property
+    def remote(self) -> bool:
+        """Counts live elsewhere (a view costs a round trip): a request with a single candidate worker takes its slot
+        without one, the take checking every cap."""
+        ...
 
     async def join(self, model: str, tenant: str, weight: int, priority: Priority, max_queue: int) -> Ticket | None:
         """A place in ``model``'s queue; None when ``max_queue`` requests already wait (every keeper's)."""
@@ -137,8 +152,10 @@ class LocalOccupancy:
         clock: Callable[[], float],
         tenant_caps: Mapping[str, int | None] | None = None,
         prefix_ttl_s: float = 600.0,
+        on_wake: Callable[[Ticket], None] | None = None,
     ) -> None:
         self._index = fleet_indexes  # worker -> its PrefixIndex (fleet.workers[w].prefix), or None
+        self._on_wake = on_wake  # a woken ticket's owner is elsewhere (the supervisor's processes)
         self._clock = clock
         self._tenant_caps = dict(tenant_caps or {})
         self._ttl = prefix_ttl_s
@@ -159,14 +176,19 @@ class LocalOccupancy:
         cap = self._tenant_caps.get(tenant)
         return cap is None or self.tenants.get(tenant, 0) < cap
 
-    def _ahead(self, model: str, ticket: Ticket | None) -> bool:
+    def _head(self, model: str) -> Ticket | None:
+        """The waiter of ``model``'s queue that goes first (:func:`turnout.core.admission.first`)."""
         queue = self._queues.get(model)
         if not queue or not queue.tickets:
-            return False
+            return None
         now = self._clock()
         can_go = {t.tenant: self.can_go(t.tenant) for t in queue.tickets.values()}
         head = first((t.waiter(now) for t in queue.tickets.values()), can_go)
-        return head is not None and (ticket is None or head.id != ticket.id)
+        return None if head is None else queue.tickets[head.id]
+
+    def _ahead(self, model: str, ticket: Ticket | None) -> bool:
+        head = self._head(model)
+        return head is not None and head is not ticket
 
     async def view(
         self,
@@ -206,10 +228,12 @@ class LocalOccupancy:
         )
 
     # -- taking and giving back -------------------------------------------------------------------------------
-    async def take(self, grant: Grant) -> bool:
+    remote = False
+
+    async def take(self, grant: Grant) -> str | None:
         return self.take_now(grant)
 
-    def take_now(self, grant: Grant) -> bool:
+    def take_now(self, grant: Grant) -> str | None:
         """:meth:`take`, without awaiting: atomic in one event loop."""
         batch = grant.priority is Priority.BATCH
         counts = Counts(
@@ -219,8 +243,11 @@ class LocalOccupancy:
             self.workers.get(grant.worker, 0),
             self.worker_batch.get(grant.worker, 0) if batch else 0,
         )
-        if refusal(counts, grant.caps) is not None or self._ahead(grant.model, grant.ticket):
-            return False
+        refused = refusal(counts, grant.caps)
+        if refused is not None:
+            return refused
+        if self._ahead(grant.model, grant.ticket):
+            return "ahead"
         self.total += 1
         _bump(self.models, grant.model, 1)
         _bump(self.tenants, grant.tenant, 1)
@@ -233,7 +260,10 @@ class LocalOccupancy:
             index = self._index(grant.worker)
             if index is not None:
                 index.record(grant.prompt, self._clock())  # type: ignore[attr-defined]
-        return True
+        return None
+
+    async def settle(self) -> None:
+        return None
 
     def give(self, grant: Grant) -> None:
         self.total -= 1
@@ -269,15 +299,7 @@ class LocalOccupancy:
         return ticket
 
     async def wait(self, ticket: Ticket, limit_s: float) -> bool:
-        if ticket.woken.is_set():
-            ticket.woken.clear()
-            return True
-        try:
-            await asyncio.wait_for(ticket.woken.wait(), limit_s)
-        except TimeoutError:
-            return False
-        ticket.woken.clear()
-        return True
+        return await woken(ticket, limit_s)
 
     def leave(self, ticket: Ticket) -> None:
         self._left(ticket, served=False)
@@ -296,18 +318,26 @@ class LocalOccupancy:
 
     def _wake(self, model: str) -> None:
         """The first waiter of ``model``'s queue routes again."""
-        queue = self._queues.get(model)
-        if not queue or not queue.tickets:
-            return
-        now = self._clock()
-        can_go = {t.tenant: self.can_go(t.tenant) for t in queue.tickets.values()}
-        head = first((t.waiter(now) for t in queue.tickets.values()), can_go)
-        if head is not None:
-            queue.tickets[head.id].woken.set()
+        ticket = self._head(model)
+        if ticket is not None:
+            ticket.woken.set()
+            if self._on_wake is not None:
+                self._on_wake(ticket)
 
     def wake_all(self) -> None:
         for model in list(self._queues):
             self._wake(model)
+
+
+async def woken(ticket: Ticket, limit_s: float) -> bool:
+    """Until ``ticket`` is woken (True, and ready to be woken again) or ``limit_s`` passed (False)."""
+    if not ticket.woken.is_set():
+        try:
+            await asyncio.wait_for(ticket.woken.wait(), limit_s)
+        except TimeoutError:
+            return False
+    ticket.woken.clear()
+    return True
 
 
 def _bump(counts: dict[str, int], name: str, by: int) -> None:

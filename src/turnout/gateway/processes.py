@@ -14,11 +14,10 @@ a minute starts the count over). SIGINT or SIGTERM: the supervisor closes its co
 passes the signal on once; each process drains as `turnout serve` alone does; a second signal is passed on
 too and ends them at once.
 
-What must be exact across the processes is counted where they all see it: rate windows and token budgets
-by the supervisor (``turnout.gateway.shared_limits``) or Redis; admin changes through a shared change counter
-(``turnout.gateway.peers``); concurrency caps are split between the processes (:func:`split_caps`). The
-supervisor also relays what each process records in its workers' prefix indexes to the others
-(``turnout.gateway.shared_prefixes``). The
+What must be exact across the processes is counted where they all see it: rate windows and token budgets, the
+requests in flight (every concurrency cap, exact and work-conserving), the wait queue and the workers' prefix
+indexes by the supervisor (``turnout.gateway.shared_limits``, ``turnout.gateway.supervised``) or Redis; admin
+changes through a shared change counter (``turnout.gateway.peers``). The
 in-process claims controller (``pools.agents``) cannot run N times and is refused.
 """
 
@@ -38,12 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from turnout.config import Settings
-from turnout.core.limits import process_share
 from turnout.core.runtime import backoff_s
 from turnout.gateway.server import BindError, Drained, bind
 from turnout.gateway.shared_limits import LimitKeeper
 
-__all__ = ["Supervisor", "bind_group", "cpu_count", "processes_problem", "split_caps"]
+__all__ = ["Supervisor", "bind_group", "cpu_count", "processes_problem"]
 
 log = logging.getLogger("turnout.serve")
 
@@ -76,43 +74,7 @@ def processes_problem(settings: Settings, processes: int) -> str | None:
             f"pools.kubernetes with {hint} needs storage.redis_url, so that a sleeping model is woken once, not "
             "once per process: set storage.redis_url or serve with --workers 1"
         )
-    caps: list[tuple[str, int | None]] = [("routing.max_concurrent", settings.routing.max_concurrent)]
-    caps += [(f"routing.model_max_concurrent[{k!r}]", v) for k, v in settings.routing.model_max_concurrent.items()]
-    caps += [(f"tenants[{k!r}].max_concurrent", t.max_concurrent) for k, t in settings.tenants.items()]
-    caps += [(f"workers[{w.name!r}].max_concurrent", w.max_concurrent) for w in settings.workers]
-    for name, cap in caps:
-        if cap is not None and cap < processes:
-            return (
-                f"{name} is {cap}: with {hint} each process holds a share of it and needs at least one; "
-                f"raise it to {processes} or serve with --workers {cap}"
-            )
     return None
-
-
-def split_caps(settings: Settings, index: int, processes: int) -> Settings:
-    """The settings of process ``index``: every concurrency cap replaced by its share (the shares add up to the
-    cap, so the processes together never exceed it)."""
-    if processes <= 1:
-        return settings
-
-    def share(cap: int) -> int:
-        return process_share(cap, index, processes)
-
-    routing = settings.routing.model_copy(
-        update={
-            "max_concurrent": share(settings.routing.max_concurrent),
-            "model_max_concurrent": {k: share(v) for k, v in settings.routing.model_max_concurrent.items()},
-        }
-    )
-    tenants = {
-        name: t if t.max_concurrent is None else t.model_copy(update={"max_concurrent": share(t.max_concurrent)})
-        for name, t in settings.tenants.items()
-    }
-    workers = [
-        w if w.max_concurrent is None else w.model_copy(update={"max_concurrent": share(w.max_concurrent)})
-        for w in settings.workers
-    ]
-    return settings.model_copy(update={"routing": routing, "tenants": tenants, "workers": workers})
 
 
 def bind_group(host: str, port: int, processes: int) -> list[list[socket.socket]]:
@@ -153,7 +115,7 @@ class Supervisor:
     on_ready: Callable[[], None]
     on_stopping: Callable[[], None]
     on_restart: Callable[[int, int, str, float], None]  # index, pid, how it ended, delay
-    keeper: LimitKeeper | None = None  # counts every process's limits, relays prefix records (a socket pair each)
+    keeper: LimitKeeper | None = None  # every process's limits and occupancy (a socket pair each)
     children: dict[int, _Child] = field(default_factory=dict)
     drained: Drained = field(default_factory=Drained)
     _signals: list[int] = field(default_factory=list)

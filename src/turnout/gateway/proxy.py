@@ -14,6 +14,13 @@ through :mod:`turnout.dialects.base`'s interface).
   (:class:`~turnout.dialects.base.TokenCounter`) and says in ``X-Turnout-Token-Count`` whether the count is
   the worker's (``tokenizer``) or the gateway's estimate (``estimate``).
 
+A worker whose engine schedules by priority itself (vLLM started with ``--scheduling-policy priority``: a worker's
+``priority_scheduling``, or a ModelClaim whose vLLM args say so) gets each call's class as vLLM's per-request
+``priority`` (:func:`turnout.core.priority.engine_priority`), in the body of the routes whose requests have one
+(chat, completions, embeddings, Responses; the client's own value is replaced) and in vLLM's ``X-Vllm-Priority``
+header (which vLLM reads first, and for its Messages route too). Any other worker gets the body as the client sent
+it.
+
 A client stream whose kind has a keep-alive (Anthropic's ``ping`` event, :func:`turnout.dialects.streams.keepalive`)
 gets one each time the worker has been silent, or sent nothing the client is sent, for ``limits.stream_keepalive_s``.
 
@@ -35,7 +42,10 @@ import orjson
 from aiohttp import web
 
 from turnout.config import Settings
+from turnout.core.admission import Priority
 from turnout.core.health import failure_reason
+from turnout.core.priority import HEADER as PRIORITY_HEADER
+from turnout.core.priority import engine_priority
 from turnout.core.routing import NoRoute
 from turnout.core.signals import Reported, reported
 from turnout.dialects import NATIVE_HEADERS, api
@@ -54,13 +64,15 @@ from turnout.dialects.streams import FrameError, StreamKind, StreamWatch, keepal
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
 from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
-from turnout.gateway.access import REQUEST_ID, ROUTE
+from turnout.gateway.access import PRIORITY, REQUEST_ID, ROUTE
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.answers import WorkerAnswers, json_answer, raw_json
 from turnout.gateway.capabilities import EmbeddingProbe
 from turnout.gateway.catalog import iso_time, modified_at, unknown_details
 from turnout.gateway.dispatch import Ask, Dispatcher, Lease, no_route_error
+from turnout.gateway.hold import HOLDABLE, hold_limit
 from turnout.gateway.learning import AnswerLearner
+from turnout.gateway.occupancy import Ticket
 from turnout.gateway.timing import PHASES, SERVER_TIMING, Phases, model_label, unrouted_label
 from turnout.gateway.trace_context import passed_on
 from turnout.metrics import Metrics
@@ -85,6 +97,10 @@ _TOKENIZER_S = 10.0  # a tokenizer's answer later than this: the gateway's estim
 _TOKENIZER_ANSWER = 64 << 20  # bytes: a tokenizer's answer (a list of token ids) larger than this is not read
 COUNT_SOURCE = "X-Turnout-Token-Count"  # on a count_tokens answer: "tokenizer" (the worker's) or "estimate"
 EXPLAIN_HEADER = "X-Turnout-Route"  # routing.explain_header: "<worker>; <why>"
+ENGINE_PRIORITY_HEADER = "X-Vllm-Priority"  # vllm/entrypoints/generate/base/serving.py: read before the body's
+# The calls whose vLLM request has a ``priority`` field (vllm/entrypoints/openai/*/protocol.py,
+# vllm/entrypoints/pooling/base/protocol.py); the Messages route reads the header only.
+_PRIORITY_BODIES = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
 
 
 class Proxy:
@@ -108,25 +124,35 @@ class Proxy:
         self._tokenizers: dict[str, int] = {}  # worker -> which of a TokenCounter's requests its tokenizer took
         self._embedding = EmbeddingProbe()  # whether a model on an OpenAI-style worker embeds (/api/show)
         self._explain = settings.routing.explain_header
+        self._claim_priority: frozenset[str] = frozenset()  # claim workers whose vLLM schedules by priority
         self.learner = AnswerLearner(settings, fleet, metrics)
         self.answers = WorkerAnswers(metrics)
         self.tracing: Tracing | None = None  # set when telemetry.otlp_endpoint is (turnout.wiring)
 
-    async def serve(self, request: web.Request, call: Call, outcome: Outcome, tenant: str = "") -> web.StreamResponse:
-        if self.tracing is not None:
+    async def serve(
+        self,
+        request: web.Request,
+        call: Call,
+        outcome: Outcome,
+        tenant: str = "",
+        priority: Priority = Priority.STANDARD,
+    ) -> web.StreamResponse:
+        """``priority``: the dispatcher's class for the call (``batch`` for a Batch API line), passed to
+        :meth:`Dispatcher.acquire`."""
+        if self.tracing is not None and isinstance(request, web.BaseRequest):  # (a Batch API line has no span)
             phases = request[PHASES]
             phases.span = self.tracing.begin(request, call, phases)
         if call.endpoint is Endpoint.SHOW:
             return await self._show(call)
         if self.claims is not None and self.claims.claimed(call.model):
-            return await self._serve_claimed(request, call, outcome, tenant, self.claims)
+            return await self._serve_claimed(request, call, outcome, tenant, self.claims, priority)
         endpoint = self.fleet.endpoint_for(call.model)
         fallback = None if endpoint is None or endpoint.external is None else endpoint.external.fallback_model
         if fallback is None or call.fallback_from is not None:
-            return await self._serve_once(request, call, outcome, tenant)
+            return await self._serve_once(request, call, outcome, tenant, priority)
         assert endpoint is not None
         try:
-            return await self._serve_once(request, call, outcome, tenant)
+            return await self._serve_once(request, call, outcome, tenant, priority)
         except _NeedFallback as why:
             reason = why.reason
         except (ConnectFailed, Unavailable) as exc:  # endpoint down, unreachable or refused by the SSRF guard
@@ -143,17 +169,40 @@ class Proxy:
         body = orjson.dumps({**parse_object(call.body), "model": fallback})
         outcome.fallback_from = origin
         redirected = call._replace(model=fallback, payload=payload, body=body, fallback_from=origin)
-        return await self._serve_once(request, redirected, outcome, tenant)
+        return await self._serve_once(request, redirected, outcome, tenant, priority)
 
     async def _serve_claimed(
-        self, request: web.Request, call: Call, outcome: Outcome, tenant: str, claims: ClaimBindings
+        self,
+        request: web.Request,
+        call: Call,
+        outcome: Outcome,
+        tenant: str,
+        claims: ClaimBindings,
+        priority: Priority,
     ) -> web.StreamResponse:
-        """A claimed model is answered by its claim's state at every instant: 503 for one asleep, activating
-        or failed; and when its engine cannot be reached (the moment between a de-route and the status
-        saying so), the claim's "changing state" 503, never the generic no-route answer."""
-        claims.gate(call.model)
+        """A claimed model is answered by its claim's state at every instant: held while it gets ready (asleep and
+        woken, activating: :mod:`turnout.gateway.hold`), then the claim's 503 for one still not ready or failed; and
+        when its engine cannot be reached (the moment between a de-route and the status saying so), the claim's
+        "changing state" 503, never the generic no-route answer."""
+        model = call.model
+        ticket = None
+        refusal = None if model in self.fleet.bindings else claims.refusal(model, unreachable=True)
+        if refusal is not None:  # (asking for the refusal sent the wake of a sleeping model)
+            limit_s = hold_limit(request.headers, self.settings.routing.hold_s)
+            if limit_s <= 0 or refusal.code not in HOLDABLE:
+                raise refusal
+            counts = self.metrics.classes[priority]  # a held request waits too (for its model's engine)
+            counts.waiting += 1
+            try:
+                ticket = await self.dispatcher.hold(
+                    model, tenant, priority, lambda: model in self.fleet.bindings, limit_s, request[PHASES]
+                )
+            finally:
+                counts.waiting -= 1
+            if ticket is None:
+                raise claims.refusal(model, unreachable=True) or refusal
         try:
-            return await self._serve_once(request, call, outcome, tenant)
+            return await self._serve_once(request, call, outcome, tenant, priority, ticket)
         except TurnoutError as exc:
             if not isinstance(exc, ConnectFailed) and exc.code not in _UNROUTABLE:
                 raise  # saturation of a live engine, a bad request: real answers
@@ -162,17 +211,39 @@ class Proxy:
                 raise
             raise refusal from None
 
-    async def _serve_once(self, request: web.Request, call: Call, outcome: Outcome, tenant: str) -> web.StreamResponse:
+    async def _serve_once(
+        self,
+        request: web.Request,
+        call: Call,
+        outcome: Outcome,
+        tenant: str,
+        priority: Priority,
+        ticket: Ticket | None = None,
+    ) -> web.StreamResponse:
+        """``ticket``: the place in the queue a hold kept for it."""
         exclude: set[str] = set()
         failure: ConnectFailed | None = None
         routing = self.settings.routing
         ask = Ask(call, request.headers, routing.session_header)
         phases = request[PHASES]
+        counts = self.metrics.classes[priority]  # waiting and running requests of the class (scraped, Overview)
+        hold_s = hold_limit(request.headers, routing.hold_s)
         for _ in range(routing.max_attempts):
             held = 0.0 if phases.holds is None else phases.hold  # (a hold inside acquire is its own phase)
+            counts.waiting += 1
             asked = time.perf_counter()
             try:
-                lease = await self.dispatcher.acquire(call.model, frozenset(exclude), tenant, ask)
+                lease = await self.dispatcher.acquire(
+                    call.model,
+                    frozenset(exclude),
+                    tenant,
+                    ask,
+                    priority=priority,
+                    ticket=ticket,
+                    hold_s=hold_s,
+                    phases=phases,
+                )
+                ticket = None
             except TurnoutError as exc:
                 phases.queued(asked, time.perf_counter(), held)
                 if exc.status == 503 and phases.model is None:  # it waited, or could not: counted by its model
@@ -180,11 +251,15 @@ class Proxy:
                 if failure is not None:  # every reachable candidate failed: report the real cause
                     raise failure from None
                 raise
+            finally:
+                counts.waiting -= 1
             phases.queued(asked, time.perf_counter(), held)
+            counts.running += 1
             worker = lease.worker
             phases.model, phases.worker = model_label(worker, lease.model), worker.name
             outcome.worker = worker.name
             request[ROUTE] = lease.why
+            response: web.StreamResponse | None = None
             try:
                 if phases.span is None:  # (the client's trace context, if any, goes on as it came)
                     response = await self._forward(request, call, lease, outcome, passed_on(request.headers))
@@ -192,7 +267,6 @@ class Proxy:
                     response = await self._traced(request, call, lease, outcome, phases)
                 if self._explain and not response.prepared:  # a stream has it already (_stream_headers)
                     response.headers[EXPLAIN_HEADER] = _explained(lease)
-                return response
             except ConnectFailed as exc:
                 phases.connect_failed(exc.connect_s)
                 self.metrics.upstream_errors.labels(lease.worker.name, "connect").inc()
@@ -207,8 +281,28 @@ class Proxy:
                 raise
             finally:
                 lease.release()
+                counts.running -= 1
+            if response is not None:
+                if not response.prepared:  # a whole answer: its slot counts as free everywhere before it goes out
+                    await self.dispatcher.occupancy.settle()
+                return response
         assert failure is not None
         raise failure
+
+    def claims_changed(self) -> None:
+        """The claims changed: which claim-bound engines schedule by priority (their vLLM args say so)."""
+        claims = self.claims
+        if claims is not None:
+            views = claims.source.views()
+            self._claim_priority = frozenset(claims.worker_name(v.key) for v in views if v.priority_scheduling)
+
+    def _engine_priority(self, lease: Lease) -> int | None:
+        """The call's class as its engine's own priority, where the engine schedules by it; else None."""
+        worker = lease.worker
+        if not worker.config.priority_scheduling and worker.name not in self._claim_priority:
+            return None
+        grant = lease.grant
+        return engine_priority(Priority.STANDARD if grant is None else grant.priority)
 
     async def _traced(
         self, request: web.Request, call: Call, lease: Lease, outcome: Outcome, phases: Phases
@@ -230,18 +324,22 @@ class Proxy:
     async def _forward(
         self, request: web.Request, call: Call, lease: Lease, outcome: Outcome, trace: dict[str, str] | None
     ) -> web.StreamResponse:
+        """One try on ``lease``'s worker; ``trace``: the W3C trace context headers it is sent (or None)."""
         worker = lease.worker
+        rank = self._engine_priority(lease)
         translation = api(call.dialect).translation(worker.speaks, call.endpoint, worker.native_apis)
         if translation is not None:
             if call.endpoint is Endpoint.COUNT_TOKENS:  # checked first: a Protocol's isinstance is not cheap
                 assert isinstance(translation, TokenCounter), translation
                 return await self._count_tokens(call, lease, translation, outcome)
-            return await self._translated(request, call, lease, cast(Translation, translation), outcome, trace)
+            return await self._translated(request, call, lease, cast(Translation, translation), outcome, trace, rank)
         body = call.body
         upstream = _upstream_name(worker, lease.model)
-        if upstream != call.model:
+        if rank is not None and call.endpoint in _PRIORITY_BODIES:  # the body as sent, with the class's priority
+            body = orjson.dumps({**parse_object(call.body), "model": upstream, "priority": rank})
+        elif upstream != call.model:
             body = orjson.dumps({**call.payload, "model": upstream})
-        return await self._passthrough(request, call, lease, body, outcome, trace)
+        return await self._passthrough(request, call, lease, body, outcome, trace, rank)
 
     # -- same dialect ----------------------------------------------------------------------------
     async def _passthrough(
@@ -252,6 +350,7 @@ class Proxy:
         body: bytes,
         outcome: Outcome,
         trace: dict[str, str] | None,
+        rank: int | None = None,
     ) -> web.StreamResponse:
         """``lease.model``: the name the worker knows it by (its failures and successes are counted under it)."""
         worker, model = lease.worker, lease.model
@@ -261,6 +360,8 @@ class Proxy:
         extra = None if forward is None else {k: v for k in forward if (v := request.headers.get(k)) is not None}
         if trace is not None:
             extra = trace if extra is None else {**extra, **trace}
+        if rank is not None:
+            extra = {**(extra or {}), ENGINE_PRIORITY_HEADER: str(rank)}
         phases = request[PHASES]
         async with self._post(worker, call.path, body, extra) as up:
             phases.connected(up.connect_s, up.sent_at)
@@ -305,6 +406,8 @@ class Proxy:
                         lease.answering(now)
                     if watch.finished and outcome.keep is not None:  # the answer is whole: kept before it goes out
                         await outcome.keep(watch.final or {"usage": watch.usage})
+                    if watch.ended:
+                        await self._give_back(lease)
                     if data:
                         if first is None:
                             first = time.perf_counter()
@@ -386,11 +489,16 @@ class Proxy:
         translation: Translation,
         outcome: Outcome,
         trace: dict[str, str] | None,
+        rank: int | None = None,
     ) -> web.StreamResponse:
         try:
             path, req = translation.request(call, _upstream_name(lease.worker, lease.model))
         except TranslationError as exc:
             raise BadRequest(str(exc)) from None
+        extra = trace
+        if rank is not None:  # (a translation's worker request is one of OpenAI's: chat, completions, embeddings)
+            req["priority"] = rank
+            extra = {**(trace or {}), ENGINE_PRIORITY_HEADER: str(rank)}
         worker = lease.worker
         loop = asyncio.get_running_loop()
         started = time.perf_counter_ns()
@@ -400,7 +508,7 @@ class Proxy:
             req, alternate = alternate, None  # this worker takes the other form
         headers = translation.headers(call)
         phases = request[PHASES]
-        async with self._post(worker, path, orjson.dumps(req), trace) as up:
+        async with self._post(worker, path, orjson.dumps(req), extra) as up:
             phases.connected(up.connect_s, up.sent_at)
             _check_fallback(worker, lease.model, up.status)
             rejected = await up.read() if up.status >= 300 else b""
@@ -413,7 +521,7 @@ class Proxy:
                 return await self._translated_answer(request, call, lease, translation, up, started, outcome, headers)
         assert alternate is not None  # the worker refused OpenAI's json_schema form: try the one it may take
         del rejected
-        async with self._post(worker, path, orjson.dumps(alternate), trace) as up:
+        async with self._post(worker, path, orjson.dumps(alternate), extra) as up:
             phases.connected(up.connect_s, up.sent_at)
             if up.status >= 300:  # refused in both forms: the worker's own answer to the second says why
                 phases.first_byte(up.head_at)
@@ -575,7 +683,14 @@ class Proxy:
                 lease, call, rep, counts.completion_tokens, first_ns / 1e9 if first_ns else None, total_s
             )
         worker.record_success(now, model)
+        await self._give_back(lease)
         await resp.write_eof(pending + b"".join(map(translation.frame, final)))
+
+    async def _give_back(self, lease: Lease) -> None:
+        """The worker has answered: its slot is given back, and counts as free on every replica, before the end of
+        the answer goes out (so the client's next turn, on any replica, finds the worker that holds its prefix free)."""
+        lease.release()
+        await self.dispatcher.occupancy.settle()
 
     async def _count_tokens(
         self, call: Call, lease: Lease, counter: TokenCounter, outcome: Outcome
@@ -716,12 +831,17 @@ def _stream_headers(request: web.Request, call: Call) -> dict[str, str]:
     """A stream's headers, sent before its body: its ``Server-Timing`` says what had ended by then (the queue, a
     hold, the connect; :mod:`turnout.gateway.timing`), and is left out when nothing had."""
     request_id = request.get(REQUEST_ID)
+    chosen = request.get(PRIORITY)
+    said = chosen is not None and chosen.asked is not None  # the request named a class: the answer names its own
     timing = request[PHASES].header(None)
     headers = {**_STREAM_HEADERS, SERVER_TIMING: timing} if timing else dict(_STREAM_HEADERS)
     if call.fallback_from is not None:
         headers["X-Fallback-From"] = call.fallback_from
     if request_id is not None:
         headers["request-id"] = request_id
+    if said:
+        assert chosen is not None
+        headers[PRIORITY_HEADER] = chosen.priority.value
     return headers
 
 

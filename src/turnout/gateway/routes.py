@@ -4,27 +4,34 @@ Each route is served twice by the same handler: on the shared URL, and on each e
 (``/endpoints/<name>/v1/...``, ``/endpoints/<name>/api/...``), where the endpoint's models go by their own
 names (:mod:`turnout.core.endpoint_urls`; the model is mapped to its shared name in :func:`read_call`). A model
 alias is resolved in :func:`read_call` too, before the scope check; listings show aliases beside models.
+
+Every inference call is served at a priority class (:mod:`turnout.core.priority`): its key's, or a lower one its
+``X-Turnout-Priority`` header asks for (a value that is not a class: 400 ``invalid_priority`` in the route's
+dialect). A request that names one gets the class it was served at in the same header of its answer.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from turnout import __version__
+from turnout.core.admission import Priority
 from turnout.core.endpoint_urls import ENDPOINT_ROUTE_PREFIX
+from turnout.core.priority import HEADER, Chosen, InvalidPriority, request_class
 from turnout.dialects import CLIENT_APIS
-from turnout.dialects.base import Dialect, Endpoint, Route
-from turnout.errors import Forbidden, NotFound, TurnoutError
-from turnout.gateway.access import CALLER, USAGE_ROW
-from turnout.gateway.accounting import Outcome, Ticket
+from turnout.dialects.base import Call, Dialect, Endpoint, Route
+from turnout.errors import BadRequest, Forbidden, NotFound, TurnoutError
+from turnout.gateway.access import CALLER, PRIORITY
+from turnout.gateway.batch_api import BATCH_ROUTES
 from turnout.gateway.calls import read_call
 from turnout.gateway.catalog import anthropic_model, anthropic_models, ollama_ps, ollama_tags, openai_models
-from turnout.gateway.keys import ACCOUNTANT, ALIASES, FLEET, PROXY, SETTINGS, STORED
+from turnout.gateway.keys import ACCOUNTANT, ALIASES, FLEET, SETTINGS, STORED
+from turnout.gateway.serving import answer
 from turnout.responses import json_response
+from turnout.store.keys import KeyRecord
 
 __all__ = ["OLLAMA_COMPAT_VERSION", "add_client_routes"]
 
@@ -37,51 +44,48 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def _proxied(dialect: Dialect, endpoint: Endpoint) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
-        app = request.app
-        accountant = app[ACCOUNTANT]
-        key = request[CALLER] = await accountant.authenticate(request)
-        call = await read_call(
-            request,
-            dialect,
-            endpoint,
-            app[SETTINGS].limits.max_body_bytes,
-            namespace=endpoint_of(request),
-            aliases=app[ALIASES].table,
-        )
-        if endpoint is Endpoint.SHOW:
-            accountant.check_scope(key, call.model, call.alias)
-            ticket = Ticket(key, 0, [], 0.0)
-        else:
-            asked = time.perf_counter()
-            try:
-                accountant.check_scope(key, call.model, call.alias)
-                if endpoint is Endpoint.RESPONSES:  # its answer's id; a continuation's whole conversation
-                    call = await app[STORED].prepare(key, call)
-                ticket = await accountant.admit(key, call)
-                # what the call is billed when its worker counts none, and what a translated answer then says
-                call = call._replace(estimate=ticket.prompt_estimate)
-            except TurnoutError as exc:  # 403 scope, 429 limit, 503 limits unavailable: an error of this key
-                request[USAGE_ROW] = await accountant.finish(Ticket(key, 0, [], asked), call, Outcome(), exc.status)
-                raise
-        outcome = Outcome()
-        if endpoint is Endpoint.RESPONSES:
-            outcome.keep = app[STORED].keeper(key, call)
-        status = 500
+        key = request[CALLER] = await request.app[ACCOUNTANT].authenticate(request)
+        chosen = request[PRIORITY] = priority_of(request, key)
         try:
-            response = await app[PROXY].serve(request, call, outcome, "" if key is None else key.tenant)
-            status = response.status
-            return response
+            call = await _read(request, dialect, endpoint)
+            response = await answer(request, key, call, priority=chosen.priority)
         except TurnoutError as exc:
-            status = exc.status
+            if chosen.asked is not None:
+                exc.headers[HEADER] = chosen.priority.value
             raise
-        except BaseException:  # client gone (cancelled) or a bug: refund the reservation
-            outcome.failed = True
-            raise
-        finally:
-            if endpoint is not Endpoint.SHOW:
-                request[USAGE_ROW] = await accountant.finish(ticket, call, outcome, status)
+        if chosen.asked is not None and not response.prepared:  # a stream has it already (the proxy's headers)
+            response.headers[HEADER] = chosen.priority.value
+        return response
 
-    return handler
+    async def show(request: web.Request) -> web.StreamResponse:
+        """A model's metadata: no worker's slot is asked for, so no class (the header is ignored)."""
+        key = request[CALLER] = await request.app[ACCOUNTANT].authenticate(request)
+        return await answer(request, key, await _read(request, dialect, endpoint))
+
+    return show if endpoint is Endpoint.SHOW else handler
+
+
+async def _read(request: web.Request, dialect: Dialect, endpoint: Endpoint) -> Call:
+    app = request.app
+    return await read_call(
+        request,
+        dialect,
+        endpoint,
+        app[SETTINGS].limits.max_body_bytes,
+        namespace=endpoint_of(request),
+        aliases=app[ALIASES].table,
+    )
+
+
+def priority_of(request: web.Request, key: KeyRecord | None) -> Chosen:
+    """The class ``request`` is served at: its key's (open access without one: standard), or the lower one its
+    header asks for; 400 ``invalid_priority`` for a value that is not a class."""
+    settings = request.app[SETTINGS]
+    ceiling = Priority.STANDARD if key is None else key.priority_class(settings.tenant_class(key.tenant))
+    try:
+        return request_class(ceiling, request.headers.getall(HEADER, ()))
+    except InvalidPriority as exc:
+        raise BadRequest(str(exc), code="invalid_priority") from None
 
 
 def proxied_routes() -> list[tuple[Dialect, Route]]:
@@ -226,6 +230,11 @@ def add_client_routes(app: web.Application) -> None:
                 r.add_get(prefix + path, handler)  # HEAD too
             else:
                 r.add_route(method, prefix + path, handler)
+    for method, path, handler in BATCH_ROUTES:  # the Batch API: on the shared URL only
+        if method == "GET":
+            r.add_get(path, handler)
+        else:
+            r.add_route(method, path, handler)
     r.add_get("/", root)
     r.add_get(ENDPOINT_ROUTE_PREFIX, root)
     r.add_get(ENDPOINT_ROUTE_PREFIX + "/", root)

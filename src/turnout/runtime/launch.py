@@ -96,22 +96,25 @@ def launch_command(
     extra = engine_args(args)
     exe = python or sys.executable
     if engine == "llamacpp":
+        # llama.cpp's own server from the xllamacpp wheel (turnout.runtime.llamacpp_server): the claim's args are
+        # llama-server's flags, judged at validation (turnout.core.llamacpp_flags). llama-server's /health is 503
+        # while the model loads, 200 once it serves (tools/server/server.cpp); it has no sleep API.
         return Launch(
             [
                 exe,
                 "-m",
-                "llama_cpp.server",
+                "turnout.runtime.llamacpp_server",
                 "--model",
                 model,
                 "--host",
                 host,
                 "--port",
                 str(port),
-                "--model_alias",
+                "--alias",
                 model_name,
                 *extra,
             ],
-            "/v1/models",
+            "/health",
             False,
         )
     if engine == "vllm":

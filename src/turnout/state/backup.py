@@ -2,7 +2,8 @@
 
 Who uses it: ``turnout backup create`` (:mod:`turnout.cli.backup`), the admin API
 (:mod:`turnout.admin.backup_api`) and restores (:mod:`turnout.state.restore`). What is where is decided by
-:class:`StatePaths`, from the settings; the ZIP's layout and the manifest's rules are in
+:class:`StatePaths`, from the settings; the placement overrides come from the store that every replica
+shares (the override file is each data dir's copy of them); the ZIP's layout and the manifest's rules are in
 :mod:`turnout.core.backup_manifest`. The store is exported by :mod:`turnout.state.store_export` (SQLite's
 online backup API, or one PostgreSQL snapshot). The ZIP is written next to its destination and renamed into
 place (0600: it holds the config, and the secret key when asked for).
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 import orjson
+from sqlalchemy import inspect
+from sqlalchemy.exc import SQLAlchemyError
 
 from turnout import __version__
 from turnout.config import Settings
@@ -48,8 +51,10 @@ from turnout.state.store_export import (
     postgres_export,
     sqlite_export,
 )
-from turnout.store.db import database_url
+from turnout.store.db import Database, StoreError, database_url
 from turnout.store.secrets import SECRET_KEY_FILE
+from turnout.store.shared_state import PLACEMENT as PLACEMENT_ROW
+from turnout.store.shared_state import SharedState
 
 __all__ = [
     "MAX_BACKUP_BYTES",
@@ -232,12 +237,30 @@ def read_optional(path: Path, what: str) -> bytes | None:
         raise BackupError(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
+def _placement(paths: StatePaths) -> bytes | None:
+    """The placement overrides as the store holds them (every replica's truth), in the override file's format;
+    the override file itself when the store has never held them."""
+    document = None
+    if paths.sqlite is None or paths.sqlite.exists():  # never create a store to read it
+        database = Database(paths.database_url)
+        try:
+            if inspect(database.engine).has_table("shared_state"):  # else a store not migrated yet
+                document = SharedState(database).document(PLACEMENT_ROW)
+        except (StoreError, SQLAlchemyError) as exc:
+            raise BackupError(f"cannot read the placement overrides from the store: {exc}") from None
+        finally:
+            database.close()
+    if document is None:
+        return read_optional(paths.placement, "the placement override file")
+    return None if document.text is None else document.text.encode()
+
+
 def _write_members(out: _Writer, paths: StatePaths, include_secret_key: bool, now: float) -> Manifest:
     config = read_optional(paths.config, "the config file")
     if config is None:
         raise BackupError(f"the config file {paths.config} is missing")
     out.add(CONFIG, config)
-    placement = read_optional(paths.placement, "the placement override file")
+    placement = _placement(paths)
     if placement is not None:
         out.add(PLACEMENT, placement)
     key = paths.key_in_use()

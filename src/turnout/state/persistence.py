@@ -119,7 +119,7 @@ def persistence(paths: StatePaths, database: Database | None = None) -> list[dic
             "file",
             paths.placement,
             "included",
-            "placement overrides from the admin UI; in the backup when present",
+            "placement overrides from the admin UI: this data dir's copy of the store's; in the backup when present",
         ),
         _sqlite(paths.sqlite) if paths.sqlite is not None else _postgres(paths.database_url, database),
     ]

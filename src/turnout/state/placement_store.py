@@ -15,6 +15,10 @@ a restore): every write is a read-modify-write under an exclusive ``flock`` on `
 another process's write replaced, and the file itself is replaced atomically (:mod:`turnout.atomic`).
 Other processes pick the change up at their next refresh (each admin request announces its change on the
 gateway's change counter, :mod:`turnout.state.changes`).
+
+This class keeps the overrides in the file alone. A gateway uses
+:class:`~turnout.state.placement_shared.SharedPlacementStore`, which keeps them in the SQL store every replica
+shares and this file as the data dir's copy; the file's format, parsing and lock are this module's.
 """
 
 from __future__ import annotations
@@ -31,7 +35,15 @@ from turnout.atomic import write_atomic
 from turnout.core.patterns import PatternError
 from turnout.core.placement import PlacementRules
 
-__all__ = ["FILE_VERSION", "PlacementFileError", "PlacementStore", "lock_path", "locked"]
+__all__ = [
+    "FILE_VERSION",
+    "PlacementFileError",
+    "PlacementStore",
+    "lock_path",
+    "locked",
+    "parse_overrides",
+    "render_overrides",
+]
 
 FILE_VERSION = 1
 _RULE_KEYS = {"mode", "allowed_models", "denied_models"}
@@ -141,12 +153,12 @@ class PlacementStore:
             self._write({k: v for k, v in self._overrides.items() if k != worker})
             return True
 
+    async def pull(self) -> None:
+        """Take the overrides as they are now where they are kept (here: the file, re-read)."""
+        self.refresh(force=True)
+
     def _write(self, overrides: dict[str, PlacementRules]) -> None:
-        document = {
-            "version": FILE_VERSION,
-            "workers": {name: rules.to_json() for name, rules in sorted(overrides.items())},
-        }
-        write_atomic(self.path, (json.dumps(document, indent=2) + "\n").encode())
+        write_atomic(self.path, render_overrides(overrides))
         self._overrides = overrides
         self._stamp = self._current_stamp()
 
@@ -169,6 +181,15 @@ class PlacementStore:
         except OSError as exc:
             raise PlacementFileError(f"{self.path}: cannot read: {exc.strerror}") from None
         return parse_overrides(raw, self.path), stamp
+
+
+def render_overrides(overrides: Mapping[str, PlacementRules]) -> bytes:
+    """The override file's content for ``overrides`` (workers by name)."""
+    document = {
+        "version": FILE_VERSION,
+        "workers": {name: rules.to_json() for name, rules in sorted(overrides.items())},
+    }
+    return (json.dumps(document, indent=2) + "\n").encode()
 
 
 def parse_overrides(raw: bytes, path: Path) -> dict[str, PlacementRules]:

@@ -5,7 +5,9 @@ Who uses it: ``turnout backup restore`` (:mod:`turnout.cli.backup`) and ``POST /
 revision, members, checksums), then every file's content (config valid for this version, overrides parse,
 claims are documents, the secret key is a Fernet key, the SQLite copy passes its integrity check and is at
 the manifest's revision). Only then does it commit: files by hard-linking the old version aside and renaming
-the new one over it, the store last, in one transaction (:mod:`turnout.state.store_export`). If any commit
+the new one over it, the store last, in one transaction (:mod:`turnout.state.store_export`), the backup's override
+file written into the store's placement row too (the truth every replica shares; the restore moves the store's
+change version, so running replicas take the restored state within a second). If any commit
 step fails, the steps already made are undone and the old state is what remains.
 
 The restored ``config.json`` keeps the ``storage`` section of the config it replaces: storage says where
@@ -21,6 +23,7 @@ import secrets
 import shutil
 import stat
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +46,7 @@ from turnout.state.backup import (
     open_backup,
     read_optional,
 )
+from turnout.state.placement_shared import remember_written
 from turnout.state.placement_store import PlacementFileError, locked, parse_overrides
 from turnout.state.running import gateway_running
 from turnout.state.store_export import (
@@ -218,15 +222,17 @@ def restore_backup(
         result = RestoreResult(manifest)
         if note:
             result.warnings.append(note)
-        steps = _plan_files(archive, manifest, paths, config_data, result)
+        steps, placement = _plan_files(archive, manifest, paths, config_data, result)
+        text = None if placement is None else placement.decode()
         staged_db: Path | None = None
         try:
             for step in steps:
                 step.prepare()
             if paths.sqlite is not None:
-                staged_db = _stage_sqlite(archive, manifest, paths.sqlite)
+                staged_db = _stage_sqlite(archive, manifest, paths.sqlite, text)
             with _placement_locked(paths.placement):  # no placement write of a gateway interleaves, nor is undone
-                _commit(steps, lambda: _commit_store(archive, manifest, paths, staged_db, result))
+                _commit(steps, lambda: _commit_store(archive, manifest, paths, staged_db, text, result))
+                remember_written(paths.placement, placement, 0)  # a gateway's copy, not a hand edit
         finally:
             for step in steps:
                 step.cleanup()
@@ -238,7 +244,8 @@ def restore_backup(
 
 def _plan_files(
     archive: zipfile.ZipFile, manifest: Manifest, paths: StatePaths, config_data: bytes, result: RestoreResult
-) -> list[_Step]:
+) -> tuple[list[_Step], bytes | None]:
+    """The file steps, and the backup's override file (None: it had none)."""
     steps: list[_Step] = []
 
     def replace(target: Path, data: bytes | None, label: str, mode: int = 0o644) -> None:
@@ -265,8 +272,11 @@ def _plan_files(
     if placement is not None:
         try:
             parse_overrides(placement, Path(PLACEMENT))
+            placement.decode()
         except PlacementFileError as exc:
             raise BackupInvalid(f"the backup's {exc}") from None
+        except UnicodeDecodeError:
+            raise BackupInvalid(f"the backup's {PLACEMENT} is not UTF-8 text") from None
     replace(paths.placement, placement, PLACEMENT)
     if manifest.secret_key_included:
         key = member(SECRET_KEY).strip()
@@ -288,10 +298,10 @@ def _plan_files(
             for extra in sorted(paths.claims_dir.glob("*.json")):
                 if extra.name not in wanted and not extra.name.startswith("."):
                     replace(extra, None, f"claims/{extra.name}")
-    return steps
+    return steps, placement
 
 
-def _stage_sqlite(archive: zipfile.ZipFile, manifest: Manifest, live: Path) -> Path:
+def _stage_sqlite(archive: zipfile.ZipFile, manifest: Manifest, live: Path, placement: str | None) -> Path:
     live.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{live.name}.restore-", dir=live.parent)
     staged = Path(name)
@@ -304,7 +314,7 @@ def _stage_sqlite(archive: zipfile.ZipFile, manifest: Manifest, live: Path) -> P
             raise BackupInvalid(
                 f"{SQLITE_STORE} is at schema revision {revision}, the manifest says {manifest.schema_revision}"
             )
-        sqlite_prepare(staged, live)
+        sqlite_prepare(staged, live, placement=placement, now=time.time())
     except StoreExportError as exc:
         staged.unlink(missing_ok=True)
         raise BackupInvalid(f"{SQLITE_STORE}: {exc}") from None
@@ -315,7 +325,12 @@ def _stage_sqlite(archive: zipfile.ZipFile, manifest: Manifest, live: Path) -> P
 
 
 def _commit_store(
-    archive: zipfile.ZipFile, manifest: Manifest, paths: StatePaths, staged: Path | None, result: RestoreResult
+    archive: zipfile.ZipFile,
+    manifest: Manifest,
+    paths: StatePaths,
+    staged: Path | None,
+    placement: str | None,
+    result: RestoreResult,
 ) -> None:
     if paths.sqlite is not None:
         assert staged is not None
@@ -328,7 +343,9 @@ def _commit_store(
         with archive.open(name) as handle:
             yield handle
 
-    result.rows = postgres_restore(paths.database_url, manifest.schema_revision, manifest.tables, member)
+    result.rows = postgres_restore(
+        paths.database_url, manifest.schema_revision, manifest.tables, member, placement=placement, now=time.time()
+    )
     result.restored.append("store (PostgreSQL)")
 
 

@@ -11,8 +11,11 @@ revision, loads the rows, resets the id sequences and migrates on to head. A fai
 back.
 
 Browser sessions (``admin_sessions``) are not exported: a restore keeps the sessions of the target, so an
-operator restoring from the admin UI stays signed in. The audit log is append-only, and a restore keeps it
-so: the target's entries newer than the backup's newest are appended to the restored log.
+operator restoring from the admin UI stays signed in. Nor is ``shared_state`` (:mod:`turnout.store.shared_state`):
+the backup holds the placement overrides as the override file, which a restore writes into the store's row, and
+the target's change version only ever moves on (the restore moves it once more), so every replica re-reads. The
+audit log is append-only, and a restore keeps it so: the target's entries newer than the backup's newest are
+appended to the restored log.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.types import JSON, DateTime, Integer, LargeBinary
 
 import turnout.store.db as store_db
+from turnout.store import shared_state
 from turnout.store.db import StoreError
 from turnout.store.schema import metadata
 
@@ -50,7 +54,7 @@ __all__ = [
     "sqlite_revision",
 ]
 
-KEPT_TABLES = ("admin_sessions",)  # the target's own: never exported or replaced
+KEPT_TABLES = ("admin_sessions", "shared_state")  # the target's own: never exported, kept by a restore
 _MIGRATIONS = Path(store_db.__file__).parent / "migrations"
 _BATCH = 1000
 
@@ -148,21 +152,26 @@ def sqlite_revision(path: Path) -> str:
     return str(row[0])
 
 
-def sqlite_prepare(staged: Path, live: Path) -> None:
+def sqlite_prepare(staged: Path, live: Path, *, placement: str | None, now: float) -> None:
     """Bring the staged copy to head and carry over from the live database what a restore keeps: its browser
-    sessions, and its audit entries newer than the backup's (the audit log is append-only: a restore never
-    erases the record of what happened after the backup, the restore included)."""
-    url = f"sqlite:///{staged}"
-    engine = create_engine(url)
+    sessions, its shared state, and its audit entries newer than the backup's (the audit log is append-only: a
+    restore never erases the record of what happened after the backup, the restore included); then the backup's
+    override document ``placement`` becomes the store's (:func:`turnout.store.shared_state.restored`)."""
+    engine = create_engine(f"sqlite:///{staged}")
     try:
         with engine.begin() as conn:
             _upgrade(conn, "head")
+        if live.exists():
+            _carry_kept(staged, live)
+        with engine.begin() as conn:
+            shared_state.restored(conn, placement, now=now)
     except SQLAlchemyError as exc:
         raise StoreExportError(f"cannot migrate the backup's store to this version: {exc}") from None
     finally:
         engine.dispose()
-    if not live.exists():
-        return
+
+
+def _carry_kept(staged: Path, live: Path) -> None:
     try:
         db = sqlite3.connect(staged)
         try:
@@ -187,7 +196,7 @@ def sqlite_prepare(staged: Path, live: Path) -> None:
             db.close()
     except sqlite3.Error as exc:
         raise StoreExportError(
-            f"cannot carry sessions and later audit entries into the restored store: {exc}"
+            f"cannot carry sessions, shared state and later audit entries into the restored store: {exc}"
         ) from None
 
 
@@ -282,10 +291,17 @@ def _rows(lines: Iterator[bytes], table: Table, path: str) -> Iterator[dict[str,
 
 
 def postgres_restore(
-    url: str, revision: str, tables: list[str], member: Callable[[str], contextlib.AbstractContextManager[IO[bytes]]]
+    url: str,
+    revision: str,
+    tables: list[str],
+    member: Callable[[str], contextlib.AbstractContextManager[IO[bytes]]],
+    *,
+    placement: str | None,
+    now: float,
 ) -> dict[str, int]:
-    """Replace the store's content with the exported ``tables`` (read through ``member``) in one transaction;
-    return rows loaded per table."""
+    """Replace the store's content with the exported ``tables`` (read through ``member``) in one transaction,
+    the backup's override document ``placement`` included (:func:`turnout.store.shared_state.restored`); return
+    rows loaded per table."""
     newest = _newest_audit(member) if "audit" in tables else None
     engine = create_engine(url)
     loaded: dict[str, int] = {}
@@ -318,6 +334,7 @@ def postgres_restore(
             _upgrade(conn, "head")
             _write_kept(conn, kept)
             _append_audit(conn, later)
+            shared_state.restored(conn, placement, now=now)
     except SQLAlchemyError as exc:
         raise StoreExportError(
             f"cannot load the backup into the PostgreSQL store (nothing was changed): {exc.__class__.__name__}: "

@@ -20,6 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 __all__ = ["Database", "StoreError", "database_url"]
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
+_MIGRATION_LOCK = 0x7475726E6F7574  # "turnout": the PostgreSQL advisory lock key of migrations
 log = logging.getLogger("turnout.store")
 
 
@@ -65,7 +66,9 @@ class Database:
         return f"{scheme}://{creds.split(':', 1)[0]}:***@{tail}"
 
     def migrate(self) -> None:
-        """Bring the schema to the latest revision (idempotent)."""
+        """Bring the schema to the latest revision (idempotent). On PostgreSQL the migration holds an advisory
+        lock for its transaction: gateway replicas starting at once on a new database wait for the first one's
+        migration, then find the schema at head (Alembic reads the revision after the lock is granted)."""
         if self._at_head():
             return
         from alembic import command
@@ -76,6 +79,8 @@ class Database:
         before = self._revision()
         try:
             with self.engine.begin() as conn:
+                if self.dialect == "postgresql":  # replicas starting at once on a new store migrate one by one
+                    conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, "head")
         except SQLAlchemyError as exc:

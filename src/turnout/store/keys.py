@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, CursorResult, RowMapping, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, CursorResult, Insert, RowMapping, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
+from turnout.core.admission import Priority
 from turnout.core.patterns import Pattern, parse_pattern
+from turnout.core.priority import key_class, tenant_default
 from turnout.store.bounds import MAX_INT, MAX_NAME
 from turnout.store.db import Database, StoreError
 from turnout.store.schema import apps, keys, tenants
@@ -36,6 +39,7 @@ __all__ = [
     "KeyRevoked",
     "KeyStore",
     "StaleRecord",
+    "UnknownTenant",
     "hash_key",
     "parse_scopes",
 ]
@@ -50,6 +54,10 @@ class KeyRevoked(StoreError):
 
 class StaleRecord(StoreError):
     """A guarded write found the row changed by another writer since it was checked (the API answers 412)."""
+
+
+class UnknownTenant(KeyError):
+    """No tenant by that name (the API answers 404)."""
 
 
 KEY_PREFIX = "tk_"
@@ -89,6 +97,13 @@ class KeyRecord:
     lineage: int
     created_at: float
     rotated_to: int | None = None
+    priority: Priority | None = None  # the key's own class (None: its tenant's default)
+    tenant_priority: Priority | None = None  # the tenant's default class as the store has it
+
+    def priority_class(self, configured: Priority | None) -> Priority:
+        """The class of the key's requests before any header: its own, else its tenant's default (``configured``,
+        config.json's ``tenants.<t>.priority``, before the store's), else standard."""
+        return key_class(self.priority, tenant_default(configured, self.tenant_priority))
 
     def state(self, now: float) -> str:
         """``revoked``, ``expired``, ``in_grace`` (rotated; works until ``expires_at``) or ``active``."""
@@ -133,6 +148,7 @@ class KeyRecord:
             "revoked_at": self.revoked_at,
             "rotated_to": self.rotated_to,
             "created_at": self.created_at,
+            "priority": None if self.priority is None else self.priority.value,
         }
 
     def to_json(self, now: float | None = None) -> dict[str, Any]:
@@ -159,8 +175,10 @@ class KeyStore:
         daily_tokens: int | None,
         expires_at: float | None,
         now: float,
+        priority: Priority | None = None,
     ) -> tuple[KeyRecord, str]:
-        """A new key for ``app`` (created, with its tenant, when missing); returns (record, plaintext)."""
+        """A new key for ``app`` (created, with its tenant, when missing); returns (record, plaintext).
+        ``priority``: its class (None: its tenant's default)."""
         for name, value in (("rpm", rpm), ("daily_tokens", daily_tokens)):
             if value is not None and value < 1:
                 raise StoreError(f"{name} must be at least 1, got {value}")
@@ -170,14 +188,16 @@ class KeyStore:
             raise StoreError("expires_at must be a finite time")
         with self.db.begin() as conn:
             app_id = self._app_id(conn, app, tenant, now)
-            plaintext, key_id = self._insert(conn, app_id, scopes, rpm, daily_tokens, expires_at, None, now)
+            plaintext, key_id = self._insert(
+                conn, app_id, scopes, rpm, daily_tokens, expires_at, None, now, _class_text(priority)
+            )
             record = self._load(conn, key_id)
         return record, plaintext
 
     def rotate(
         self, ref: str, *, grace_s: float, now: float, check: Check | None = None
     ) -> tuple[KeyRecord, KeyRecord, str]:
-        """(old, new, plaintext): the new key copies scopes and limits; the old one works for ``grace_s``."""
+        """(old, new, plaintext): the new key copies scopes, limits and class; the old one works for ``grace_s``."""
         if not (math.isfinite(grace_s) and grace_s >= 0):
             raise StoreError("grace_s must be a finite number of seconds >= 0")
         with self.db.begin() as conn:
@@ -196,6 +216,7 @@ class KeyStore:
                 row["expires_at"],
                 old.lineage,
                 now,
+                row["priority"],
             )
             until = now + grace_s
             if old.expires_at is not None:
@@ -225,10 +246,11 @@ class KeyStore:
         rpm: int | None = UNSET,
         daily_tokens: int | None = UNSET,
         expires_at: float | None = UNSET,
+        priority: Priority | None = UNSET,
         check: Check | None = None,
     ) -> tuple[KeyRecord, KeyRecord]:
-        """Change a key's scopes and limits (only the arguments given; None removes a limit or the expiry).
-        (before, after). A revoked key cannot be changed."""
+        """Change a key's scopes, limits and class (only the arguments given; None removes a limit or the expiry,
+        or the key's own class: its tenant's default applies). (before, after). A revoked key cannot be changed."""
         values: dict[str, Any] = {}
         if scopes is not UNSET:
             values["models"] = parse_scopes(scopes)
@@ -242,6 +264,8 @@ class KeyStore:
             if expires_at is not None and not math.isfinite(expires_at):
                 raise StoreError("expires_at must be a finite time")
             values["expires_at"] = expires_at
+        if priority is not UNSET:
+            values["priority"] = _class_text(priority)
         with self.db.begin() as conn:
             before = self._resolve(conn, ref, lock=True)
             if check is not None:
@@ -295,6 +319,7 @@ class KeyStore:
                 "name": r["name"],
                 "max_concurrent": r["max_concurrent"],
                 "weight": r["weight"] or 1,
+                "priority": _class_text(_stored_class(r["priority"])),
                 "created_at": r["created_at"],
                 "apps": int(app_counts.get(r["id"], 0)),
                 "keys": int(key_counts.get(r["id"], 0)),
@@ -325,6 +350,27 @@ class KeyStore:
             key_id = conn.execute(select(keys.c.id).where(keys.c.hash == digest)).scalar()
             return None if key_id is None else self._load(conn, key_id)
 
+    def tenant_priority(self, name: str) -> Priority | None:
+        """A tenant's default class as the store has it (None: none, or no such tenant)."""
+        with self.db.begin() as conn:
+            return _stored_class(conn.execute(select(tenants.c.priority).where(tenants.c.name == name)).scalar())
+
+    def set_tenant_priority(
+        self, name: str, priority: Priority | None, *, check: Callable[[Priority | None], None] | None = None
+    ) -> tuple[Priority | None, Priority | None]:
+        """Set (None: remove) a tenant's default class; (before, after). :class:`UnknownTenant` for a name no app
+        was created under. ``check`` is called with the current value, the row locked."""
+        with self.db.begin() as conn:
+            query = select(tenants.c.id, tenants.c.priority).where(tenants.c.name == name)
+            row = conn.execute(query.with_for_update()).first()
+            if row is None:
+                raise UnknownTenant(f'no tenant "{name[:MAX_NAME]}" (a tenant is made with its first app\'s key)')
+            before = _stored_class(row.priority)
+            if check is not None:
+                check(before)
+            conn.execute(update(tenants).where(tenants.c.id == row.id).values(priority=_class_text(priority)))
+        return before, priority
+
     def ensure_tenant(self, name: str, *, max_concurrent: int | None, weight: int, now: float) -> None:
         with self.db.begin() as conn:
             tenant_id = self._tenant_id(conn, name, now)
@@ -343,7 +389,12 @@ class KeyStore:
         found = conn.execute(select(tenants.c.id).where(tenants.c.name == name)).scalar()
         if found is not None:
             return int(found)
-        return _new_id(conn.execute(insert(tenants).values(name=name, created_at=now)))
+        made = _insert_once(conn, insert(tenants).values(name=name, created_at=now))
+        return (
+            made
+            if made is not None
+            else int(conn.execute(select(tenants.c.id).where(tenants.c.name == name)).scalar_one())
+        )
 
     def _app_id(self, conn: Connection, app: str, tenant: str | None, now: float) -> int:
         if not app or len(app) > MAX_NAME:
@@ -356,8 +407,8 @@ class KeyStore:
                 raise StoreError(f'app "{app}" belongs to tenant "{row[1]}", not "{tenant}"')
             return int(row[0])
         tenant_id = self._tenant_id(conn, tenant or DEFAULT_TENANT, now)
-        result = conn.execute(insert(apps).values(name=app, tenant_id=tenant_id, created_at=now))
-        return _new_id(result)
+        made = _insert_once(conn, insert(apps).values(name=app, tenant_id=tenant_id, created_at=now))
+        return made if made is not None else self._app_id(conn, app, tenant, now)
 
     def _insert(
         self,
@@ -369,6 +420,7 @@ class KeyStore:
         expires_at: float | None,
         lineage: int | None,
         now: float,
+        priority: str | None = None,
     ) -> tuple[str, int]:
         plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
         result = conn.execute(
@@ -382,6 +434,7 @@ class KeyStore:
                 expires_at=expires_at,
                 lineage=lineage,
                 created_at=now,
+                priority=priority,
             )
         )
         return plaintext, _new_id(result)
@@ -422,6 +475,7 @@ class KeyStore:
                 tenants.c.id.label("tenant_id"),
                 tenants.c.max_concurrent.label("tmax"),
                 tenants.c.weight.label("tweight"),
+                tenants.c.priority.label("tpriority"),
             )
             .join(apps, keys.c.app_id == apps.c.id)
             .join(tenants, apps.c.tenant_id == tenants.c.id)
@@ -449,7 +503,34 @@ def _record(row: RowMapping) -> KeyRecord:
         lineage=row["lineage"] or row["id"],
         created_at=row["created_at"],
         rotated_to=row["rotated_to"],
+        priority=_stored_class(row["priority"]),
+        tenant_priority=_stored_class(row["tpriority"]),
     )
+
+
+def _insert_once(conn: Connection, statement: Insert) -> int | None:
+    """Insert a row another writer may be inserting at the same moment (two replicas starting on a new store each
+    make the first app's tenant): its id, or None when the other writer's row came first (read it then). On
+    PostgreSQL the insert is a savepoint, so the loser's transaction goes on; SQLite has one writer at a time."""
+    if conn.dialect.name != "postgresql":
+        return _new_id(conn.execute(statement))
+    try:
+        with conn.begin_nested():
+            return _new_id(conn.execute(statement))
+    except IntegrityError:
+        return None
+
+
+def _class_text(priority: Priority | None) -> str | None:
+    return None if priority is None else priority.value
+
+
+def _stored_class(value: str | None) -> Priority | None:
+    """A stored class; a value no release writes (a hand-edited row) counts as not set."""
+    try:
+        return None if value is None else Priority(value)
+    except ValueError:
+        return None
 
 
 def _new_id(result: CursorResult[Any]) -> int:

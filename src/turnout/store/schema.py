@@ -5,12 +5,15 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     Float,
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Table,
     Text,
@@ -20,6 +23,9 @@ __all__ = [
     "admin_sessions",
     "apps",
     "audit",
+    "batch_files",
+    "batch_results",
+    "batches",
     "endpoints",
     "keys",
     "metadata",
@@ -28,6 +34,7 @@ __all__ = [
     "people",
     "personal_tokens",
     "responses",
+    "shared_state",
     "tenants",
     "usage",
 ]
@@ -42,6 +49,8 @@ tenants = Table(
     Column("max_concurrent", Integer, nullable=True),
     Column("weight", Integer, nullable=False, server_default="1"),
     Column("created_at", Float, nullable=False),
+    # since 0016: the default priority class of the tenant's keys (NULL: config.json's, else standard)
+    Column("priority", String(16), nullable=True),
 )
 
 apps = Table(
@@ -68,6 +77,7 @@ keys = Table(
     Column("rotated_to", Integer, nullable=True),
     Column("lineage", Integer, nullable=True),  # the first key of a rotation chain; limits are shared along it
     Column("created_at", Float, nullable=False),
+    Column("priority", String(16), nullable=True),  # since 0016: the key's priority class (NULL: its tenant's)
 )
 
 usage = Table(
@@ -84,6 +94,7 @@ usage = Table(
     Column("status", Integer, nullable=False),
     Column("fallback_from", String(320), nullable=True),
     Column("alias", String(256), nullable=True),  # since 0013: the alias the request named (model: what ran)
+    Column("batch_id", String(64), nullable=True),  # since 0014: the batch whose line this request was
     Column("requests", Integer, nullable=False),
     Column("errors", Integer, nullable=False),
     Column("prompt_tokens", BigInteger, nullable=False),
@@ -215,4 +226,87 @@ responses = Table(
     Column("input_items", JSON, nullable=False),
     Column("response", JSON, nullable=False),
     Index("ix_responses_expires_at", "expires_at"),
+)
+
+batch_files = Table(
+    # Files of the OpenAI Batch API (turnout.store.batches): an uploaded input file with its content, or a batch's
+    # output or error file, whose lines are that batch's rows in batch_results (made when the file is read).
+    "batch_files",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("app", String(128), nullable=True),  # NULL: uploaded without a key (open access)
+    Column("purpose", String(32), nullable=False),  # batch | batch_output | batch_error
+    Column("filename", String(512), nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("lines", Integer, nullable=False),  # requests of an input file; lines of an output or error file
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=True),
+    Column("batch_id", String(64), nullable=True),  # an output or error file: the batch that wrote it
+    Column("content", LargeBinary, nullable=True),  # an input file as uploaded; NULL for output and error files
+    Index("ix_batch_files_app_created", "app", "created_at"),
+    Index("ix_batch_files_expires_at", "expires_at"),
+)
+
+batches = Table(
+    # Batches of the OpenAI Batch API: OpenAI's batch object, the key it runs as, and its runner's lease.
+    "batches",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("app", String(128), nullable=True),
+    Column("key_id", Integer, nullable=True),  # the key that created it: its lines run as that key (its lineage's)
+    Column("endpoint", String(64), nullable=False),
+    Column("input_file_id", String(64), nullable=False),
+    Column("completion_window", String(16), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("in_progress_at", Float, nullable=True),
+    Column("finalizing_at", Float, nullable=True),
+    Column("completed_at", Float, nullable=True),
+    Column("failed_at", Float, nullable=True),
+    Column("expired_at", Float, nullable=True),
+    Column("cancelling_at", Float, nullable=True),
+    Column("cancelled_at", Float, nullable=True),
+    Column("ended_at", Float, nullable=True),  # when it reached completed, failed, expired or cancelled
+    Column("total", Integer, nullable=False),
+    Column("completed", Integer, nullable=False),
+    Column("failed", Integer, nullable=False),
+    Column("prompt_tokens", BigInteger, nullable=False),
+    Column("completion_tokens", BigInteger, nullable=False),
+    Column("output_file_id", String(64), nullable=True),
+    Column("error_file_id", String(64), nullable=True),
+    Column("errors", JSON, nullable=True),  # OpenAI's errors.data of a failed batch
+    Column("metadata", JSON, nullable=True),
+    Column("output_expires_s", Float, nullable=True),  # output_expires_after.seconds
+    Column("runner", String(160), nullable=True),  # who runs it now (host:pid:random), with its lease
+    Column("lease_until", Float, nullable=True),
+    Index("ix_batches_app_created", "app", "created_at"),
+    Index("ix_batches_status", "status"),
+    Index("ix_batches_ended_at", "ended_at"),
+)
+
+batch_results = Table(
+    # One row per answered line of a batch, written before the line counts as done; the primary key makes a line's
+    # answer unique however many runners sent it (turnout.gateway.batch_runner says what "exactly once" means).
+    "batch_results",
+    metadata,
+    Column("batch_id", String(64), nullable=False),
+    Column("line", Integer, nullable=False),  # the input file's line number
+    Column("ok", Boolean, nullable=False),  # a 2xx answer: the output file's; else the error file's
+    Column("output", LargeBinary, nullable=False),  # the output or error file's JSON line (UTF-8)
+    Column("prompt_tokens", Integer, nullable=False),
+    Column("completion_tokens", Integer, nullable=False),
+    Column("recorded_at", Float, nullable=False),
+    PrimaryKeyConstraint("batch_id", "line", name="pk_batch_results"),
+)
+
+shared_state = Table(
+    # What every replica must see the same (turnout.store.shared_state): "changes" (the admin change version)
+    # and "placement" (the override file's document and its own write count).
+    "shared_state",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("version", BigInteger, nullable=False),
+    Column("document", Text, nullable=True),
+    Column("updated_at", Float, nullable=False),
 )

@@ -3,8 +3,9 @@
 Used by the gateway's usage batcher (:mod:`turnout.gateway.accounting`), the admin usage API and
 ``turnout usage``.
 
-A group is (minute, key, endpoint, model, worker, status, fallback origin, alias): ``model`` is the model that
-was served, ``alias`` the alias the request named for it (None when it named the model). Each roll-up keeps counts,
+A group is (minute, key, endpoint, model, worker, status, fallback origin, alias, batch): ``model`` is the model that
+was served, ``alias`` the alias the request named for it (None when it named the model), ``batch`` the Batch API
+batch whose line the request was (None for a client's own request). Each roll-up keeps counts,
 token sums, latency min, max and sum, and a latency histogram (:mod:`turnout.core.latency`), so percentiles
 can be computed for any bucket width later.
 
@@ -72,6 +73,7 @@ class UsageFilter:
     model: str | None = None
     route: str | None = None
     key_ids: tuple[int, ...] | None = None  # only these keys' rows (a team-admin's tenant); None: no such filter
+    batch: str | None = None  # only the rows of this Batch API batch's lines
 
     def apply(self, query: Select[Any]) -> Select[Any]:
         if self.key_ids is not None:
@@ -87,6 +89,8 @@ class UsageFilter:
             query = query.where(usage.c.model == self.model)
         if self.route is not None:
             query = query.where(usage.c.endpoint == self.route)
+        if self.batch is not None:
+            query = query.where(usage.c.batch_id == self.batch)
         return query
 
 
@@ -106,6 +110,7 @@ class UsageRow(NamedTuple):
     latency_ms: float
     fallback_from: str | None = None
     alias: str | None = None  # the alias the client named (``model`` is what it stands for)
+    batch_id: str | None = None  # the Batch API batch whose line this request was
 
     @property
     def group(self) -> Group:
@@ -118,6 +123,7 @@ class UsageRow(NamedTuple):
             self.status,
             self.fallback_from,
             self.alias,
+            self.batch_id,
         )
 
 
@@ -173,11 +179,11 @@ class Refused:
 
     def describe(self) -> str:
         """One log line naming the row (text repr-escaped and shortened; no values beyond the group)."""
-        minute, key_id, endpoint, model, worker, status, fallback_from, alias = self.group
+        minute, key_id, endpoint, model, worker, status, fallback_from, alias, batch_id = self.group
         return (
             f"minute={minute} key_id={key_id} endpoint={_short(endpoint)} model={_short(model)} "
             f"worker={_short(worker)} status={status} fallback_from={_short(fallback_from)} alias={_short(alias)} "
-            f"requests={self.rollup.requests}: {self.reason}"
+            f"batch={_short(batch_id)} requests={self.rollup.requests}: {self.reason}"
         )
 
 
@@ -196,7 +202,7 @@ class _Item:
     strict: bool = False  # already fitted ASCII-only
 
 
-_GROUP_COLUMNS = ("minute", "key_id", "endpoint", "model", "worker", "status", "fallback_from", "alias")
+_GROUP_COLUMNS = ("minute", "key_id", "endpoint", "model", "worker", "status", "fallback_from", "alias", "batch_id")
 _INT32 = 2**31 - 1
 _INT64 = 2**63 - 1
 _FLOAT_MAX = 1e300  # finite on every backend; NaN is not storable everywhere (SQLite reads it as NULL)

@@ -1,6 +1,6 @@
 """The Keys page: API keys with their state (active / revoked / expired / in grace until T), last use,
-scopes and limits; filters by tenant, app, endpoint and state; create (the key shown once), edit scopes and
-limits, rotate with a grace period, revoke.
+scopes, limits and priority class (the key's own, or its tenant's default); filters by tenant, app, endpoint and
+state; create (the key shown once), edit scopes, limits and class, rotate with a grace period, revoke.
 
 The list is what ``GET /admin/api/keys`` answers for the page's own query (:func:`turnout.admin.accounts.
 list_keys`: the same filters, computed state, ``last_used`` and ETag), rendered as a fragment
@@ -20,6 +20,7 @@ from turnout.admin.accounts import list_apps, list_keys, list_tenants
 from turnout.admin.ui.answers import answer, without_blanks
 from turnout.admin.ui.display import iso, number, when
 from turnout.admin.ui.render import page, render
+from turnout.core.priority import CLASSES
 from turnout.gateway.keys import ENDPOINTS, SETTINGS
 from turnout.store.keys import KEY_STATES
 
@@ -38,6 +39,7 @@ async def _state(request: web.Request) -> dict[str, Any]:
         "apps": (await answer(list_apps, request))["apps"],
         "endpoint_names": sorted(e["name"] for e in request.app[ENDPOINTS].describe()),
         "states": KEY_STATES,
+        "classes": [p.value for p in CLASSES],
         "filters": filters,
         "filter_query": urlencode({k: v for k, v in filters.items() if v}),
         "filtered": any(filters.values()),

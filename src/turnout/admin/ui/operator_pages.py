@@ -1,11 +1,12 @@
-"""Mounts the operator pages: Endpoints, Model aliases, Keys, Usage, Audit, Runtime pools, Persistence (one module
-each)."""
+"""Mounts the operator pages: Endpoints, Model aliases, Keys, Usage, Batches, Audit, Runtime pools, Persistence (one
+module each)."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
 from turnout.admin.ui.audit_page import add_audit_routes
+from turnout.admin.ui.batches_page import add_batches_routes
 from turnout.admin.ui.endpoints_page import add_endpoints_routes
 from turnout.admin.ui.keys_page import add_keys_routes
 from turnout.admin.ui.models_page import add_models_routes
@@ -21,6 +22,7 @@ def add_operator_pages(app: web.Application) -> None:
     add_models_routes(app)
     add_keys_routes(app)
     add_usage_routes(app)
+    add_batches_routes(app)
     add_persistence_routes(app)
     add_audit_routes(app)
     add_pools_routes(app)

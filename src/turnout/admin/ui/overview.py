@@ -1,6 +1,7 @@
 """The Overview page: where proxied requests' time went over the last minutes, workers and endpoints with health
 (and why when down), models, load, requests per minute, each worker's prefix cache hit rate and what its engine runs
-at once (and how that was found), and ModelClaims by phase. The body is a fragment
+at once (and how that was found), the requests waiting and running by priority class (this process's, as
+``/metrics`` has them), and ModelClaims by phase. The body is a fragment
 (``/admin/overview/fragment``) that the page polls with htmx, so it refreshes itself without a reload.
 
 Requests per minute come from the usage store (all replicas' traffic, flushed first): the requests of the
@@ -113,10 +114,14 @@ async def overview_state(request: web.Request) -> dict[str, Any]:
     phases: Counter[str] = Counter()
     if bindings is not None:
         phases.update(view.phase.value for view in bindings.source.views())
+    classes = [
+        {"name": p.value, "waiting": c.waiting, "running": c.running} for p, c in request.app[METRICS].classes.items()
+    ]
     return {
         "timing": _timing(request, _window(request)),
         "workers": workers,
         "endpoints": endpoints,
+        "classes": classes,
         "claims_configured": bindings is not None,
         "phases": sorted(phases.items()),
         "in_flight": sum(s.in_flight for s in fleet.workers.values()),

@@ -61,6 +61,7 @@ NAV = (
     NavEntry("ui.models", "nav.models"),
     NavEntry("ui.keys", "nav.keys"),
     NavEntry("ui.usage", "nav.usage"),
+    NavEntry("ui.batches", "nav.batches"),
     NavEntry("ui.audit", "nav.audit"),
     NavEntry("ui.pools", "nav.pools"),
     NavEntry("ui.persistence", "nav.persistence"),

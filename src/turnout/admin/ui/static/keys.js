@@ -1,4 +1,4 @@
-// The Keys page: create (the key shown once), edit scopes and limits, rotate with a grace period, revoke.
+// The Keys page: create (the key shown once), edit scopes, limits and class, rotate with a grace period, revoke.
 // Every check is the JSON API's; a 422 is shown next to its field, a 412 (changed meanwhile) says so and
 // reloads the list. Messages come from data-* attributes.
 (function () {
@@ -42,6 +42,8 @@
     if (daily !== null) body.daily_tokens = daily;
     var expires = el("k-expires").value.trim();
     if (expires !== "") body.expires = expires;
+    var priority = el("k-priority").value;
+    if (priority !== "") body.priority = priority;
     el("k-create").disabled = true;
     try {
       var r = await turnout.api("POST", "/admin/api/keys", body);
@@ -74,6 +76,7 @@
     el("e-rpm").value = button.dataset.rpm;
     el("e-daily").value = button.dataset.daily;
     el("e-expires").value = button.dataset.expires;
+    el("e-priority").value = button.dataset.priority;
     dialog.showModal();
     el("e-models").focus();
   }
@@ -84,8 +87,10 @@
     var dialog = el("edit-dialog");
     turnout.forms.clearErrors(form);
     var expires = el("e-expires").value.trim();
+    var priority = el("e-priority").value;
     var body = { models: lines(el("e-models").value), rpm: count(el("e-rpm").value),
-      daily_tokens: count(el("e-daily").value), expires: expires === "" ? null : expires };
+      daily_tokens: count(el("e-daily").value), expires: expires === "" ? null : expires,
+      priority: priority === "" ? null : priority };
     try {
       await turnout.api("PATCH", "/admin/api/keys/" + dialog.dataset.id, body, { etag: dialog.dataset.etag });
       dialog.close();

@@ -1,0 +1,286 @@
+"""The occupancy's keepers follow one set of rules (turnout.core.admission, turnout.core.prefix.match_of): the same
+tables run against the memory keeper and against Redis (a real redis-server), then what only Redis does: leases that
+expire with their replica, a waiter on one replica woken by a slot given back on another, and Redis going away and
+coming back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from tests.support.services import redis_server
+from turnout.core.admission import Caps, Priority
+from turnout.core.prefix import PrefixIndex, prompt_of
+from turnout.gateway import redis_occupancy
+from turnout.gateway.occupancy import Grant, LocalOccupancy, Occupancy, Ticket, next_id
+from turnout.gateway.redis_occupancy import RedisOccupancy
+
+TENANT_CAPS = {"capped": 1}
+NO_CAPS = Caps()
+
+
+def indexes() -> Callable[[str], PrefixIndex | None]:
+    made: dict[str, PrefixIndex] = {}
+    return lambda worker: made.setdefault(worker, PrefixIndex(1000, 100))
+
+
+@pytest.fixture(params=["local", "redis"])
+async def keeper(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[Occupancy]:
+    if request.param == "local":
+        yield LocalOccupancy(indexes(), clock=time.monotonic, tenant_caps=TENANT_CAPS)
+        return
+    occupancy = redis_keeper(redis_url)
+    await occupancy.start()
+    assert occupancy.up
+    yield occupancy
+    await occupancy.close()
+
+
+def redis_keeper(url: str, prefix: str | None = None, **extra: Any) -> RedisOccupancy:
+    return RedisOccupancy(
+        url,
+        prefix=prefix or f"t{uuid.uuid4().hex[:8]}",
+        timeout_s=0.5,
+        index=indexes(),
+        tenant_caps=TENANT_CAPS,
+        max_blocks=1000,
+        max_sessions=100,
+        prefix_ttl_s=600,
+        **extra,
+    )
+
+
+def grant(
+    worker: str = "w1",
+    model: str = "m",
+    tenant: str = "",
+    caps: Caps = NO_CAPS,
+    priority: Priority = Priority.STANDARD,
+    ticket: Ticket | None = None,
+    prompt: Any = None,
+) -> Grant:
+    return Grant(next_id("l"), worker, model, tenant, priority, caps, prompt, ticket)
+
+
+@pytest.mark.parametrize(
+    ("caps", "held", "refused"),
+    [
+        (Caps(total=2), [grant("w1"), grant("w2", model="other")], "total"),
+        (Caps(model=1), [grant("w2")], "model"),
+        (Caps(tenant=1), [grant("w2", model="other", tenant="a")], "tenant"),
+        (Caps(worker=1), [grant("w1", model="other")], "worker"),
+        (Caps(worker=2), [grant("w1"), grant("w2")], None),
+    ],
+)
+async def test_caps(keeper: Occupancy, caps: Caps, held: list[Grant], refused: str | None) -> None:
+    for g in held:
+        assert await keeper.take(g) is None
+    asked = grant("w1", tenant="a", caps=caps)
+    assert await keeper.take(asked) == refused
+    if refused is not None:
+        keeper.give(held[-1])
+        await settle(keeper)
+        assert await keeper.take(asked) is None
+
+
+async def test_batch_takes_at_most_its_share_of_a_worker(keeper: Occupancy) -> None:
+    caps = Caps(worker=4, worker_batch=2)
+    batch = [grant(caps=caps, priority=Priority.BATCH) for _ in range(3)]
+    assert [await keeper.take(g) for g in batch] == [None, None, "worker_batch"]
+    assert await keeper.take(grant(caps=caps)) is None  # an interactive or standard one still finds a slot
+
+
+async def settle(keeper: Occupancy) -> None:
+    """What Redis is sent off the request's path (a give) has arrived."""
+    if isinstance(keeper, RedisOccupancy):
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if not keeper._background and not keeper._giving:
+                return
+
+
+async def test_a_newcomer_does_not_overtake_a_waiter(keeper: Occupancy) -> None:
+    ticket = await keeper.join("m", "a", 1, Priority.STANDARD, 100)
+    assert ticket is not None
+    assert await keeper.take(grant()) == "ahead"
+    held = await keeper.view("m", "", ["w1"], None, None, {})
+    assert held.ahead
+    assert not (await keeper.view("m", "a", ["w1"], None, ticket, {})).ahead
+    assert await keeper.take(grant(ticket=ticket)) is None
+    assert await keeper.take(grant()) is None  # the queue is empty again
+
+
+async def test_weighted_fair_order(keeper: Occupancy) -> None:
+    """Two tenants keep requests waiting, weights 3 and 1: three of one per one of the other; within a tenant, in
+    the order they came."""
+    weights = {"a": 3, "b": 1}
+    tickets = []
+    for _ in range(8):
+        for tenant in ("a", "b"):
+            ticket = await keeper.join("m", tenant, weights[tenant], Priority.STANDARD, 100)
+            assert ticket is not None
+            tickets.append(ticket)
+    served = []
+    while tickets:
+        for ticket in reversed(tickets):  # the latest first: every one but the first of the queue is refused
+            refused = await keeper.take(grant(tenant=ticket.tenant, ticket=ticket))
+            if refused is None:
+                break
+            assert refused == "ahead"
+        served.append(ticket)
+        tickets.remove(ticket)
+    order = "".join(t.tenant for t in served)
+    assert order[:8].count("a") == 6, order
+    firsts = [t for t in served if t.tenant == "a"]
+    assert firsts == sorted(firsts, key=lambda t: t.tag)
+
+
+async def test_classes_go_in_order(keeper: Occupancy) -> None:
+    batch = await keeper.join("m", "a", 1, Priority.BATCH, 100)
+    standard = await keeper.join("m", "a", 1, Priority.STANDARD, 100)
+    interactive = await keeper.join("m", "b", 1, Priority.INTERACTIVE, 100)
+    assert batch is not None and standard is not None and interactive is not None
+    order = []
+    for _ in range(3):
+        for ticket in (batch, standard, interactive):
+            if ticket not in order and await keeper.take(grant(tenant=ticket.tenant, ticket=ticket)) is None:
+                order.append(ticket)
+                break
+    assert order == [interactive, standard, batch]
+
+
+async def test_a_tenant_at_its_cap_lets_the_next_go(keeper: Occupancy) -> None:
+    assert await keeper.take(grant(tenant="capped")) is None
+    first = await keeper.join("m", "capped", 1, Priority.STANDARD, 100)
+    second = await keeper.join("m", "free", 1, Priority.STANDARD, 100)
+    assert first is not None and second is not None
+    assert await keeper.take(grant(tenant="free", ticket=second)) is None
+
+
+async def test_the_queue_has_a_bound(keeper: Occupancy) -> None:
+    assert await keeper.join("m", "a", 1, Priority.STANDARD, 2) is not None
+    assert await keeper.join("other", "a", 1, Priority.STANDARD, 2) is not None
+    assert await keeper.join("m", "b", 1, Priority.STANDARD, 2) is None  # every model's waiters count
+
+
+async def test_what_a_worker_holds(keeper: Occupancy) -> None:
+    """The prefix index: what was taken with a prompt is held by that worker, as the memory index says it."""
+    system = "You are a helpful assistant. " * 40
+    first = prompt_of([system, "question one"], 256, "m", "s1")
+    later = prompt_of([system, "question one", "answer", "question two"], 256, "m", "s1")
+    other = prompt_of(["something else entirely " * 40], 256, "m")
+    assert await keeper.take(grant("w1", prompt=first)) is None
+    assert await keeper.take(grant("w2", prompt=other)) is None
+    held = await keeper.view("m", "", ["w1", "w2"], later, None, {"w1": 1, "w2": None})
+    expected = PrefixIndex(1000, 100)
+    expected.record(first, 0.0)
+    want = expected.match(later, 0.0, 600, 1)
+    got = held.matches["w1"]
+    assert (got.prefix, got.session, got.history) == (want.prefix, want.session, want.history)
+    assert got.prefix > 1000 and got.session == first.size
+    assert held.matches["w2"].prefix == 0
+    assert held.workers == {"w1": 1, "w2": 1}
+
+
+# -- what only Redis does -----------------------------------------------------------------------------------------
+async def test_leases_go_with_their_replica(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica that stops renewing (killed) gives its slots back a lease's time later, by Redis's clock."""
+    monkeypatch.setattr(redis_occupancy, "LEASE_S", 0.4)
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    dead, alive = redis_keeper(redis_url, prefix), redis_keeper(redis_url, prefix)
+    assert await dead.take(grant(caps=Caps(worker=1))) is None  # never started: nothing renews it
+    await alive.start()
+    try:
+        assert await alive.take(grant(caps=Caps(worker=1))) == "worker"
+        await asyncio.sleep(0.5)
+        assert await alive.take(grant(caps=Caps(worker=1))) is None
+    finally:
+        await alive.close()
+        await dead.close()
+
+
+async def test_a_slot_given_back_on_one_replica_wakes_a_waiter_on_another(redis_url: str) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    a, b = redis_keeper(redis_url, prefix), redis_keeper(redis_url, prefix)
+    await a.start()
+    await b.start()
+    try:
+        held = grant(caps=Caps(worker=1))
+        assert await a.take(held) is None
+        ticket = await b.join("m", "", 1, Priority.STANDARD, 100)
+        assert ticket is not None
+        await asyncio.sleep(0.2)  # b is subscribed
+        waiting = asyncio.ensure_future(b.wait(ticket, 5.0))
+        started = time.monotonic()
+        a.give(held)
+        await asyncio.wait_for(waiting, 5.0)
+        assert time.monotonic() - started < 0.5  # woken by the publish, not the recheck
+        assert await b.take(grant(caps=Caps(worker=1), ticket=ticket)) is None
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_redis_away_and_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis stops: the replica serves on its own counts, each cap its share of the replicas last seen; Redis is
+    back: what is in flight is registered once, and the shared counts hold again."""
+    monkeypatch.setattr(redis_occupancy, "RETRY_S", 0.1)
+    changes: list[bool] = []
+    with redis_server() as url:
+        prefix = f"t{uuid.uuid4().hex[:8]}"
+        other = redis_keeper(url, prefix)
+        await other.start()  # a second replica: each one's share of a cap is half
+        keeper = redis_keeper(url, prefix, on_change=changes.append)
+        await keeper.start()
+        assert keeper.replicas == 2 and changes == [True]
+        port = url.rsplit(":", 1)[1].split("/")[0]
+        await other.close()
+    try:
+        caps = Caps(worker=4)
+        assert await keeper.take(grant(caps=caps)) is None  # Redis is gone: found out, served here
+        assert not keeper.up and changes == [True, False]
+        assert await keeper.take(grant(caps=caps)) is None
+        assert await keeper.take(grant(caps=caps)) == "worker"  # half of 4 on this replica
+        with redis_server(port=int(port)) as again:
+            assert again == url
+            for _ in range(100):
+                if keeper.up:
+                    break
+                await asyncio.sleep(0.05)
+            assert keeper.up and changes == [True, False, True]
+            # the two taken meanwhile are Redis's now (and counted once): two more fit under the cap of 4
+            assert await keeper.take(grant(caps=caps)) is None
+            assert await keeper.take(grant(caps=caps)) is None
+            assert await keeper.take(grant(caps=caps)) == "worker"
+    finally:
+        await keeper.close()
+
+
+async def test_rate_limits_away_and_back() -> None:
+    """The rate limits, Redis away: counted on this replica, each limit its share; back: counted in Redis again,
+    what was counted meanwhile not added (nothing counted twice)."""
+    from turnout.gateway.limiter import RateLimited, RedisLimiter, Subject
+
+    with redis_server() as url:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+    limiter = RedisLimiter(url, timeout_s=0.5, replicas=lambda: 2, retry_s=0.1)
+    subject = Subject(f"k{uuid.uuid4().hex[:6]}", rpm=4, daily_tokens=None)
+    try:
+        assert (await limiter.admit(subject, 1)).member == ""  # Redis is away: admitted here
+        assert not limiter.up
+        await limiter.admit(subject, 1)
+        with pytest.raises(RateLimited):
+            await limiter.admit(subject, 1)  # half of 4 on this replica
+        with redis_server(port=port):
+            await asyncio.sleep(0.15)
+            decisions = [await limiter.admit(subject, 1) for _ in range(4)]  # Redis's window: 4 (none of the 2)
+            assert limiter.up and all(d.member for d in decisions)
+            with pytest.raises(RateLimited):
+                await limiter.admit(subject, 1)
+    finally:
+        await limiter.close()
