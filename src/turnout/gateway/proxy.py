@@ -12,7 +12,8 @@ through :mod:`turnout.dialects.base`'s interface).
   client's ``anthropic-version`` and ``anthropic-beta`` headers; any other worker: translated
   (:mod:`turnout.dialects.anthropic`). ``count_tokens`` there asks the worker's tokenizer
   (:class:`~turnout.dialects.base.TokenCounter`) and says in ``X-Turnout-Token-Count`` whether the count is
-  the worker's (``tokenizer``) or the gateway's estimate (``estimate``).
+  the worker's (``tokenizer``) or the gateway's estimate (``estimate``): :mod:`turnout.gateway.inspection`, as
+  Ollama's ``/api/show`` is.
 
 A worker whose engine schedules by priority itself (vLLM started with ``--scheduling-policy priority``: a worker's
 ``priority_scheduling``, or a ModelClaim whose vLLM args say so) gets each call's class as vLLM's per-request
@@ -46,7 +47,6 @@ from turnout.core.admission import Priority
 from turnout.core.health import failure_reason
 from turnout.core.priority import HEADER as PRIORITY_HEADER
 from turnout.core.priority import engine_priority
-from turnout.core.routing import NoRoute
 from turnout.core.signals import Reported, reported
 from turnout.dialects import NATIVE_HEADERS, api
 from turnout.dialects.base import (
@@ -59,7 +59,6 @@ from turnout.dialects.base import (
     Translation,
     TranslationError,
 )
-from turnout.dialects.ollama import show
 from turnout.dialects.streams import FrameError, StreamKind, StreamWatch, keepalive, parse_object
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
 from turnout.fleet.claims import ClaimBindings
@@ -67,10 +66,10 @@ from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.access import PRIORITY, REQUEST_ID, ROUTE
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.answers import WorkerAnswers, json_answer, raw_json
-from turnout.gateway.capabilities import EmbeddingProbe
-from turnout.gateway.catalog import iso_time, modified_at, unknown_details
-from turnout.gateway.dispatch import Ask, Dispatcher, Lease, no_route_error
+from turnout.gateway.catalog import iso_time
+from turnout.gateway.dispatch import Ask, Dispatcher, Lease
 from turnout.gateway.hold import HOLDABLE, hold_limit
+from turnout.gateway.inspection import COUNT_SOURCE, Inspector
 from turnout.gateway.learning import AnswerLearner
 from turnout.gateway.occupancy import Ticket
 from turnout.gateway.timing import PHASES, SERVER_TIMING, Phases, model_label, unrouted_label
@@ -93,9 +92,6 @@ _UNROUTABLE = frozenset({"no_healthy_worker", "no_workers", "model_not_found", "
 # for at most this long, and a worker still sending then loses the connection.
 _DRAIN_S = 1.0
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_TOKENIZER_S = 10.0  # a tokenizer's answer later than this: the gateway's estimate instead
-_TOKENIZER_ANSWER = 64 << 20  # bytes: a tokenizer's answer (a list of token ids) larger than this is not read
-COUNT_SOURCE = "X-Turnout-Token-Count"  # on a count_tokens answer: "tokenizer" (the worker's) or "estimate"
 EXPLAIN_HEADER = "X-Turnout-Route"  # routing.explain_header: "<worker>; <why>"
 ENGINE_PRIORITY_HEADER = "X-Vllm-Priority"  # vllm/entrypoints/generate/base/serving.py: read before the body's
 # The calls whose vLLM request has a ``priority`` field (vllm/entrypoints/openai/*/protocol.py,
@@ -121,12 +117,11 @@ class Proxy:
         # (worker, client dialect): the worker refused a translation's first form and took its alternate (OpenAI's
         # json_schema response_format for llama-cpp-python's; fields that are not OpenAI's own for OpenAI's API)
         self._alternate_form: set[tuple[str, Dialect]] = set()
-        self._tokenizers: dict[str, int] = {}  # worker -> which of a TokenCounter's requests its tokenizer took
-        self._embedding = EmbeddingProbe()  # whether a model on an OpenAI-style worker embeds (/api/show)
         self._explain = settings.routing.explain_header
         self._claim_priority: frozenset[str] = frozenset()  # claim workers whose vLLM schedules by priority
         self.learner = AnswerLearner(settings, fleet, metrics)
         self.answers = WorkerAnswers(metrics)
+        self.inspector = Inspector(settings, fleet, dispatcher, self.answers, self._post)  # /api/show, count_tokens
         self.tracing: Tracing | None = None  # set when telemetry.otlp_endpoint is (turnout.wiring)
 
     async def serve(
@@ -143,7 +138,7 @@ class Proxy:
             phases = request[PHASES]
             phases.span = self.tracing.begin(request, call, phases)
         if call.endpoint is Endpoint.SHOW:
-            return await self._show(call)
+            return await self.inspector.show(call)
         if self.claims is not None and self.claims.claimed(call.model):
             return await self._serve_claimed(request, call, outcome, tenant, self.claims, priority)
         endpoint = self.fleet.endpoint_for(call.model)
@@ -312,7 +307,7 @@ class Proxy:
         worker as they came, so that an engine that traces, vLLM or SGLang, joins the client's trace.)"""
         span = phases.span
         assert span is not None
-        trace = span.to_worker(call, lease.worker, _upstream_name(lease.worker, lease.model))
+        trace = span.to_worker(call, lease.worker, lease.worker.upstream_name(lease.model))
         try:
             response = await self._forward(request, call, lease, outcome, trace)
         except BaseException as exc:
@@ -331,10 +326,10 @@ class Proxy:
         if translation is not None:
             if call.endpoint is Endpoint.COUNT_TOKENS:  # checked first: a Protocol's isinstance is not cheap
                 assert isinstance(translation, TokenCounter), translation
-                return await self._count_tokens(call, lease, translation, outcome)
+                return await self.inspector.count_tokens(call, lease, translation, outcome)
             return await self._translated(request, call, lease, cast(Translation, translation), outcome, trace, rank)
         body = call.body
-        upstream = _upstream_name(worker, lease.model)
+        upstream = worker.upstream_name(lease.model)
         if rank is not None and call.endpoint in _PRIORITY_BODIES:  # the body as sent, with the class's priority
             body = orjson.dumps({**parse_object(call.body), "model": upstream, "priority": rank})
         elif upstream != call.model:
@@ -492,7 +487,7 @@ class Proxy:
         rank: int | None = None,
     ) -> web.StreamResponse:
         try:
-            path, req = translation.request(call, _upstream_name(lease.worker, lease.model))
+            path, req = translation.request(call, lease.worker.upstream_name(lease.model))
         except TranslationError as exc:
             raise BadRequest(str(exc)) from None
         extra = trace
@@ -692,74 +687,6 @@ class Proxy:
         lease.release()
         await self.dispatcher.occupancy.settle()
 
-    async def _count_tokens(
-        self, call: Call, lease: Lease, counter: TokenCounter, outcome: Outcome
-    ) -> web.StreamResponse:
-        """A token count on a worker that does not serve the client's API: its tokenizer where it has one (the
-        request form that worked is remembered per worker), else the gateway's estimate. Never a worker error:
-        a tokenizer that fails gives the estimate. Costs the key a request and no tokens."""
-        worker = lease.worker
-        try:
-            tries = counter.tokenize(call, _upstream_name(worker, lease.model))
-        except TranslationError as exc:
-            raise BadRequest(str(exc)) from None
-        known = self._tokenizers.get(worker.name)
-        order = sorted(enumerate(tries), key=lambda t: t[0] != known)  # the form this worker took first
-        tokens = None
-        for n, (path, body) in order:
-            try:
-                async with self._post(worker, path, orjson.dumps(body), timeout_s=_TOKENIZER_S) as up:
-                    data = await up.read(_TOKENIZER_ANSWER) if up.status < 300 else b""
-            except ConnectFailed:
-                raise  # the worker cannot be reached: the next one is tried
-            except UpstreamError:
-                continue
-            try:
-                tokens = counter.count(parse_object(data)) if data else None
-            except FrameError:
-                tokens = None
-            if tokens is not None:
-                self._tokenizers[worker.name] = n
-                break
-        outcome.prompt_tokens = outcome.completion_tokens = 0
-        reply = json_answer(counter.answer(call, tokens), 200, call)
-        reply.headers[COUNT_SOURCE] = "estimate" if tokens is None else "tokenizer"
-        return reply
-
-    async def _show(self, call: Call) -> web.StreamResponse:
-        """An Ollama worker's own answer; for a model on an OpenAI-style worker, what is known of it, its
-        ``capabilities`` among it (:mod:`turnout.dialects.ollama.show`, :mod:`turnout.gateway.capabilities`)."""
-        decision = self.dispatcher.locate(call.model)
-        if isinstance(decision, NoRoute):
-            raise no_route_error(decision, int(self.settings.health.interval_s))
-        worker, model = self.fleet.workers[decision.best.worker], decision.best.model
-        if not self.fleet.is_openai(worker.name):
-            return await self._passthrough_show(call, worker, model)
-        entry = worker.tags.get(model, {})
-        embeds = await self._embedding.embeds(worker, model, _upstream_name(worker, model), self._post)
-        return json_answer(
-            {
-                "modelfile": "",
-                "parameters": "",
-                "template": "",
-                "details": unknown_details(),
-                "model_info": {"general.architecture": "", "turnout.owned_by": entry.get("owned_by", "")},
-                "capabilities": show.capabilities(entry, worker.engine_props, embeds),
-                "modified_at": modified_at(self.fleet, decision.best.model, entry, time.time()),
-            }
-        )
-
-    async def _passthrough_show(self, call: Call, worker: WorkerState, model: str) -> web.StreamResponse:
-        upstream = _upstream_name(worker, model)
-        body = call.body if upstream == call.model else orjson.dumps({**call.payload, "model": upstream})
-        async with self._post(worker, "/api/show", body) as up:
-            now = asyncio.get_running_loop().time()
-            if up.status >= 300:
-                return self.answers.worker_error(call, worker, model, up.status, await up.read(), now)
-            data = await up.read()
-            self.answers.checked(worker, model, data, now)
-            return raw_json(data, up.status, call)
-
     # -- helpers ---------------------------------------------------------------------------------
     def _post(
         self,
@@ -794,10 +721,6 @@ class _NeedFallback(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def _upstream_name(worker: WorkerState, model: str) -> str:
-    return model if worker.external is None else worker.external.upstream_name(model)
 
 
 def _dial_options(worker: WorkerState) -> dict[str, Any]:
