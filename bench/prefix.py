@@ -29,7 +29,10 @@ engines' rates):
 - **oracle**: knows every conversation's group and how much traffic each group sends: it places the groups'
   conversations on the engines in blocks, largest group first, each engine taking an even share of the
   conversations (so a hot group spreads over as few engines as an even spread allows);
-- **round-robin**: the next engine each request.
+- **round-robin**: the next engine each request;
+- **replicas** (with ``--replicas N``): N separate `turnout serve` processes, each with its own data dir, on one
+  PostgreSQL and one Redis, behind nginx round robin (``tests/support/replicas.py``, the tests' harness): the same
+  config as **turnout**, so every turn of a conversation may reach another replica.
 
 Printed per scenario and router: time to first token p50 and p90 over every request of every round, the wall
 time of a pass (median over rounds), the share of prompt tokens whose prefill the engines reused (their own
@@ -41,6 +44,7 @@ pass (and how it knew), and what the prefix index itself costs on a 32k-token pr
     python bench/prefix.py --parallel 2          # engines that run two at once
     python bench/prefix.py --engines-say all     # llama.cpp's server as it is: Turnout reads /props
     python bench/prefix.py --processes 2         # turnout serve --workers 2
+    python bench/prefix.py --replicas 3          # and three replicas behind nginx, as the router "replicas"
     python bench/prefix.py --baseline /tmp/base/src   # and an earlier tree, as the router "baseline"
 """
 
@@ -65,6 +69,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import fleet  # the engines
+
+ADMIN_ENV = {"TURNOUT_ADMIN_TOKEN": "bench"}
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = fleet.ALIAS
@@ -161,7 +167,7 @@ def start_turnout(
     port = fleet.free_port()
     # the tree first, then whatever the environment already adds (packages installed with --target)
     path = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "bench", "PYTHONPATH": path}
+    env = {**os.environ, **ADMIN_ENV, "PYTHONPATH": path}
     cmd = [sys.executable, "-m", "turnout", "serve", "--config", str(home / "config.json"), "--port", str(port)]
     cmd += ["--log-level", "info", *([] if processes == 1 else ["--workers", str(processes)])]  # access lines: route=
     with (home / "gateway.log").open("wb") as out:
@@ -175,6 +181,21 @@ def start_turnout(
                 break
         time.sleep(0.2)
     return url, proc
+
+
+def start_replicas(engines: list[fleet.Engine], tmp: Path, count: int, routing: dict[str, Any]) -> Any:
+    """``count`` replicas of the installed Turnout on PostgreSQL and Redis behind nginx, configured as
+    :func:`start_turnout` configures one (the harness adds each replica's storage)."""
+    from tests.support.replicas import ReplicaFleet
+
+    config = {
+        "auth": {"open": True},
+        "health": {"interval_s": 5, "timeout_s": 30},
+        "routing": {"explain_header": True, "queue_timeout_s": 600, **routing},
+        "workers": [{"name": f"e{n}", "url": e.url, "type": "openai"} for n, e in enumerate(engines)],
+    }
+    home = Path(tempfile.mkdtemp(prefix="replicas-", dir=tmp))
+    return ReplicaFleet(home, config, replicas=count, healthy_workers=len(engines), env=ADMIN_ENV).start()
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -347,6 +368,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--scenarios", default="spread,hot")
     parser.add_argument("--routers", default="turnout,declared,oracle,round-robin")
     parser.add_argument("--processes", type=int, default=1, help="turnout serve --workers N")
+    parser.add_argument("--replicas", type=int, default=0, help="N replicas behind nginx, as the router 'replicas'")
     parser.add_argument("--session-hints", action="store_true", help="clients name their conversation (user)")
     parser.add_argument("--routing", default="{}", help="JSON merged into Turnout's routing section")
     parser.add_argument("--src", type=Path, default=ROOT / "src", help="the Turnout source tree to run")
@@ -375,6 +397,7 @@ def main() -> None:
     print(f"engines and gateways in {tmp}", file=sys.stderr, flush=True)
     variants = dict(v.split("=", 1) for v in args.variant)
     routers = args.routers.split(",") + (["baseline"] if args.baseline else []) + list(variants)
+    routers += ["replicas"] if args.replicas else []
     scenarios = args.scenarios.split(",")
     shapes = {
         "spread": [args.sessions] * args.groups,
@@ -385,8 +408,12 @@ def main() -> None:
     load_before = os.getloadavg()
     started = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the engines are stopped on the way out
-    gateways: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
+    gateways: dict[str, tuple[str, subprocess.Popen[bytes] | None]] = {}
+    replicas = None
     try:
+        if args.replicas:
+            replicas = start_replicas(engines, tmp, args.replicas, json.loads(args.routing))
+            gateways["replicas"] = (replicas.url, None)
         # one gateway per Turnout tree for the whole run, as a gateway runs: what it learns (speeds, parallelism) it
         # keeps; its prefix index is not told of the erasures, as it is not told of what other clients send
         trees = [("turnout", args.src, {}, None), ("declared", args.src, {}, args.parallel)]
@@ -451,7 +478,10 @@ def main() -> None:
                     )
     finally:
         for _, proc in gateways.values():
-            stop(proc)
+            if proc is not None:
+                stop(proc)
+        if replicas is not None:
+            replicas.close()
         for engine in engines:
             engine.stop()
     report(args, results, routers, scenarios, learning, cost, (started, load_before))

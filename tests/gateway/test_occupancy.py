@@ -6,6 +6,9 @@ coming back."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -230,6 +233,7 @@ async def test_redis_away_and_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """Redis stops: the replica serves on its own counts, each cap its share of the replicas last seen; Redis is
     back: what is in flight is registered once, and the shared counts hold again."""
     monkeypatch.setattr(redis_occupancy, "RETRY_S", 0.1)
+    monkeypatch.setattr(redis_occupancy, "REJOIN_S", 0.3)
     changes: list[bool] = []
     with redis_server() as url:
         prefix = f"t{uuid.uuid4().hex[:8]}"
@@ -253,6 +257,10 @@ async def test_redis_away_and_back(monkeypatch: pytest.MonkeyPatch) -> None:
                     break
                 await asyncio.sleep(0.05)
             assert keeper.up and changes == [True, False, True]
+            # just back, it keeps to its share (the other replica may not be back yet: what it takes on its own
+            # counts is not in Redis): the two taken meanwhile, registered in Redis, fill it
+            assert await keeper.take(grant(caps=caps)) == "worker"
+            await asyncio.sleep(redis_occupancy.REJOIN_S)
             # the two taken meanwhile are Redis's now (and counted once): two more fit under the cap of 4
             assert await keeper.take(grant(caps=caps)) is None
             assert await keeper.take(grant(caps=caps)) is None
@@ -284,3 +292,59 @@ async def test_rate_limits_away_and_back() -> None:
                 await limiter.admit(subject, 1)
     finally:
         await limiter.close()
+
+
+async def test_what_is_in_flight_when_redis_goes_counts_against_the_share() -> None:
+    """Two requests in flight, taken through Redis, when Redis goes: the replica's own counts start with them, so a
+    worker capped at 2 gets no third (it got up to its share more: 4 at once with three replicas, bench/shared.py)."""
+    with redis_server() as url:
+        keeper = redis_keeper(url)
+        await keeper.start()
+        caps = Caps(worker=2)
+        held = [grant(caps=caps), grant(caps=caps)]
+        for g in held:
+            assert await keeper.take(g) is None
+    try:
+        assert await keeper.take(grant(caps=caps)) == "worker"  # Redis is gone; the two still run
+        assert not keeper.up
+        keeper.give(held[0])
+        assert await keeper.take(grant(caps=caps)) is None  # one given back: one fits
+    finally:
+        await keeper.close()
+
+
+async def test_a_take_counts_the_live_replicas(redis_url: str) -> None:
+    """A replica that started first learns of the others at its next take, not only at its next renewal (3 s): its
+    share of a cap, should Redis go, is never the whole cap because it started first."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    first = redis_keeper(redis_url, prefix)
+    await first.start()
+    assert first.replicas == 1
+    second = redis_keeper(redis_url, prefix)
+    await second.start()
+    try:
+        assert await first.take(grant()) is None
+        assert first.replicas == 2
+    finally:
+        await second.close()
+        await first.close()
+
+
+def test_ids_are_unique_across_processes_and_forks() -> None:
+    """Leases and tickets of every replica meet in Redis: two processes (and a forked child, as `serve --workers N`
+    makes them) never make the same id (two replicas' first leases were both ``l1``: one lease in Redis, so a
+    worker's cap let one request more through)."""
+    code = "from turnout.gateway.occupancy import next_id; print(next_id('l'))"
+    made = {subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()}
+    made.add(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip())
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first id, then out at once
+        os.write(write, next_id("l").encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.close(write)
+    made.add(os.read(read, 100).decode())
+    os.close(read)
+    made.add(next_id("l"))
+    assert len(made) == 4, made

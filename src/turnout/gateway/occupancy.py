@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -126,8 +128,27 @@ class Occupancy(Protocol):
 _ids = itertools.count(1)
 
 
+def _new_origin() -> str:
+    return secrets.token_hex(4)
+
+
+# what makes this process's ids its own among every replica's and process's (they meet in Redis and in the
+# supervisor's counts): drawn again in a forked child
+_origin = _new_origin()
+
+
+def _forked() -> None:
+    global _origin
+    _origin = _new_origin()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def next_id(prefix: str) -> str:
-    return f"{prefix}{next(_ids)}"
+    """An id no other process of any replica makes (a lease or a ticket: two replicas' ``l7`` were one lease in
+    Redis, and a worker's cap let a request more through)."""
+    return f"{prefix}{_origin}.{next(_ids)}"
 
 
 class _Queue:
@@ -248,12 +269,7 @@ class LocalOccupancy:
             return refused
         if self._ahead(grant.model, grant.ticket):
             return "ahead"
-        self.total += 1
-        _bump(self.models, grant.model, 1)
-        _bump(self.tenants, grant.tenant, 1)
-        _bump(self.workers, grant.worker, 1)
-        if batch:
-            _bump(self.worker_batch, grant.worker, 1)
+        self.carry(grant)
         if grant.ticket is not None:
             self._left(grant.ticket, served=True)
         if grant.prompt is not None and self._index is not None:
@@ -261,6 +277,17 @@ class LocalOccupancy:
             if index is not None:
                 index.record(grant.prompt, self._clock())  # type: ignore[attr-defined]
         return None
+
+    def carry(self, grant: Grant) -> None:
+        """Count ``grant``'s request, whatever the caps: one already in flight (taken where the counts lived before:
+        in Redis, until it went away), so that what is taken here from now on counts it."""
+        batch = grant.priority is Priority.BATCH
+        self.total += 1
+        _bump(self.models, grant.model, 1)
+        _bump(self.tenants, grant.tenant, 1)
+        _bump(self.workers, grant.worker, 1)
+        if batch:
+            _bump(self.worker_batch, grant.worker, 1)
 
     async def settle(self) -> None:
         return None

@@ -44,6 +44,9 @@ LEASE_S = 10.0  # a replica that stops renewing gives its slots back this long a
 RENEW_S = 3.0
 RETRY_S = 1.0  # Redis away: tried again this often
 RECHECK_S = 1.0  # a waiter routes again at least this often (a missed wake costs at most this)
+# Back after an outage, a replica keeps to its share of each cap this long: the other replicas come back within a
+# retry of it, and until they do, what they take on their own counts is not in Redis.
+REJOIN_S = 2 * RETRY_S + 0.5
 _AWAY = "\x00away"  # a take's answer when Redis could not be asked: taken on this replica's own counts
 _KEY = struct.Struct("<Q")
 
@@ -91,6 +94,7 @@ class RedisOccupancy:
         self._give_script = self._redis.register_script(GIVE)
         self._giving: list[Grant] = []  # given back and not sent to Redis yet (sent together, once a loop turn)
         self._given: asyncio.Future[None] | None = None  # done once the gives of the batch being sent are in Redis
+        self._rejoined = -REJOIN_S  # when this replica last came back after an outage (time.monotonic())
         self._taking: list[tuple[Grant, asyncio.Future[str | None]]] = []  # asked for, likewise
         self._index = index
         self._tenant_caps = {k: v for k, v in tenant_caps.items() if v is not None}
@@ -126,7 +130,7 @@ class RedisOccupancy:
         """Stop renewing and listening (this replica's leases expire by themselves if it could not give them back)."""
         self._closing = True
         if self._giving and self.up:
-            await self._give()  # what was given back last goes now, not with the leases' expiry
+            await self._give(self._given)  # what was given back last goes now, not with the leases' expiry
         for task in self._tasks:
             task.cancel()
         if self._tasks or self._background:
@@ -175,6 +179,8 @@ class RedisOccupancy:
     async def take(self, grant: Grant) -> str | None:
         if not self.up:
             return self._take_here(grant)
+        if time.monotonic() - self._rejoined < REJOIN_S:
+            grant = grant._replace(caps=self._share(grant.caps))
         future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         if not self._taking:  # the first of this loop turn: they go together, in one script, just after it
             asyncio.get_running_loop().call_soon(lambda: self._spawn(self._take_all()))
@@ -204,6 +210,7 @@ class RedisOccupancy:
                     future.set_result(_AWAY)
             return
         self.round_trips += 1
+        self.replicas = max(int(replies.pop()), 1)  # known at every take, not only every renewal
         for (grant, future), reply in zip(asked, replies, strict=True):
             answer = reply.decode() if isinstance(reply, bytes) else str(reply)
             if answer == "ok":
@@ -252,7 +259,7 @@ class RedisOccupancy:
         if given is not None:
             await asyncio.shield(given)
 
-    async def _give(self, given: asyncio.Future[None]) -> None:
+    async def _give(self, given: asyncio.Future[None] | None = None) -> None:
         """Give back the leases given since the last time, in one script (it wakes waiters only when any wait)."""
         grants, self._giving = self._giving, []
         try:
@@ -266,10 +273,11 @@ class RedisOccupancy:
             except Exception as exc:  # (their leases expire by themselves)
                 self._down(exc)
         finally:
-            if self._given is given:
-                self._given = None
-            if not given.done():
-                given.set_result(None)
+            if given is not None:
+                if self._given is given:
+                    self._given = None
+                if not given.done():
+                    given.set_result(None)
 
     # -- the queue ---------------------------------------------------------------------------------------------
     async def join(self, model: str, tenant: str, weight: int, priority: Priority, max_queue: int) -> Ticket | None:
@@ -379,13 +387,16 @@ class RedisOccupancy:
             pipe.zremrangebyscore(f"{self._p}:reps", "-inf", redis_now)
             pipe.zcard(f"{self._p}:reps")
             reply = await pipe.execute()
-        self.replicas = max(int(reply[-1]), 1)
+        # back after an outage, the replicas seen before it count until the next renewal (a Redis restarted empty
+        # knows only those back already)
+        self.replicas = max(int(reply[-1]), 1 if self.up else self.replicas, 1)
         if not self.up:
             self._here.clear()  # those in flight are Redis's now (registered above); the local counts start over
             self.local = LocalOccupancy(
                 self._index, clock=time.monotonic, tenant_caps=self._tenant_caps, prefix_ttl_s=self._ttl_ms / 1000
             )
             self.up = True
+            self._rejoined = time.monotonic()
             log.info("shared routing state is back (Redis answers): %d replicas share the counts", self.replicas)
             if self._on_change is not None:
                 self._on_change(True)
@@ -426,6 +437,10 @@ class RedisOccupancy:
         )
         if self._on_change is not None:
             self._on_change(False)
+        for lease, grant in self._mine.items():  # in flight: counted here too, so its worker's share is not exceeded
+            if lease not in self._here:
+                self.local.carry(grant)
+                self._here.add(lease)
         for ticket in self._tickets.values():
             ticket.woken.set()  # its waiters route again, on this replica's own state
 

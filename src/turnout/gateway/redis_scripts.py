@@ -112,7 +112,7 @@ return out
 # ARGV: P, lease_ms, band, max_blocks, max_sessions, ttl_ms, then per grant TAKE_FIELDS fields: lease, model, tenant,
 #       worker, batch (0/1), caps x5 (-1: none), ticket ('' none), packed keys ('' none), bytes, session ('' none).
 #       The grants are taken in order, each against what the ones before it took; one answer each ('ok' or the
-#       count at its cap, or 'ahead').
+#       count at its cap, or 'ahead'), then the number of live replicas (each one's share of a cap, Redis away).
 TAKE_FIELDS = 14
 TAKE = (
     _COMMON
@@ -190,6 +190,7 @@ local out = {}
 for a = 7, #ARGV, """
     + str(TAKE_FIELDS)
     + """ do out[#out + 1] = take(a) end
+out[#out + 1] = redis.call('ZCOUNT', P .. ':reps', '(' .. now, '+inf')
 return out
 """
 )
