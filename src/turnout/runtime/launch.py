@@ -44,7 +44,7 @@ def artifact_path(url: str) -> str:
             return url.removeprefix(scheme)
     if url.startswith("file://"):
         return url.removeprefix("file://")
-    return url  # s3:// and gcs:// are handed over as is (the engine's loader or a sidecar fetches them)
+    return url  # s3:// is staged by the agent first (turnout.runtime.artifacts); a mock engine gets it as is
 
 
 def vllm_ready_timeout_s() -> float:
