@@ -7,11 +7,13 @@ turn, round after round, so that the machine's drift hits every tree alike. Prin
 bench/README.md were judged one by one.
 
     git worktree add /tmp/base HEAD~1
-    python bench/ab.py /tmp/base/src src [--stream] [--rounds 5] [--level info] [-c 32] [-d 3]
+    python bench/ab.py /tmp/base/src src [--stream] [--rounds 5] [--level info] [-c 32] [-d 3] [--traces]
     python bench/ab.py src --shared     # the tree alone and with storage.redis_url (a redis-server of its own)
 
 ``--shared``: each tree also runs with the replicas' shared state in Redis (the requests in flight, the queue, the
 rate limits), and the Redis commands it sends per request are counted (Redis's own ``total_commands_processed``).
+``--traces`` runs each tree a second time with OpenTelemetry traces on (``telemetry.otlp_endpoint``; the mock
+upstream takes the spans as a collector would), for trees that have them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ def main() -> None:
     parser.add_argument("-c", type=int, default=32, help="wrk connections (default 32)")
     parser.add_argument("-d", type=float, default=3.0, help="seconds per run (default 3)")
     parser.add_argument("--shared", action="store_true", help="each tree with storage.redis_url too (see above)")
+    parser.add_argument(
+        "--traces",
+        action="store_true",
+        help="also run each tree with traces on (telemetry.otlp_endpoint: the mock takes the spans)",
+    )
     args = parser.parse_args()
     for src in args.srcs:
         if not (src / "turnout" / "__init__.py").is_file():
@@ -52,15 +59,19 @@ def main() -> None:
         if args.shared:
             redis_url = start_redis(procs)
         targets, labels = [], []
-        for n, src in enumerate(args.srcs):
+        traced = (False, True) if args.traces else (False,)
+        for n, (traces, src) in enumerate((t, src) for t in traced for src in args.srcs):
             for shared in (False, True) if args.shared else (False,):
                 storage = {"redis_url": redis_url} if shared else None
+                extra = {"telemetry": {"otlp_endpoint": f"{mock_url}/v1/traces"}} if traces else None
                 name = f"tree {n}{' + redis' if shared else ''}"
                 home = tmp / f"t{n}{'r' if shared else ''}"
-                target = bench.start_turnout(name, home, mock_url, procs, str(src), args.level, pin, storage=storage)
+                target = bench.start_turnout(
+                    name, home, mock_url, procs, str(src), args.level, pin, storage=storage, config_extra=extra
+                )
                 bench.wait_ready(target.url, target.proc, target.key)
                 targets.append(target)
-                labels.append(f"{src}{'  with storage.redis_url' if shared else ''}")
+                labels.append(f"{src}{' + traces' if traces else ''}{'  with storage.redis_url' if shared else ''}")
         results: list[list[float]] = [[] for _ in targets]
         commands: list[list[float]] = [[] for _ in targets]
         p50s: list[list[float]] = [[] for _ in targets]

@@ -3,7 +3,8 @@
 Not a test emulator: it answers every POST with the same completion, or with 64 SSE chunks when the
 body contains ``"stream": true``, so that proxies, not the upstream, are what a benchmark measures.
 ``GET /__count`` answers how many POSTs it has answered, so a benchmark can check that a proxy really
-reached it. Run: python bench/mock_upstream.py PORT
+reached it. ``POST /v1/traces`` is taken as an OTLP/HTTP collector takes spans (and not counted), for a gateway
+that traces (``bench/ab.py --traces``). Run: python bench/mock_upstream.py PORT
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def _fixed(body: bytes, content_type: bytes) -> bytes:
 
 _NONSTREAM = _fixed(_COMPLETION, b"application/json")
 _MODELS_RESP = _fixed(_MODELS, b"application/json")
+_TRACES_RESP = _fixed(b"", b"application/x-protobuf")  # an empty ExportTraceServiceResponse: all spans taken
 _STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 _STREAM_PARTS = [b"%x\r\n%s\r\n" % (len(c), c) for c in [*(_chunk(i) for i in range(CHUNKS)), b"data: [DONE]\n\n"]]
 
@@ -99,6 +101,8 @@ class MockProtocol(asyncio.Protocol):
             self.transport.write(_fixed(str(_served[0]).encode(), b"text/plain"))
         elif head.startswith(b"get"):
             self.transport.write(_MODELS_RESP)
+        elif head.startswith(b"post /v1/traces"):  # an OTLP/HTTP collector's answer (bench/ab.py --traces): not counted
+            self.transport.write(_TRACES_RESP)
         elif b'"stream": true' in body or b'"stream":true' in body:
             _served[0] += 1
             self.transport.write(_STREAM_HEAD)

@@ -365,16 +365,19 @@ def start_turnout(
     processes: int = 1,
     rpm: int | None = None,
     storage: dict[str, Any] | None = None,
+    config_extra: dict[str, Any] | None = None,
 ) -> Target:
     """A Turnout gateway with its own store and a scoped app key; ``src``: run that source tree instead
     (a checkout's ``src``, e.g. a git worktree of the previous commit) for a side-by-side baseline;
     ``log_level`` ``info``: with its access log (one line per request); ``processes``: `serve --workers N`;
-    ``rpm``: the key's requests-per-minute limit; ``storage``: more of the storage section (``redis_url``)."""
+    ``rpm``: the key's requests-per-minute limit; ``storage``: more of the storage section (``redis_url``);
+    ``config_extra``: config sections added (``telemetry``...)."""
     home.mkdir(parents=True)
     config = {
         "storage": {"data_dir": str(home / "data"), **(storage or {})},
         "routing": {"max_concurrent": 4096},
         "workers": [{"name": "mock", "url": mock_url, "type": "openai"}],
+        **(config_extra or {}),
     }
     (home / "config.json").write_text(json.dumps(config))
     env = {**os.environ, "TURNOUT_ADMIN_TOKEN": "bench"}

@@ -79,7 +79,7 @@ async def seed(url: str) -> None:
             key = (await r.json())["key"]
         for i in range(24):
             model = ("llama3.2", "qwen3:8b", "claude-sonnet-4-5", "llama3.3:70b")[i % 4]
-            body = {"model": model, "messages": [{"role": "user", "content": f"hello {i}"}], "stream": False}
+            body = {"model": model, "messages": [{"role": "user", "content": f"hello {i}"}], "stream": i % 3 == 0}
             async with http.post(
                 f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
             ) as r:
@@ -142,7 +142,10 @@ async def seed_batches(http: aiohttp.ClientSession, url: str, key: str) -> None:
 async def main(out: Path) -> None:
     emulators = []
     for name, (models, loaded) in FLEET.items():
-        emu = OllamaEmulator(name, Behaviour(models=models, loaded=loaded, tokens=8))
+        # engines that take their time (a prefill, then 15 ms a token), so the Overview's timing panel shows some
+        emu = OllamaEmulator(
+            name, Behaviour(models=models, loaded=loaded, tokens=8, token_delay_s=0.015, prefill_s_per_kib=0.2)
+        )
         await emu.start()
         emulators.append(emu)
     workers: list[dict[str, Any]] = [{"name": e.name, "url": e.url, "type": "ollama"} for e in emulators]
@@ -190,10 +193,14 @@ async def main(out: Path) -> None:
                         await page.hover("#matrix tbody tr:nth-child(3) td:nth-of-type(2)")
                     await page.screenshot(path=str(out / f"{name}.png"), full_page=name != "placement")
                     written.append(name)
-                # the German catalog on the busiest page (the operators' "Persistenz" is in its nav)
-                await page.goto(f"{url}/admin/placement")
+                # the German catalog on the Overview (its timing panel) and on the busiest page (the operators'
+                # "Persistenz" is in its nav)
+                await page.goto(f"{url}/admin/overview")
                 await page.click("header form.lang button[value=de]")
                 await page.wait_for_function("document.documentElement.lang === 'de'")
+                await page.screenshot(path=str(out / "overview-de.png"), full_page=True)
+                written.append("overview-de")
+                await page.goto(f"{url}/admin/placement")
                 await page.hover("#matrix tbody tr:nth-child(2) td:nth-of-type(3)")
                 await page.screenshot(path=str(out / "placement-de.png"))
                 written.append("placement-de")

@@ -44,6 +44,7 @@ __all__ = [
     "DemoWorker",
     "LogFormat",
     "Settings",
+    "Telemetry",
     "WorkerType",
     "agent_env",
     "config_schema",
@@ -242,6 +243,47 @@ class Logging(_Model):
         LogFormat.TEXT,
         description="text, or json: one JSON object per line for every record; turnout serve --log-format overrides it",
     )
+
+
+class Telemetry(_Model):
+    otlp_endpoint: AnyHttpUrl | None = Field(
+        None,
+        description="OpenTelemetry traces: the OTLP/HTTP traces URL of a collector (http://127.0.0.1:4318/v1/traces "
+        "for one on this machine), sent a span per proxied call with its phases (docs/configuration.md#telemetry); "
+        "unset: no traces",
+    )
+    service_name: str = Field("turnout", min_length=1, max_length=256, description="the spans' service.name")
+    sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="the share of the traces begun here that are recorded; a request that carries a traceparent "
+        "follows its sampled flag",
+    )
+    queue_spans: int = Field(
+        2048,
+        ge=1,
+        le=1_000_000,
+        description="ended spans waiting to be sent at most: past it, while the collector is slow or away, a span "
+        "is dropped and counted (turnout_trace_spans_dropped_total), never waited for",
+    )
+    export_every_s: float = Field(5, gt=0, le=MAX_WAIT_S, description="how often queued spans are sent")
+    export_timeout_s: float = Field(
+        10, gt=0, le=MAX_CONNECT_S, description="time allowed to one export to the collector, retries included"
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="headers sent with each export (a collector's credential)"
+    )
+
+    @field_validator("headers")
+    @classmethod
+    def _header_safe(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not name or any(ch <= " " or ch in '()<>@,;:\\"/[]?={}' or ch > "~" for ch in name):
+                raise ValueError(f"{name!r} is not an HTTP header name")
+            if any(ch < " " or ch == "\x7f" for ch in text):
+                raise ValueError(f"{name}: must not contain control characters (it is sent as an HTTP header)")
+        return value
 
 
 class Limits(_Model):
@@ -750,6 +792,7 @@ class Settings(_Model):
     health: Health = Field(default_factory=Health)
     limits: Limits = Field(default_factory=Limits)
     logging: Logging = Field(default_factory=Logging)
+    telemetry: Telemetry = Field(default_factory=Telemetry)
     auth: Auth = Field(default_factory=Auth)
     responses: Responses = Field(default_factory=Responses)
     network: Network = Field(default_factory=Network)

@@ -5,16 +5,19 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from turnout.core.admission import Priority
+from turnout.core.latency import LEGACY_BOUNDS_MS
 from turnout.core.priority import CLASSES
 from turnout.fleet.state import Fleet
+from turnout.phase_stats import PhaseCollector, PhaseStats, count_coarse, exposed
 
 __all__ = ["ClassCounts", "Metrics"]
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# 1 ms .. 300 s (phase_stats.count_coarse counts in these too)
+_LATENCY_BUCKETS = tuple(bound / 1000 for bound in LEGACY_BOUNDS_MS)
 
 
 class _FleetCollector(Collector):
@@ -52,8 +55,9 @@ class _FleetCollector(Collector):
 
 
 class _InFlightCollector(Collector):
-    """Client requests being served: a plain count the request path keeps (``Metrics.requests_in_flight``),
-    read at scrape time; a Gauge takes a lock twice per request."""
+    """Client requests being served, and of those the ones held: plain counts the request path keeps
+    (``Metrics.requests_in_flight``, ``Metrics.requests_held``), read at scrape time; a Gauge takes a lock twice
+    per request."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -62,6 +66,32 @@ class _InFlightCollector(Collector):
         yield GaugeMetricFamily(
             "turnout_in_flight_requests", "client requests being served", value=self.metrics.requests_in_flight
         )
+        yield GaugeMetricFamily(
+            "turnout_held_requests",
+            "requests held now for a model that is waking, activating or starting, or whose workers are expected "
+            "back (routing.hold_s)",
+            value=self.metrics.requests_held,
+        )
+
+
+class _SpansCollector(Collector):
+    """Spans the trace exporter lost (``Metrics.spans_dropped``: reason -> count, kept by the tracing's own
+    thread and the request path, read at scrape time)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        family = CounterMetricFamily(
+            "turnout_trace_spans_dropped",
+            "spans never delivered to the OTLP collector (telemetry.otlp_endpoint): queue_full (the collector slow "
+            "or away and the export queue full: dropped rather than waited for), export_failed (the collector "
+            "refused them or could not be reached)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.metrics.spans_dropped.items()):
+            family.add_metric([reason], float(count))
+        yield family
 
 
 class ClassCounts:
@@ -122,21 +152,73 @@ class _ReasonsCollector(Collector):
         yield family
 
 
+_FOLD_DURATIONS = 4096  # durations of one (api, endpoint) kept before they are counted (a bound on memory)
+
+
+class _Latency:
+    """The durations of one (api, endpoint): counts per bucket (:data:`_LATENCY_BUCKETS`, and one above them), their
+    sum, and those not counted yet."""
+
+    __slots__ = ("counts", "pending", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(_LATENCY_BUCKETS) + 1)
+        self.sum = 0.0
+        self.pending: list[float] = []
+
+    def fold(self) -> None:
+        pending, self.pending = self.pending, []
+        self.sum += count_coarse(self.counts, pending)
+
+
+class _Done:
+    """One (api, endpoint, status): its requests, and its (api, endpoint)'s durations (shared by its statuses)."""
+
+    __slots__ = ("count", "latency")
+
+    def __init__(self, latency: _Latency) -> None:
+        self.count = 0
+        self.latency = latency
+
+
+class _RequestsCollector(Collector):
+    """Client requests and their durations (``Metrics.request_done``): plain counts the request path keeps, read at
+    scrape time; a Counter and a Histogram take a lock each, and search the buckets, on every request."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        requests = CounterMetricFamily("turnout_requests", "client requests", labels=["api", "endpoint", "status"])
+        latency = HistogramMetricFamily(
+            "turnout_request_duration_seconds",
+            "time from request to the last byte of the response",
+            labels=["api", "endpoint"],
+        )
+        seen: set[int] = set()
+        for (api, endpoint, status), done in sorted(self.metrics._done.items()):
+            requests.add_metric([api, endpoint, str(status)], float(done.count))
+            if id(done.latency) not in seen:
+                seen.add(id(done.latency))
+                done.latency.fold()
+                latency.add_metric([api, endpoint], *exposed(done.latency.counts, done.latency.sum))
+        yield requests
+        yield latency
+
+
 class Metrics:
     def __init__(self, fleet: Fleet) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            "turnout_requests", "client requests", ["api", "endpoint", "status"], registry=self.registry
-        )
-        self.latency = Histogram(
-            "turnout_request_duration_seconds",
-            "time from request to the last byte of the response",
-            ["api", "endpoint"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
+        # turnout_requests_total, turnout_request_duration_seconds: plain counts, read at scrape time
+        self._done: dict[tuple[str, str, int], _Done] = {}
+        self.registry.register(_RequestsCollector(self))
         self.requests_in_flight = 0  # exported as turnout_in_flight_requests
+        self.requests_held = 0  # exported as turnout_held_requests (turnout.gateway.timing.Holding keeps it)
         self.registry.register(_InFlightCollector(self))
+        self.phases = PhaseStats()  # turnout_request_phase_seconds, and the Overview's last minutes
+        self.registry.register(PhaseCollector(self.phases))
+        self.spans_dropped = {"queue_full": 0, "export_failed": 0}  # turnout_trace_spans_dropped_total
+        self.registry.register(_SpansCollector(self))
         self.routing = Counter("turnout_routing_decisions", "routing outcomes", ["outcome"], registry=self.registry)
         self.route_reasons: dict[str, int] = {}  # reason -> routed requests: plain counts, read at scrape time
         self.registry.register(_ReasonsCollector(self))
@@ -178,11 +260,6 @@ class Metrics:
         )
         self.queued = Gauge("turnout_queued_requests", "requests waiting for a free slot", registry=self.registry)
         self._shared_up: Gauge | None = None  # registered with storage.redis_url only (shared_state)
-        self.held = Gauge(
-            "turnout_held_requests",
-            "requests held now for a model that is waking, activating or starting (routing.hold_s)",
-            registry=self.registry,
-        )
         self.upstream_errors = Counter(
             "turnout_upstream_errors", "failed upstream attempts", ["worker", "kind"], registry=self.registry
         )
@@ -199,8 +276,6 @@ class Metrics:
         )
         self.registry.register(_FleetCollector(fleet))
 
-        self._done: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
-
     def shared_state(self, up: bool) -> None:
         """The shared routing state (Redis) answers, or stopped answering."""
         if self._shared_up is None:
@@ -213,14 +288,17 @@ class Metrics:
         self._shared_up.set(1.0 if up else 0.0)
 
     def request_done(self, api: str, endpoint: str, status: int, seconds: float) -> None:
-        """Count one finished request (label children cached: this runs on every request)."""
-        key = (api, endpoint, status)
-        children = self._done.get(key)
-        if children is None:
-            children = (self.requests.labels(api, endpoint, str(status)), self.latency.labels(api, endpoint))
-            self._done[key] = children
-        children[0].inc()
-        children[1].observe(seconds)
+        """Count one finished request (this runs on every request: a count and an append; its duration is put in
+        its bucket with the others' when they are read, or when 4096 wait)."""
+        done = self._done.get((api, endpoint, status))
+        if done is None:
+            latency = next((d.latency for (a, e, _), d in self._done.items() if (a, e) == (api, endpoint)), None)
+            done = self._done[(api, endpoint, status)] = _Done(latency or _Latency())
+        done.count += 1
+        pending = done.latency.pending
+        pending.append(seconds)
+        if len(pending) >= _FOLD_DURATIONS:
+            done.latency.fold()
 
     def prefix_tokens(self, worker: str, prompt: float, matched: float) -> None:
         """A request routed with a choice of workers: its prompt's tokens and those its worker was expected to hold."""

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -95,6 +96,9 @@ from turnout.store.secrets import SecretBox
 from turnout.store.shared_state import SharedState
 from turnout.store.usage import UsageStore
 from turnout.upstream.client import UpstreamClient
+
+if TYPE_CHECKING:
+    from turnout.gateway.tracing import Tracing
 
 __all__ = ["DEMO", "create_app"]
 
@@ -259,6 +263,15 @@ def _peers(settings: Settings, processes: int, shared: SharedState, reload: Call
     return Peers(reload, counter=counter, shared=shared, redis_url=settings.storage.redis_url)
 
 
+def _tracing(settings: Settings, metrics: Metrics) -> Tracing | None:
+    """Traces to an OTLP collector, when one is configured (the OpenTelemetry SDK is imported only then)."""
+    if settings.telemetry.otlp_endpoint is None:
+        return None
+    from turnout.gateway.tracing import Tracing
+
+    return Tracing(settings.telemetry, metrics)
+
+
 def create_app(
     settings: Settings, *, admin_token: str, processes: int = 1, limits: socket.socket | None = None
 ) -> web.Application:
@@ -323,6 +336,8 @@ def create_app(
     app[DISPATCHER] = dispatcher
     app[POLLER] = poller
     app[PROXY] = Proxy(settings, fleet, dispatcher, client, metrics)
+    tracing = _tracing(settings, metrics)
+    app[PROXY].tracing = tracing
     app[ADMIN_AUTH] = AdminAuth(admin_token, enabled=settings.auth.break_glass)
     app[PEOPLE] = PeopleStore(database)
     app[ADMIN_GATE] = check_admin
@@ -378,12 +393,15 @@ def create_app(
     credentials += [
         urlsplit(url).password for url in (settings.storage.database_url, settings.storage.redis_url) if url
     ]
+    credentials += settings.telemetry.headers.values()  # a collector's credential
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         mark = GatewayMark(settings.data_dir)  # `turnout backup restore` refuses while a gateway runs here
         for value in credentials:
             SECRETS.add(value)
         await client.start()
+        if tracing is not None:
+            tracing.start()
         if occupancy is not None:
             await occupancy.start()
         if channel is not None:
@@ -418,6 +436,8 @@ def create_app(
         await accountant.close()
         await app[STORED].close()
         await client.close()
+        if tracing is not None:
+            await tracing.close()  # the last spans, the collector given at most telemetry.export_timeout_s
         database.close()
         peers.close()
         for value in credentials:

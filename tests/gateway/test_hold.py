@@ -11,8 +11,10 @@ import time
 import aiohttp
 
 from tests.conftest import EmulatorFactory, GatewayFactory, eventually, worker
+from tests.gateway.test_server_timing import server_timing
 from turnout.core.admission import Priority
-from turnout.gateway.keys import DISPATCHER, FLEET, POLLER
+from turnout.gateway.keys import DISPATCHER, FLEET, METRICS, POLLER
+from turnout.gateway.timing import Phases
 
 BODY = {"model": "m:1", "messages": [{"role": "user", "content": "hi"}], "stream": False}
 
@@ -34,10 +36,16 @@ async def test_a_restarting_worker_is_waited_for(emulator: EmulatorFactory, gate
         await asyncio.sleep(0.5)
         assert not asked.done()  # held, not answered 503
         assert gw.app[DISPATCHER].waiting == 1
+        assert gw.app[METRICS].requests_held == 1  # turnout_held_requests
         await emu.start(port)  # back
         async with await asked as r:
             assert r.status == 200, await r.text()
+            timing = server_timing(r.headers["Server-Timing"])
     assert gw.app[DISPATCHER].waiting == 0
+    assert gw.app[METRICS].requests_held == 0
+    # the wait for the worker is the hold (at least the half second before it came back), not the queue's
+    assert list(timing) == ["queue", "hold", "upstream", "ttft", "total"], timing
+    assert timing["hold"] >= 500 and timing["queue"] < timing["hold"], timing
 
 
 async def test_a_worker_never_seen_healthy_is_not_waited_for(
@@ -96,3 +104,37 @@ async def test_held_requests_keep_their_fair_place(emulator: EmulatorFactory, ga
     lease = await dispatcher.acquire("m:1", ticket=ticket)
     lease.release()
     assert dispatcher.waiting == 0
+
+
+async def test_a_hold_is_the_requests_hold_phase_and_counts_as_held(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    """The wait inside Dispatcher.hold is the request's ``hold`` phase, once per hold, and counts in
+    turnout_held_requests while it lasts, however it ends (ready, or out of time)."""
+    emu = await emulator("a", ["m:1"])
+    gw = await gateway([worker("a", emu.url)])
+    dispatcher, metrics = gw.app[DISPATCHER], gw.app[METRICS]
+    phases = Phases(time.perf_counter())
+    ready = asyncio.Event()
+    held = asyncio.ensure_future(dispatcher.hold("m:1", "", Priority.STANDARD, ready.is_set, 30, phases))
+
+    async def counted() -> bool:
+        return metrics.requests_held == 1
+
+    await eventually(counted, "the hold counted as held")
+    assert "turnout_held_requests 1.0" in metrics.render().decode()
+    assert phases.holds is None  # (recorded when it ends)
+    before = time.perf_counter()
+    ready.set()
+    dispatcher.wake_all()
+    ticket = await held
+    assert ticket is not None and metrics.requests_held == 0
+    assert phases.holds is not None and len(phases.holds) == 1
+    start, end = phases.holds[0]
+    assert start < before <= end  # it spans the wait, up to the model's being ready
+    lease = await dispatcher.acquire("m:1", ticket=ticket, phases=phases)
+    lease.release()
+    assert len(phases.holds) == 1  # (a slot free at once: acquire held nothing more)
+    # a hold that runs out is a hold too
+    assert await dispatcher.hold("m:1", "", Priority.STANDARD, lambda: False, 0.2, phases) is None
+    assert len(phases.holds) == 2 and metrics.requests_held == 0 and dispatcher.waiting == 0

@@ -32,6 +32,7 @@ KEY_SECRET = "Zq9SeCrEtKeYvAlUe0123456789abcdefghijklmnop"  # 43 URL-safe charac
 KEY = f"tk_{KEY_SECRET}"
 API_SECRET = "sk-live-9f8e7d6c5b4a39281706"
 SECRETS = (KEY_SECRET, API_SECRET, KEY_SECRET[:12], API_SECRET[-12:])
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -270,23 +271,30 @@ def test_access_log_is_on_by_default_one_line_per_request(tmp_path: Path, llama_
     first, second, missing, models, anonymous = (m for m in parsed if m is not None)
     prefix = key[:10]  # what `turnout key list` shows
     assert first["request"] == "POST /v1/chat/completions HTTP/1.1" and first["status"] == "200"
-    assert first["rest"] == (
-        f" key={prefix} app=starter api=openai:chat model=tiny worker=llama"
-        f" tokens={usage['prompt_tokens']}+{usage['completion_tokens']}"
-        ' route="only candidate"'  # why it went to that worker: the model has one
-        " priority=standard"  # the class it was served at (the starter key's: neither it nor its tenant says)
-    )
+    phases = r" queue=\d+\.\dms upstream=\d+\.\dms ttft=\d+\.\dms"  # where its time went, in milliseconds
+    assert re.fullmatch(
+        re.escape(
+            f" key={prefix} app=starter api=openai:chat model=tiny worker=llama"
+            f" tokens={usage['prompt_tokens']}+{usage['completion_tokens']}"
+            ' route="only candidate"'  # why it went to that worker: the model has one
+            " priority=standard"  # the class it was served at (the starter key's: neither it nor its tenant says)
+        )
+        + phases,
+        first["rest"],
+    ), first["rest"]
     assert second["request"] == "POST /api/chat HTTP/1.1" and second["status"] == "200"
     assert re.fullmatch(
         rf" key={prefix} app=starter api=ollama:chat model=tiny worker=llama tokens=\d+\+\d+"
-        ' route="only candidate" priority=standard',
+        ' route="only candidate" priority=standard'
+        + phases,  # a stream's too, though its header could not say its ttft
         second["rest"],
-    )
+    ), second["rest"]
     assert missing["status"] == "404"
-    assert (
-        missing["rest"] == f" key={prefix} app=starter api=openai:chat model=nope worker=- tokens=0+0 priority=standard"
-        " error=model_not_found"
-    )
+    assert re.fullmatch(
+        re.escape(f" key={prefix} app=starter api=openai:chat model=nope worker=- tokens=0+0 priority=standard")
+        + r" queue=\d+\.\dms error=model_not_found",  # it asked for a slot, and was routed nowhere
+        missing["rest"],
+    ), missing["rest"]
     assert models["request"] == "GET /v1/models HTTP/1.1" and models["rest"] == f" key={prefix} app=starter"
     assert anonymous["status"] == "401" and anonymous["rest"] == " error=missing_api_key"
     text = served.text()
@@ -342,6 +350,13 @@ def test_json_log_format(tmp_path: Path, llama_engine: Engine, how: str) -> None
     assert (ok["prompt_tokens"], ok["completion_tokens"]) == (usage["prompt_tokens"], usage["completion_tokens"])
     assert missing["status"] == 503 and missing["error"] == "no_healthy_worker" and missing["worker"] is None
     assert served.key not in served.text() and served.key[3:] not in served.text()
+    # where its time went, in milliseconds (its total is latency_ms)
+    assert ok["queue_ms"] >= 0 and ok["upstream_ms"] >= 0 and ok["ttft_ms"] > 0 and "hold_ms" not in ok
+    # every field the access line has is one docs/api.md's Logs section names
+    logs = (ROOT / "docs" / "api.md").read_text().split("\n## Logs\n", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"`([a-z_]+)`", logs))
+    fields = {f for r in access for f in r} - {"time", "level", "logger", "message"}
+    assert fields <= documented, fields - documented
 
 
 async def test_access_line_redacts_what_the_client_wrote(

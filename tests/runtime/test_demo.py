@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import ADMIN_TOKEN, Gateway, GatewayFactory, eventually
+from tests.gateway.test_server_timing import server_timing
 from turnout.core.demo import MODEL
 from turnout.dialects import CLIENT_APIS
 from turnout.dialects.base import Dialect
@@ -266,7 +267,11 @@ async def test_it_idles_into_sleep_wakes_on_demand_and_shows_on_the_pools_page(g
         async with http.post(f"{gw.url}/v1/chat/completions", json=body) as r:
             assert r.status == 200, await r.text()
             assert (await r.json())["choices"][0]["message"]["content"]
+            timing = server_timing(r.headers["Server-Timing"])
     woke_s = time.monotonic() - started
+    # its answer says it was held (the wake), and for no longer than the client waited
+    assert list(timing) == ["queue", "hold", "upstream", "ttft", "total"], timing
+    assert 0 < timing["hold"] <= woke_s * 1000, (timing, woke_s)
     again = await _engine(gw)
     assert again["phase"] == "active" and again["pid"] != pid
     assert woke_s < 30, woke_s

@@ -192,6 +192,10 @@ class WorkerState:
     def name(self) -> str:
         return self.config.name
 
+    def upstream_name(self, model: str) -> str:
+        """The name this worker knows ``model`` by (an endpoint's, without its namespace)."""
+        return model if self.external is None else self.external.upstream_name(model)
+
     @property
     def vram_pressure(self) -> float | None:
         offload, memory = self.offload, self.gpu_memory  # read on every request: no list built

@@ -3,19 +3,23 @@
 Text (``turnout serve``, the default; ``--no-access-log`` or ``logging.access_log: false`` turns it off)::
 
     127.0.0.1 "POST /v1/chat/completions HTTP/1.1" 200 1432 0.532s key=tk_AbCdEfG app=starter \
-api=openai:chat model=llama3 worker=w1 tokens=12+30 route="prefix 0.83"
+api=openai:chat model=llama3 worker=w1 tokens=12+30 route="prefix 0.83" priority=standard \
+queue=0.1ms upstream=0.3ms ttft=512.3ms
 
 ``route`` says why the request went to that worker (:attr:`turnout.core.routing.Route.why`: ``prefix 0.83``,
 ``session``, ``history 0.70``, ``load guard``, ``least expected time``, ``only candidate``).
 A request that named a model alias has ``model=`` the model served and ``alias=`` the name it asked for.
 ``priority`` is the class an inference call was served at (:mod:`turnout.core.priority`: its key's class, or the
 lower one its ``X-Turnout-Priority`` header asked for).
+``queue``, ``hold``, ``upstream`` and ``ttft`` say where its time went, in milliseconds, for each phase it went
+through (:mod:`turnout.gateway.timing`; the seconds after the status and size are its total).
 With ``--log-format json`` the same facts are fields of the record's JSON object (``remote``, ``method``,
 ``path``, ``status``, ``bytes``, ``latency_ms``, ``key``, ``app``, ``api``, ``model``, ``worker``,
 ``prompt_tokens``, ``completion_tokens``, ``route``, ``priority``, ``error``, ``fallback_from``, ``alias`` (the model
-alias the client named), ``dropped_tools``: the hosted tools of a Responses request that its worker cannot run, as
-the answer's ``X-Turnout-Dropped-Tools`` header says). ``key`` is the key's display prefix (``turnout key list``
-shows the same), never the key; no request header is ever written and secret-looking query values are redacted.
+alias the client named), ``queue_ms``, ``hold_ms``, ``upstream_ms``, ``ttft_ms``, ``dropped_tools``: the hosted
+tools of a Responses request that its worker cannot run, as the answer's ``X-Turnout-Dropped-Tools`` header says).
+``key`` is the key's display prefix (``turnout key list`` shows the same), never the key; no request header is ever
+written and secret-looking query values are redacted.
 
 The request path stays cheap: handlers only hang what they already hold on the request (:data:`CALLER`, the
 usage row as :data:`USAGE_ROW`) and error responses their code (:data:`ERROR_CODE`); the line is built here,
@@ -34,6 +38,7 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web import BaseRequest, StreamResponse
 
 from turnout.dialects.responses.request import HOSTED_TOOL_NOTE
+from turnout.gateway.timing import PHASES
 from turnout.redaction import SECRETS, Redacted, redact, redact_target
 from turnout.responses import ERROR_CODE
 
@@ -54,6 +59,8 @@ REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
 ROUTE: web.RequestKey[str] = web.RequestKey("access_route")
 # The priority class an inference call is served at (and what its header asked), decided once its key is known.
 PRIORITY: web.RequestKey[Chosen] = web.RequestKey("access_priority")
+
+_PHASE_FIELDS = {"queue": "queue_ms", "hold": "hold_ms", "upstream": "upstream_ms", "ttft": "ttft_ms"}
 
 # aiohttp answers a request it could not parse through a placeholder request built from this message.
 _PLACEHOLDER = getattr(web_protocol, "ERROR", None)
@@ -177,6 +184,12 @@ class AccessLog(AbstractAccessLogger):
         if chosen is not None:
             fields["priority"] = chosen.priority.value
             line += f" priority={chosen.priority.value}"
+        phases = request.get(PHASES)
+        if phases is not None:  # where its time went: queue, hold, upstream, ttft (total: the seconds above)
+            for name, seconds in phases.told():
+                ms = round(seconds * 1000, 1)
+                fields[_PHASE_FIELDS[name]] = ms
+                line += f" {name}={ms}ms"
         code = response.get(ERROR_CODE) if status >= 400 else None  # only error answers have one
         if code is not None:
             fields["error"] = code

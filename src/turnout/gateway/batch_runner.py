@@ -61,6 +61,7 @@ from turnout.gateway.aliases import Aliases
 from turnout.gateway.batch_lease import Leases
 from turnout.gateway.calls import call_of
 from turnout.gateway.serving import answer
+from turnout.gateway.timing import PHASES, Phases
 from turnout.store.batches import BatchFile, BatchRecord, BatchStore, Result
 from turnout.store.db import StoreError
 from turnout.store.keys import KeyRecord, KeyStore
@@ -89,13 +90,15 @@ def line_route(url: str) -> tuple[Dialect, Endpoint]:
 
 class LineRequest(dict[Any, Any]):
     """What the proxy reads of a request for a call answered in one piece, for a batch line (sent by no client):
-    its app, its headers (none) and a mapping for what the access log would read (a batch line has no access line).
-    A line never streams (the input file's rules refuse ``stream``), so nothing is ever written to it."""
+    its app, its headers (none) and a mapping for what the access log would read (a batch line has no access line),
+    with the timing the proxy records (:mod:`turnout.gateway.timing`; a line has no ``Server-Timing``, histograms or
+    span). A line never streams (the input file's rules refuse ``stream``), so nothing is ever written to it."""
 
     def __init__(self, app: web.Application) -> None:
         super().__init__()
         self.app = app
         self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+        self[PHASES] = Phases(time.perf_counter())
 
 
 class _Stop(Exception):

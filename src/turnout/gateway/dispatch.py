@@ -46,6 +46,7 @@ from turnout.dialects.base import Call
 from turnout.errors import Forbidden, NotFound, TurnoutError, Unavailable
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Occupancy, Ticket, next_id
+from turnout.gateway.timing import Holding, Phases
 from turnout.metrics import Metrics
 
 __all__ = ["Ask", "Dispatcher", "Lease", "no_route_error"]
@@ -191,14 +192,17 @@ class Dispatcher:
         *,
         ticket: Ticket | None = None,
         hold_s: float = 0.0,
+        phases: Phases | None = None,
     ) -> Lease:
         """A slot for ``model``. ``ticket``: its place in the queue, kept from a hold (:meth:`hold`); ``hold_s``: how
         long it may wait for workers that are down for a moment (healthy within :data:`RECENTLY_S`: a restart),
-        instead of the 503 at once."""
+        instead of the 503 at once; that wait is the request's ``hold`` phase (``phases``, the request's timing:
+        :mod:`turnout.gateway.timing`) and counts in ``turnout_held_requests``."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self.routing.queue_timeout_s
         held_until = started + hold_s
+        holding: Holding | None = None  # while it is held (its workers expected back)
         if ticket is not None:
             self.metrics.queued.inc()  # (the hold gave its count back with the ticket)
         try:
@@ -211,6 +215,12 @@ class Dispatcher:
                     if loop.time() >= held_until:
                         raise
                     lease, message, deadline = None, exc.message, held_until  # held: a worker is coming back
+                    if holding is None:
+                        holding = Holding(phases, self.metrics).begin()
+                else:
+                    if holding is not None:  # a worker is back: any further wait is the queue's
+                        holding.end()
+                        holding = None
                 if lease is not None:
                     if ticket is not None:
                         self.metrics.queue_wait.observe(loop.time() - started)
@@ -230,35 +240,42 @@ class Dispatcher:
                 assert ticket is not None
                 await self.occupancy.wait(ticket, remaining)
         finally:
+            if holding is not None:
+                holding.end()
             if ticket is not None:
                 self.occupancy.leave(ticket)  # (nothing, once it took a slot)
                 self.metrics.queued.dec()
 
     async def hold(
-        self, model: str, tenant: str, priority: Priority, ready: Callable[[], bool], limit_s: float
+        self,
+        model: str,
+        tenant: str,
+        priority: Priority,
+        ready: Callable[[], bool],
+        limit_s: float,
+        phases: Phases | None = None,
     ) -> Ticket | None:
         """Wait for ``model`` to become ready (``ready()``: a sleeping or activating claim's engine is bound) for at
         most ``limit_s``, in its queue: counted against ``routing.max_queue``, keeping a fair place (the held
         requests go in the queue's order once it is ready). The ticket, still in the queue (for :meth:`acquire`), or
-        None when the time ran out. Raises 503 ``saturated`` when the queue is full."""
+        None when the time ran out. Raises 503 ``saturated`` when the queue is full. The wait is the request's
+        ``hold`` phase (``phases``: :mod:`turnout.gateway.timing`) and counts in ``turnout_held_requests``."""
         ticket = await self.occupancy.join(model, tenant, self._weight(tenant), priority, self.routing.max_queue)
         if ticket is None:
             self._saturated(f'model "{model}" is not ready', "the wait queue is full")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit_s
-        self.metrics.held.inc()
         try:
-            while not ready():
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    self.occupancy.leave(ticket)
-                    return None
-                await self.occupancy.wait(ticket, min(remaining, HOLD_RECHECK_S))
+            with Holding(phases, self.metrics):
+                while not ready():
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        self.occupancy.leave(ticket)
+                        return None
+                    await self.occupancy.wait(ticket, min(remaining, HOLD_RECHECK_S))
         except BaseException:
             self.occupancy.leave(ticket)
             raise
-        finally:
-            self.metrics.held.dec()
         return ticket
 
     def _coming_back(self, model: str) -> bool:

@@ -1,5 +1,6 @@
 """Every request's frame: the answer's dialect by path, the admin gate, errors in the route's dialect,
-metrics, catching up with the other processes of `turnout serve --workers N`, and the fast way to a fixed route.
+metrics, where its time went (``Server-Timing``, the phase histograms, its span: :mod:`turnout.gateway.timing`),
+catching up with the other processes of `turnout serve --workers N`, and the fast way to a fixed route.
 
 :func:`request_handler` is what the server calls for each request (:func:`turnout.gateway.server.start_runner`);
 :func:`middleware` is the app's one middleware, for a request aiohttp's router resolved. Both end in
@@ -24,6 +25,7 @@ from turnout.dialects.base import Dialect
 from turnout.errors import NotFound, TurnoutError
 from turnout.gateway.access import REQUEST_ID
 from turnout.gateway.keys import ADMIN_GATE, METRICS, PEERS, REQUEST_IDS
+from turnout.gateway.timing import PHASES, SERVER_TIMING, Phases
 from turnout.responses import error_response
 
 __all__ = ["Handler", "fixed_routes", "middleware", "request_handler", "request_ids"]
@@ -68,6 +70,7 @@ async def _respond(
     app = request.app
     metrics = app[METRICS]
     started = time.perf_counter()
+    phases = request[PHASES] = Phases(started)  # where its time goes (turnout.gateway.timing)
     metrics.requests_in_flight += 1
     peers = app[PEERS]  # always set: .get() of a missing key costs an exception on every request
     request_id = None
@@ -99,9 +102,28 @@ async def _respond(
         response = _error(dialect, TurnoutError("internal error; see the gateway log"), request_id)
     finally:
         metrics.requests_in_flight -= 1
-    if request_id is not None and not response.prepared:  # a stream sent its own (the proxy's stream headers)
-        response.headers["request-id"] = request_id
-    metrics.request_done(dialect.value, endpoint, response.status, time.perf_counter() - started)
+    now = time.perf_counter()
+    streamed = response.prepared  # a stream sent its headers already (the proxy's stream headers)
+    if not streamed:
+        response.headers[SERVER_TIMING] = phases.header(now)
+        if request_id is not None:
+            response.headers["request-id"] = request_id
+    if phases.model is not None:  # a proxied call that was routed, or waited for a worker
+        first, sent = phases.first_at, phases.sent_at
+        metrics.phases.record(
+            phases.model,
+            phases.worker or "-",
+            streamed,
+            phases.queue,
+            0.0 if phases.holds is None else phases.hold,
+            phases.upstream,
+            first - sent if first and sent else None,  # (Phases.ttft, without the property's call)
+            now - started,
+            now,
+        )
+    if phases.span is not None:
+        phases.span.finish(request, response, phases, now)
+    metrics.request_done(dialect.value, endpoint, response.status, now - started)
     return response
 
 

@@ -12,7 +12,8 @@ through :mod:`turnout.dialects.base`'s interface).
   client's ``anthropic-version`` and ``anthropic-beta`` headers; any other worker: translated
   (:mod:`turnout.dialects.anthropic`). ``count_tokens`` there asks the worker's tokenizer
   (:class:`~turnout.dialects.base.TokenCounter`) and says in ``X-Turnout-Token-Count`` whether the count is
-  the worker's (``tokenizer``) or the gateway's estimate (``estimate``).
+  the worker's (``tokenizer``) or the gateway's estimate (``estimate``): :mod:`turnout.gateway.inspection`, as
+  Ollama's ``/api/show`` is.
 
 A worker whose engine schedules by priority itself (vLLM started with ``--scheduling-policy priority``: a worker's
 ``priority_scheduling``, or a ModelClaim whose vLLM args say so) gets each call's class as vLLM's per-request
@@ -36,7 +37,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 from aiohttp import web
@@ -44,12 +45,10 @@ from aiohttp import web
 from turnout.config import Settings
 from turnout.core.admission import Priority
 from turnout.core.health import failure_reason
-from turnout.core.prefix import BYTES_PER_TOKEN
 from turnout.core.priority import HEADER as PRIORITY_HEADER
 from turnout.core.priority import engine_priority
-from turnout.core.routing import NoRoute
-from turnout.core.signals import Reported, Sample, input_counts, reported
-from turnout.dialects import NATIVE_HEADERS, api, worker_error_message
+from turnout.core.signals import Reported, reported
+from turnout.dialects import NATIVE_HEADERS, api
 from turnout.dialects.base import (
     Call,
     Dialect,
@@ -60,21 +59,27 @@ from turnout.dialects.base import (
     Translation,
     TranslationError,
 )
-from turnout.dialects.ollama import show
 from turnout.dialects.streams import FrameError, StreamKind, StreamWatch, keepalive, parse_object
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
 from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
 from turnout.gateway.access import PRIORITY, REQUEST_ID, ROUTE
 from turnout.gateway.accounting import Outcome
-from turnout.gateway.capabilities import EmbeddingProbe
-from turnout.gateway.catalog import iso_time, modified_at, unknown_details
-from turnout.gateway.dispatch import Ask, Dispatcher, Lease, no_route_error
+from turnout.gateway.answers import WorkerAnswers, json_answer, raw_json
+from turnout.gateway.catalog import iso_time
+from turnout.gateway.dispatch import Ask, Dispatcher, Lease
 from turnout.gateway.hold import HOLDABLE, hold_limit
+from turnout.gateway.inspection import COUNT_SOURCE, Inspector
+from turnout.gateway.learning import AnswerLearner
 from turnout.gateway.occupancy import Ticket
+from turnout.gateway.timing import PHASES, SERVER_TIMING, Phases, model_label, unrouted_label
+from turnout.gateway.trace_context import passed_on
 from turnout.metrics import Metrics
-from turnout.responses import error_frame, error_response, json_response
+from turnout.responses import error_frame
 from turnout.upstream.client import ConnectFailed, NoAnswer, UpstreamClient, UpstreamResponse
+
+if TYPE_CHECKING:
+    from turnout.gateway.tracing import Tracing
 
 __all__ = ["Proxy"]
 
@@ -87,9 +92,6 @@ _UNROUTABLE = frozenset({"no_healthy_worker", "no_workers", "model_not_found", "
 # for at most this long, and a worker still sending then loses the connection.
 _DRAIN_S = 1.0
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_TOKENIZER_S = 10.0  # a tokenizer's answer later than this: the gateway's estimate instead
-_TOKENIZER_ANSWER = 64 << 20  # bytes: a tokenizer's answer (a list of token ids) larger than this is not read
-COUNT_SOURCE = "X-Turnout-Token-Count"  # on a count_tokens answer: "tokenizer" (the worker's) or "estimate"
 EXPLAIN_HEADER = "X-Turnout-Route"  # routing.explain_header: "<worker>; <why>"
 ENGINE_PRIORITY_HEADER = "X-Vllm-Priority"  # vllm/entrypoints/generate/base/serving.py: read before the body's
 # The calls whose vLLM request has a ``priority`` field (vllm/entrypoints/openai/*/protocol.py,
@@ -115,10 +117,12 @@ class Proxy:
         # (worker, client dialect): the worker refused a translation's first form and took its alternate (OpenAI's
         # json_schema response_format for llama-cpp-python's; fields that are not OpenAI's own for OpenAI's API)
         self._alternate_form: set[tuple[str, Dialect]] = set()
-        self._tokenizers: dict[str, int] = {}  # worker -> which of a TokenCounter's requests its tokenizer took
-        self._embedding = EmbeddingProbe()  # whether a model on an OpenAI-style worker embeds (/api/show)
         self._explain = settings.routing.explain_header
         self._claim_priority: frozenset[str] = frozenset()  # claim workers whose vLLM schedules by priority
+        self.learner = AnswerLearner(settings, fleet, metrics)
+        self.answers = WorkerAnswers(metrics)
+        self.inspector = Inspector(settings, fleet, dispatcher, self.answers, self._post)  # /api/show, count_tokens
+        self.tracing: Tracing | None = None  # set when telemetry.otlp_endpoint is (turnout.wiring)
 
     async def serve(
         self,
@@ -130,8 +134,11 @@ class Proxy:
     ) -> web.StreamResponse:
         """``priority``: the dispatcher's class for the call (``batch`` for a Batch API line), passed to
         :meth:`Dispatcher.acquire`."""
+        if self.tracing is not None and isinstance(request, web.BaseRequest):  # (a Batch API line has no span)
+            phases = request[PHASES]
+            phases.span = self.tracing.begin(request, call, phases)
         if call.endpoint is Endpoint.SHOW:
-            return await self._show(call)
+            return await self.inspector.show(call)
         if self.claims is not None and self.claims.claimed(call.model):
             return await self._serve_claimed(request, call, outcome, tenant, self.claims, priority)
         endpoint = self.fleet.endpoint_for(call.model)
@@ -183,7 +190,7 @@ class Proxy:
             counts.waiting += 1
             try:
                 ticket = await self.dispatcher.hold(
-                    model, tenant, priority, lambda: model in self.fleet.bindings, limit_s
+                    model, tenant, priority, lambda: model in self.fleet.bindings, limit_s, request[PHASES]
                 )
             finally:
                 counts.waiting -= 1
@@ -213,30 +220,50 @@ class Proxy:
         failure: ConnectFailed | None = None
         routing = self.settings.routing
         ask = Ask(call, request.headers, routing.session_header)
+        phases = request[PHASES]
         counts = self.metrics.classes[priority]  # waiting and running requests of the class (scraped, Overview)
         hold_s = hold_limit(request.headers, routing.hold_s)
         for _ in range(routing.max_attempts):
+            held = 0.0 if phases.holds is None else phases.hold  # (a hold inside acquire is its own phase)
             counts.waiting += 1
+            asked = time.perf_counter()
             try:
                 lease = await self.dispatcher.acquire(
-                    call.model, frozenset(exclude), tenant, ask, priority=priority, ticket=ticket, hold_s=hold_s
+                    call.model,
+                    frozenset(exclude),
+                    tenant,
+                    ask,
+                    priority=priority,
+                    ticket=ticket,
+                    hold_s=hold_s,
+                    phases=phases,
                 )
                 ticket = None
-            except TurnoutError:
+            except TurnoutError as exc:
+                phases.queued(asked, time.perf_counter(), held)
+                if exc.status == 503 and phases.model is None:  # it waited, or could not: counted by its model
+                    phases.model, phases.worker = unrouted_label(self.fleet, call.model), "-"
                 if failure is not None:  # every reachable candidate failed: report the real cause
                     raise failure from None
                 raise
             finally:
                 counts.waiting -= 1
+            phases.queued(asked, time.perf_counter(), held)
             counts.running += 1
-            outcome.worker = lease.worker.name
+            worker = lease.worker
+            phases.model, phases.worker = model_label(worker, lease.model), worker.name
+            outcome.worker = worker.name
             request[ROUTE] = lease.why
             response: web.StreamResponse | None = None
             try:
-                response = await self._attempt(request, call, lease, outcome)
+                if phases.span is None:  # (the client's trace context, if any, goes on as it came)
+                    response = await self._forward(request, call, lease, outcome, passed_on(request.headers))
+                else:
+                    response = await self._traced(request, call, lease, outcome, phases)
                 if self._explain and not response.prepared:  # a stream has it already (_stream_headers)
                     response.headers[EXPLAIN_HEADER] = _explained(lease)
             except ConnectFailed as exc:
+                phases.connect_failed(exc.connect_s)
                 self.metrics.upstream_errors.labels(lease.worker.name, "connect").inc()
                 lease.worker.mark_down(exc.message, failure_reason(exc.code))
                 self.dispatcher.wake_all()
@@ -272,26 +299,53 @@ class Proxy:
         grant = lease.grant
         return engine_priority(Priority.STANDARD if grant is None else grant.priority)
 
-    async def _attempt(self, request: web.Request, call: Call, lease: Lease, outcome: Outcome) -> web.StreamResponse:
+    async def _traced(
+        self, request: web.Request, call: Call, lease: Lease, outcome: Outcome, phases: Phases
+    ) -> web.StreamResponse:
+        """One try on one worker while tracing is on: the worker is sent the call's span as its parent, and the span
+        is told how the try went. (Tracing off, the client's own W3C ``traceparent`` and ``tracestate`` go to the
+        worker as they came, so that an engine that traces, vLLM or SGLang, joins the client's trace.)"""
+        span = phases.span
+        assert span is not None
+        trace = span.to_worker(call, lease.worker, lease.worker.upstream_name(lease.model))
+        try:
+            response = await self._forward(request, call, lease, outcome, trace)
+        except BaseException as exc:
+            span.worker_done(phases, outcome, None, exc)
+            raise
+        span.worker_done(phases, outcome, response.status, None)
+        return response
+
+    async def _forward(
+        self, request: web.Request, call: Call, lease: Lease, outcome: Outcome, trace: dict[str, str] | None
+    ) -> web.StreamResponse:
+        """One try on ``lease``'s worker; ``trace``: the W3C trace context headers it is sent (or None)."""
         worker = lease.worker
         rank = self._engine_priority(lease)
         translation = api(call.dialect).translation(worker.speaks, call.endpoint, worker.native_apis)
         if translation is not None:
             if call.endpoint is Endpoint.COUNT_TOKENS:  # checked first: a Protocol's isinstance is not cheap
                 assert isinstance(translation, TokenCounter), translation
-                return await self._count_tokens(call, lease, translation, outcome)
-            return await self._translated(request, call, lease, cast(Translation, translation), outcome, rank)
+                return await self.inspector.count_tokens(call, lease, translation, outcome)
+            return await self._translated(request, call, lease, cast(Translation, translation), outcome, trace, rank)
         body = call.body
-        upstream = _upstream_name(worker, lease.model)
+        upstream = worker.upstream_name(lease.model)
         if rank is not None and call.endpoint in _PRIORITY_BODIES:  # the body as sent, with the class's priority
             body = orjson.dumps({**parse_object(call.body), "model": upstream, "priority": rank})
         elif upstream != call.model:
             body = orjson.dumps({**call.payload, "model": upstream})
-        return await self._passthrough(request, call, lease, body, outcome, rank)
+        return await self._passthrough(request, call, lease, body, outcome, trace, rank)
 
     # -- same dialect ----------------------------------------------------------------------------
     async def _passthrough(
-        self, request: web.Request, call: Call, lease: Lease, body: bytes, outcome: Outcome, rank: int | None = None
+        self,
+        request: web.Request,
+        call: Call,
+        lease: Lease,
+        body: bytes,
+        outcome: Outcome,
+        trace: dict[str, str] | None,
+        rank: int | None = None,
     ) -> web.StreamResponse:
         """``lease.model``: the name the worker knows it by (its failures and successes are counted under it)."""
         worker, model = lease.worker, lease.model
@@ -299,19 +353,25 @@ class Proxy:
         started = time.perf_counter()
         forward = NATIVE_HEADERS.get(call.dialect)
         extra = None if forward is None else {k: v for k in forward if (v := request.headers.get(k)) is not None}
+        if trace is not None:
+            extra = trace if extra is None else {**extra, **trace}
         if rank is not None:
             extra = {**(extra or {}), ENGINE_PRIORITY_HEADER: str(rank)}
+        phases = request[PHASES]
         async with self._post(worker, call.path, body, extra) as up:
+            phases.connected(up.connect_s, up.sent_at)
             _check_fallback(worker, model, up.status)
             if up.status >= 300:
-                return self._upstream_error(call, worker, model, up.status, await up.read(), loop.time())
+                phases.first_byte(up.head_at)
+                return self.answers.worker_error(call, worker, model, up.status, await up.read(), loop.time())
             if not _streaming(call, up):
+                phases.first_byte(up.head_at)
                 data = await up.read()
-                answer = self._answer(worker, model, data, loop.time())
-                self._learn(lease, call, answer, started, None, outcome)
+                answer = self.answers.checked(worker, model, data, loop.time())
+                self.learner.learn(lease, call, answer, started, None, outcome)
                 if outcome.keep is not None:
                     await outcome.keep(answer)
-                reply = _raw_json(data, up.status, call)
+                reply = raw_json(data, up.status, call)
                 if call.endpoint is Endpoint.COUNT_TOKENS:
                     reply.headers[COUNT_SOURCE] = "tokenizer"
                 return reply
@@ -346,6 +406,7 @@ class Proxy:
                     if data:
                         if first is None:
                             first = time.perf_counter()
+                            phases.first_byte(first)
                         await resp.write(data)
                     if watch.ended:
                         answered = True
@@ -369,7 +430,7 @@ class Proxy:
                     final = watch.final
                 else:
                     final = {"usage": watch.usage, "timings": watch.timings}
-                self._learn(lease, call, final, started, first, outcome, stream_events=max(watch.events - 1, 0))
+                self.learner.learn(lease, call, final, started, first, outcome, stream_events=max(watch.events - 1, 0))
             return resp
 
     async def _end_stream(
@@ -414,59 +475,6 @@ class Proxy:
         await resp.write(fail(err))
         await resp.write_eof()
 
-    def _answer(self, worker: WorkerState, model: str, data: bytes, now: float) -> dict[str, Any]:
-        """A 2xx non-stream answer must be the JSON object its route promises; anything else is a 502."""
-        try:
-            answer = parse_object(data)
-        except FrameError as exc:
-            self.metrics.upstream_errors.labels(worker.name, "invalid_answer").inc()
-            worker.record_model_failure(model, "invalid answer", now)
-            raise UpstreamError(f"{worker.name}: the worker answered with {_what(data, exc)}") from None
-        worker.record_success(now, model)
-        return answer
-
-    def _upstream_error(
-        self, call: Call, worker: WorkerState, model: str, status: int, data: bytes, now: float
-    ) -> web.StreamResponse:
-        """A worker's error answer in the caller's dialect: 4xx keep their status and the worker's message;
-        5xx (and nonsense statuses) become 502, 503 stays 503. A 401/403 is about the gateway's credential
-        for the worker (the client's key never goes upstream): 502 ``upstream_auth_failed``, never relayed."""
-        if status in (401, 403):
-            return self._credential_rejected(call, worker, status, data, now)
-        if status >= 500:
-            self.metrics.upstream_errors.labels(worker.name, f"http_{status}").inc()
-            worker.record_model_failure(model, f"HTTP {status}", now)
-        else:
-            worker.record_success(now)  # it answered: alive (a 4xx says nothing about the model)
-        if 400 <= status < 500:
-            try:
-                parsed: dict[str, Any] | None = parse_object(data)
-            except FrameError:
-                parsed = None
-            if parsed is not None and api(call.dialect).error_in_dialect(parsed):
-                return _json(parsed, status, call)
-        message = worker_error_message(data, status)
-        err = UpstreamError(message if message.startswith("upstream") else f"worker answered HTTP {status}: {message}")
-        err.status = status if 400 <= status < 500 or status == 503 else 502
-        if status < 400:
-            err.code = "upstream_bad_status"
-        return _tagged(error_response(call.dialect, err), call)
-
-    def _credential_rejected(
-        self, call: Call, worker: WorkerState, status: int, data: bytes, now: float
-    ) -> web.Response:
-        """The worker refused the credential the gateway holds for it: the operator's problem. Its own answer
-        (which may echo part of that credential, or read like the client's key is wrong) goes to the log only."""
-        self.metrics.upstream_errors.labels(worker.name, "auth").inc()
-        detail = " ".join(worker_error_message(data, status).split())[:200]
-        worker.reject_credential(status, f"{call.path}: {detail}", now)
-        err = UpstreamError(
-            f'the {worker.kind} "{worker.name}" rejected its credential (HTTP {status}): the gateway\'s '
-            "configuration, not your API key; ask the gateway's operator to fix it",
-            code="upstream_auth_failed",
-        )
-        return _tagged(error_response(call.dialect, err), call)
-
     # -- a client dialect the worker does not speak: its dialect's translation --------------------------
     async def _translated(
         self,
@@ -475,16 +483,17 @@ class Proxy:
         lease: Lease,
         translation: Translation,
         outcome: Outcome,
+        trace: dict[str, str] | None,
         rank: int | None = None,
     ) -> web.StreamResponse:
         try:
-            path, req = translation.request(call, _upstream_name(lease.worker, lease.model))
+            path, req = translation.request(call, lease.worker.upstream_name(lease.model))
         except TranslationError as exc:
             raise BadRequest(str(exc)) from None
-        extra = None
+        extra = trace
         if rank is not None:  # (a translation's worker request is one of OpenAI's: chat, completions, embeddings)
             req["priority"] = rank
-            extra = {ENGINE_PRIORITY_HEADER: str(rank)}
+            extra = {**(trace or {}), ENGINE_PRIORITY_HEADER: str(rank)}
         worker = lease.worker
         loop = asyncio.get_running_loop()
         started = time.perf_counter_ns()
@@ -493,20 +502,25 @@ class Proxy:
         if alternate is not None and form in self._alternate_form:
             req, alternate = alternate, None  # this worker takes the other form
         headers = translation.headers(call)
+        phases = request[PHASES]
         async with self._post(worker, path, orjson.dumps(req), extra) as up:
+            phases.connected(up.connect_s, up.sent_at)
             _check_fallback(worker, lease.model, up.status)
             rejected = await up.read() if up.status >= 300 else b""
             # llama_cpp.server answers a response_format it does not know with 500 (a validation error its
             # handler reports as a server error): 400, 422 and 500 all earn one retry in the other form
             if up.status >= 300 and not (alternate is not None and up.status in (400, 422, 500)):
-                return self._upstream_error(call, worker, lease.model, up.status, rejected, loop.time())
+                phases.first_byte(up.head_at)
+                return self.answers.worker_error(call, worker, lease.model, up.status, rejected, loop.time())
             if up.status < 300:
                 return await self._translated_answer(request, call, lease, translation, up, started, outcome, headers)
         assert alternate is not None  # the worker refused OpenAI's json_schema form: try the one it may take
         del rejected
         async with self._post(worker, path, orjson.dumps(alternate), extra) as up:
+            phases.connected(up.connect_s, up.sent_at)
             if up.status >= 300:  # refused in both forms: the worker's own answer to the second says why
-                return self._upstream_error(call, worker, lease.model, up.status, await up.read(), loop.time())
+                phases.first_byte(up.head_at)
+                return self.answers.worker_error(call, worker, lease.model, up.status, await up.read(), loop.time())
             self._alternate_form.add(form)
             return await self._translated_answer(request, call, lease, translation, up, started, outcome, headers)
 
@@ -524,7 +538,8 @@ class Proxy:
         loop = asyncio.get_running_loop()
         worker = lease.worker
         if not _streaming(call, up):
-            parsed = self._answer(worker, lease.model, await up.read(), loop.time())
+            request[PHASES].first_byte(up.head_at)
+            parsed = self.answers.checked(worker, lease.model, await up.read(), loop.time())
             timing = Timing(iso_time(), time.perf_counter_ns() - started)
             try:
                 out, counts = translation.answer(call, parsed, timing)
@@ -533,10 +548,12 @@ class Proxy:
             outcome.prompt_tokens = counts.prompt_tokens
             outcome.completion_tokens = counts.completion_tokens
             if lease.choice:
-                self._observe(lease, call, reported(parsed), counts.completion_tokens, None, timing.total_ns / 1e9)
+                self.learner.observe(
+                    lease, call, reported(parsed), counts.completion_tokens, None, timing.total_ns / 1e9
+                )
             if outcome.keep is not None:
                 await outcome.keep(out)
-            response = _json(out, 200, call)
+            response = json_answer(out, 200, call)
             response.headers.update(headers)
             return response
         return await self._translate_stream(request, call, lease, translation, up, started, outcome, headers)
@@ -560,6 +577,7 @@ class Proxy:
         await resp.prepare(request)
         translator = translation.stream(call)
         watch = StreamWatch(translation.worker_stream, collect=True)
+        phases = request[PHASES]
 
         def fail(err: TurnoutError) -> bytes:
             return b"".join(translation.frame(obj) for obj in translator.fail(err))
@@ -588,6 +606,7 @@ class Proxy:
                     watch.frames.clear()
                     if data and not first_ns:
                         first_ns = time.perf_counter_ns() - started
+                        phases.first_byte(time.perf_counter())
                 if watch.ended:  # this chunk's frames go out with the last ones, in one write
                     up.finish_later(_DRAIN_S)
                     await self._finish_translated(
@@ -655,7 +674,9 @@ class Proxy:
         if lease.choice:
             rep = Reported(counts.prompt_tokens, counts.completion_tokens)
             total_s = (time.perf_counter_ns() - started) / 1e9
-            self._observe(lease, call, rep, counts.completion_tokens, first_ns / 1e9 if first_ns else None, total_s)
+            self.learner.observe(
+                lease, call, rep, counts.completion_tokens, first_ns / 1e9 if first_ns else None, total_s
+            )
         worker.record_success(now, model)
         await self._give_back(lease)
         await resp.write_eof(pending + b"".join(map(translation.frame, final)))
@@ -665,74 +686,6 @@ class Proxy:
         the answer goes out (so the client's next turn, on any replica, finds the worker that holds its prefix free)."""
         lease.release()
         await self.dispatcher.occupancy.settle()
-
-    async def _count_tokens(
-        self, call: Call, lease: Lease, counter: TokenCounter, outcome: Outcome
-    ) -> web.StreamResponse:
-        """A token count on a worker that does not serve the client's API: its tokenizer where it has one (the
-        request form that worked is remembered per worker), else the gateway's estimate. Never a worker error:
-        a tokenizer that fails gives the estimate. Costs the key a request and no tokens."""
-        worker = lease.worker
-        try:
-            tries = counter.tokenize(call, _upstream_name(worker, lease.model))
-        except TranslationError as exc:
-            raise BadRequest(str(exc)) from None
-        known = self._tokenizers.get(worker.name)
-        order = sorted(enumerate(tries), key=lambda t: t[0] != known)  # the form this worker took first
-        tokens = None
-        for n, (path, body) in order:
-            try:
-                async with self._post(worker, path, orjson.dumps(body), timeout_s=_TOKENIZER_S) as up:
-                    data = await up.read(_TOKENIZER_ANSWER) if up.status < 300 else b""
-            except ConnectFailed:
-                raise  # the worker cannot be reached: the next one is tried
-            except UpstreamError:
-                continue
-            try:
-                tokens = counter.count(parse_object(data)) if data else None
-            except FrameError:
-                tokens = None
-            if tokens is not None:
-                self._tokenizers[worker.name] = n
-                break
-        outcome.prompt_tokens = outcome.completion_tokens = 0
-        reply = _json(counter.answer(call, tokens), 200, call)
-        reply.headers[COUNT_SOURCE] = "estimate" if tokens is None else "tokenizer"
-        return reply
-
-    async def _show(self, call: Call) -> web.StreamResponse:
-        """An Ollama worker's own answer; for a model on an OpenAI-style worker, what is known of it, its
-        ``capabilities`` among it (:mod:`turnout.dialects.ollama.show`, :mod:`turnout.gateway.capabilities`)."""
-        decision = self.dispatcher.locate(call.model)
-        if isinstance(decision, NoRoute):
-            raise no_route_error(decision, int(self.settings.health.interval_s))
-        worker, model = self.fleet.workers[decision.best.worker], decision.best.model
-        if not self.fleet.is_openai(worker.name):
-            return await self._passthrough_show(call, worker, model)
-        entry = worker.tags.get(model, {})
-        embeds = await self._embedding.embeds(worker, model, _upstream_name(worker, model), self._post)
-        return _json(
-            {
-                "modelfile": "",
-                "parameters": "",
-                "template": "",
-                "details": unknown_details(),
-                "model_info": {"general.architecture": "", "turnout.owned_by": entry.get("owned_by", "")},
-                "capabilities": show.capabilities(entry, worker.engine_props, embeds),
-                "modified_at": modified_at(self.fleet, decision.best.model, entry, time.time()),
-            }
-        )
-
-    async def _passthrough_show(self, call: Call, worker: WorkerState, model: str) -> web.StreamResponse:
-        upstream = _upstream_name(worker, model)
-        body = call.body if upstream == call.model else orjson.dumps({**call.payload, "model": upstream})
-        async with self._post(worker, "/api/show", body) as up:
-            now = asyncio.get_running_loop().time()
-            if up.status >= 300:
-                return self._upstream_error(call, worker, model, up.status, await up.read(), now)
-            data = await up.read()
-            self._answer(worker, model, data, now)
-            return _raw_json(data, up.status, call)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _post(
@@ -759,87 +712,6 @@ class Proxy:
         headers = _stream_headers(request, call)
         return {**headers, EXPLAIN_HEADER: _explained(lease)} if self._explain else headers
 
-    def _learn(
-        self,
-        lease: Lease,
-        call: Call,
-        answer: dict[str, Any],
-        started: float,
-        first: float | None,
-        outcome: Outcome,
-        *,
-        stream_events: int = 0,
-    ) -> None:
-        """Token counts for accounting (None when the worker reported none: accounting estimates), and, where the
-        router had a choice of workers, what the answer says of the worker's speed (its learned rates rank
-        candidates, and nothing else reads them). ``started``, ``first``: ``perf_counter`` times of sending and
-        of the first bytes of a stream."""
-        if not lease.choice or call.endpoint is Endpoint.COUNT_TOKENS:
-            # the usual single-worker model: the counts alone, as cheaply as they come (a token count is no answer)
-            usage = _obj(answer.get("usage"))
-            outcome.prompt_tokens = _first(
-                _count(answer, "prompt_eval_count"), _count(usage, "prompt_tokens"), input_counts(usage)[0]
-            )
-            completion = _first(
-                _count(answer, "eval_count"), _count(usage, "completion_tokens"), _count(usage, "output_tokens")
-            )
-            outcome.completion_tokens = completion if completion is not None else (stream_events or None)
-            return
-        rep = reported(answer)
-        outcome.prompt_tokens = rep.prompt_tokens
-        completion = rep.completion_tokens if rep.completion_tokens is not None else (stream_events or None)
-        outcome.completion_tokens = completion
-        now = time.perf_counter()
-        self._observe(lease, call, rep, completion, None if first is None else first - started, now - started)
-
-    def _observe(
-        self,
-        lease: Lease,
-        call: Call,
-        rep: Reported,
-        completion: int | None,
-        first_s: float | None,
-        total_s: float,
-    ) -> None:
-        """Learn the worker's prefill and decode rates from one answer (:func:`turnout.core.signals.speeds`): the
-        prompt's tokens as reported (else the prefix index's estimate), those served from the engine's cache as it
-        reported them (else what the prefix index expected it to hold)."""
-        worker = lease.worker
-        if first_s is None and (rep.prefill_s is not None or rep.decode_s is not None):
-            # an answer in one piece: the span the engine's own timings say it worked on it
-            lease.worked((rep.prefill_s or 0.0) + (rep.decode_s or 0.0), asyncio.get_running_loop().time())
-        if completion:
-            self.fleet.answered(call.model, completion)
-        prompt_tokens = rep.prompt_tokens
-        if prompt_tokens is None and lease.prompt is not None:
-            prompt_tokens = round(lease.prompt.size / BYTES_PER_TOKEN)
-        cached = rep.cached_tokens
-        if cached is not None and rep.prompt_tokens:
-            worker.engine_counted(rep.prompt_tokens, cached)
-            self.metrics.engine_tokens(worker.name, rep.prompt_tokens, cached)
-        else:
-            cached = round((prompt_tokens or 0) * lease.share)
-            if lease.share:
-                # the index's word only: when the engine no longer held what it expected, a prefill rate from this
-                # would be far too slow, so only answers expected cold (or counted by the engine) teach it
-                prompt_tokens = None
-        prefill_tokens = rep.prefill_tokens
-        if prefill_tokens is not None and rep.prefill_counts_cache:  # Ollama's count includes its cache
-            prefill_tokens = None if prompt_tokens is None else max(prefill_tokens - cached, 0)
-        sample = Sample(
-            prompt_tokens,
-            cached,
-            completion,
-            first_s,
-            total_s,
-            lease.queued,
-            prefill_tokens,
-            rep.prefill_s,
-            rep.decode_tokens,
-            rep.decode_s,
-        )
-        worker.observe(call.model, sample, time.monotonic(), self.settings.routing.speed_ttl_s)
-
 
 def _explained(lease: Lease) -> str:
     return f"{lease.worker.name}; {lease.why}"
@@ -849,10 +721,6 @@ class _NeedFallback(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def _upstream_name(worker: WorkerState, model: str) -> str:
-    return model if worker.external is None else worker.external.upstream_name(model)
 
 
 def _dial_options(worker: WorkerState) -> dict[str, Any]:
@@ -883,12 +751,13 @@ async def _cut_short(resp: web.StreamResponse, fail: Callable[[TurnoutError], by
 
 
 def _stream_headers(request: web.Request, call: Call) -> dict[str, str]:
+    """A stream's headers, sent before its body: its ``Server-Timing`` says what had ended by then (the queue, a
+    hold, the connect; :mod:`turnout.gateway.timing`), and is left out when nothing had."""
     request_id = request.get(REQUEST_ID)
     chosen = request.get(PRIORITY)
     said = chosen is not None and chosen.asked is not None  # the request named a class: the answer names its own
-    if call.fallback_from is None and request_id is None and not said:
-        return _STREAM_HEADERS
-    headers = dict(_STREAM_HEADERS)
+    timing = request[PHASES].header(None)
+    headers = {**_STREAM_HEADERS, SERVER_TIMING: timing} if timing else dict(_STREAM_HEADERS)
     if call.fallback_from is not None:
         headers["X-Fallback-From"] = call.fallback_from
     if request_id is not None:
@@ -912,41 +781,3 @@ def _translate_events(
         return translator.feed(events, created)
     except _SHAPE_ERRORS as exc:
         raise UpstreamError(f"{label}: the worker's stream has an unexpected shape ({exc})") from None
-
-
-def _what(data: bytes, exc: FrameError) -> str:
-    if not data:
-        return "an empty body, not JSON"
-    head = data[:60].decode("utf-8", "replace")
-    printable = "".join(ch if ch.isprintable() else "?" for ch in head)
-    return f"{exc} (starts {printable!r})"
-
-
-def _obj(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _count(obj: dict[str, Any], key: str) -> int | None:
-    """A non-negative integer field, or None (absent, wrong type, negative)."""
-    value = obj.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def _first(*values: int | None) -> int | None:
-    return next((v for v in values if v is not None), None)
-
-
-def _tagged(response: web.Response, call: Call | None) -> web.Response:
-    """Every non-stream answer of a fallback call says where it fell back from (streams: _stream_headers)."""
-    if call is not None and call.fallback_from is not None:
-        response.headers["X-Fallback-From"] = call.fallback_from
-    return response
-
-
-def _raw_json(data: bytes, status: int, call: Call) -> web.Response:
-    """A worker's JSON answer relayed byte for byte (it was checked to be a JSON object)."""
-    return _tagged(web.Response(status=status, body=data, content_type="application/json"), call)
-
-
-def _json(obj: Any, status: int = 200, call: Call | None = None) -> web.Response:
-    return _tagged(json_response(obj, status), call)

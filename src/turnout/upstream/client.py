@@ -8,6 +8,7 @@ bounded by one total timeout; connect has its own. Failures become :class:`turno
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -41,14 +42,21 @@ MAX_ANSWER_BYTES = 256 << 20  # a non-streamed answer is buffered whole: bounded
 
 
 class UpstreamResponse:
-    __slots__ = ("_conn", "_label", "content_type", "settle_s", "status")
+    """A worker's answer, its head arrived. ``connect_s``: how long getting a connection and writing the request on
+    it took (a kept-alive one: about 0); ``sent_at``: when the request was written, ``head_at``: when the answer's
+    head arrived (``time.perf_counter``; the request's timing phases, :mod:`turnout.gateway.timing`)."""
 
-    def __init__(self, conn: Connection, label: str) -> None:
+    __slots__ = ("_conn", "_label", "connect_s", "content_type", "head_at", "sent_at", "settle_s", "status")
+
+    def __init__(self, conn: Connection, label: str, connect_s: float, sent_at: float) -> None:
         self._conn = conn
         self._label = label
         self.status = conn.status
         self.content_type = conn.content_type
         self.settle_s: float | None = None
+        self.connect_s = connect_s
+        self.sent_at = sent_at
+        self.head_at = time.perf_counter()
 
     def finish_later(self, limit_s: float) -> None:
         """The caller has what it needs: when it leaves the request, the rest of the body is read (and dropped)
@@ -255,12 +263,18 @@ class UpstreamClient:
         data = encode_request(x.method, target, x.headers, x.body)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (x.timeout_s or self._total_timeout)
+        dialing = time.perf_counter()
         while True:
-            conn, reused = await self._pool.connect(target, label, x.guard)
+            try:
+                conn, reused = await self._pool.connect(target, label, x.guard)
+            except ConnectFailed as exc:
+                exc.connect_s = time.perf_counter() - dialing
+                raise
             timer = loop.call_at(deadline, conn.timed_out, label)
             try:
                 assert conn.transport is not None
                 conn.transport.write(data)
+                sent_at = time.perf_counter()
                 if headers_timeout_s is None:
                     while not conn.headers_done and conn.error is None:
                         await conn.wait()
@@ -280,7 +294,7 @@ class UpstreamClient:
                 raise
             if conn.headers_done:
                 x.timer = timer
-                return UpstreamResponse(conn, label)
+                return UpstreamResponse(conn, label, sent_at - dialing, sent_at)
             timer.cancel()
             conn.close()
             if reused and not conn.received_any and loop.time() < deadline:

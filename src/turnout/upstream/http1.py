@@ -56,7 +56,10 @@ _IDLE_PER_HOST = 512
 
 
 class ConnectFailed(UpstreamError):
-    """The worker could not be reached at all; nothing was sent, another worker may be tried."""
+    """The worker could not be reached at all; nothing was sent, another worker may be tried. ``connect_s``: how
+    long trying took (set by :class:`turnout.upstream.client.UpstreamClient`)."""
+
+    connect_s = 0.0
 
 
 class NoAnswer(UpstreamError):

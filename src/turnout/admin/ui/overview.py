@@ -1,11 +1,13 @@
-"""The Overview page: workers and endpoints with health (and why when down), models, load, requests per
-minute, each worker's prefix cache hit rate and what its engine runs at once (and how that was found), the
-requests waiting and running by priority class (this process's, as ``/metrics`` has them), and ModelClaims by
-phase. The body is a fragment
+"""The Overview page: where proxied requests' time went over the last minutes, workers and endpoints with health
+(and why when down), models, load, requests per minute, each worker's prefix cache hit rate and what its engine runs
+at once (and how that was found), the requests waiting and running by priority class (this process's, as
+``/metrics`` has them), and ModelClaims by phase. The body is a fragment
 (``/admin/overview/fragment``) that the page polls with htmx, so it refreshes itself without a reload.
 
 Requests per minute come from the usage store (all replicas' traffic, flushed first): the requests of the
-previous and the current minute, scaled to one minute.
+previous and the current minute, scaled to one minute. Where the time went comes from this process's own counts
+(:mod:`turnout.phase_stats`: the median and 90th percentile of each phase over the last 5 or 15 minutes,
+``?window=15``), drawn as bars a person takes in at a glance, the numbers beside them.
 """
 
 from __future__ import annotations
@@ -17,13 +19,45 @@ from typing import Any
 
 from aiohttp import web
 
-from turnout.admin.ui.display import when
+from turnout.admin.ui.display import ms, number, when
 from turnout.admin.ui.render import page, render
 from turnout.gateway.keys import ACCOUNTANT, ENDPOINTS, FLEET, METRICS, PROXY, USAGE
+from turnout.phase_stats import VIEWS
 
-__all__ = ["POLL_S", "add_overview_routes", "overview_state"]
+__all__ = ["POLL_S", "WINDOWS", "add_overview_routes", "overview_state"]
 
 POLL_S = 5  # the page refreshes its body this often
+WINDOWS = (5, 15)  # minutes the timing panel looks back (the first: unless ?window= says another)
+_BAR = 240.0  # the bars' full width (SVG units): the longest 90th percentile shown
+
+
+def _window(request: web.Request) -> int:
+    asked = request.query.get("window", "")
+    return next((w for w in WINDOWS if str(w) == asked), WINDOWS[0])
+
+
+def _timing(request: web.Request, minutes: int) -> dict[str, Any]:
+    """Each phase's median and 90th percentile over the last ``minutes``, with bar lengths on one scale."""
+    recent = request.app[METRICS].phases.recent(minutes, time.perf_counter())
+    longest = max((float(row["p90"] or 0.0) for row in recent.values()), default=0.0)
+    rows = []
+    for view, _, _ in VIEWS:
+        row = recent[view]
+        p50, p90 = row["p50"], row["p90"]
+        rows.append(
+            {
+                "view": view,
+                "count": number(int(row["count"] or 0)),
+                "p50": ms(p50),
+                "p90": ms(p90),
+                # at least a sliver for a phase that took any time at all, so that it shows
+                "w50": 0.0 if p50 is None or not longest else max(round(float(p50) / longest * _BAR, 1), 0.5),
+                "w90": 0.0 if p90 is None or not longest else max(round(float(p90) / longest * _BAR, 1), 0.5),
+                "seen": bool(row["count"]),
+            }
+        )
+    answered = int(recent["total_whole"]["count"] or 0) + int(recent["total_stream"]["count"] or 0)
+    return {"minutes": minutes, "windows": WINDOWS, "rows": rows, "answered": answered, "bar": _BAR}
 
 
 async def _requests_per_min(request: web.Request, now: float) -> tuple[dict[str, float], float]:
@@ -84,6 +118,7 @@ async def overview_state(request: web.Request) -> dict[str, Any]:
         {"name": p.value, "waiting": c.waiting, "running": c.running} for p, c in request.app[METRICS].classes.items()
     ]
     return {
+        "timing": _timing(request, _window(request)),
         "workers": workers,
         "endpoints": endpoints,
         "classes": classes,
