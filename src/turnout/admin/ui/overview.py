@@ -21,7 +21,8 @@ from aiohttp import web
 
 from turnout.admin.ui.display import ms, number, when
 from turnout.admin.ui.render import page, render
-from turnout.gateway.keys import ACCOUNTANT, ENDPOINTS, FLEET, METRICS, PROXY, USAGE
+from turnout.gateway.keys import ACCOUNTANT, DISPATCHER, ENDPOINTS, FLEET, METRICS, PROXY, USAGE
+from turnout.gateway.redis_occupancy import RedisOccupancy
 from turnout.phase_stats import VIEWS
 
 __all__ = ["POLL_S", "WINDOWS", "add_overview_routes", "overview_state"]
@@ -129,7 +130,17 @@ async def overview_state(request: web.Request) -> dict[str, Any]:
         "workers_up": sum(1 for w in workers if w["healthy"]),
         "endpoints_up": sum(1 for e in endpoints if e["healthy"]),
         "poll_s": POLL_S,
+        "shared": _shared_state(request),
     }
+
+
+def _shared_state(request: web.Request) -> dict[str, Any] | None:
+    """With ``storage.redis_url``: whether the replicas' shared routing state answers, and how many replicas share
+    it (None without Redis: nothing is shared)."""
+    occupancy = request.app[DISPATCHER].occupancy
+    if not isinstance(occupancy, RedisOccupancy):
+        return None
+    return {"up": occupancy.up, "replicas": occupancy.replicas}
 
 
 @page
