@@ -83,7 +83,7 @@ class Probes(Protocol):
     """Gateway replicas that probe together (:class:`turnout.gateway.redis_fleet.SharedProbes`): one at a time per
     worker, the others taking what it found."""
 
-    async def may_probe(self, state: WorkerState, idle_only: bool) -> bool: ...
+    async def may_probe(self, state: WorkerState, idle_only: bool) -> bool | None: ...
 
     async def share(self, state: WorkerState) -> None: ...
 
@@ -129,14 +129,13 @@ class Poller:
             interval_s=health.interval_s,
         )
         shared = self.probes
-        # another replica probes it now: what it found (nothing yet, as this one starts: its own look, once)
-        if (
-            probe
-            and shared is not None
-            and not await shared.may_probe(state, policy is ProbePolicy.IDLE_ONLY)
-            and (await shared.adopt(state, self.clock()) or state.checked)
-        ):
-            probe = False
+        if probe and shared is not None:
+            may = await shared.may_probe(state, policy is ProbePolicy.IDLE_ONLY)
+            if may is not True:  # another replica probes it, or none may now: what was found there
+                adopted = await shared.adopt(state, self.clock())
+                # another replica holds the probe and published nothing yet (this one starts): its own look, once;
+                # never a look at an engine that a probe may disturb while a request runs there
+                probe = may is None and not adopted and not state.checked
         if probe:
             await self._probe(state, ollama, started)
             if shared is not None:

@@ -49,7 +49,7 @@ if idle_only then
 end
 local key = P .. ':probe:' .. worker
 local holder = redis.call('GET', key)
-if holder and holder ~= replica then return 0 end
+if holder and holder ~= replica then return -1 end
 redis.call('SET', key, replica, 'PX', hold_ms)
 return 1
 """
@@ -175,15 +175,17 @@ class SharedProbes:
         self._hold_ms = max(int(interval_s * 1000), 100)
         self._probe = self._redis.register_script(_PROBE)
 
-    async def may_probe(self, state: WorkerState, idle_only: bool) -> bool:
-        """This replica probes ``state``'s worker now (it holds the lease), or another one does."""
+    async def may_probe(self, state: WorkerState, idle_only: bool) -> bool | None:
+        """True: this replica probes ``state``'s worker now (it holds the lease); None: another one does; False: no
+        replica may (``idle_only`` and a request of any replica in flight there)."""
         if not self.occupancy.up:
             return True
         args: list[Any] = [self._p, state.name, self.occupancy.replica, self._hold_ms, 1 if idle_only else 0]
         try:
-            return bool(await self._probe(args=args))
+            answer = int(await self._probe(args=args))
         except Exception:  # Redis away: probe as a single gateway does
             return True
+        return True if answer == 1 else None if answer < 0 else False
 
     async def share(self, state: WorkerState) -> None:
         """What this replica's probe found, for the others."""
