@@ -8,8 +8,6 @@ The environment is read here and nowhere else (``TURNOUT_ADMIN_TOKEN``,
 
 from __future__ import annotations
 
-import base64
-import binascii
 import ipaddress
 import json
 import os
@@ -20,8 +18,6 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AnyHttpUrl,
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -29,6 +25,18 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from turnout.config_auth import Auth, Oidc
+from turnout.config_base import (  # re-exported: the package imports them from here
+    MAX_CONCURRENT,
+    MAX_CONNECT_S,
+    MAX_INT,
+    MAX_TIMEOUT_S,
+    MAX_WAIT_S,
+    ConfigError,
+    is_loopback,
+)
+from turnout.config_base import Model as _Model
+from turnout.config_env import AgentEnv, EndpointEnv, agent_env, endpoint_env
 from turnout.core.admission import Priority
 from turnout.core.aliases import table_problems
 from turnout.core.patterns import Pattern, parse_pattern
@@ -40,14 +48,18 @@ from turnout.defaults import CONFIG_FILE_NAME
 __all__ = [
     "CONFIG_FILE_NAME",
     "AgentEnv",
+    "Auth",
     "ConfigError",
     "DemoWorker",
+    "EndpointEnv",
     "LogFormat",
+    "Oidc",
     "Settings",
     "Telemetry",
     "WorkerType",
     "agent_env",
     "config_schema",
+    "endpoint_env",
     "is_loopback",
     "load_settings",
     "read_config_document",
@@ -60,23 +72,6 @@ OIDC_SECRET_ENV = "TURNOUT_OIDC_CLIENT_SECRET"  # the single sign-on client's se
 STARTER_WORKER = "local"  # the starter config's worker: Ollama's default address on this machine
 STARTER_OLLAMA_URL = "http://127.0.0.1:11434"
 DEMO_WORKER = "demo"  # the starter config's demo entry, when it has one
-
-
-class ConfigError(Exception):
-    """The configuration cannot be used; the message says where and why."""
-
-
-MAX_INT = 2**31 - 1  # counts that reach the database (rpm, daily_tokens) fit a 32-bit column
-MAX_CONCURRENT = 1_000_000  # in-flight and queue limits
-MAX_WAIT_S = 3600.0  # poll intervals, queue waits, cache lifetimes
-MAX_TIMEOUT_S = 86_400.0  # one upstream request, stream included
-MAX_CONNECT_S = 300.0  # connect and poll timeouts
-MAX_GRACE_S = 10 * 365 * 86_400.0  # a rotated key's grace period (10 years, as in the admin API)
-
-
-class _Model(BaseModel):
-    # NaN and infinities are never valid (JSON files may spell them NaN / Infinity, strings "nan" / "inf").
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _check_pattern(value: str) -> str:
@@ -322,223 +317,6 @@ class Network(_Model):
     def nat64(self) -> tuple[ipaddress.IPv6Network, ...]:
         """The declared prefixes as networks (the SSRF guard's :func:`~turnout.core.ssrf.check_address` form)."""
         return tuple(ipaddress.IPv6Network(text) for text in self.nat64_prefixes)
-
-
-class EndpointEnv(_Model):
-    """Endpoint settings that come from the environment (read here, nowhere else)."""
-
-    allow_private: bool = False
-    health_interval_s: float = 20.0
-    secret_key: str | None = None
-    hints: tuple[str, ...] = ()  # advice to log at start (e.g. a legacy variable in use)
-    # The gateway's environment as it started, for endpoint credentials named by variable ("credential_env"):
-    # a registration made in the UI reads the control plane's environment, not the browser's machine.
-    variables: SkipJsonSchema[dict[str, str]] = Field(default_factory=dict, repr=False)
-
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-_PRIVATE_NETWORK_VARIABLES = (
-    "APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS",
-    "TURNOUT_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS",
-)
-_LEGACY_PRIVATE_NETWORK_VARIABLE = "APP_NOTIFY_ALLOW_PRIVATE_NETWORKS"
-
-
-def _env_flag(env: Mapping[str, str], name: str) -> bool | None:
-    """A true/false variable: None when unset or empty; anything but a yes or no word is an error."""
-    raw = env.get(name, "").strip().lower()
-    if not raw:
-        return None
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ConfigError(f"{name}={env[name]!r}: must be true or false (also 1/0, yes/no, on/off)")
-
-
-def _allow_private(env: Mapping[str, str], hints: list[str]) -> bool:
-    """The private-network opt-in: an explicit specific variable (true or false) decides; the legacy
-    APP_NOTIFY_ALLOW_PRIVATE_NETWORKS counts only when neither specific name is set."""
-    explicit = {name: flag for name in _PRIVATE_NETWORK_VARIABLES if (flag := _env_flag(env, name)) is not None}
-    if len(set(explicit.values())) > 1:
-        first, second = _PRIVATE_NETWORK_VARIABLES
-        raise ConfigError(f"{first} and {second} disagree: set one of them (they are the same setting)")
-    legacy = _env_flag(env, _LEGACY_PRIVATE_NETWORK_VARIABLE)
-    if explicit:
-        allow = next(iter(explicit.values()))
-        if legacy is not None and legacy != allow:
-            hints.append(
-                f"{_LEGACY_PRIVATE_NETWORK_VARIABLE} is ignored: {next(iter(explicit))} is set and decides "
-                f"(private endpoint networks {'allowed' if allow else 'refused'})"
-            )
-        return allow
-    if legacy:
-        hints.append(
-            f"{_LEGACY_PRIVATE_NETWORK_VARIABLE} enables private endpoint networks; prefer the specific "
-            "APP_MODEL_ENDPOINT_ALLOW_PRIVATE_NETWORKS=true"
-        )
-    return bool(legacy)
-
-
-def endpoint_env(env: Mapping[str, str]) -> EndpointEnv:
-    hints: list[str] = []
-    allow = _allow_private(env, hints)
-    interval = 20.0
-    for name in ("APP_MODEL_ENDPOINT_HEALTH_INTERVAL", "TURNOUT_MODEL_ENDPOINT_HEALTH_INTERVAL"):
-        raw = env.get(name)
-        if raw is None or raw.strip() == "":
-            continue
-        try:
-            interval = float(raw)
-        except ValueError:
-            raise ConfigError(f"{name}={raw!r}: must be a number of seconds (0 turns endpoint checks off)") from None
-        if not 0 <= interval <= MAX_TIMEOUT_S:  # also refuses nan and inf, which float() reads
-            raise ConfigError(
-                f"{name}={raw!r}: must be a number of seconds from 0 to {MAX_TIMEOUT_S:g} (0 turns endpoint checks off)"
-            )
-        break
-    secret_key = env.get("TURNOUT_SECRET_KEY") or None
-    if secret_key is not None and not _is_fernet_key(secret_key):
-        raise ConfigError(
-            "TURNOUT_SECRET_KEY is not a Fernet key (32 url-safe base64-encoded bytes, 44 characters): set it to "
-            "the key your endpoint credentials were stored with, or unset it to use secret.key in the data dir"
-        )
-    return EndpointEnv(
-        allow_private=allow,
-        health_interval_s=interval,
-        secret_key=secret_key,
-        hints=tuple(hints),
-        variables=dict(env),
-    )
-
-
-def _is_fernet_key(value: str) -> bool:
-    """What ``cryptography.fernet.Fernet(key)`` accepts, checked without importing it."""
-    try:
-        return len(base64.urlsafe_b64decode(value.encode())) == 32
-    except (binascii.Error, ValueError):
-        return False
-
-
-class AgentEnv(_Model):
-    """Runtime agent settings from the environment, under AIBrix's runtime variable names so an AIBrix runtime
-    pod spec carries over: ``AIBRIX_MODEL_RUNTIME_MOCK=1`` is ``turnout agent --mock``,
-    ``AIBRIX_WEIGHT_CACHE_DIR`` is ``--cache-dir`` (a flag given on the command line wins)."""
-
-    mock: bool = False
-    weight_cache_dir: Path | None = None
-
-
-def agent_env(env: Mapping[str, str] | None = None) -> AgentEnv:
-    env = os.environ if env is None else env
-    mock = env.get("AIBRIX_MODEL_RUNTIME_MOCK", "").strip().lower()
-    if mock and mock not in _TRUE | _FALSE:
-        raise ConfigError(f"AIBRIX_MODEL_RUNTIME_MOCK={mock!r}: use 1 for the mock runtime, 0 (or unset) for engines")
-    cache = env.get("AIBRIX_WEIGHT_CACHE_DIR", "").strip()
-    return AgentEnv(mock=mock in _TRUE, weight_cache_dir=Path(cache).expanduser() if cache else None)
-
-
-class Oidc(_Model):
-    """Single sign-on with an OpenID Connect provider (docs/sso.md). The client secret comes from the
-    environment (``TURNOUT_OIDC_CLIENT_SECRET``), never from this file; without one the client is public (PKCE)."""
-
-    issuer: str = Field(
-        min_length=1,
-        max_length=2048,
-        description="the provider's issuer URL, exactly as its /.well-known/openid-configuration names it "
-        "(https, or http on a loopback address)",
-    )
-    client_id: str = Field(min_length=1, max_length=512, description="this gateway's client id at the provider")
-    scopes: list[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/-]+$")]] = Field(
-        default_factory=lambda: ["openid", "email", "profile"],
-        description="scopes asked for; openid is added when missing",
-    )
-    groups_claim: str = Field(
-        "groups", min_length=1, max_length=256, description="the ID token claim that lists the person's groups"
-    )
-    roles: dict[str, str] = Field(
-        default_factory=dict,
-        description="group -> role: viewer, operator, admin or team-admin:<tenant>; a person in several groups "
-        "gets the highest role and every team",
-    )
-    email_roles: dict[str, str] = Field(
-        default_factory=dict,
-        description="verified e-mail address -> role, for providers whose tokens carry no groups (Google)",
-    )
-    redirect_url: AnyHttpUrl | None = Field(
-        None,
-        description="the callback URL registered at the provider; default: <the gateway's URL as the browser "
-        "reached it>/admin/oidc/callback",
-    )
-    label: str = Field("single sign-on", min_length=1, max_length=64, description="the sign-in button's label")
-
-    @field_validator("issuer")
-    @classmethod
-    def _issuer(cls, value: str) -> str:
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(value)
-        if parts.scheme not in ("https", "http") or not parts.hostname or parts.query or parts.fragment:
-            raise ValueError("must be an https URL without query or fragment, e.g. https://idp.example.com/realms/x")
-        if parts.scheme == "http" and not is_loopback(parts.hostname):
-            raise ValueError("must use https (plain http only for a provider on this machine's loopback address)")
-        return value
-
-    @field_validator("roles", "email_roles")
-    @classmethod
-    def _roles(cls, value: dict[str, str]) -> dict[str, str]:
-        for group, role in value.items():
-            if not group:
-                raise ValueError("a group (or e-mail) name may not be empty")
-            try:
-                parse_role(role)
-            except ValueError as exc:
-                raise ValueError(f"{group!r}: {exc}") from None
-        return value
-
-
-class Auth(_Model):
-    open: bool = Field(
-        False,
-        strict=True,
-        description="serve client APIs without keys; refused unless listen.host is a loopback address",
-    )
-    rotate_grace_s: float = Field(86_400, ge=0, le=MAX_GRACE_S, description="how long a rotated key keeps working")
-    key_cache_s: float = Field(
-        5,
-        ge=0,
-        le=MAX_WAIT_S,
-        description="how long a key lookup is cached (changes made on the store with no gateway answering lag by this)",
-    )
-    default_completion_tokens: int = Field(
-        256,
-        ge=1,
-        le=MAX_INT,
-        description="tokens reserved for the answer when a request sets no max_tokens / num_predict",
-    )
-    break_glass: bool = Field(
-        True,
-        strict=True,
-        description="the admin token signs in to the UI and the admin API as an admin (actor 'token'); set false "
-        "once single sign-on works (needs auth.oidc)",
-    )
-    oidc: Oidc | None = Field(None, description="single sign-on for the admin UI (OpenID Connect)")
-    session_idle_s: float = Field(
-        1800, ge=60, le=MAX_TIMEOUT_S, description="a browser session unused this long is signed out"
-    )
-    session_max_s: float = Field(
-        43_200, ge=60, le=30 * 86_400, description="no browser session lives longer than this, used or not"
-    )
-    token_max_days: int = Field(90, ge=1, le=3650, description="the longest expiry a personal admin token may be given")
-
-    @model_validator(mode="after")
-    def _some_sign_in(self) -> Self:
-        if not self.break_glass and self.oidc is None:
-            raise ValueError(
-                "break_glass is false but auth.oidc is not set: nobody could sign in; configure single sign-on first"
-            )
-        return self
 
 
 class Responses(_Model):
@@ -892,15 +670,6 @@ class Settings(_Model):
 
     def worker(self, name: str) -> Worker | None:
         return next((w for w in self.workers if w.name == name), None)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
