@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -272,6 +273,162 @@ def _tracing(settings: Settings, metrics: Metrics) -> Tracing | None:
     return Tracing(settings.telemetry, metrics)
 
 
+def _dispatcher(
+    settings: Settings,
+    fleet: Fleet,
+    metrics: Metrics,
+    limiter: TokenLimiter,
+    processes: int,
+    limits: socket.socket | None,
+) -> tuple[RedisOccupancy | None, SharedLimiter | None, Dispatcher]:
+    """The dispatcher on the occupancy this process shares: Redis's (replicas), the supervisor's (`serve --workers
+    N` without Redis: ``channel``, its end of the supervisor's socket pair), or its own."""
+    occupancy = _occupancy(settings, fleet, metrics)
+    if occupancy is not None and isinstance(limiter, RedisLimiter):
+        limiter.replicas = lambda: occupancy.replicas  # each one's share of a limit while Redis is away
+    channel = None
+    supervised = None
+    if occupancy is None and processes > 1 and limits is not None:  # the supervisor keeps it for every process
+        channel = limiter if isinstance(limiter, SharedLimiter) else SharedLimiter(limits)
+        supervised = SupervisedOccupancy(channel)
+        channel.on_told = lambda message: supervised.woken(message[2]) if message[1] == "occ.wake" else None
+    dispatcher = Dispatcher(
+        fleet,
+        settings.routing,
+        metrics,
+        retry_after_s=max(1, int(settings.health.interval_s)),
+        tenants=settings.tenants,
+        occupancy=occupancy or supervised,
+    )
+    return occupancy, channel, dispatcher
+
+
+def _batch_runner(
+    app: web.Application, settings: Settings, database: Database, keys: KeyStore, aliases: Aliases
+) -> BatchRunner:
+    """The Batch API's store and runner: one runner per batch at a time, by a lease in Redis or the store."""
+    batch_store = app[BATCH_STORE] = BatchStore(database)
+    leases: Leases = (
+        RedisLeases(settings.storage.redis_url, settings.batches.lease_s)
+        if settings.storage.redis_url
+        else SqlLeases(batch_store, settings.batches.lease_s)
+    )
+    return BatchRunner(
+        app, batch_store, settings.batches, leases, keys=keys, aliases=aliases, request_ids=app[REQUEST_IDS]
+    )
+
+
+def _claims_changed(proxy: Proxy, dispatcher: Dispatcher, fleet: Fleet, demo: DemoAgent | None) -> Callable[[], None]:
+    """What a change of the claims sets going: waiters route again, the proxy learns which claims' engines schedule
+    by priority, and the demo says it is ready once its model is bound."""
+
+    def changed() -> None:
+        dispatcher.wake_all()
+        proxy.claims_changed()
+        if demo is not None and demo_rules.MODEL in fleet.bindings:
+            demo.announce_ready()
+
+    return changed
+
+
+def _add_routes(app: web.Application) -> None:
+    add_client_routes(app)
+    add_admin_routes(app)
+    add_account_routes(app)
+    add_endpoint_routes(app)
+    add_alias_routes(app)
+    add_backup_routes(app)
+    add_batch_routes(app)
+    add_people_routes(app)
+    add_ui_routes(app)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/healthz", _healthz)
+
+
+def _credentials(settings: Settings, admin_token: str) -> list[str | None]:
+    """Credentials with no recognisable shape, masked by value in every log line and audit entry while it runs."""
+    credentials = [admin_token, settings.oidc_client_secret, *(worker.api_key for worker in settings.workers)]
+    credentials += [
+        urlsplit(url).password for url in (settings.storage.database_url, settings.storage.redis_url) if url
+    ]
+    credentials += settings.telemetry.headers.values()  # a collector's credential
+    return credentials
+
+
+@dataclass
+class _Parts:
+    """What the gateway's lifecycle starts and stops (:func:`create_app`)."""
+
+    settings: Settings
+    credentials: list[str | None]
+    client: UpstreamClient
+    tracing: Tracing | None
+    occupancy: RedisOccupancy | None
+    channel: SharedLimiter | None
+    accountant: Accountant
+    poller: Poller
+    sync: FleetSync | None
+    endpoints: EndpointManager
+    aliases: Aliases
+    demo: DemoAgent | None
+    claims: ClaimBindings | None
+    batch_runner: BatchRunner
+    peers: Peers
+    database: Database
+
+
+async def _lifecycle(app: web.Application, parts: _Parts) -> AsyncIterator[None]:
+    """Start what the gateway runs, in order; stop it in reverse when the app stops."""
+    p = parts
+    mark = GatewayMark(p.settings.data_dir)  # `turnout backup restore` refuses while a gateway runs here
+    for value in p.credentials:
+        SECRETS.add(value)
+    await p.client.start()
+    if p.tracing is not None:
+        p.tracing.start()
+    if p.occupancy is not None:
+        await p.occupancy.start()
+    if p.channel is not None:
+        p.channel.listen()
+    await p.accountant.start()
+    await p.poller.poll_all()
+    p.poller.start()
+    if p.sync is not None:
+        p.sync.start()
+    await p.endpoints.start()
+    await p.aliases.start()
+    if p.demo is not None:
+        await p.demo.start()
+    if p.claims is not None:
+        p.claims.start()
+    p.batch_runner.start()
+    await p.peers.start()
+    yield
+    await p.batch_runner.stop()  # first: its lines' answers are written while the rest still runs
+    await p.peers.stop()
+    if p.claims is not None:
+        await p.claims.stop()
+    await p.aliases.stop()
+    if p.demo is not None:
+        await p.demo.stop()  # after the claims loop: nothing starts the engine again
+    await p.endpoints.stop()
+    await p.poller.stop()
+    if p.sync is not None:
+        await p.sync.stop()
+    if p.occupancy is not None:
+        await p.occupancy.close()
+    await p.accountant.close()
+    await app[STORED].close()
+    await p.client.close()
+    if p.tracing is not None:
+        await p.tracing.close()  # the last spans, the collector given at most telemetry.export_timeout_s
+    p.database.close()
+    p.peers.close()
+    for value in p.credentials:
+        SECRETS.discard(value)
+    mark.release()
+
+
 def create_app(
     settings: Settings, *, admin_token: str, processes: int = 1, limits: socket.socket | None = None
 ) -> web.Application:
@@ -299,23 +456,7 @@ def create_app(
         connect_timeout_s=settings.limits.connect_timeout_s,
         total_timeout_s=settings.limits.upstream_timeout_s,
     )
-    occupancy = _occupancy(settings, fleet, metrics)
-    if occupancy is not None and isinstance(limiter, RedisLimiter):
-        limiter.replicas = lambda: occupancy.replicas  # each one's share of a limit while Redis is away
-    channel = None
-    supervised = None
-    if occupancy is None and processes > 1 and limits is not None:  # the supervisor keeps it for every process
-        channel = limiter if isinstance(limiter, SharedLimiter) else SharedLimiter(limits)
-        supervised = SupervisedOccupancy(channel)
-        channel.on_told = lambda message: supervised.woken(message[2]) if message[1] == "occ.wake" else None
-    dispatcher = Dispatcher(
-        fleet,
-        settings.routing,
-        metrics,
-        retry_after_s=max(1, int(settings.health.interval_s)),
-        tenants=settings.tenants,
-        occupancy=occupancy or supervised,
-    )
+    occupancy, channel, dispatcher = _dispatcher(settings, fleet, metrics, limiter, processes, limits)
     poller = Poller(fleet, client, on_change=dispatcher.wake_all)
     sync = None
     if occupancy is not None:  # one probe per worker across replicas, and their learned figures pooled
@@ -350,99 +491,35 @@ def create_app(
     app[ENDPOINTS] = endpoints
     aliases = app[ALIASES] = Aliases(settings.aliases, AliasStore(database))
     app[STORED] = StoredResponses(ResponseStore(database), settings.responses.store_days)
-    batch_store = app[BATCH_STORE] = BatchStore(database)
-    leases: Leases = (
-        RedisLeases(settings.storage.redis_url, settings.batches.lease_s)
-        if settings.storage.redis_url
-        else SqlLeases(batch_store, settings.batches.lease_s)
-    )
     app[REQUEST_IDS] = request_ids()
-    batch_runner = BatchRunner(
-        app, batch_store, settings.batches, leases, keys=keys, aliases=aliases, request_ids=app[REQUEST_IDS]
-    )
-    app[BATCH_RUNNER] = batch_runner
+    batch_runner = app[BATCH_RUNNER] = _batch_runner(app, settings, database, keys, aliases)
     demo = _demo(settings)
     app[DEMO] = demo
     claims = _claim_bindings(settings, fleet, client, metrics, demo)
     if claims is not None:
-        proxy = app[PROXY]
-        proxy.claims = claims
-
-        def changed(demo: DemoAgent | None = demo) -> None:
-            dispatcher.wake_all()
-            proxy.claims_changed()  # which claims' engines schedule by priority
-            if demo is not None and demo_rules.MODEL in fleet.bindings:
-                demo.announce_ready()
-
-        claims.on_change = changed
+        app[PROXY].claims = claims
+        claims.on_change = _claims_changed(app[PROXY], dispatcher, fleet, demo)
     peers = app[PEERS] = _peers(settings, processes, shared, lambda: _catch_up(app))
-    add_client_routes(app)
-    add_admin_routes(app)
-    add_account_routes(app)
-    add_endpoint_routes(app)
-    add_alias_routes(app)
-    add_backup_routes(app)
-    add_batch_routes(app)
-    add_people_routes(app)
-    add_ui_routes(app)
-    app.router.add_get("/metrics", _metrics)
-    app.router.add_get("/healthz", _healthz)
+    _add_routes(app)
+    credentials = _credentials(settings, admin_token)
 
-    # Credentials with no recognisable shape, masked by value in every log line and audit entry while it runs.
-    credentials = [admin_token, settings.oidc_client_secret, *(worker.api_key for worker in settings.workers)]
-    credentials += [
-        urlsplit(url).password for url in (settings.storage.database_url, settings.storage.redis_url) if url
-    ]
-    credentials += settings.telemetry.headers.values()  # a collector's credential
-
-    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        mark = GatewayMark(settings.data_dir)  # `turnout backup restore` refuses while a gateway runs here
-        for value in credentials:
-            SECRETS.add(value)
-        await client.start()
-        if tracing is not None:
-            tracing.start()
-        if occupancy is not None:
-            await occupancy.start()
-        if channel is not None:
-            channel.listen()
-        await accountant.start()
-        await poller.poll_all()
-        poller.start()
-        if sync is not None:
-            sync.start()
-        await endpoints.start()
-        await aliases.start()
-        if demo is not None:
-            await demo.start()
-        if claims is not None:
-            claims.start()
-        batch_runner.start()
-        await peers.start()
-        yield
-        await batch_runner.stop()  # first: its lines' answers are written while the rest still runs
-        await peers.stop()
-        if claims is not None:
-            await claims.stop()
-        await aliases.stop()
-        if demo is not None:
-            await demo.stop()  # after the claims loop: nothing starts the engine again
-        await endpoints.stop()
-        await poller.stop()
-        if sync is not None:
-            await sync.stop()
-        if occupancy is not None:
-            await occupancy.close()
-        await accountant.close()
-        await app[STORED].close()
-        await client.close()
-        if tracing is not None:
-            await tracing.close()  # the last spans, the collector given at most telemetry.export_timeout_s
-        database.close()
-        peers.close()
-        for value in credentials:
-            SECRETS.discard(value)
-        mark.release()
-
-    app.cleanup_ctx.append(lifecycle)
+    parts = _Parts(
+        settings,
+        credentials,
+        client,
+        tracing,
+        occupancy,
+        channel,
+        accountant,
+        poller,
+        sync,
+        endpoints,
+        aliases,
+        demo,
+        claims,
+        batch_runner,
+        peers,
+        database,
+    )
+    app.cleanup_ctx.append(lambda app: _lifecycle(app, parts))
     return app
