@@ -115,7 +115,8 @@ def _evidence(*levels: int) -> Evidence:
     return evidence
 
 
-ENGINE_2 = Parallelism(2, Source.ENGINE, "llama.cpp's /props: total_slots 2")
+ENGINE_2 = Parallelism(2, Source.ENGINE, "vLLM: 2 running while 3 waited in its queue")
+PROPS_1 = Parallelism(1, Source.ENGINE, "llama.cpp's /props: total_slots 1", exact=True)
 BATCHING = engine_capacity("vLLM", None, None, 0)
 
 
@@ -126,6 +127,7 @@ BATCHING = engine_capacity("vLLM", None, None, 0)
         (None, None, Evidence(), 1, Source.ASSUMED),
         (None, None, _evidence(3, 3), 3, Source.LEARNED),
         (None, ENGINE_2, _evidence(3, 3), 3, Source.LEARNED),  # it ran more than its gauges showed since
+        (None, PROPS_1, _evidence(2, 2), 1, Source.ENGINE),  # the engine's own setting: overlaps were the reading's
         (None, ENGINE_2, None, 2, Source.ENGINE),
         (None, BATCHING, _evidence(3, 3), None, Source.ENGINE),  # a batching engine stays one
         (4, ENGINE_2, _evidence(3, 3), 4, Source.DECLARED),  # the operator's word first

@@ -72,6 +72,8 @@ class Parallelism(NamedTuple):
     slots: int | None
     source: Source
     why: str  # how it was found, for people (the inventory, the Overview, ``turnout worker list``)
+    # the engine's own setting (llama.cpp's total_slots), not a reading of its gauges: nothing learned overrides it
+    exact: bool = False
 
     def to_json(self) -> dict[str, object]:
         return {"slots": self.slots, "source": self.source.value, "why": self.why}
@@ -186,14 +188,16 @@ def engine_capacity(family: str, running: int | None, waiting: int | None, seen_
 
 def effective(declared: int | None, engine: Parallelism | None, evidence: Evidence | None, now: float) -> Parallelism:
     """The figure routing uses, from the strongest source there is (see the module's docstring). A learned level
-    above what a batching engine's gauges showed raises nothing: that engine is taken to batch."""
+    above what a batching engine's gauges showed raises nothing: that engine is taken to batch; nor does one above
+    the engine's own setting (``exact``: llama.cpp's total_slots): answers seen overlapping there overlapped in
+    the gateway's reading (a loaded machine reads an answer's end late), not in the engine."""
     if declared is not None:
         return Parallelism(declared, Source.DECLARED, "workers[].slots in the config")
     if engine is not None:
         if engine.slots is not None and evidence is not None:
             learned = evidence.learned(now)
-            if learned is not None and learned.slots is not None and learned.slots > engine.slots:
-                return learned  # it ran more at once since (its settings changed, or the gauges were read mid-way)
+            if learned is not None and learned.slots is not None and learned.slots > engine.slots and not engine.exact:
+                return learned  # it ran more at once since its gauges were read (read mid-way)
         return engine
     learned = evidence.learned(now) if evidence is not None else None
     return learned if learned is not None else ASSUMED

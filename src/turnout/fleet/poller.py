@@ -210,7 +210,8 @@ class Poller:
             state.engine_props = props if isinstance(props, dict) else {}
             slots = slots_from_props(props)
             if slots is not None:
-                state.engine_parallelism = Parallelism(slots, Source.ENGINE, f"llama.cpp's /props: total_slots {slots}")
+                why = f"llama.cpp's /props: total_slots {slots}"
+                state.engine_parallelism = Parallelism(slots, Source.ENGINE, why, exact=True)
         elif family in BATCHING:
             reply = await self._get(state, "/metrics")
             if reply.status != 200 or reply.body is None:

@@ -206,6 +206,7 @@ class SharedProbes:
             "family": state.engine_family,
             "props": state.engine_props,
             "parallelism": None if state.engine_parallelism is None else state.engine_parallelism.to_json(),
+            "parallelism_exact": state.engine_parallelism is not None and state.engine_parallelism.exact,
         }
         with contextlib.suppress(Exception):
             await self._redis.set(f"{self._p}:health:{state.name}", orjson.dumps(document), px=self._hold_ms * 3)
@@ -239,5 +240,8 @@ class SharedProbes:
         state.engine_props = found.get("props")
         figure = found.get("parallelism")
         if isinstance(figure, dict) and figure.get("source") in Source.__members__.values():
-            state.engine_parallelism = Parallelism(figure.get("slots"), Source(figure["source"]), figure.get("why", ""))
+            exact = found.get("parallelism_exact") is True
+            state.engine_parallelism = Parallelism(
+                figure.get("slots"), Source(figure["source"]), figure.get("why", ""), exact=exact
+            )
         return True
