@@ -5,10 +5,12 @@ in the queue."""
 from __future__ import annotations
 
 import asyncio
+import time
 
+import aiohttp
 import pytest
 
-from tests.conftest import EmulatorFactory, GatewayFactory, worker
+from tests.conftest import EmulatorFactory, GatewayFactory, create_key, worker
 from turnout.core.admission import Priority
 from turnout.errors import Unavailable
 from turnout.gateway.keys import DISPATCHER
@@ -58,3 +60,44 @@ async def test_a_waiting_interactive_request_goes_before_waiting_batch(
     first.release()
     await asyncio.gather(batch, interactive)
     assert order == ["interactive", "batch"]
+
+
+async def test_a_batch_request_takes_another_worker_when_the_first_choice_has_no_batch_slot(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    """Two two-slot workers, batch_share 0.5: one batch slot each. A batch request holds one on the worker that has
+    the prompt; the next turn of the same prompt ranks that worker first (its prefix), whose batch slot is taken: it
+    goes to the other worker at once instead of waiting for the first one's long answer (bench/batch_fleet.py saw
+    batch lines queue behind one engine while two idled)."""
+    slow = {"tokens": 40, "token_delay_s": 0.05}
+    a, b = await emulator("a", [MODEL], **slow), await emulator("b", [MODEL], **slow)
+    gw = await gateway(
+        [worker("a", a.url, type="openai", slots=2), worker("b", b.url, type="openai", slots=2)],
+        auth={"open": False},
+        routing={"batch_share": 0.5, "explain_header": True, "queue_timeout_s": 30},
+    )
+    _, key = create_key(gw, app="nightly", priority=Priority.BATCH)
+    headers = {"Authorization": f"Bearer {key}"}
+    system = "You summarise documents for the nightly job. " * 40
+    turn = [{"role": "system", "content": system}, {"role": "user", "content": "the first document"}]
+    async with aiohttp.ClientSession() as http:
+
+        async def ask(messages: list[dict[str, str]]) -> tuple[str, float]:
+            started = time.monotonic()
+            body = {"model": MODEL, "messages": messages}
+            async with http.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers) as r:
+                assert r.status == 200, await r.text()
+                await r.read()
+                return r.headers["X-Turnout-Route"], time.monotonic() - started
+
+        first = asyncio.create_task(ask(turn))
+        for _ in range(100):  # the first one runs
+            if a.active or b.active:
+                break
+            await asyncio.sleep(0.02)
+        holder = "a" if a.active else "b"
+        route, took = await ask([*turn, {"role": "assistant", "content": "x"}, {"role": "user", "content": "more"}])
+        first_route, first_took = await first
+    assert first_route.startswith(holder)
+    assert not route.startswith(holder), route  # the other worker, not a wait for the holder's batch slot
+    assert took < first_took, (took, first_took)

@@ -313,34 +313,39 @@ class Dispatcher:
                 return None, self._refused("ahead", model, tenant)
         else:  # one candidate, counts kept elsewhere: the take checks every cap (one round trip, not two)
             held = _NOTHING_HELD
-        decision = route(
-            model,
-            self.fleet.views(model, prompt, candidates, held.workers, held.matches if prompt is not None else None),
-            Capacity(
-                global_in_flight=held.total,
-                global_max=self.routing.max_concurrent,
-                model_in_flight=held.model,
-                model_max=model_max,
-            ),
-            exclude=exclude,
-            rotation=self._rotation,
-            demand=demand,
-            guard=self._guard,
-        )
-        if isinstance(decision, NoRoute):
-            if decision.reason is not NoRouteReason.SATURATED:
-                self.metrics.routing.labels(decision.reason.value).inc()
-                raise no_route_error(decision, self.retry_after_s)
-            return None, decision.message
-        best = decision.best
-        worker = self.fleet.workers[best.worker]
-        headroom = self._batch_cap(worker, model) if priority is Priority.BATCH else None
-        caps = Caps(self.routing.max_concurrent, model_max, cap, worker.config.max_concurrent, headroom)
-        recorded = prompt if choice else None
-        grant = Grant(next_id("l"), best.worker, model, tenant, priority, caps, recorded, ticket)
-        refused = await occupancy.take(grant)
-        if refused is not None:
-            return None, self._refused(refused, model, tenant, best.worker)
+        views = self.fleet.views(model, prompt, candidates, held.workers, held.matches if prompt is not None else None)
+        capacity = Capacity(held.total, self.routing.max_concurrent, held.model, model_max)
+        full: set[str] = set()  # workers whose batch share is taken: a batch request tries the next one
+        while True:
+            decision = route(
+                model,
+                views,
+                capacity,
+                exclude=exclude | full,
+                rotation=self._rotation,
+                demand=demand,
+                guard=self._guard,
+            )
+            if isinstance(decision, NoRoute):
+                if full:  # every other candidate is busy or out: it waits for a batch slot
+                    return None, self._refused("worker_batch", model, tenant, next(iter(full)))
+                if decision.reason is not NoRouteReason.SATURATED:
+                    self.metrics.routing.labels(decision.reason.value).inc()
+                    raise no_route_error(decision, self.retry_after_s)
+                return None, decision.message
+            best = decision.best
+            worker = self.fleet.workers[best.worker]
+            headroom = self._batch_cap(worker, model) if priority is Priority.BATCH else None
+            caps = Caps(self.routing.max_concurrent, model_max, cap, worker.config.max_concurrent, headroom)
+            recorded = prompt if choice else None
+            grant = Grant(next_id("l"), best.worker, model, tenant, priority, caps, recorded, ticket)
+            refused = await occupancy.take(grant)
+            if refused == "worker_batch" and choice:
+                full.add(best.worker)
+                continue
+            if refused is not None:
+                return None, self._refused(refused, model, tenant, best.worker)
+            break
         self._routed.inc()
         self._reasons[decision.reason] += 1
         self._rotation += 1
