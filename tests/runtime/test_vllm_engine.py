@@ -97,7 +97,11 @@ async def test_vllm_engine_idles_into_sleep_by_its_own_metrics_and_wakes_on_a_re
     await eventually(asleep, "the idle vLLM engine to sleep", 60, every_s=0.5)
     assert record.phase == "sleeping" and record.pid is None  # stopped: no sleep mode on CPU
     status, headers = 0, {}
-    async with aiohttp.ClientSession() as http, http.post(f"{gw.url}/v1/chat/completions", json=body) as r:
+    no_hold = {"X-Turnout-Hold": "0"}  # answered at once (a wake is sent), not held while it wakes
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{gw.url}/v1/chat/completions", json=body, headers=no_hold) as r,
+    ):
         status, headers = r.status, dict(r.headers)
     assert status == 503 and headers["Retry-After"] == "10"
     await until_status(gw, "tinyv", 200, limit_s=300)  # that request woke it: a new vLLM process
