@@ -43,7 +43,9 @@ async def test_worker_changes_are_logged_once_each_with_their_reason(
 ) -> None:
     caplog.set_level(logging.INFO, logger="turnout")
     emu = await emulator("a", ["llama3:latest"])
-    gw = await gateway([worker("a", emu.url)], health={"interval_s": 3600, "timeout_s": 0.3})
+    gw = await gateway(
+        [worker("a", emu.url)], health={"interval_s": 3600, "timeout_s": 0.3}, routing={"hold_s": 0}
+    )  # hold_s 0: the 503 at once, not after a hold for the worker to come back
     poller = gw.app[POLLER]
     assert changes(caplog, "a") == ['worker "a" is up']
     port = emu.port
@@ -74,7 +76,7 @@ async def test_a_worker_that_refuses_a_request_is_down_once_and_the_503_says_why
 ) -> None:
     caplog.set_level(logging.INFO, logger="turnout")
     a, b = await emulator("a", ["llama3:latest"]), await emulator("b", ["llama3:latest"])
-    gw = await gateway([worker("a", a.url), worker("b", b.url)])
+    gw = await gateway([worker("a", a.url), worker("b", b.url)], routing={"hold_s": 0})  # the 503 at once
     await a.stop()
     await b.stop()
     status, body = await chat(gw, "llama3")  # both tried, both refuse: the last failure is the answer

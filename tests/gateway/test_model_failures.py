@@ -134,7 +134,11 @@ async def test_a_connection_that_breaks_before_any_answer_takes_the_worker_out(
 ) -> None:
     caplog.set_level(logging.INFO, logger="turnout")
     emu = await emulator("w1", ["m:latest", "n:latest"], model_faults={"m:latest": "reset"})
-    gw = await gateway([worker("w1", emu.url)], health={"interval_s": 3600, "request_failures_to_down": 2})
+    gw = await gateway(
+        [worker("w1", emu.url)],
+        health={"interval_s": 3600, "request_failures_to_down": 2},
+        routing={"hold_s": 0},  # the 503 at once, not after a hold for the worker to come back
+    )
     async with aiohttp.ClientSession() as http:
         assert [(await _ask(http, gw, "m", 1))[0] for _ in range(2)] == [502, 502]
         assert not gw.app[FLEET].workers["w1"].healthy

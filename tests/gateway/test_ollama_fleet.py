@@ -146,7 +146,8 @@ async def test_failover_when_a_worker_is_unreachable(
 ) -> None:
     a = await emulator("a", ["m:1"])
     b = await emulator("b", ["m:1"])
-    gw = await gateway([worker("a", a.url), worker("b", b.url)])
+    # hold_s 0: with both down, the error at once, not after a hold for them to come back
+    gw = await gateway([worker("a", a.url), worker("b", b.url)], routing={"hold_s": 0})
     await a.stop()  # dies after the first poll: the gateway still thinks it is healthy
     client = clients.ollama(gw.url)
     for _ in range(3):
