@@ -66,8 +66,9 @@ def grant(
     priority: Priority = Priority.STANDARD,
     ticket: Ticket | None = None,
     prompt: Any = None,
+    work: float | None = None,
 ) -> Grant:
-    return Grant(next_id("l"), worker, model, tenant, priority, caps, prompt, ticket)
+    return Grant(next_id("l"), worker, model, tenant, priority, caps, prompt, ticket, work)
 
 
 @pytest.mark.parametrize(
@@ -190,6 +191,22 @@ async def test_what_a_worker_holds(keeper: Occupancy) -> None:
     assert held.workers == {"w1": 1, "w2": 1}
 
 
+async def test_what_a_workers_requests_in_flight_are_expected_to_take(keeper: Occupancy) -> None:
+    """Every process and replica prices a worker's queue alike: the work of its requests in flight, each as expected
+    where it was ranked (a single candidate's is counted, not ranked), and how long the oldest has run."""
+    ranked, single = grant("w1", work=2.5), grant("w1")
+    assert await keeper.take(single) is None
+    assert await keeper.take(ranked) is None
+    await asyncio.sleep(0.1)
+    held = await keeper.view("m", "", ["w1", "w2"], None, None, {})
+    assert held.backlogs["w1"][:2] == (2.5, 1) and 0.05 <= held.backlogs["w1"].busy_s < 5
+    assert held.backlogs["w2"] == (0.0, 0, 0.0)
+    keeper.give(single)
+    keeper.give(ranked)
+    await keeper.settle()
+    assert (await keeper.view("m", "", ["w1"], None, None, {})).backlogs["w1"] == (0.0, 0, 0.0)
+
+
 # -- what only Redis does -----------------------------------------------------------------------------------------
 async def test_leases_go_with_their_replica(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A replica that stops renewing (killed) gives its slots back a lease's time later, by Redis's clock."""
@@ -227,6 +244,47 @@ async def test_a_slot_given_back_on_one_replica_wakes_a_waiter_on_another(redis_
     finally:
         await a.close()
         await b.close()
+
+
+async def test_every_replica_prices_a_workers_queue_alike(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a worker's requests in flight are expected to take reaches every replica: the work each was expected to
+    be where its replica ranked it, and how long the oldest has run (one replica priced another's request as a whole
+    cold one, just sent, and sent the next turn of a conversation away from the worker holding its prefix:
+    bench/prefix.py --replicas 3). A lease gone with its replica, given back, or lost with Redis's data is priced as
+    it is counted."""
+    monkeypatch.setattr(redis_occupancy, "LEASE_S", 0.6)
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    a, b, dead = redis_keeper(redis_url, prefix), redis_keeper(redis_url, prefix), redis_keeper(redis_url, prefix)
+    await a.start()
+    await b.start()
+    try:
+        ranked, single = grant("w1", work=2.5), grant("w1")
+        assert await a.take(ranked) is None
+        assert await a.take(single) is None  # a single candidate's: counted, not ranked
+        assert await dead.take(grant("w1", work=9.0)) is None  # its replica never renews it
+        await asyncio.sleep(0.2)
+        held = await b.view("m", "", ["w1", "w2"], None, None, {})
+        assert held.workers == {"w1": 3, "w2": 0}
+        w1 = held.backlogs["w1"]
+        assert (w1.work_s, w1.ranked) == (11.5, 2) and 0.15 <= w1.busy_s < 5
+        assert held.backlogs["w2"] == (0.0, 0, 0.0)
+        await asyncio.sleep(0.6)  # the dead replica's lease expires; a renews its own
+        await a._renew()
+        held = await b.view("m", "", ["w1"], None, None, {})
+        assert held.workers == {"w1": 2} and held.backlogs["w1"][:2] == (2.5, 1)
+        a.give(ranked)
+        await a.settle()
+        held = await b.view("m", "", ["w1"], None, None, {})
+        assert held.workers == {"w1": 1} and held.backlogs["w1"][:2] == (0.0, 0) and held.backlogs["w1"].busy_s > 0
+        # Redis loses its data: the renewal puts the lease back, with when it started
+        await a._redis.delete(f"{prefix}:l:w:w1", f"{prefix}:lw:w1")
+        await a._renew()
+        held = await b.view("m", "", ["w1"], None, None, {})
+        assert held.workers == {"w1": 1} and held.backlogs["w1"].busy_s >= 0.8
+    finally:
+        await a.close()
+        await b.close()
+        await dead.close()
 
 
 async def test_redis_away_and_back(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,6 +67,7 @@ ALLOW_ALL = PlacementRules()  # no rules: every model allowed
 
 __all__ = [
     "DEFAULT_GUARD",
+    "Backlog",
     "Candidate",
     "Capacity",
     "Demand",
@@ -126,6 +127,16 @@ class NoRouteReason(StrEnum):
     UNKNOWN_MODEL = "model_not_found"
     NOT_INSTALLED = "model_not_installed"
     SATURATED = "saturated"
+
+
+class Backlog(NamedTuple):
+    """What a worker's requests in flight are expected to take, every replica's (:class:`WorkerView`'s
+    ``backlog_s``, ``ranked`` and ``busy_s``): the work of those ranked there, each as expected when it was
+    ranked, how many that is, and how long ago the oldest of all was sent."""
+
+    work_s: float
+    ranked: int
+    busy_s: float
 
 
 class WorkerView(NamedTuple):

@@ -33,7 +33,7 @@ from turnout.core.names import lookup
 from turnout.core.parallelism import Evidence, Parallelism, Span, depth, effective, waited
 from turnout.core.placement import PlacementRules
 from turnout.core.prefix import BYTES_PER_TOKEN, Match, PrefixIndex, Prompt
-from turnout.core.routing import WorkerView
+from turnout.core.routing import Backlog, WorkerView
 from turnout.core.signals import Sample, pool, smooth, speeds
 from turnout.dialects.base import WorkerAPI
 from turnout.state.placement_store import PlacementStore
@@ -504,10 +504,12 @@ class Fleet:
         candidates: list[WorkerState] | None = None,
         in_flight: Mapping[str, int] | None = None,
         matches: Mapping[str, Match] | None = None,
+        backlogs: Mapping[str, Backlog] | None = None,
     ) -> list[WorkerView]:
         """What the router needs of each candidate (:meth:`candidates` unless given) for one request for ``model``;
         with ``prompt``, what each is expected to hold of it (``matches``: as the occupancy's keeper found it; else
         its own prefix index and the client's session). ``in_flight``: every gateway's requests in flight per worker
+        (else this process's); ``backlogs``: what every gateway's requests in flight per worker are expected to take
         (else this process's). Learned figures are read only when there is more than one candidate (there is
         nothing to compare otherwise)."""
         if candidates is None:
@@ -548,15 +550,19 @@ class Fleet:
                     match = matches.get(state.name) if matches is not None else None
                     if match is None and matches is None:
                         match = state.prefix.match(prompt, now, prefix_ttl_s, slots)
+                backlog = None if backlogs is None else backlogs.get(state.name)
+                if backlog is None:
+                    busy_s = now - state.sent_at[0] if state.sent_at else 0.0
+                    backlog = Backlog(state.backlog_s, state.ranked_in_flight, busy_s)
                 view = view._replace(
-                    busy_s=now - state.sent_at[0] if state.sent_at else 0.0,
+                    busy_s=backlog.busy_s,
                     prefill_rate=prefill,
                     decode_rate=decode,
                     prefill_samples=prefill_n,
                     decode_samples=decode_n,
                     service_s=service,
-                    backlog_s=state.backlog_s,
-                    ranked=state.ranked_in_flight,
+                    backlog_s=backlog.work_s,
+                    ranked=backlog.ranked,
                     cached=0 if match is None else match.cached,
                     by_session=match is not None and match.by_session,
                     evicts=0 if match is None else match.evicts,

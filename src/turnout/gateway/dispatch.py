@@ -313,7 +313,8 @@ class Dispatcher:
                 return None, self._refused("ahead", model, tenant)
         else:  # one candidate, counts kept elsewhere: the take checks every cap (one round trip, not two)
             held = _NOTHING_HELD
-        views = self.fleet.views(model, prompt, candidates, held.workers, held.matches if prompt is not None else None)
+        matches = held.matches if prompt is not None else None
+        views = self.fleet.views(model, prompt, candidates, held.workers, matches, held.backlogs)
         capacity = Capacity(held.total, self.routing.max_concurrent, held.model, model_max)
         full: set[str] = set()  # workers whose batch share is taken: a batch request tries the next one
         while True:
@@ -338,7 +339,8 @@ class Dispatcher:
             headroom = self._batch_cap(worker, model) if priority is Priority.BATCH else None
             caps = Caps(self.routing.max_concurrent, model_max, cap, worker.config.max_concurrent, headroom)
             recorded = prompt if choice else None
-            grant = Grant(next_id("l"), best.worker, model, tenant, priority, caps, recorded, ticket)
+            work = best.work if choice else None
+            grant = Grant(next_id("l"), best.worker, model, tenant, priority, caps, recorded, ticket, work)
             refused = await occupancy.take(grant)
             if refused == "worker_batch" and choice:
                 full.add(best.worker)

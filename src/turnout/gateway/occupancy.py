@@ -28,16 +28,22 @@ import os
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
 from turnout.core.admission import Caps, Counts, Priority, Waiter, fair_tag, first, queue_score, refusal
 from turnout.core.prefix import Match, Prompt
+from turnout.core.routing import Backlog
+
+NO_BACKLOG = Backlog(0.0, 0, 0.0)
 
 __all__ = ["Grant", "Held", "LocalOccupancy", "Occupancy", "Ticket", "woken"]
 
 
 class Held(NamedTuple):
-    """What is held when a request is routed: every keeper's counts (this process's included)."""
+    """What is held when a request is routed: every keeper's counts (this process's included). ``backlogs``: what
+    the workers' requests in flight are expected to take, where the keeper knows every replica's (none: the fleet's
+    own figures, this process's requests)."""
 
     total: int
     model: int
@@ -45,11 +51,13 @@ class Held(NamedTuple):
     workers: Mapping[str, int]  # requests in flight per candidate worker
     matches: Mapping[str, Match]  # what each candidate worker is expected to hold of the prompt (none: empty)
     ahead: bool  # a waiter for this model that can go now is ahead of this request
+    backlogs: Mapping[str, Backlog] = MappingProxyType({})
 
 
 class Grant(NamedTuple):
     """A slot to take: its id, where, for what (the model as requested), whose, its class and caps, the prompt to
-    record in the worker's prefix index, and the ticket it waited with (None: it did not wait)."""
+    record in the worker's prefix index, the ticket it waited with (None: it did not wait), and the work its router
+    expected of it there (seconds; None: not ranked, a single candidate)."""
 
     lease: str
     worker: str
@@ -59,6 +67,7 @@ class Grant(NamedTuple):
     caps: Caps
     prompt: Prompt | None
     ticket: Ticket | None = None
+    work: float | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -185,6 +194,7 @@ class LocalOccupancy:
         self.tenants: dict[str, int] = {}
         self.workers: dict[str, int] = {}
         self.worker_batch: dict[str, int] = {}
+        self._flying: dict[str, dict[str, tuple[float | None, float]]] = {}  # worker -> lease -> (work, when taken)
         self._queues: dict[str, _Queue] = {}
         self._waiting = 0
 
@@ -246,7 +256,16 @@ class LocalOccupancy:
             {w: self.workers.get(w, 0) for w in workers},
             matches,
             self._ahead(model, ticket),
+            {w: self.backlog(w) for w in workers},
         )
+
+    def backlog(self, worker: str) -> Backlog:
+        """What ``worker``'s requests in flight are expected to take (the work of those ranked there, as ranked)."""
+        flying = self._flying.get(worker)
+        if not flying:
+            return NO_BACKLOG
+        work = [w for w, _ in flying.values() if w is not None]
+        return Backlog(sum(work), len(work), self._clock() - min(t for _, t in flying.values()))
 
     # -- taking and giving back -------------------------------------------------------------------------------
     remote = False
@@ -288,6 +307,7 @@ class LocalOccupancy:
         _bump(self.workers, grant.worker, 1)
         if batch:
             _bump(self.worker_batch, grant.worker, 1)
+        self._flying.setdefault(grant.worker, {})[grant.lease] = (grant.work, self._clock())
 
     async def settle(self) -> None:
         return None
@@ -299,6 +319,11 @@ class LocalOccupancy:
         _bump(self.workers, grant.worker, -1)
         if grant.priority is Priority.BATCH:
             _bump(self.worker_batch, grant.worker, -1)
+        flying = self._flying.get(grant.worker)
+        if flying is not None:
+            flying.pop(grant.lease, None)
+            if not flying:
+                del self._flying[grant.worker]
         # the freed slot may be the one any model waited for (global, worker and tenant slots are shared): the first
         # waiter of its own model's queue, then of every other
         self._wake(grant.model)

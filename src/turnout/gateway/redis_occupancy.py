@@ -33,6 +33,7 @@ from typing import Any
 
 from turnout.core.admission import CLASS_BAND, Caps, Priority, queue_score
 from turnout.core.prefix import Match, PrefixIndex, Prompt, match_of
+from turnout.core.routing import Backlog
 from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Ticket, next_id, woken
 from turnout.gateway.redis_scripts import GIVE, GIVE_KEYS, JOIN, TAKE, VIEW
 
@@ -106,6 +107,7 @@ class RedisOccupancy:
         self.replicas = 1  # replicas last seen alive (this one included): each one's share of a cap while away
         self.round_trips = 0  # on requests' paths (view, take), for the cost bench
         self._mine: dict[str, Grant] = {}  # leases taken in Redis and not given back
+        self._started: dict[str, str] = {}  # their ``<work_ms>|<start_ms>`` (put back by a renewal, Redis emptied)
         self._here: set[str] = set()  # leases taken while Redis was away (in ``local``)
         self._tickets: dict[str, Ticket] = {}  # this replica's waiters in Redis's queues
         self._scores: dict[str, float] = {}
@@ -169,11 +171,14 @@ class RedisOccupancy:
         now, total, in_model, in_tenant, ahead = (int(x) for x in reply[:5])
         counts: dict[str, int] = {}
         matches: dict[str, Match] = {}
+        backlogs: dict[str, Backlog] = {}
         for worker, entry in zip(workers, reply[5:], strict=False):
             counts[worker] = int(entry[0])
-            if prompt is not None and len(entry) > 1:
-                matches[worker] = _match(prompt, entry, slots.get(worker), now)
-        return Held(total, in_model, in_tenant, counts, matches, bool(ahead))
+            work_ms, ranked, oldest = int(entry[1]), int(entry[2]), int(entry[3])
+            backlogs[worker] = Backlog(work_ms / 1000, ranked, max(now - oldest, 0) / 1000 if oldest >= 0 else 0.0)
+            if prompt is not None and len(entry) > 4:
+                matches[worker] = _match(prompt, entry[4:], slots.get(worker), now)
+        return Held(total, in_model, in_tenant, counts, matches, bool(ahead), backlogs)
 
     # -- taking and giving back --------------------------------------------------------------------------------
     async def take(self, grant: Grant) -> str | None:
@@ -200,7 +205,7 @@ class RedisOccupancy:
             keys, session = _pack(grant.prompt)
             args += [grant.lease, grant.model, grant.tenant, grant.worker, 1 if grant.priority is Priority.BATCH else 0]
             args += [*(_cap(c) for c in grant.caps), self._ticket_id(grant.ticket), keys]
-            args += [0 if grant.prompt is None else grant.prompt.size, session]
+            args += [0 if grant.prompt is None else grant.prompt.size, session, _work_ms(grant)]
         try:
             replies = await self._take(args=args)
         except Exception as exc:
@@ -210,10 +215,12 @@ class RedisOccupancy:
                     future.set_result(_AWAY)
             return
         self.round_trips += 1
+        started = int(replies.pop())
         self.replicas = max(int(replies.pop()), 1)  # known at every take, not only every renewal
         for (grant, future), reply in zip(asked, replies, strict=True):
             answer = reply.decode() if isinstance(reply, bytes) else str(reply)
             if answer == "ok":
+                self._started[grant.lease] = f"{_work_ms(grant)}|{started}"
                 self._taken(grant)
             if not future.done():
                 future.set_result(None if answer == "ok" else answer)
@@ -244,6 +251,7 @@ class RedisOccupancy:
 
     def give(self, grant: Grant) -> None:
         self._mine.pop(grant.lease, None)
+        self._started.pop(grant.lease, None)
         if grant.lease in self._here:
             self._here.discard(grant.lease)
             self.local.give(grant)
@@ -374,6 +382,10 @@ class RedisOccupancy:
             for grant in self._mine.values():
                 for key in _lease_keys(self._p, grant):
                     pipe.zadd(key, {grant.lease: until})
+                started = self._started.get(grant.lease)
+                if started is None:  # taken while Redis was away: it starts now, as far as the others know
+                    started = self._started[grant.lease] = f"{_work_ms(grant)}|{redis_now}"
+                pipe.hset(f"{self._p}:lw:{grant.worker}", grant.lease, started)
             for ticket in self._tickets.values():
                 score = queue_score(ticket.priority, ticket.tag, now - ticket.since)
                 if ticket.priority is Priority.BATCH and score != self._scores.get(ticket.id):
@@ -449,8 +461,12 @@ def _lease_keys(prefix: str, grant: Grant) -> list[str]:
     return GIVE_KEYS(prefix, grant.model, grant.tenant, grant.worker, grant.priority is Priority.BATCH)
 
 
+def _work_ms(grant: Grant) -> int:
+    return -1 if grant.work is None else round(grant.work * 1000)
+
+
 def _match(prompt: Prompt, entry: Sequence[Any], slots: int | None, now_ms: int) -> Match:
-    latest, recent, evicted_at, evicted_size, session_send, session_size, sends = entry[1:8]
+    latest, recent, evicted_at, evicted_size, session_send, session_size, sends = entry[:7]
     evicted = None if int(evicted_at) < 0 else (int(evicted_at) / 1000, int(evicted_size))
     session = None if int(session_send) < 0 else (int(session_send), int(session_size))
     return match_of(prompt, [int(s) for s in sends], int(recent), int(latest), slots, session, evicted, now_ms / 1000)

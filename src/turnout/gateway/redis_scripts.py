@@ -15,6 +15,10 @@ Keys under a prefix ``P`` (``storage.redis_prefix``):
 - the prefix index of each worker: ``P:px:<worker>`` (block key -> the send that last carried it, its first block
   highest), ``P:ps:<worker>`` (``<send>|<bytes>`` -> when it was sent), ``P:pn:<worker>`` (the last send),
   ``P:pss:<worker>`` (session -> send) and ``P:psz:<worker>`` (session -> bytes);
+- ``P:lw:<worker>``: each lease on the worker -> ``<work_ms>|<start_ms>``: the work its replica expected of it when
+  it ranked the worker (``-1``: not ranked, a single candidate) and when it was taken, so that every replica prices
+  the worker's queue as the one that sent each request did (a lease gone without its give leaves an entry that no
+  live lease reads; pruned as they pile up);
 - ``P:reps``: the live replicas (member: its id, score: until when).
 
 Numbers that may be fractional travel as strings (Redis turns a Lua number reply into an integer).
@@ -22,7 +26,9 @@ Numbers that may be fractional travel as strings (Redis turns a Lua number reply
 
 from __future__ import annotations
 
-__all__ = ["GIVE", "GIVE_KEYS", "JOIN", "TAKE", "TAKE_FIELDS", "VIEW"]
+__all__ = ["BACKLOG_MAX", "GIVE", "GIVE_KEYS", "JOIN", "TAKE", "TAKE_FIELDS", "VIEW"]
+
+BACKLOG_MAX = 256  # a worker's leases whose expected work a view adds up (the rest count as unranked)
 
 _COMMON = """
 local P = ARGV[1]
@@ -54,9 +60,14 @@ local function head(model, now)
 end
 """
 
-# ARGV: P, model, tenant, ticket ('' none), ttl_ms, n, then n x (worker, slots or -1), packed keys, session ('' none)
+# ARGV: P, model, tenant, ticket ('' none), ttl_ms, n, then n x (worker, slots or -1), packed keys, session ('' none).
+# Per worker: its leases, the work expected of the ranked ones (ms) and how many, when the oldest was taken (ms, -1:
+# none known), then with a prompt what its index holds of it (:func:`turnout.core.prefix.match_of`'s arguments).
 VIEW = (
     _COMMON
+    + """
+local BACKLOG_MAX = """
+    + str(BACKLOG_MAX)
     + """
 local model, tenant, ticket, ttl, n = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local packed, session = ARGV[7 + 2 * n], ARGV[8 + 2 * n]
@@ -68,7 +79,20 @@ local out = {now, live(P .. ':l:all', now), live(P .. ':l:m:' .. model, now), li
 local count = #packed / 8
 for i = 0, n - 1 do
   local worker, slots = ARGV[7 + 2 * i], tonumber(ARGV[8 + 2 * i])
-  local entry = {live(P .. ':l:w:' .. worker, now)}
+  local lw = P .. ':l:w:' .. worker
+  local entry = {live(lw, now), 0, 0, -1}
+  if entry[1] > 0 then
+    local leases = redis.call('ZRANGE', lw, 0, BACKLOG_MAX - 1)
+    local works = redis.call('HMGET', P .. ':lw:' .. worker, unpack(leases))
+    for k = 1, #leases do
+      if works[k] then
+        local bar = string.find(works[k], '|', 1, true)
+        local work, start = tonumber(string.sub(works[k], 1, bar - 1)), tonumber(string.sub(works[k], bar + 1))
+        if work >= 0 then entry[2] = entry[2] + work; entry[3] = entry[3] + 1 end
+        if entry[4] < 0 or start < entry[4] then entry[4] = start end
+      end
+    end
+  end
   if count > 0 or session ~= '' then
     local ps = P .. ':ps:' .. worker
     redis.call('ZREMRANGEBYSCORE', ps, '-inf', now - ttl)
@@ -101,7 +125,8 @@ for i = 0, n - 1 do
         sends[k] = send
       end
     end
-    entry = {entry[1], latest, recent, evicted_at, evicted_size, session_send, session_size, sends}
+    entry = {entry[1], entry[2], entry[3], entry[4], latest, recent, evicted_at, evicted_size, session_send,
+             session_size, sends}
   end
   out[6 + i] = entry
 end
@@ -110,10 +135,11 @@ return out
 )
 
 # ARGV: P, lease_ms, band, max_blocks, max_sessions, ttl_ms, then per grant TAKE_FIELDS fields: lease, model, tenant,
-#       worker, batch (0/1), caps x5 (-1: none), ticket ('' none), packed keys ('' none), bytes, session ('' none).
-#       The grants are taken in order, each against what the ones before it took; one answer each ('ok' or the
-#       count at its cap, or 'ahead'), then the number of live replicas (each one's share of a cap, Redis away).
-TAKE_FIELDS = 14
+#       worker, batch (0/1), caps x5 (-1: none), ticket ('' none), packed keys ('' none), bytes, session ('' none),
+#       expected work (ms, -1: not ranked). The grants are taken in order, each against what the ones before it took;
+#       one answer each ('ok' or the count at its cap, or 'ahead'), then the number of live replicas (each one's
+#       share of a cap, Redis away), then Redis's time (ms: when the ones taken started).
+TAKE_FIELDS = 15
 TAKE = (
     _COMMON
     + """
@@ -170,6 +196,7 @@ local function take(a)
   local lease, model, tenant, worker = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local batch = ARGV[a + 4] == '1'
   local ticket, packed, size, session = ARGV[a + 10], ARGV[a + 11], ARGV[a + 12], ARGV[a + 13]
+  local work = ARGV[a + 14]
   local keys = {P .. ':l:all', P .. ':l:m:' .. model, P .. ':l:t:' .. tenant,
                 P .. ':l:w:' .. worker, P .. ':l:b:' .. worker}
   for i = 1, 5 do
@@ -181,6 +208,13 @@ local function take(a)
   local expires = now + lease_ms
   for i = 1, 4 do redis.call('ZADD', keys[i], expires, lease) end
   if batch then redis.call('ZADD', keys[5], expires, lease) end
+  local lw = P .. ':lw:' .. worker
+  redis.call('HSET', lw, lease, work .. '|' .. now)
+  if redis.call('HLEN', lw) > 2 * redis.call('ZCARD', keys[4]) + 64 then
+    for _, gone in ipairs(redis.call('HKEYS', lw)) do
+      if not redis.call('ZSCORE', keys[4], gone) then redis.call('HDEL', lw, gone) end
+    end
+  end
   if ticket ~= '' then served(model, ticket) end
   if packed ~= '' or session ~= '' then record(worker, packed, size, session) end
   return 'ok'
@@ -191,6 +225,7 @@ for a = 7, #ARGV, """
     + str(TAKE_FIELDS)
     + """ do out[#out + 1] = take(a) end
 out[#out + 1] = redis.call('ZCOUNT', P .. ':reps', '(' .. now, '+inf')
+out[#out + 1] = now
 return out
 """
 )
@@ -233,6 +268,7 @@ for i = 0, n - 1 do
   redis.call('ZREM', P .. ':l:m:' .. model, lease)
   redis.call('ZREM', P .. ':l:t:' .. tenant, lease)
   redis.call('ZREM', P .. ':l:w:' .. worker, lease)
+  redis.call('HDEL', P .. ':lw:' .. worker, lease)
   if batch == '1' then redis.call('ZREM', P .. ':l:b:' .. worker, lease) end
   models[model] = true
 end

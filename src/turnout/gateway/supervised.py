@@ -19,6 +19,7 @@ from typing import Any
 
 from turnout.core.admission import Caps, Priority
 from turnout.core.prefix import Match, PrefixIndex, Prompt
+from turnout.core.routing import Backlog
 from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Ticket, next_id, woken
 from turnout.gateway.shared_limits import SharedLimiter
 
@@ -35,8 +36,9 @@ def _prompt(raw: Any) -> Prompt | None:
 
 
 def _grant(raw: list[Any]) -> tuple[Grant, str]:
-    lease, worker, model, tenant, priority, caps, prompt, ticket = raw
-    return Grant(lease, worker, model, tenant, Priority(priority), Caps(*caps), _prompt(prompt), None), ticket
+    lease, worker, model, tenant, priority, caps, prompt, ticket, work = raw
+    grant = Grant(lease, worker, model, tenant, Priority(priority), Caps(*caps), _prompt(prompt), None, work)
+    return grant, ticket
 
 
 class OccupancyKeeper:
@@ -72,7 +74,8 @@ class OccupancyKeeper:
             ticket = self._tickets.get(ticket_id, (0, None))[1] if ticket_id else None
             held = occupancy.held(model, tenant, workers, _prompt(prompt), ticket, slots)
             matches = {w: list(m) for w, m in held.matches.items()}
-            return [n, held.total, held.model, held.tenant, held.workers, matches, held.ahead]
+            backlogs = {w: list(b) for w, b in held.backlogs.items()}
+            return [n, held.total, held.model, held.tenant, held.workers, matches, held.ahead, backlogs]
         if op == "occ.take":
             grant, ticket_id = _grant(message[2])
             ticket = self._tickets.get(ticket_id, (0, None))[1] if ticket_id else None
@@ -147,15 +150,16 @@ class SupervisedOccupancy:
         raw = None if prompt is None else [list(prompt.keys), prompt.size, prompt.block, prompt.session]
         ticket_id = "" if ticket is None else ticket.id
         answer = await self._channel.ask("occ.view", model, tenant, list(workers), raw, ticket_id, dict(slots))
-        total, in_model, in_tenant, counts, matches, ahead = answer[1:]
-        return Held(total, in_model, in_tenant, counts, {w: Match(*m) for w, m in matches.items()}, ahead)
+        total, in_model, in_tenant, counts, matches, ahead, backlogs = answer[1:]
+        found = {w: Match(*m) for w, m in matches.items()}
+        return Held(total, in_model, in_tenant, counts, found, ahead, {w: Backlog(*b) for w, b in backlogs.items()})
 
     async def take(self, grant: Grant) -> str | None:
         prompt = grant.prompt
         raw_prompt = None if prompt is None else [list(prompt.keys), prompt.size, prompt.block, prompt.session]
         ticket_id = "" if grant.ticket is None else grant.ticket.id
         raw = [grant.lease, grant.worker, grant.model, grant.tenant, grant.priority.value, list(grant.caps)]
-        answer = await self._channel.ask("occ.take", [*raw, raw_prompt, ticket_id])
+        answer = await self._channel.ask("occ.take", [*raw, raw_prompt, ticket_id, grant.work])
         refused: str | None = answer[1]
         if refused is None and grant.ticket is not None:
             self._tickets.pop(grant.ticket.id, None)
