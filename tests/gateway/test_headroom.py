@@ -38,6 +38,34 @@ async def test_batch_takes_its_share_of_the_slots(
         lease.release()
 
 
+@pytest.mark.parametrize(("share", "batch_slots"), [(0.5, 1), (0.75, 2), (1.0, 3)])
+async def test_batch_takes_its_share_of_the_fleet_of_one_slot_engines(
+    emulator: EmulatorFactory, gateway: GatewayFactory, share: float, batch_slots: int
+) -> None:
+    """Engines that run one request at a time, nothing declared but their one slot: a worker's share is the whole
+    engine, so the share holds fleet-wide too, counting the workers that may serve the model (the one that placement
+    keeps from it is not counted: 3 slots, not 4), and an interactive request starts at once on a free engine
+    instead of waiting in an engine's own queue behind a batch line (bench/batch_fleet.py: every engine ran a batch
+    line, interactive time to first token 3.5x)."""
+    emus = [await emulator(name, [MODEL]) for name in "abcd"]
+    workers = [worker(e.name, e.url, slots=1) for e in emus[:3]]
+    workers.append(worker("d", emus[3].url, slots=1, model_placement={"mode": "whitelist", "allowed_models": ["x"]}))
+    gw = await gateway(workers, routing={"batch_share": share, "queue_timeout_s": 0.2})
+    dispatcher = gw.app[DISPATCHER]
+    held = [await dispatcher.acquire(MODEL, priority=Priority.BATCH) for _ in range(batch_slots)]
+    assert len({lease.worker.name for lease in held}) == batch_slots and "d" not in {x.worker.name for x in held}
+    if batch_slots < 3:
+        with pytest.raises(Unavailable, match=f'batch requests hold their share of the slots of model "{MODEL}"'):
+            await dispatcher.acquire(MODEL, priority=Priority.BATCH)
+        interactive = await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE)
+        assert interactive.worker.name not in {x.worker.name for x in held} | {"d"}  # a free engine, at once
+        interactive.release()
+    for lease in held:
+        lease.release()
+    again = await dispatcher.acquire(MODEL, priority=Priority.BATCH)  # given back: room again
+    again.release()
+
+
 async def test_a_waiting_interactive_request_goes_before_waiting_batch(
     emulator: EmulatorFactory, gateway: GatewayFactory
 ) -> None:

@@ -99,6 +99,18 @@ async def test_batch_takes_at_most_its_share_of_a_worker(keeper: Occupancy) -> N
     assert await keeper.take(grant(caps=caps)) is None  # an interactive or standard one still finds a slot
 
 
+async def test_batch_takes_at_most_its_share_of_the_models_workers(keeper: Occupancy) -> None:
+    """The model's batch requests on every worker together (one-slot engines: a worker's share is all of it)."""
+    caps = Caps(worker_batch=1, model_batch=2)
+    batch = [grant(w, caps=caps, priority=Priority.BATCH) for w in ("w1", "w2", "w3")]
+    assert [await keeper.take(g) for g in batch] == [None, None, "model_batch"]
+    assert await keeper.take(grant("w4", model="other", caps=caps, priority=Priority.BATCH)) is None  # its own
+    assert await keeper.take(grant("w3", caps=caps)) is None  # a standard one finds the free engine
+    keeper.give(batch[0])
+    await settle(keeper)
+    assert await keeper.take(batch[2]) is None
+
+
 async def settle(keeper: Occupancy) -> None:
     """What Redis is sent off the request's path (a give) has arrived."""
     if isinstance(keeper, RedisOccupancy):

@@ -5,8 +5,11 @@ N``, or Redis for any number of replicas (its Lua scripts follow these functions
 against every keeper).
 
 **Caps** (:func:`refusal`): a request takes one unit of every count it belongs to (all requests, its model, its
-tenant, its worker, and the batch requests on its worker when it is a batch request); each count with a cap must
-be under it.
+tenant, its worker, and, for a batch request, the batch requests on its worker and those of its model on every
+worker); each count with a cap must be under it. Batch requests hold at most a share (``routing.batch_share``,
+:func:`batch_room`) of each worker's slots and of the slots of all the model's workers together: on engines that run
+one request at a time, a worker's share is the whole engine, and only the fleet's share leaves some of them free for
+an interactive request to start at once.
 
 **The queue** is ordered by a score (:func:`queue_score`): the priority class first (``interactive`` before
 ``standard`` before ``batch``; a batch request that has waited :data:`BATCH_AGEING_S` is served as a standard one,
@@ -21,6 +24,7 @@ Pure: no clock (times and counts are parameters), no I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import NamedTuple
@@ -32,6 +36,7 @@ __all__ = [
     "Counts",
     "Priority",
     "Waiter",
+    "batch_room",
     "fair_tag",
     "first",
     "queue_score",
@@ -59,30 +64,45 @@ _RANKS = {Priority.INTERACTIVE: 0, Priority.STANDARD: 1, Priority.BATCH: 2}
 
 
 class Counts(NamedTuple):
-    """Requests in flight that a new one would join: all, its model's, its tenant's, its worker's, and its worker's
-    batch requests."""
+    """Requests in flight that a new one would join: all, its model's, its tenant's, its worker's, its worker's
+    batch requests, and its model's batch requests."""
 
     total: int = 0
     model: int = 0
     tenant: int = 0
     worker: int = 0
     worker_batch: int = 0
+    model_batch: int = 0
 
 
 class Caps(NamedTuple):
-    """The caps of those counts (None: none). ``worker_batch``: how many of a worker's slots batch requests may hold
-    (None for a request that is not a batch request)."""
+    """The caps of those counts (None: none). ``worker_batch``/``model_batch``: how many of a worker's slots, and of
+    all the model's workers' slots, batch requests may hold (None for a request that is not a batch request)."""
 
     total: int | None = None
     model: int | None = None
     tenant: int | None = None
     worker: int | None = None
     worker_batch: int | None = None
+    model_batch: int | None = None
+
+
+def batch_room(slots: Iterable[int | None], share: float) -> int | None:
+    """How many of these slots batch requests may hold: ``share`` of them, at least one; None (no cap) when the share
+    is whole or a capacity is unknown (a batching engine with no ``max_concurrent``)."""
+    if share >= 1:
+        return None
+    total = 0
+    for n in slots:
+        if n is None:
+            return None
+        total += n
+    return max(1, math.floor(total * share))
 
 
 def refusal(counts: Counts, caps: Caps) -> str | None:
-    """The first count at its cap (``total``, ``model``, ``tenant``, ``worker``, ``worker_batch``), or None: it may
-    take a slot."""
+    """The first count at its cap (``total``, ``model``, ``tenant``, ``worker``, ``worker_batch``, ``model_batch``), or
+    None: it may take a slot."""
     for name, count, cap in zip(Caps._fields, counts, caps, strict=True):
         if cap is not None and count >= cap:
             return name

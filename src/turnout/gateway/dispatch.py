@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
 from turnout.config import Routing, Tenant
-from turnout.core.admission import Caps, Priority
+from turnout.core.admission import Caps, Priority, batch_room
 from turnout.core.parallelism import Span
 from turnout.core.patterns import best_value
 from turnout.core.prefix import BYTES_PER_TOKEN, PrefixIndex, Prompt, prompt_of
@@ -39,6 +39,7 @@ from turnout.core.routing import (
     NoRouteReason,
     Reason,
     Route,
+    WorkerView,
     route,
 )
 from turnout.dialects import api
@@ -317,6 +318,7 @@ class Dispatcher:
         views = self.fleet.views(model, prompt, candidates, held.workers, matches, held.backlogs)
         capacity = Capacity(held.total, self.routing.max_concurrent, held.model, model_max)
         full: set[str] = set()  # workers whose batch share is taken: a batch request tries the next one
+        fleet_room = self._fleet_batch_cap(model, views, exclude) if priority is Priority.BATCH and choice else None
         while True:
             decision = route(
                 model,
@@ -336,8 +338,9 @@ class Dispatcher:
                 return None, decision.message
             best = decision.best
             worker = self.fleet.workers[best.worker]
-            headroom = self._batch_cap(worker, model) if priority is Priority.BATCH else None
-            caps = Caps(self.routing.max_concurrent, model_max, cap, worker.config.max_concurrent, headroom)
+            caps = Caps(self.routing.max_concurrent, model_max, cap, worker.config.max_concurrent)
+            if priority is Priority.BATCH:
+                caps = caps._replace(worker_batch=self._batch_cap([worker], model), model_batch=fleet_room)
             recorded = prompt if choice else None
             work = best.work if choice else None
             grant = Grant(next_id("l"), best.worker, model, tenant, priority, caps, recorded, ticket, work)
@@ -356,15 +359,21 @@ class Dispatcher:
             self._placed(lease, decision, prompt, time.monotonic())
         return lease, ""
 
-    def _batch_cap(self, worker: WorkerState, model: str) -> int | None:
-        """How many of ``worker``'s slots batch requests may hold: ``routing.batch_share`` of what its engine runs at
-        once (of its ``max_concurrent`` for a batching engine of unknown capacity; none without either), at least
-        one."""
-        slots = worker.parallelism(model, time.monotonic()).slots or worker.config.max_concurrent
-        share = self.routing.batch_share
-        if slots is None or share >= 1:
+    def _fleet_batch_cap(self, model: str, views: list[WorkerView], exclude: frozenset[str]) -> int | None:
+        """How many batch requests for ``model`` its workers may hold together: :meth:`_batch_cap` of every worker that
+        may serve it now (healthy, allowed, holding it), busy or not."""
+        every = route(model, [v._replace(max_concurrent=None) for v in views], exclude=exclude)
+        if isinstance(every, NoRoute):
             return None
-        return max(1, math.floor(slots * share))
+        return self._batch_cap([self.fleet.workers[c.worker] for c in every.candidates], model)
+
+    def _batch_cap(self, workers: Sequence[WorkerState], model: str) -> int | None:
+        """How many of these workers' slots batch requests may hold (:func:`turnout.core.admission.batch_room`):
+        ``routing.batch_share`` of what their engines run at once (a worker's ``max_concurrent`` for a batching
+        engine of unknown capacity; none without either), at least one."""
+        now = time.monotonic()
+        slots = (w.parallelism(model, now).slots or w.config.max_concurrent for w in workers)
+        return batch_room(slots, self.routing.batch_share)
 
     def _refused(self, count: str, model: str, tenant: str, worker: str = "") -> str:
         """Why a request waits, by the count at its cap (:func:`turnout.core.admission.refusal`), in the words of the
@@ -379,6 +388,8 @@ class Dispatcher:
             return f'requests for model "{model}" are waiting ahead of this one'
         if count == "worker_batch":
             return f'batch requests hold their share of every worker for model "{model}" ({worker} the last tried)'
+        if count == "model_batch":
+            return f'batch requests hold their share of the slots of model "{model}"'
         return f'every worker for model "{model}" is busy ({worker})'
 
     def _saturated(self, message: str, why: str) -> NoReturn:

@@ -98,8 +98,8 @@ class Occupancy(Protocol):
     ) -> Held: ...
 
     async def take(self, grant: Grant) -> str | None:
-        """Take the slot: None, or why not (``total``, ``model``, ``tenant``, ``worker``, ``worker_batch``: that count
-        is at its cap; ``ahead``: a waiter that can go is ahead of it)."""
+        """Take the slot: None, or why not (``total``, ``model``, ``tenant``, ``worker``, ``worker_batch``,
+        ``model_batch``: that count is at its cap; ``ahead``: a waiter that can go is ahead of it)."""
         ...
 
     def give(self, grant: Grant) -> None: ...
@@ -194,6 +194,7 @@ class LocalOccupancy:
         self.tenants: dict[str, int] = {}
         self.workers: dict[str, int] = {}
         self.worker_batch: dict[str, int] = {}
+        self.model_batch: dict[str, int] = {}
         self._flying: dict[str, dict[str, tuple[float | None, float]]] = {}  # worker -> lease -> (work, when taken)
         self._queues: dict[str, _Queue] = {}
         self._waiting = 0
@@ -282,6 +283,7 @@ class LocalOccupancy:
             self.tenants.get(grant.tenant, 0),
             self.workers.get(grant.worker, 0),
             self.worker_batch.get(grant.worker, 0) if batch else 0,
+            self.model_batch.get(grant.model, 0) if batch else 0,
         )
         refused = refusal(counts, grant.caps)
         if refused is not None:
@@ -307,6 +309,7 @@ class LocalOccupancy:
         _bump(self.workers, grant.worker, 1)
         if batch:
             _bump(self.worker_batch, grant.worker, 1)
+            _bump(self.model_batch, grant.model, 1)
         self._flying.setdefault(grant.worker, {})[grant.lease] = (grant.work, self._clock())
 
     async def settle(self) -> None:
@@ -319,6 +322,7 @@ class LocalOccupancy:
         _bump(self.workers, grant.worker, -1)
         if grant.priority is Priority.BATCH:
             _bump(self.worker_batch, grant.worker, -1)
+            _bump(self.model_batch, grant.model, -1)
         flying = self._flying.get(grant.worker)
         if flying is not None:
             flying.pop(grant.lease, None)

@@ -7,7 +7,8 @@ the same tables against them and against :class:`turnout.gateway.occupancy.Local
 
 Keys under a prefix ``P`` (``storage.redis_prefix``):
 
-- ``P:l:all``, ``P:l:m:<model>``, ``P:l:t:<tenant>``, ``P:l:w:<worker>``, ``P:l:b:<worker>`` (batch): sorted sets of
+- ``P:l:all``, ``P:l:m:<model>``, ``P:l:t:<tenant>``, ``P:l:w:<worker>``, ``P:l:b:<worker>`` and ``P:l:mb:<model>``
+  (batch): sorted sets of
   leases (member: the lease id, score: when it expires); a replica renews its own every few seconds;
 - ``P:q:<model>`` (score: :func:`turnout.core.admission.queue_score`), ``P:qt:<model>`` (ticket -> tenant),
   ``P:qv:<model>`` (``_v``: the virtual time; ``t:<tenant>``: its last tag), ``P:qx`` (every ticket's expiry),
@@ -135,18 +136,18 @@ return out
 )
 
 # ARGV: P, lease_ms, band, max_blocks, max_sessions, ttl_ms, then per grant TAKE_FIELDS fields: lease, model, tenant,
-#       worker, batch (0/1), caps x5 (-1: none), ticket ('' none), packed keys ('' none), bytes, session ('' none),
+#       worker, batch (0/1), caps x6 (-1: none), ticket ('' none), packed keys ('' none), bytes, session ('' none),
 #       expected work (ms, -1: not ranked). The grants are taken in order, each against what the ones before it took;
 #       one answer each ('ok' or the count at its cap, or 'ahead'), then the number of live replicas (each one's
 #       share of a cap, Redis away), then Redis's time (ms: when the ones taken started).
-TAKE_FIELDS = 15
+TAKE_FIELDS = 16
 TAKE = (
     _COMMON
     + """
 local lease_ms, band = tonumber(ARGV[2]), tonumber(ARGV[3])
 local max_blocks, max_sessions, ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
-local names = {'total', 'model', 'tenant', 'worker', 'worker_batch'}
+local names = {'total', 'model', 'tenant', 'worker', 'worker_batch', 'model_batch'}
 
 local function record(worker, packed, size, session)
   local send = redis.call('INCR', P .. ':pn:' .. worker)
@@ -195,11 +196,11 @@ end
 local function take(a)
   local lease, model, tenant, worker = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local batch = ARGV[a + 4] == '1'
-  local ticket, packed, size, session = ARGV[a + 10], ARGV[a + 11], ARGV[a + 12], ARGV[a + 13]
-  local work = ARGV[a + 14]
+  local ticket, packed, size, session = ARGV[a + 11], ARGV[a + 12], ARGV[a + 13], ARGV[a + 14]
+  local work = ARGV[a + 15]
   local keys = {P .. ':l:all', P .. ':l:m:' .. model, P .. ':l:t:' .. tenant,
-                P .. ':l:w:' .. worker, P .. ':l:b:' .. worker}
-  for i = 1, 5 do
+                P .. ':l:w:' .. worker, P .. ':l:b:' .. worker, P .. ':l:mb:' .. model}
+  for i = 1, 6 do
     local cap = tonumber(ARGV[a + 4 + i])
     if cap >= 0 and (i < 5 or batch) and live(keys[i], now) >= cap then return names[i] end
   end
@@ -207,7 +208,10 @@ local function take(a)
   if first and first ~= ticket then return 'ahead' end
   local expires = now + lease_ms
   for i = 1, 4 do redis.call('ZADD', keys[i], expires, lease) end
-  if batch then redis.call('ZADD', keys[5], expires, lease) end
+  if batch then
+    redis.call('ZADD', keys[5], expires, lease)
+    redis.call('ZADD', keys[6], expires, lease)
+  end
   local lw = P .. ':lw:' .. worker
   redis.call('HSET', lw, lease, work .. '|' .. now)
   if redis.call('HLEN', lw) > 2 * redis.call('ZCARD', keys[4]) + 64 then
@@ -269,7 +273,10 @@ for i = 0, n - 1 do
   redis.call('ZREM', P .. ':l:t:' .. tenant, lease)
   redis.call('ZREM', P .. ':l:w:' .. worker, lease)
   redis.call('HDEL', P .. ':lw:' .. worker, lease)
-  if batch == '1' then redis.call('ZREM', P .. ':l:b:' .. worker, lease) end
+  if batch == '1' then
+    redis.call('ZREM', P .. ':l:b:' .. worker, lease)
+    redis.call('ZREM', P .. ':l:mb:' .. model, lease)
+  end
   models[model] = true
 end
 if live(P .. ':qx', now_ms()) > 0 then
@@ -283,4 +290,4 @@ return n
 def GIVE_KEYS(prefix: str, model: str, tenant: str, worker: str, batch: bool) -> list[str]:
     """The lease sets a lease is in (its give removes it from each)."""
     keys = [f"{prefix}:l:all", f"{prefix}:l:m:{model}", f"{prefix}:l:t:{tenant}", f"{prefix}:l:w:{worker}"]
-    return [*keys, f"{prefix}:l:b:{worker}"] if batch else keys
+    return [*keys, f"{prefix}:l:b:{worker}", f"{prefix}:l:mb:{model}"] if batch else keys
