@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from turnout.core.admission import Priority, batch_room
+from turnout.core.admission import Priority
 from turnout.core.priority import (
     HEADER,
     Chosen,
@@ -120,20 +120,3 @@ def test_the_engine_serves_lower_numbers_first_in_the_classes_order() -> None:
     default 0 (a client of the engine itself ranks with standard traffic)."""
     numbers = [engine_priority(p) for p in (INT, S, B)]
     assert numbers == sorted(numbers) and len(set(numbers)) == 3 and engine_priority(S) == 0
-
-
-@pytest.mark.parametrize(
-    ("slots", "share", "room"),
-    [
-        ([1, 1, 1], 0.5, 1),  # three one-slot engines: one runs batch, two stay free
-        ([1, 1, 1, 1], 0.5, 2),
-        ([2, 2, 2], 0.5, 3),
-        ([4], 0.25, 1),
-        ([1], 0.1, 1),  # at least one: batch is never shut out
-        ([1, 1, 1], 1.0, None),  # no headroom
-        ([1, None, 1], 0.5, None),  # a batching engine of unknown capacity: no cap known
-        ([], 0.5, 1),
-    ],
-)
-def test_batch_room(slots: list[int | None], share: float, room: int | None) -> None:
-    assert batch_room(slots, share) == room

@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import EmulatorFactory, GatewayFactory, create_key, worker
 from turnout.core.admission import Priority
 from turnout.errors import Unavailable
+from turnout.gateway import dispatch
 from turnout.gateway.keys import DISPATCHER
 
 MODEL = "m:1"
@@ -28,6 +29,7 @@ async def test_batch_takes_its_share_of_the_slots(
         routing={"batch_share": share, "queue_timeout_s": 0.2},
     )
     dispatcher = gw.app[DISPATCHER]
+    (await dispatcher.acquire(MODEL)).release()  # other traffic lately: the shares hold (core.headroom)
     held = [await dispatcher.acquire(MODEL, priority=Priority.BATCH) for _ in range(batch_slots)]
     if batch_slots < 4:
         with pytest.raises(Unavailable, match="batch requests hold their share"):
@@ -52,6 +54,9 @@ async def test_batch_takes_its_share_of_the_fleet_of_one_slot_engines(
     workers.append(worker("d", emus[3].url, slots=1, model_placement={"mode": "whitelist", "allowed_models": ["x"]}))
     gw = await gateway(workers, routing={"batch_share": share, "queue_timeout_s": 0.2})
     dispatcher = gw.app[DISPATCHER]
+    busy = [await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE) for _ in range(3)]
+    for lease in busy:  # interactive traffic lately needed three engines at once: batch keeps to the share
+        lease.release()
     held = [await dispatcher.acquire(MODEL, priority=Priority.BATCH) for _ in range(batch_slots)]
     assert len({lease.worker.name for lease in held}) == batch_slots and "d" not in {x.worker.name for x in held}
     if batch_slots < 3:
@@ -64,6 +69,40 @@ async def test_batch_takes_its_share_of_the_fleet_of_one_slot_engines(
         lease.release()
     again = await dispatcher.acquire(MODEL, priority=Priority.BATCH)  # given back: room again
     again.release()
+
+
+async def test_batch_takes_what_the_other_traffic_has_not_needed_lately(
+    emulator: EmulatorFactory, gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three one-slot engines, share 0.5. Nothing but batch wanted the model over the last QUIET_S: batch takes every
+    engine (an idle fleet at night is not a third busy). Interactive traffic that needed one engine at once lately:
+    batch holds the other two; that needed all three: one."""
+    monkeypatch.setattr(dispatch, "QUIET_S", 0.4)
+    emus = [await emulator(name, [MODEL]) for name in "abc"]
+    gw = await gateway([worker(e.name, e.url, slots=1) for e in emus], routing={"queue_timeout_s": 0.2})
+    dispatcher = gw.app[DISPATCHER]
+    night = [await dispatcher.acquire(MODEL, priority=Priority.BATCH) for _ in range(3)]
+    assert len({x.worker.name for x in night}) == 3
+    for lease in night:
+        lease.release()
+    day = await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE)  # the others need one slot at once now
+    held = [await dispatcher.acquire(MODEL, priority=Priority.BATCH) for _ in range(2)]
+    assert day.worker.name not in {x.worker.name for x in held}
+    with pytest.raises(Unavailable, match="share of the slots"):
+        await dispatcher.acquire(MODEL, priority=Priority.BATCH)  # 3 slots, 1 needed by the others: 2 for batch
+    for lease in [day, *held]:
+        lease.release()
+    busy = [await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE) for _ in range(3)]
+    for lease in busy:
+        lease.release()
+    lone = await dispatcher.acquire(MODEL, priority=Priority.BATCH)
+    with pytest.raises(Unavailable, match="share of the slots"):  # they needed all three: the share, one
+        await dispatcher.acquire(MODEL, priority=Priority.BATCH)
+    lone.release()
+    await asyncio.sleep(0.5)  # a quiet window: every engine again
+    again = [await dispatcher.acquire(MODEL, priority=Priority.BATCH) for _ in range(3)]
+    for lease in again:
+        lease.release()
 
 
 async def test_a_waiting_interactive_request_goes_before_waiting_batch(
@@ -106,6 +145,7 @@ async def test_a_batch_request_takes_another_worker_when_the_first_choice_has_no
     )
     _, key = create_key(gw, app="nightly", priority=Priority.BATCH)
     headers = {"Authorization": f"Bearer {key}"}
+    (await gw.app[DISPATCHER].acquire(MODEL)).release()  # other traffic lately: the shares hold (core.headroom)
     system = "You summarise documents for the nightly job. " * 40
     turn = [{"role": "system", "content": system}, {"role": "user", "content": "the first document"}]
     async with aiohttp.ClientSession() as http:

@@ -6,10 +6,8 @@ against every keeper).
 
 **Caps** (:func:`refusal`): a request takes one unit of every count it belongs to (all requests, its model, its
 tenant, its worker, and, for a batch request, the batch requests on its worker and those of its model on every
-worker); each count with a cap must be under it. Batch requests hold at most a share (``routing.batch_share``,
-:func:`batch_room`) of each worker's slots and of the slots of all the model's workers together: on engines that run
-one request at a time, a worker's share is the whole engine, and only the fleet's share leaves some of them free for
-an interactive request to start at once.
+worker); each count with a cap must be under it. What batch requests may hold is
+:mod:`turnout.core.headroom`'s.
 
 **The queue** is ordered by a score (:func:`queue_score`): the priority class first (``interactive`` before
 ``standard`` before ``batch``; a batch request that has waited :data:`BATCH_AGEING_S` is served as a standard one,
@@ -24,7 +22,6 @@ Pure: no clock (times and counts are parameters), no I/O.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import NamedTuple
@@ -36,7 +33,6 @@ __all__ = [
     "Counts",
     "Priority",
     "Waiter",
-    "batch_room",
     "fair_tag",
     "first",
     "queue_score",
@@ -85,19 +81,6 @@ class Caps(NamedTuple):
     worker: int | None = None
     worker_batch: int | None = None
     model_batch: int | None = None
-
-
-def batch_room(slots: Iterable[int | None], share: float) -> int | None:
-    """How many of these slots batch requests may hold: ``share`` of them, at least one; None (no cap) when the share
-    is whole or a capacity is unknown (a batching engine with no ``max_concurrent``)."""
-    if share >= 1:
-        return None
-    total = 0
-    for n in slots:
-        if n is None:
-            return None
-        total += n
-    return max(1, math.floor(total * share))
 
 
 def refusal(counts: Counts, caps: Caps) -> str | None:

@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
 from turnout.config import Routing, Tenant
-from turnout.core.admission import Caps, Priority, batch_room
+from turnout.core.admission import Caps, Priority
+from turnout.core.headroom import QUIET_S, RecentPeak, batch_caps
 from turnout.core.parallelism import Span
 from turnout.core.patterns import best_value
 from turnout.core.prefix import BYTES_PER_TOKEN, PrefixIndex, Prompt, prompt_of
@@ -136,6 +137,7 @@ class Lease:
 
 _NOTHING_HELD = Held(0, 0, 0, {}, {}, False)  # a view not asked for: the take checks every cap
 HOLD_RECHECK_S = 0.5  # a held request looks again this often (a wake missed costs at most this)
+MAX_PEAKS = 4096  # models whose other traffic's peak is kept (a bound: a model name is the client's)
 RECENTLY_S = 60.0  # a worker healthy this recently and down now is restarting: requests for it are held
 
 
@@ -161,6 +163,7 @@ class Dispatcher:
         )
         self._limits = routing.model_limits()
         self._rotation = 0
+        self._peaks: dict[str, RecentPeak] = {}  # per model: its other traffic's peak in flight (batch's headroom)
         self._routed = metrics.routing.labels("routed")
         self._reasons = metrics.route_reasons
         for reason in Reason:
@@ -318,7 +321,7 @@ class Dispatcher:
         views = self.fleet.views(model, prompt, candidates, held.workers, matches, held.backlogs)
         capacity = Capacity(held.total, self.routing.max_concurrent, held.model, model_max)
         full: set[str] = set()  # workers whose batch share is taken: a batch request tries the next one
-        fleet_room = self._fleet_batch_cap(model, views, exclude) if priority is Priority.BATCH and choice else None
+        headroom = self._headroom(model, views, exclude, held, priority, choice)
         while True:
             decision = route(
                 model,
@@ -339,8 +342,10 @@ class Dispatcher:
             best = decision.best
             worker = self.fleet.workers[best.worker]
             caps = Caps(self.routing.max_concurrent, model_max, cap, worker.config.max_concurrent)
-            if priority is Priority.BATCH:
-                caps = caps._replace(worker_batch=self._batch_cap([worker], model), model_batch=fleet_room)
+            if headroom is not None:
+                fleet, others = headroom
+                mine, together = batch_caps(self._slots(worker, model), fleet, self.routing.batch_share, others)
+                caps = caps._replace(worker_batch=mine, model_batch=together)
             recorded = prompt if choice else None
             work = best.work if choice else None
             grant = Grant(next_id("l"), best.worker, model, tenant, priority, caps, recorded, ticket, work)
@@ -359,21 +364,37 @@ class Dispatcher:
             self._placed(lease, decision, prompt, time.monotonic())
         return lease, ""
 
-    def _fleet_batch_cap(self, model: str, views: list[WorkerView], exclude: frozenset[str]) -> int | None:
-        """How many batch requests for ``model`` its workers may hold together: :meth:`_batch_cap` of every worker that
-        may serve it now (healthy, allowed, holding it), busy or not."""
-        every = route(model, [v._replace(max_concurrent=None) for v in views], exclude=exclude)
-        if isinstance(every, NoRoute):
-            return None
-        return self._batch_cap([self.fleet.workers[c.worker] for c in every.candidates], model)
-
-    def _batch_cap(self, workers: Sequence[WorkerState], model: str) -> int | None:
-        """How many of these workers' slots batch requests may hold (:func:`turnout.core.admission.batch_room`):
-        ``routing.batch_share`` of what their engines run at once (a worker's ``max_concurrent`` for a batching
-        engine of unknown capacity; none without either), at least one."""
+    def _headroom(
+        self,
+        model: str,
+        views: list[WorkerView],
+        exclude: frozenset[str],
+        held: Held,
+        priority: Priority,
+        choice: bool,
+    ) -> tuple[list[int | None] | None, int] | None:
+        """Note how many of ``model``'s requests in flight are not batch requests (this one included; every
+        replica's); for a batch request, what :func:`turnout.core.headroom.batch_caps` needs: what each worker that
+        may serve the model now runs at once (healthy, allowed, holding it, busy or not; None: a single candidate)
+        and the other traffic's recent peak."""
         now = time.monotonic()
-        slots = (w.parallelism(model, now).slots or w.config.max_concurrent for w in workers)
-        return batch_room(slots, self.routing.batch_share)
+        peak = self._peaks.get(model)
+        if held is not _NOTHING_HELD and (peak is not None or len(self._peaks) < MAX_PEAKS):
+            if peak is None:
+                peak = self._peaks[model] = RecentPeak(QUIET_S)
+            peak.see(held.model - held.model_batch + (priority is not Priority.BATCH), now)
+        if priority is not Priority.BATCH:
+            return None
+        fleet = None
+        if choice:
+            every = route(model, [v._replace(max_concurrent=None) for v in views], exclude=exclude)
+            workers = [] if isinstance(every, NoRoute) else [self.fleet.workers[c.worker] for c in every.candidates]
+            fleet = [self._slots(w, model) for w in workers]
+        return fleet, 0 if peak is None else peak.peak(now)
+
+    def _slots(self, worker: WorkerState, model: str) -> int | None:
+        """What ``worker``'s engine runs at once (its ``max_concurrent`` for a batching engine of unknown capacity)."""
+        return worker.parallelism(model, time.monotonic()).slots or worker.config.max_concurrent
 
     def _refused(self, count: str, model: str, tenant: str, worker: str = "") -> str:
         """Why a request waits, by the count at its cap (:func:`turnout.core.admission.refusal`), in the words of the

@@ -52,6 +52,7 @@ class Held(NamedTuple):
     matches: Mapping[str, Match]  # what each candidate worker is expected to hold of the prompt (none: empty)
     ahead: bool  # a waiter for this model that can go now is ahead of this request
     backlogs: Mapping[str, Backlog] = MappingProxyType({})
+    model_batch: int = 0  # of ``model``, the batch requests
 
 
 class Grant(NamedTuple):
@@ -258,6 +259,7 @@ class LocalOccupancy:
             matches,
             self._ahead(model, ticket),
             {w: self.backlog(w) for w in workers},
+            self.model_batch.get(model, 0),
         )
 
     def backlog(self, worker: str) -> Backlog:

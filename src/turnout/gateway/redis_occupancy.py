@@ -168,17 +168,17 @@ class RedisOccupancy:
             self._down(exc)
             return self.local.held(model, tenant, workers, prompt, self._local_ticket(ticket), slots)
         self.round_trips += 1
-        now, total, in_model, in_tenant, ahead = (int(x) for x in reply[:5])
+        now, total, in_model, in_tenant, ahead, in_batch = (int(x) for x in reply[:6])
         counts: dict[str, int] = {}
         matches: dict[str, Match] = {}
         backlogs: dict[str, Backlog] = {}
-        for worker, entry in zip(workers, reply[5:], strict=False):
+        for worker, entry in zip(workers, reply[6:], strict=False):
             counts[worker] = int(entry[0])
             work_ms, ranked, oldest = int(entry[1]), int(entry[2]), int(entry[3])
             backlogs[worker] = Backlog(work_ms / 1000, ranked, max(now - oldest, 0) / 1000 if oldest >= 0 else 0.0)
             if prompt is not None and len(entry) > 4:
                 matches[worker] = _match(prompt, entry[4:], slots.get(worker), now)
-        return Held(total, in_model, in_tenant, counts, matches, bool(ahead), backlogs)
+        return Held(total, in_model, in_tenant, counts, matches, bool(ahead), backlogs, in_batch)
 
     # -- taking and giving back --------------------------------------------------------------------------------
     async def take(self, grant: Grant) -> str | None:

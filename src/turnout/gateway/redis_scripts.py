@@ -62,8 +62,10 @@ end
 """
 
 # ARGV: P, model, tenant, ticket ('' none), ttl_ms, n, then n x (worker, slots or -1), packed keys, session ('' none).
-# Per worker: its leases, the work expected of the ranked ones (ms) and how many, when the oldest was taken (ms, -1:
-# none known), then with a prompt what its index holds of it (:func:`turnout.core.prefix.match_of`'s arguments).
+# Then: Redis's time (ms), the leases of all, of the model, of the tenant, whether a waiter is ahead, the model's
+# batch leases; per worker: its leases, the work expected of the ranked ones (ms) and how many, when the oldest was
+# taken (ms, -1: none known), then with a prompt what its index holds of it (:func:`turnout.core.prefix.match_of`'s
+# arguments).
 VIEW = (
     _COMMON
     + """
@@ -76,7 +78,8 @@ local now = now_ms()
 local first = head(model, now)
 local ahead = 0
 if first and first ~= ticket then ahead = 1 end
-local out = {now, live(P .. ':l:all', now), live(P .. ':l:m:' .. model, now), live(P .. ':l:t:' .. tenant, now), ahead}
+local out = {now, live(P .. ':l:all', now), live(P .. ':l:m:' .. model, now), live(P .. ':l:t:' .. tenant, now), ahead,
+             live(P .. ':l:mb:' .. model, now)}
 local count = #packed / 8
 for i = 0, n - 1 do
   local worker, slots = ARGV[7 + 2 * i], tonumber(ARGV[8 + 2 * i])
@@ -129,7 +132,7 @@ for i = 0, n - 1 do
     entry = {entry[1], entry[2], entry[3], entry[4], latest, recent, evicted_at, evicted_size, session_send,
              session_size, sends}
   end
-  out[6 + i] = entry
+  out[7 + i] = entry
 end
 return out
 """

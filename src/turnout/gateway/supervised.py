@@ -75,7 +75,17 @@ class OccupancyKeeper:
             held = occupancy.held(model, tenant, workers, _prompt(prompt), ticket, slots)
             matches = {w: list(m) for w, m in held.matches.items()}
             backlogs = {w: list(b) for w, b in held.backlogs.items()}
-            return [n, held.total, held.model, held.tenant, held.workers, matches, held.ahead, backlogs]
+            return [
+                n,
+                held.total,
+                held.model,
+                held.tenant,
+                held.workers,
+                matches,
+                held.ahead,
+                backlogs,
+                held.model_batch,
+            ]
         if op == "occ.take":
             grant, ticket_id = _grant(message[2])
             ticket = self._tickets.get(ticket_id, (0, None))[1] if ticket_id else None
@@ -150,9 +160,10 @@ class SupervisedOccupancy:
         raw = None if prompt is None else [list(prompt.keys), prompt.size, prompt.block, prompt.session]
         ticket_id = "" if ticket is None else ticket.id
         answer = await self._channel.ask("occ.view", model, tenant, list(workers), raw, ticket_id, dict(slots))
-        total, in_model, in_tenant, counts, matches, ahead, backlogs = answer[1:]
+        total, in_model, in_tenant, counts, matches, ahead, backlogs, in_batch = answer[1:]
         found = {w: Match(*m) for w, m in matches.items()}
-        return Held(total, in_model, in_tenant, counts, found, ahead, {w: Backlog(*b) for w, b in backlogs.items()})
+        queued = {w: Backlog(*b) for w, b in backlogs.items()}
+        return Held(total, in_model, in_tenant, counts, found, ahead, queued, in_batch)
 
     async def take(self, grant: Grant) -> str | None:
         prompt = grant.prompt
