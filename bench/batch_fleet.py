@@ -25,7 +25,10 @@ The loads:
 Three scenarios, run round after round in rotating order (as :mod:`bench.prefix` interleaves its routers) with every
 engine's slots erased before each:
 
-1. **batch alone** on the idle fleet: the capacity, the batch's tokens per second;
+1. **batch alone** on the idle fleet: the capacity, the batch's tokens per second. Through a second gateway, as
+   configured as the first, that no other request ever reached: the idle fleet as a gateway whose model nobody else
+   used over the last 5 minutes lets a batch take it (``turnout.core.headroom``; the first gateway remembers the
+   interactive load's peak for that long and keeps its slots free of batch);
 2. **interactive alone** for ``--interactive-s`` seconds: its time to first token and its share, the tokens per
    second its answers took (their completion tokens, ``stream_options.include_usage``, over the time);
 3. **both**: the interactive load started as the batch is created and stopped when it ended; time to first token of
@@ -336,10 +339,13 @@ def main() -> None:
     results = {kind: Result() for kind in SCENARIOS}
     data = b"".join(json.dumps(line).encode() + b"\n" for line in lines_of(args.lines, args.max_tokens))
     proc: subprocess.Popen[bytes] | None = None
+    gateways: dict[str, tuple[str, subprocess.Popen[bytes], dict[str, str]]] = {}  # a scenario's own gateway
     learned: list[str] = []
     try:
         url, proc = start_turnout(engines, tmp, (ROOT / "src").resolve(), 1, json.loads(args.routing), None)
         keys = {"chat": make_key(url, "chat", "interactive"), "nightly": make_key(url, "nightly", "batch")}
+        quiet_url, quiet = start_turnout(engines, tmp, (ROOT / "src").resolve(), 1, json.loads(args.routing), None)
+        gateways["batch"] = (quiet_url, quiet, {"nightly": make_key(quiet_url, "nightly", "batch")})
         learned.append(f"cold: {figures(url)}")
         # a gateway that has been running has learned its engines' rates: a few interactive turns through it
         warm = argparse.Namespace(**{**vars(args), "interactive_s": 5.0})
@@ -349,11 +355,12 @@ def main() -> None:
             for kind in order:
                 for engine in engines:
                     engine.flush(args.parallel)
-                before, began = gauges(engines, proc.pid), time.perf_counter()
-                one = asyncio.run(scenario(kind, url, keys, data, args, seed=round_))
+                at, gateway, its_keys = gateways.get(kind, (url, proc, keys))
+                before, began = gauges(engines, gateway.pid), time.perf_counter()
+                one = asyncio.run(scenario(kind, at, its_keys, data, args, seed=round_))
                 one.span_s = time.perf_counter() - began
                 busy, cpu, gateway_cpu, *tokens = (
-                    now - then for now, then in zip(gauges(engines, proc.pid), before, strict=True)
+                    now - then for now, then in zip(gauges(engines, gateway.pid), before, strict=True)
                 )
                 one.busy_s, one.engine_cpu_s, one.gateway_cpu_s, one.per_engine = busy, cpu, gateway_cpu, tokens
                 merge(results[kind], one)
@@ -368,8 +375,9 @@ def main() -> None:
                 )
         learned.append(f"at the end: {figures(url)}")
     finally:
-        if proc is not None:
-            stop(proc)
+        for running in [proc, *(g[1] for g in gateways.values())]:
+            if running is not None:
+                stop(running)
         for engine in engines:
             engine.stop()
     report(args, results, learned, (started, load_before))

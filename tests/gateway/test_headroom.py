@@ -105,6 +105,32 @@ async def test_batch_takes_what_the_other_traffic_has_not_needed_lately(
         lease.release()
 
 
+async def test_an_interactive_request_does_not_wait_behind_batch_lines_that_cannot_go(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    """A batch line waits in the queue (batch holds its share of the fleet); an interactive request that arrives
+    finds that waiter ahead of it, joins the queue before it, and goes at once to an idle engine: it waited for a
+    slot to be given back, with two engines idle (bench/batch_fleet.py: waited p50 0.25 s)."""
+    emus = [await emulator(name, [MODEL]) for name in "abc"]
+    gw = await gateway([worker(e.name, e.url, slots=1) for e in emus], routing={"queue_timeout_s": 30})
+    dispatcher = gw.app[DISPATCHER]
+    busy = [await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE) for _ in range(3)]
+    for lease in busy:  # the interactive traffic needed all three lately: batch holds one engine
+        lease.release()
+    line = await dispatcher.acquire(MODEL, priority=Priority.BATCH)
+    waiting = asyncio.create_task(dispatcher.acquire(MODEL, priority=Priority.BATCH))
+    for _ in range(100):
+        if dispatcher.waiting:
+            break
+        await asyncio.sleep(0.01)
+    assert dispatcher.waiting == 1
+    person = await asyncio.wait_for(dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE), 5)
+    assert person.worker.name != line.worker.name and not waiting.done()
+    person.release()
+    line.release()
+    (await asyncio.wait_for(waiting, 5)).release()
+
+
 async def test_a_waiting_interactive_request_goes_before_waiting_batch(
     emulator: EmulatorFactory, gateway: GatewayFactory
 ) -> None:

@@ -237,6 +237,9 @@ class Dispatcher:
                     if ticket is None:
                         self._saturated(message, "the wait queue is full")
                     self.metrics.queued.inc()
+                    # at once again, in its place: it may be first now (an interactive request behind waiting batch
+                    # lines that cannot go is; it waited for a slot to be given back, with engines idle)
+                    continue
                 if remaining <= 0:
                     if ticket is not None:
                         self.metrics.queue_wait.observe(loop.time() - started)
