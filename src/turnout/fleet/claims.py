@@ -9,7 +9,10 @@ The gateway never holds or replays the request.
 One wake per sleep: a wake is keyed on the sleep itself (pod, model and the time the engine went to sleep, as
 its agent reports it now), and only an engine the agent reports sleeping is woken. A key this replica already
 woke is never woken again, however many requests and retries arrive and whether or not the first wake is still
-running; across gateway replicas the first to set the key in Redis sends it.
+running; across gateway replicas the first to set the key in Redis sends it. Once this replica has sent (or
+seen another send) the wake of the claim's sleep, a later wake task that finds the engine no longer asleep is done
+at once: the sleep it follows is over, and the engine is on its way up, whether or not a controller tick has turned
+the claim's status yet.
 
 Every answer that says a wake is under way has one under way: the claim turns Sleeping (its route is taken away)
 before its engine is put to sleep, so a request in between finds an engine that is not asleep yet. The wake then
@@ -105,6 +108,8 @@ class ClaimBindings:
         self.phases: dict[str, tuple[str, ClaimPhase]] = {}  # model -> (claim key, phase)
         self._wakes: dict[str, asyncio.Task[None]] = {}
         self._woken: dict[str, str] = {}  # model -> the sleep this replica last woke it from
+        # models whose sleep this replica saw woken since their claim last turned Sleeping (reset when it stops)
+        self._woken_while_sleeping: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._completed: dict[str, int] = {}  # claim -> requests finished on its engine (idle detection)
         self.on_change: Callable[[], None] | None = None
@@ -132,6 +137,8 @@ class ClaimBindings:
                 continue
             seen.add(view.model)
             self.phases[view.model] = (view.key, view.phase)
+            if view.phase is not ClaimPhase.SLEEPING:
+                self._woken_while_sleeping.discard(view.model)
             if view.placed and view.phase not in _UNLISTED:
                 listing[view.model] = {"id": view.model, "object": "model", "owned_by": f"claim/{view.key}"}
             if view.route is None:
@@ -153,6 +160,7 @@ class ClaimBindings:
             if model not in seen:
                 self.phases.pop(model)
                 self._woken.pop(model, None)
+                self._woken_while_sleeping.discard(model)
                 self._unbind(model)
         self.fleet.claim_listing = listing
         if self.on_change is not None:
@@ -210,7 +218,8 @@ class ClaimBindings:
 
     async def _wake(self, claim: str, model: str) -> None:
         """Wake the claim's engine once it sleeps (see the module's docstring): until a wake is sent (or another
-        replica sends it), the claim stops saying Sleeping, or :data:`WAKE_WAIT_S` has passed."""
+        replica sends it, or the engine is up after one), the claim stops saying Sleeping, or :data:`WAKE_WAIT_S` has
+        passed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + WAKE_WAIT_S
         pause, longest = _WAKE_POLL_S
@@ -221,15 +230,19 @@ class ClaimBindings:
             pause = min(pause * 2, longest)
 
     async def _wake_sleep(self, claim: str, model: str) -> bool:
-        """Wake the engine's current sleep: True once a wake for it is sent (here, or by another replica); False
-        when the engine does not sleep (yet) or its agent refused the wake."""
+        """Wake the engine's current sleep: True once a wake for it is sent (here, or by another replica), or when
+        the engine is no longer asleep after one; False when the engine does not sleep yet or its agent refused the
+        wake."""
         target = await self.source.wake_target(claim)
         if target is None:
-            return False  # not asleep: not yet (the sleep is under way), or no longer
+            # not asleep: no longer (this replica saw its sleep woken while the claim said Sleeping; the status
+            # turns at the controller's next tick), or not yet (the sleep is under way)
+            return model in self._woken_while_sleeping
         key = f"{target.pod}:{target.model}:{target.sleep_id}"
         if self._woken.get(model) == key:
             return True  # this sleep was woken already; the engine is coming back
         self._woken[model] = key
+        self._woken_while_sleeping.add(model)
         if self.wake_lock is not None and not await self.wake_lock.first(key):
             return True  # another replica sends it
         self.wakes_sent += 1
@@ -239,6 +252,7 @@ class ClaimBindings:
             return True
         if self._woken.get(model) == key:
             del self._woken[model]  # not woken after all: sent again
+        self._woken_while_sleeping.discard(model)
         if self.wake_lock is not None:
             await self.wake_lock.release(key)
         return False
