@@ -41,6 +41,7 @@ PASS_THROUGH = {
     ("upstream/client.py", "code"),  # the connection's own UpstreamError, re-raised with the URL label
     ("upstream/http1.py", "code"),  # `code = "dns_error" if ... else "connect_refused"` just above
     ("gateway/dispatch.py", "reason.value"),  # NoRouteReason: read through no_route_error below
+    ("gateway/held_stream.py", "err.code"),  # a held stream's error event says the error it was answered (its code)
 }
 
 

@@ -294,7 +294,8 @@ class Limits(_Model):
         gt=0,
         le=MAX_CONNECT_S,
         description="a streamed Anthropic Messages answer gets a ping event each time the worker has sent nothing "
-        "(or nothing the client is sent) for this long",
+        "(or nothing the client is sent) for this long; a held stream (routing.hold_s) gets its headers after 1 s "
+        "held (or this, if less) and a keep-alive (a ping event, an SSE comment) every this long while it waits",
     )
 
 

@@ -14,10 +14,21 @@ from turnout.dialects.base import Dialect
 from turnout.dialects.streams import StreamWatch
 from turnout.errors import TurnoutError
 
-__all__ = ["ERROR_CODE", "MAX_UNAVAILABLE_RETRY_S", "Dialect", "error_frame", "error_response", "json_response"]
+__all__ = [
+    "ERROR",
+    "ERROR_CODE",
+    "MAX_UNAVAILABLE_RETRY_S",
+    "Dialect",
+    "error_frame",
+    "error_response",
+    "json_response",
+]
 
 # The ``code`` of an error answer, for the access log (:mod:`turnout.gateway.access`).
 ERROR_CODE: web.ResponseKey[str] = web.ResponseKey("access_error_code")
+# The error an error answer says (a held stream whose headers went out says it as its last event instead:
+# :mod:`turnout.gateway.held_stream`).
+ERROR: web.ResponseKey[TurnoutError] = web.ResponseKey("error")
 
 
 def json_response(obj: object, status: int = 200) -> web.Response:
@@ -40,6 +51,7 @@ def error_response(dialect: Dialect, err: TurnoutError) -> web.Response:
         status=err.status, body=api(dialect).error_body(err), content_type="application/json", headers=headers
     )
     response[ERROR_CODE] = err.code  # for the access log
+    response[ERROR] = err
     return response
 
 

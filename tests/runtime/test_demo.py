@@ -26,6 +26,7 @@ from turnout.core.demo import MODEL
 from turnout.dialects import CLIENT_APIS
 from turnout.dialects.base import Dialect
 from turnout.dialects.streams import StreamKind
+from turnout.gateway.keys import FLEET
 from turnout.runtime.agent import SUPERVISOR
 from turnout.runtime.demo_install import missing
 from turnout.wiring import DEMO
@@ -317,3 +318,27 @@ async def test_claude_codes_and_codexs_first_turns_are_held_while_the_demo_model
     kinds = [event.type async for event in stream]
     assert "response.output_text.delta" in kinds, kinds
     assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete"), kinds
+
+
+async def test_a_stream_held_while_the_demo_model_wakes_gets_its_headers_before_the_engine(
+    gateway: GatewayFactory,
+) -> None:
+    """The demo model asleep and a keep-alive every 0.1 s: a streamed chat request's status and headers go out while
+    the engine is still being woken (before, they came with its first token), keep-alives (SSE comments) while it
+    wakes, then the engine's whole answer on the same response, its Server-Timing with the hold in a comment first."""
+    gw = await gateway([{**DEMO_ENTRY, "sleep_after_s": 2}], limits={"stream_keepalive_s": 0.1})
+    await eventually(lambda: _phase_is(gw, "Sleeping"), f"{MODEL} asleep after 2 idle s", limit_s=180)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], **TEXT, "stream": True}
+    async with aiohttp.ClientSession() as http, http.post(gw.url + "/v1/chat/completions", json=body) as r:
+        bound = MODEL in gw.app[FLEET].bindings  # the woken engine's route, when its headers came
+        assert r.status == 200 and r.content_type == "text/event-stream", r.status
+        lines = (await r.read()).decode().splitlines()
+    assert not bound, "the stream's headers came only once the engine was up"
+    comments = [line[1:].strip() for line in lines if line.startswith(":")]
+    assert comments[0] == "keep-alive", comments
+    late = dict(c.split(": ", 1) for c in comments if ": " in c)
+    assert server_timing(late["Server-Timing"])["hold"] > 100, comments
+    frames = [line[5:].strip() for line in lines if line.startswith("data:")]
+    assert frames[-1] == "[DONE]", frames[-2:]
+    text = "".join(_chat_text(json.loads(f)) for f in frames[:-1])
+    assert text.strip(), frames

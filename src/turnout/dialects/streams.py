@@ -38,7 +38,17 @@ from typing import Any
 
 import orjson
 
-__all__ = ["MAX_LINE", "FrameError", "LineSplitter", "StreamKind", "StreamWatch", "keepalive", "parse_object"]
+__all__ = [
+    "MAX_LINE",
+    "SSE_COMMENT",
+    "FrameError",
+    "LineSplitter",
+    "StreamKind",
+    "StreamWatch",
+    "held_keepalive",
+    "keepalive",
+    "parse_object",
+]
 
 MAX_LINE = 4 << 20  # bytes; one SSE/NDJSON line longer than this ends the stream with an error frame
 _DONE = b"[DONE]"
@@ -121,9 +131,24 @@ ANTHROPIC_PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 ANTHROPIC_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 
 
+# An SSE comment: a line that begins with a colon, which every event-stream parser skips (WHATWG HTML, "Server-sent
+# events", interpreting an event stream; the OpenAI and Anthropic SDKs' decoders, Codex's eventsource parser).
+SSE_COMMENT = b": keep-alive\n\n"
+
+
 def keepalive(kind: StreamKind) -> bytes | None:
     """What a client's stream of this kind is sent while the worker is silent (None: nothing)."""
     return ANTHROPIC_PING if kind is StreamKind.ANTHROPIC else None
+
+
+def held_keepalive(kind: StreamKind) -> bytes | None:
+    """What a client's stream of this kind is sent while its request is held, before any event of its answer
+    (:mod:`turnout.gateway.held_stream`): Anthropic's ``ping`` event, an SSE comment for the other SSE kinds; None for
+    NDJSON, which has no line a client skips (Ollama's Go client, api/client.go ``stream``, and ollama-python,
+    ``_client.py``, decode every line as JSON and fail on an empty one)."""
+    if kind is StreamKind.NDJSON:
+        return None
+    return ANTHROPIC_PING if kind is StreamKind.ANTHROPIC else SSE_COMMENT
 
 
 @dataclass(slots=True)

@@ -102,6 +102,11 @@ async def _respond(
         response = _error(dialect, TurnoutError("internal error; see the gateway log"), request_id)
     finally:
         metrics.requests_in_flight -= 1
+        held = phases.held_stream
+        if held is not None:
+            held.close()
+    if held is not None and held.response is not None and response is not held.response:
+        response = await held.instead(response)  # a held stream's headers went out: it ends with an error event
     now = time.perf_counter()
     streamed = response.prepared  # a stream sent its headers already (the proxy's stream headers)
     if not streamed:

@@ -24,6 +24,8 @@ it.
 
 A client stream whose kind has a keep-alive (Anthropic's ``ping`` event, :func:`turnout.dialects.streams.keepalive`)
 gets one each time the worker has been silent, or sent nothing the client is sent, for ``limits.stream_keepalive_s``.
+A streamed call held for more than a second gets its headers and keep-alives while it waits, and its worker's stream
+then goes out on that response (:mod:`turnout.gateway.held_stream`).
 
 Streams are written chunk by chunk as they arrive. If the worker fails after the stream started,
 the client gets a final error frame in its dialect. A worker that cannot be reached is marked down
@@ -45,10 +47,9 @@ from aiohttp import web
 from turnout.config import Settings
 from turnout.core.admission import Priority
 from turnout.core.health import failure_reason
-from turnout.core.priority import HEADER as PRIORITY_HEADER
 from turnout.core.priority import engine_priority
 from turnout.core.signals import Reported, reported
-from turnout.dialects import NATIVE_HEADERS, api
+from turnout.dialects import CLIENT_APIS, NATIVE_HEADERS, api
 from turnout.dialects.base import (
     Call,
     Dialect,
@@ -59,20 +60,21 @@ from turnout.dialects.base import (
     Translation,
     TranslationError,
 )
-from turnout.dialects.streams import FrameError, StreamKind, StreamWatch, keepalive, parse_object
+from turnout.dialects.streams import FrameError, StreamKind, StreamWatch, held_keepalive, keepalive, parse_object
 from turnout.errors import BadRequest, TurnoutError, Unavailable, UpstreamError
 from turnout.fleet.claims import ClaimBindings
 from turnout.fleet.state import Fleet, WorkerState
-from turnout.gateway.access import PRIORITY, REQUEST_ID, ROUTE
+from turnout.gateway.access import ROUTE
 from turnout.gateway.accounting import Outcome
 from turnout.gateway.answers import WorkerAnswers, json_answer, raw_json
 from turnout.gateway.catalog import iso_time
 from turnout.gateway.dispatch import Ask, Dispatcher, Lease
+from turnout.gateway.held_stream import HeldStream, stream_headers
 from turnout.gateway.hold import HOLDABLE, hold_limit
 from turnout.gateway.inspection import COUNT_SOURCE, Inspector
 from turnout.gateway.learning import AnswerLearner
 from turnout.gateway.occupancy import Ticket
-from turnout.gateway.timing import PHASES, SERVER_TIMING, Phases, model_label, unrouted_label
+from turnout.gateway.timing import PHASES, Phases, model_label, unrouted_label
 from turnout.gateway.trace_context import passed_on
 from turnout.metrics import Metrics
 from turnout.responses import error_frame
@@ -91,7 +93,8 @@ _UNROUTABLE = frozenset({"no_healthy_worker", "no_workers", "model_not_found", "
 # client that leaves now cancels nothing); the rest of the worker's body is read in the background, for keep-alive,
 # for at most this long, and a worker still sending then loses the connection.
 _DRAIN_S = 1.0
-_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# What a held stream of each client dialect is sent while it waits (None: it gets nothing early; held_stream).
+_HELD_PINGS = {dialect: held_keepalive(client.stream_kind) for dialect, client in CLIENT_APIS.items()}
 EXPLAIN_HEADER = "X-Turnout-Route"  # routing.explain_header: "<worker>; <why>"
 ENGINE_PRIORITY_HEADER = "X-Vllm-Priority"  # vllm/entrypoints/generate/base/serving.py: read before the body's
 # The calls whose vLLM request has a ``priority`` field (vllm/entrypoints/openai/*/protocol.py,
@@ -137,6 +140,9 @@ class Proxy:
         if self.tracing is not None and isinstance(request, web.BaseRequest):  # (a Batch API line has no span)
             phases = request[PHASES]
             phases.span = self.tracing.begin(request, call, phases)
+        if call.stream and (ping := _HELD_PINGS.get(call.dialect)) is not None:  # its headers go early if held
+            keepalive_s = self.settings.limits.stream_keepalive_s
+            request[PHASES].held_stream = HeldStream(request, call, ping, keepalive_s)
         if call.endpoint is Endpoint.SHOW:
             return await self.inspector.show(call)
         if self.claims is not None and self.claims.claimed(call.model):
@@ -381,9 +387,14 @@ class Proxy:
             def fail(err: TurnoutError) -> bytes:
                 return error_frame(call.dialect, err, watch)
 
-            resp = web.StreamResponse(status=up.status, headers=self._stream_headers(request, call, lease))
-            resp.content_type = up.content_type
-            await resp.prepare(request)
+            headers = self._stream_headers(request, call, lease)
+            held = phases.held_stream
+            if held is None or held.response is None:
+                resp = web.StreamResponse(status=up.status, headers=headers)
+                resp.content_type = up.content_type
+                await resp.prepare(request)
+            else:  # its headers went out while it was held
+                resp = await held.take(headers)
             ping = keepalive(kind)
             idle = None if ping is None else self.settings.limits.stream_keepalive_s
             first: float | None = None
@@ -571,13 +582,19 @@ class Proxy:
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         worker = lease.worker
-        stream_headers = self._stream_headers(request, call, lease)
-        resp = web.StreamResponse(status=200, headers={**stream_headers, **headers} if headers else stream_headers)
-        resp.content_type = translation.content_type
-        await resp.prepare(request)
+        phases = request[PHASES]
+        head = self._stream_headers(request, call, lease)
+        if headers:
+            head = {**head, **headers}
+        held = phases.held_stream
+        if held is None or held.response is None:
+            resp = web.StreamResponse(status=200, headers=head)
+            resp.content_type = translation.content_type
+            await resp.prepare(request)
+        else:  # its headers went out while it was held
+            resp = await held.take(head)
         translator = translation.stream(call)
         watch = StreamWatch(translation.worker_stream, collect=True)
-        phases = request[PHASES]
 
         def fail(err: TurnoutError) -> bytes:
             return b"".join(translation.frame(obj) for obj in translator.fail(err))
@@ -709,7 +726,7 @@ class Proxy:
         )
 
     def _stream_headers(self, request: web.Request, call: Call, lease: Lease) -> dict[str, str]:
-        headers = _stream_headers(request, call)
+        headers = stream_headers(request, call)
         return {**headers, EXPLAIN_HEADER: _explained(lease)} if self._explain else headers
 
 
@@ -748,24 +765,6 @@ async def _cut_short(resp: web.StreamResponse, fail: Callable[[TurnoutError], by
     )
     with contextlib.suppress(Exception):
         await resp.write(fail(err))
-
-
-def _stream_headers(request: web.Request, call: Call) -> dict[str, str]:
-    """A stream's headers, sent before its body: its ``Server-Timing`` says what had ended by then (the queue, a
-    hold, the connect; :mod:`turnout.gateway.timing`), and is left out when nothing had."""
-    request_id = request.get(REQUEST_ID)
-    chosen = request.get(PRIORITY)
-    said = chosen is not None and chosen.asked is not None  # the request named a class: the answer names its own
-    timing = request[PHASES].header(None)
-    headers = {**_STREAM_HEADERS, SERVER_TIMING: timing} if timing else dict(_STREAM_HEADERS)
-    if call.fallback_from is not None:
-        headers["X-Fallback-From"] = call.fallback_from
-    if request_id is not None:
-        headers["request-id"] = request_id
-    if said:
-        assert chosen is not None
-        headers[PRIORITY_HEADER] = chosen.priority.value
-    return headers
 
 
 def _streaming(call: Call, up: UpstreamResponse) -> bool:

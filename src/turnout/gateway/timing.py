@@ -37,7 +37,10 @@ metrics):``, or ``begin()`` and ``end()`` where the wait spans loop turns), ``ph
 app's. Its span is the ``hold`` phase (the header, the access line's ``hold=``, the ``hold`` histogram, an event of
 the call's span), and while it runs the request counts in ``turnout_held_requests``. A hold inside
 ``Dispatcher.acquire`` is taken out of the ``queue`` phase (:meth:`Phases.queued`); one in ``Dispatcher.hold``,
-before the request asks for a slot, counts as ``hold`` only.
+before the request asks for a slot, counts as ``hold`` only. A streamed call's hold also tells its
+:attr:`Phases.held_stream`, whose headers go out while it is still held (:mod:`turnout.gateway.held_stream`): their
+``Server-Timing`` has only the phases ended by then (none, or ``queue``), and the whole one comes as an SSE comment
+before the answer's first event.
 """
 
 from __future__ import annotations
@@ -59,7 +62,16 @@ if TYPE_CHECKING:
     from turnout.gateway.accounting import Outcome
     from turnout.metrics import Metrics
 
-__all__ = ["PHASES", "SERVER_TIMING", "CallTrace", "Holding", "Phases", "model_label", "unrouted_label"]
+__all__ = [
+    "PHASES",
+    "SERVER_TIMING",
+    "CallTrace",
+    "HeldStreamHook",
+    "Holding",
+    "Phases",
+    "model_label",
+    "unrouted_label",
+]
 
 SERVER_TIMING = istr("Server-Timing")  # (a header name as aiohttp's own: set without folding its case again)
 
@@ -86,6 +98,8 @@ class Phases:
     model: str | None = None
     worker: str | None = None
     span: CallTrace | None = None  # its trace, while tracing is on (turnout.gateway.tracing)
+    # a streamed call whose stream may go out early while it is held (turnout.gateway.held_stream); told of its holds
+    held_stream: HeldStreamHook | None = None
 
     def __init__(self, started: float) -> None:
         self.started = started
@@ -164,6 +178,24 @@ class Phases:
         return out
 
 
+class HeldStreamHook(Protocol):
+    """A streamed call's stream, which goes out early while the call is held
+    (:class:`turnout.gateway.held_stream.HeldStream`): :class:`Holding` tells it when a hold begins and ends, the
+    proxy takes its response for the worker's stream, and the request frame ends it."""
+
+    response: web.StreamResponse | None  # once its headers went out (or are going)
+
+    def held(self) -> None: ...
+
+    def released(self) -> None: ...
+
+    async def take(self, headers: dict[str, str]) -> web.StreamResponse: ...
+
+    async def instead(self, answer: web.StreamResponse) -> web.StreamResponse: ...
+
+    def close(self) -> None: ...
+
+
 class CallTrace(Protocol):
     """A proxied call's trace (:class:`turnout.gateway.tracing.Traced`): the proxy and the frame tell it what
     happens; it makes the spans."""
@@ -195,13 +227,19 @@ class Holding:
     def begin(self) -> Holding:
         self.metrics.requests_held += 1
         self.started = time.perf_counter()
+        phases = self.phases
+        if phases is not None and phases.held_stream is not None:
+            phases.held_stream.held()
         return self
 
     def end(self) -> None:
         """The wait is over (call once)."""
         self.metrics.requests_held -= 1
-        if self.phases is not None:
-            self.phases.held(self.started, time.perf_counter())
+        phases = self.phases
+        if phases is not None:
+            phases.held(self.started, time.perf_counter())
+            if phases.held_stream is not None:
+                phases.held_stream.released()
 
     def __enter__(self) -> Holding:
         return self.begin()
