@@ -48,6 +48,41 @@ async def test_a_restarting_worker_is_waited_for(emulator: EmulatorFactory, gate
     assert timing["hold"] >= 500 and timing["queue"] < timing["hold"], timing
 
 
+async def test_requests_behind_a_held_one_are_held_alike(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
+    """Three requests while the only worker restarts: the first is held, and those queued behind it are held too,
+    up to hold_s and not the queue's shorter timeout, each in the hold phase (they were waits of the queue, answered
+    503 saturated after queue_timeout_s)."""
+    emu = await emulator("a", ["m:1"])
+    gw = await gateway(
+        [worker("a", emu.url)],
+        routing={"hold_s": 30, "queue_timeout_s": 0.5},
+        health={"interval_s": 0.2, "timeout_s": 1},
+    )
+    state = gw.app[FLEET].workers["a"]
+    port = emu.port
+    await emu.stop()
+
+    async def down() -> bool:
+        return not state.healthy
+
+    await eventually(down, "the worker seen down", limit_s=10)
+    async with aiohttp.ClientSession() as http:
+        asked = [asyncio.ensure_future(http.post(f"{gw.url}/api/chat", json=BODY)) for _ in range(3)]
+
+        async def all_held() -> bool:
+            return gw.app[METRICS].requests_held == 3
+
+        await eventually(all_held, "three requests held", limit_s=10)
+        await asyncio.sleep(1.0)  # past the queue's timeout
+        assert not any(a.done() for a in asked)
+        await emu.start(port)
+        for a in asked:
+            async with await a as r:
+                assert r.status == 200, await r.text()
+                assert server_timing(r.headers["Server-Timing"])["hold"] >= 1000
+    assert gw.app[METRICS].requests_held == 0 and gw.app[DISPATCHER].waiting == 0
+
+
 async def test_a_worker_never_seen_healthy_is_not_waited_for(
     emulator: EmulatorFactory, gateway: GatewayFactory
 ) -> None:

@@ -222,7 +222,12 @@ class Dispatcher:
                     if holding is None:
                         holding = Holding(phases, self.metrics).begin()
                 else:
-                    if holding is not None:  # a worker is back: any further wait is the queue's
+                    if lease is None and loop.time() < held_until and self._all_coming_back(model):
+                        # behind requests held for the same workers (they are "ahead"): held alike
+                        deadline = held_until
+                        if holding is None:
+                            holding = Holding(phases, self.metrics).begin()
+                    elif holding is not None:  # a worker is back: any further wait is the queue's
                         holding.end()
                         holding = None
                 if lease is not None:
@@ -284,6 +289,10 @@ class Dispatcher:
             self.occupancy.leave(ticket)
             raise
         return ticket
+
+    def _all_coming_back(self, model: str) -> bool:
+        """No candidate for ``model`` is healthy, and one is coming back (:meth:`_coming_back`)."""
+        return not any(s.healthy for s in self.fleet.candidates(model)) and self._coming_back(model)
 
     def _coming_back(self, model: str) -> bool:
         """A candidate for ``model`` is down but was healthy within :data:`RECENTLY_S` (a restart): worth a wait."""
