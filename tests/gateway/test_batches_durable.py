@@ -213,6 +213,22 @@ def test_a_replicas_death_hands_the_batch_to_another_postgresql_redis_lease(
         replicas_killed_twice(engine, tmp_path, database, redis_url)
 
 
+def runner(replicas: list[Gateway], database: str, batch_id: str, in_redis: bool, limit_s: float = 60) -> Gateway:
+    """The live replica that runs the batch. Just after a kill the SQL lease still names the dead one until another
+    takes the batch over (the batch may already be past the next kill's line count by then)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if in_redis:  # the lease is in Redis: the replica that says it runs the batch (each has its own log)
+            found = [g for g in replicas if f"running batch {batch_id}" in g.log.read_text()]
+        else:
+            pid = runner_pid(database, batch_id)
+            found = [g for g in replicas if g.proc.pid == pid]
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no live replica took batch {batch_id} over in {limit_s} s")
+
+
 def replicas_killed_twice(engine: Engine, tmp_path: Path, database: str, redis_url: str | None) -> None:
     """Two replicas on one store; the one running the batch is killed, twice (a new replica starts each time)."""
     storage: dict[str, Any] = {}
@@ -226,11 +242,7 @@ def replicas_killed_twice(engine: Engine, tmp_path: Path, database: str, redis_u
         batch_id = submit(replicas[0].url, key)
         for kill, at in enumerate((LINES // 5, 2 * LINES // 5)):
             wait_for(replicas[0].url, key, batch_id, at)
-            if redis_url is None:
-                pid = runner_pid(database, batch_id)
-            else:  # the lease is in Redis: the replica that says it runs the batch (each replica has its own log)
-                pid = next(g.proc.pid for g in replicas if f"running batch {batch_id}" in g.log.read_text())
-            running = next(g for g in replicas if g.proc.pid == pid)
+            running = runner(replicas, database, batch_id, redis_url is not None)
             running.kill()
             replicas.remove(running)
             replicas.append(Gateway(config, free_port(), tmp_path / f"replica{kill + 2}.log"))

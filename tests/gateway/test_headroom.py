@@ -194,4 +194,4 @@ async def test_a_batch_request_takes_another_worker_when_the_first_choice_has_no
         first_route, first_took = await first
     assert first_route.startswith(holder)
     assert not route.startswith(holder), route  # the other worker, not a wait for the holder's batch slot
-    assert took < first_took, (took, first_took)
+    assert took < first_took + 1.0, (took, first_took)  # its own 2 s, not the holder's answer first (4 s)
