@@ -16,7 +16,10 @@ assistant's turns are fixed texts, so that every router is sent the same prompts
 flight (a conversation's next turn is sent when its last one is answered). Two scenarios: `spread` (equal
 groups) and `hot` (one group has `--hot-sessions` conversations, the others one each: over 70 % of the traffic).
 
-The routers, each run on the same requests, interleaved (round after round, each router's pass in turn, the
+New conversations each round and scenario (``--replay``: the same ones every round, as this bench ran until
+2026-12-05: a gateway's index then remembers where each conversation went the round before, a placement plan no
+real workload hands it, so every round after the first flattered the gateways). The routers, each run on the same
+requests, interleaved (round after round, each router's pass in turn, the
 order rotating) so that the machine's drift falls on all alike; before each pass every engine's slots are erased,
 so each pass starts cold (Turnout runs through the whole run, as a gateway does: what it learned it keeps, and its
 prefix index is not told of the erasures, as it is not told of other clients' prompts; before the first round each
@@ -366,6 +369,12 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--system-words", type=int, default=260, help="words of each system prompt (~1.3 tokens)")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--scenarios", default="spread,hot")
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="the same conversations every round (a gateway's prefix index then remembers where each one went the "
+        "round before, although the engines' slots were erased: a plan no real workload hands it)",
+    )
     parser.add_argument("--routers", default="turnout,declared,oracle,round-robin")
     parser.add_argument("--processes", type=int, default=1, help="turnout serve --workers N")
     parser.add_argument("--replicas", type=int, default=0, help="N replicas behind nginx, as the router 'replicas'")
@@ -438,7 +447,10 @@ def main() -> None:
         for round_ in range(args.rounds):
             for scenario in scenarios:
                 groups = shapes[scenario]
-                convos = conversations(groups, args.turns, args.system_words)
+                # new conversations (and system prompts) each round and scenario, the same for every router within
+                # it: a gateway's prefix index would otherwise remember them from the round before (--replay)
+                seed = 7 if args.replay else 7 + 100 * round_ + scenarios.index(scenario)
+                convos = conversations(groups, args.turns, args.system_words, seed=seed)
                 placement = oracle_placement(groups, len(engines))
                 order = routers[round_ % len(routers) :] + routers[: round_ % len(routers)]
                 for router in order:
