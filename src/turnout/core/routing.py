@@ -67,6 +67,7 @@ ALLOW_ALL = PlacementRules()  # no rules: every model allowed
 
 __all__ = [
     "DEFAULT_GUARD",
+    "NO_BACKLOG",
     "Backlog",
     "Candidate",
     "Capacity",
@@ -137,6 +138,9 @@ class Backlog(NamedTuple):
     work_s: float
     ranked: int
     busy_s: float
+
+
+NO_BACKLOG = Backlog(0.0, 0, 0.0)
 
 
 class WorkerView(NamedTuple):

@@ -33,7 +33,7 @@ from turnout.core.names import lookup
 from turnout.core.parallelism import Evidence, Parallelism, Span, depth, effective, waited
 from turnout.core.placement import PlacementRules
 from turnout.core.prefix import BYTES_PER_TOKEN, Match, PrefixIndex, Prompt
-from turnout.core.routing import Backlog, WorkerView
+from turnout.core.routing import NO_BACKLOG, Backlog, WorkerView
 from turnout.core.signals import Sample, pool, smooth, speeds
 from turnout.dialects.base import WorkerAPI
 from turnout.state.placement_store import PlacementStore
@@ -147,11 +147,7 @@ class WorkerState:
     loaded: frozenset[str] = frozenset()
     ps: list[dict[str, Any]] = field(default_factory=list)  # raw /api/ps entries
     in_flight: int = 0
-    # of those, the ones ranked here with an expected work, and that work's sum (the router's wait estimate)
-    ranked_in_flight: int = 0
-    backlog_s: float = 0.0
     completed: int = 0  # requests finished here (success or not), for idle detection
-    sent_at: list[float] = field(default_factory=list)  # when each request in flight here was sent, oldest first
     # what the engine says of itself: its family by its model listing (``llamacpp``, ``vllm``, ``sglang``), its
     # llama.cpp ``GET /props`` as the poller last read it (None: not read, or not a llama.cpp server: its slots,
     # modalities and chat template capabilities), and the parallelism read from either
@@ -510,8 +506,8 @@ class Fleet:
         with ``prompt``, what each is expected to hold of it (``matches``: as the occupancy's keeper found it; else
         its own prefix index and the client's session). ``in_flight``: every gateway's requests in flight per worker
         (else this process's); ``backlogs``: what every gateway's requests in flight per worker are expected to take
-        (else this process's). Learned figures are read only when there is more than one candidate (there is
-        nothing to compare otherwise)."""
+        (the occupancy's keeper's; none: nothing ranked). Learned figures are read only when there is more than one
+        candidate (there is nothing to compare otherwise)."""
         if candidates is None:
             candidates = self.candidates(model)
         choice = len(candidates) > 1
@@ -550,10 +546,9 @@ class Fleet:
                     match = matches.get(state.name) if matches is not None else None
                     if match is None and matches is None:
                         match = state.prefix.match(prompt, now, prefix_ttl_s, slots)
-                backlog = None if backlogs is None else backlogs.get(state.name)
-                if backlog is None:
-                    busy_s = now - state.sent_at[0] if state.sent_at else 0.0
-                    backlog = Backlog(state.backlog_s, state.ranked_in_flight, busy_s)
+                # what its requests in flight are expected to take, as the occupancy's keeper counts them (none
+                # given: a view for placement or metadata, which prices each in flight at the learned service time)
+                backlog = NO_BACKLOG if backlogs is None else backlogs.get(state.name, NO_BACKLOG)
                 view = view._replace(
                     busy_s=backlog.busy_s,
                     prefill_rate=prefill,

@@ -109,7 +109,6 @@ class Lease:
     prompt: Prompt | None = None  # as recorded in its prefix index (None: no choice, or no prompt)
     share: float = 0.0  # of the prompt it was expected to hold
     queued: bool = False  # all its slots were busy when this was sent: the engine queues it
-    work: float = 0.0  # its expected work on the worker (in the worker's backlog while it runs)
     # monotonic (loop) times: sent, and the engine seen working on it (first and last bytes of its answer's stream,
     # or the span its own timings give); they teach the worker's parallelism (:meth:`WorkerState.ran`)
     sent_at: float = 0.0
@@ -455,9 +454,6 @@ class Dispatcher:
         lease.choice = True
         slots = worker.parallelism(lease.requested, now).slots
         lease.queued = slots is not None and worker.in_flight > slots
-        lease.work = decision.best.work
-        worker.ranked_in_flight += 1
-        worker.backlog_s += lease.work
         if prompt is None:
             return
         lease.prompt = prompt
@@ -469,17 +465,12 @@ class Dispatcher:
     def _take(self, worker: WorkerState, upstream_model: str, grant: Grant) -> Lease:
         worker.in_flight += 1
         now = time.monotonic()
-        worker.sent_at.append(now)
         return Lease(worker, upstream_model, grant.model, grant.tenant, self, grant=grant, sent_at=now)
 
     def _release(self, lease: Lease) -> None:
         worker = lease.worker
-        worker.sent_at.remove(lease.sent_at)
         if lease.first_at is not None:
             worker.ran(lease.requested, Span(lease.sent_at, lease.first_at, lease.last_at), time.monotonic())
-        if lease.choice:
-            worker.ranked_in_flight -= 1
-            worker.backlog_s = max(worker.backlog_s - lease.work, 0.0) if worker.ranked_in_flight else 0.0
         worker.in_flight -= 1
         worker.completed += 1
         if lease.grant is not None:

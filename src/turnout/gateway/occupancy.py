@@ -33,9 +33,7 @@ from typing import NamedTuple, Protocol
 
 from turnout.core.admission import Caps, Counts, Priority, Waiter, fair_tag, first, queue_score, refusal
 from turnout.core.prefix import Match, Prompt
-from turnout.core.routing import Backlog
-
-NO_BACKLOG = Backlog(0.0, 0, 0.0)
+from turnout.core.routing import NO_BACKLOG, Backlog
 
 __all__ = ["Grant", "Held", "LocalOccupancy", "Occupancy", "Ticket", "woken"]
 
