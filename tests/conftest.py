@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import ollama
 import openai
@@ -35,6 +35,9 @@ from turnout.wiring import create_app
 
 ADMIN_TOKEN = "test-admin-token"
 _SESSION = leftovers.mark_session()  # everything the tests start carries it (tests/support/leftovers.py)
+
+if TYPE_CHECKING:
+    from tests.support.otlp_collector import Collector
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -447,3 +450,14 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         return
     with fresh_postgres_database(request.getfixturevalue("postgres_url")) as url:
         yield url
+
+
+@pytest.fixture
+async def collector() -> AsyncIterator[Collector]:
+    """An OTLP/HTTP trace collector on loopback (tests.support.otlp_collector), stopped after the test."""
+    from tests.support.otlp_collector import Collector
+
+    c = Collector()
+    await c.start()
+    yield c
+    await c.stop()

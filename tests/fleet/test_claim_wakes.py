@@ -128,16 +128,22 @@ async def test_a_claim_that_stops_saying_sleeping_is_not_woken() -> None:
     assert source.agents.wakes == [] and claims.wakes_sent == 0
 
 
-async def test_a_wake_after_the_engine_woke_ends_at_its_first_look() -> None:
-    """The status still says Sleeping (no controller tick yet) while the engine boots from the wake this replica
-    sent: a retry's wake task looks once and is done, instead of asking the agent until the status turns or
-    WAKE_WAIT_S (60 s) passes. A new sleep (the claim Active, then Sleeping again) is woken again."""
+async def woken_once() -> tuple[Waking, ClaimBindings]:
+    """A scripted source whose claim "alpha" sleeps, and the bindings, after the wake a first refusal sent."""
     source = Waking()
     fleet = Fleet(Settings(), PlacementStore(Path("/nonexistent/model-placement.json")))
     claims = ClaimBindings(fleet, source, 1.0)  # type: ignore[arg-type]  # scripted source
     claims.sync()
     claims.refusal("alpha")
     await asyncio.wait_for(claims._wakes["alpha"], 10)
+    return source, claims
+
+
+async def test_a_wake_after_the_engine_woke_ends_at_its_first_look() -> None:
+    """The status still says Sleeping (no controller tick yet) while the engine boots from the wake this replica
+    sent: a retry's wake task looks once and is done, instead of asking the agent until the status turns or
+    WAKE_WAIT_S (60 s) passes. A new sleep (the claim Active, then Sleeping again) is woken again."""
+    source, claims = await woken_once()
     assert claims.wakes_sent == 1 and source.looks == 1
     for retry in range(3):
         claims.refusal("alpha")  # still Sleeping: the engine is up, or on its way
@@ -157,12 +163,7 @@ async def test_a_wake_after_the_engine_woke_ends_at_its_first_look() -> None:
 async def test_after_the_claim_was_active_a_wake_waits_for_the_next_sleep() -> None:
     """The claim turns Sleeping again before its engine sleeps (the pool policy takes the route first): the earlier
     wake does not count for this sleep; the task waits for it and wakes it."""
-    source = Waking()
-    fleet = Fleet(Settings(), PlacementStore(Path("/nonexistent/model-placement.json")))
-    claims = ClaimBindings(fleet, source, 1.0)  # type: ignore[arg-type]  # scripted source
-    claims.sync()
-    claims.refusal("alpha")
-    await asyncio.wait_for(claims._wakes["alpha"], 10)
+    source, claims = await woken_once()
     source.phase = ClaimPhase.ACTIVE
     claims.sync()
     source.phase = ClaimPhase.SLEEPING  # the route taken away; the engine still awake

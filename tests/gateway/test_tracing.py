@@ -5,12 +5,10 @@ collector that hangs or is away costing the requests nothing."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-import pytest
 
 from tests.conftest import EmulatorFactory, Engine, GatewayFactory, eventually, free_port, worker
 from tests.support.otlp_collector import Collector, Span
@@ -20,14 +18,6 @@ TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
 TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 6}
-
-
-@pytest.fixture
-async def collector() -> AsyncIterator[Collector]:
-    c = Collector()
-    await c.start()
-    yield c
-    await c.stop()
 
 
 def _telemetry(url: str, **extra: Any) -> dict[str, Any]:

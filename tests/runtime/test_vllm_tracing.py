@@ -10,7 +10,7 @@ import os
 import subprocess
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -22,14 +22,6 @@ from tests.support.otlp_collector import Collector
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
-
-
-@pytest.fixture
-async def collector() -> AsyncIterator[Collector]:
-    c = Collector()
-    await c.start()
-    yield c
-    await c.stop()
 
 
 @pytest.fixture
