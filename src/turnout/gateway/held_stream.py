@@ -38,10 +38,10 @@ from turnout.dialects import worker_error_message
 from turnout.dialects.base import Call
 from turnout.errors import TurnoutError, UpstreamError
 from turnout.gateway.access import PRIORITY, REQUEST_ID
-from turnout.gateway.timing import PHASES, SERVER_TIMING
+from turnout.gateway.timing import PHASES, SERVER_TIMING, HeldStreamHook
 from turnout.responses import ERROR, ERROR_CODE, error_frame
 
-__all__ = ["EARLY_S", "HeldStream", "stream_headers"]
+__all__ = ["EARLY_S", "HeldStream", "open_stream", "stream_headers"]
 
 EARLY_S = 1.0  # a hold shorter than this sends nothing early (see the module's docstring)
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -138,6 +138,19 @@ class HeldStream:
                     return
         except ConnectionError:
             return  # the client left: the request finds out on its next write, or is cancelled
+
+
+async def open_stream(
+    request: web.Request, held: HeldStreamHook | None, status: int, headers: dict[str, str], content_type: str
+) -> web.StreamResponse:
+    """The client's stream for the worker's answer: the one whose headers went out while it was held (``headers``
+    said late, :meth:`HeldStream.take`), else a new one, prepared now."""
+    if held is not None and held.response is not None:
+        return await held.take(headers)
+    response = web.StreamResponse(status=status, headers=headers)
+    response.content_type = content_type
+    await response.prepare(request)
+    return response
 
 
 async def _rest(stop: asyncio.Event, seconds: float) -> bool:

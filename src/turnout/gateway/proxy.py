@@ -69,7 +69,7 @@ from turnout.gateway.accounting import Outcome
 from turnout.gateway.answers import WorkerAnswers, json_answer, raw_json
 from turnout.gateway.catalog import iso_time
 from turnout.gateway.dispatch import Ask, Dispatcher, Lease
-from turnout.gateway.held_stream import HeldStream, stream_headers
+from turnout.gateway.held_stream import HeldStream, open_stream, stream_headers
 from turnout.gateway.hold import HOLDABLE, hold_limit
 from turnout.gateway.inspection import COUNT_SOURCE, Inspector
 from turnout.gateway.learning import AnswerLearner
@@ -388,13 +388,7 @@ class Proxy:
                 return error_frame(call.dialect, err, watch)
 
             headers = self._stream_headers(request, call, lease)
-            held = phases.held_stream
-            if held is None or held.response is None:
-                resp = web.StreamResponse(status=up.status, headers=headers)
-                resp.content_type = up.content_type
-                await resp.prepare(request)
-            else:  # its headers went out while it was held
-                resp = await held.take(headers)
+            resp = await open_stream(request, phases.held_stream, up.status, headers, up.content_type)
             ping = keepalive(kind)
             idle = None if ping is None else self.settings.limits.stream_keepalive_s
             first: float | None = None
@@ -586,13 +580,7 @@ class Proxy:
         head = self._stream_headers(request, call, lease)
         if headers:
             head = {**head, **headers}
-        held = phases.held_stream
-        if held is None or held.response is None:
-            resp = web.StreamResponse(status=200, headers=head)
-            resp.content_type = translation.content_type
-            await resp.prepare(request)
-        else:  # its headers went out while it was held
-            resp = await held.take(head)
+        resp = await open_stream(request, phases.held_stream, 200, head, translation.content_type)
         translator = translation.stream(call)
         watch = StreamWatch(translation.worker_stream, collect=True)
 
