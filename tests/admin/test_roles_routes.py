@@ -27,7 +27,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("GET", "/admin/"): "*",
     ("POST", "/admin/signin"): "*",
     ("POST", "/admin/lang"): "*",
-    ("GET", "/admin/static"): "*",
+    ("GET", "/admin/static/{filename}"): "*",
     ("GET", "/admin/oidc/start"): "*",
     ("GET", "/admin/oidc/callback"): "*",
     ("POST", "/admin/signout"): "VOAT",
@@ -112,6 +112,7 @@ VALUES = {
     "token": "999999",
     "tail": "no-such-page",
     "batch_id": "batch_none",
+    "filename": "ui.css",
 }
 
 
@@ -131,7 +132,7 @@ def concrete(template: str) -> str:
     path = template
     for name, value in VALUES.items():
         path = path.replace("{" + name + "}", value)
-    return path + ("/ui.css" if template == "/admin/static" else "")
+    return path
 
 
 @pytest.fixture

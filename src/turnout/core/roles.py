@@ -189,7 +189,7 @@ def _rules() -> dict[tuple[str, str], Rule]:
         ("GET", "/admin/"): PUBLIC,
         ("POST", "/admin/signin"): PUBLIC,
         ("POST", "/admin/lang"): PUBLIC,
-        ("GET", "/admin/static"): PUBLIC,
+        ("GET", "/admin/static/{filename}"): PUBLIC,
         ("GET", "/admin/oidc/start"): PUBLIC,
         ("GET", "/admin/oidc/callback"): PUBLIC,
         ("POST", "/admin/signout"): SIGNED_IN,

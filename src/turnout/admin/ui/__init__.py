@@ -9,6 +9,7 @@ rule is decided twice. See ``docs/ui.md`` for how a page is added.
 - :mod:`.sessions`: browser sessions in the SQL store
 - :mod:`.sso`: single sign-on (OpenID Connect); :mod:`.people_page`: the Account and People pages
 - :mod:`.i18n`: message catalogs (English, German)
+- :mod:`.assets`: the static assets, served from memory
 - :mod:`.render`: the Jinja2 environment, ``@page`` and ``render()``
 - :mod:`.signin`, :mod:`.overview`, :mod:`.placement`: the pages
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from turnout.admin.oidc import OidcClient
+from turnout.admin.ui.assets import add_asset_route
 from turnout.admin.ui.gate import check_admin
 from turnout.admin.ui.operator_pages import add_operator_pages
 from turnout.admin.ui.overview import add_overview_routes
@@ -41,7 +43,7 @@ def add_ui_routes(app: web.Application) -> None:
         app[DATABASE], idle_s=settings.auth.session_idle_s, max_age_s=settings.auth.session_max_s
     )
     app.on_response_prepare.append(add_security_headers)
-    app.router.add_static("/admin/static/", STATIC, name="ui.static", append_version=True)
+    add_asset_route(app, STATIC)
     add_signin_routes(app)
     if settings.auth.oidc is not None:
         add_sso_routes(app, OidcClient(settings.auth.oidc, settings.oidc_client_secret))

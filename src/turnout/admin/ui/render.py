@@ -20,6 +20,7 @@ import jinja2
 from aiohttp import web
 
 from turnout.admin.changes import PRINCIPAL
+from turnout.admin.ui.assets import ASSETS
 from turnout.admin.ui.i18n import COOKIE, LANGUAGES, Catalogs, pick_language
 from turnout.admin.ui.security import cached_session, check_csrf, current_session, session_principal
 from turnout.admin.ui.sessions import Session
@@ -83,15 +84,6 @@ class Ui:
             lstrip_blocks=True,
         )
     )
-    _static_urls: dict[str, str] = field(default_factory=dict)
-
-    def static_url(self, app: web.Application, filename: str) -> str:
-        """``/admin/static/<file>?v=<content hash>`` (computed once per file: reading it costs)."""
-        url = self._static_urls.get(filename)
-        if url is None:
-            url = str(app.router["ui.static"].url_for(filename=filename))
-            self._static_urls[filename] = url
-        return url
 
 
 UI: web.AppKey[Ui] = web.AppKey("ui")
@@ -154,7 +146,7 @@ def _context(request: web.Request, active: str | None, extra: Mapping[str, Any])
         "nav": nav,
         "page": active,
         "path": request.path_qs,
-        "static": lambda filename: ui.static_url(request.app, filename),
+        "static": request.app[ASSETS].url,
         **extra,
     }
 
