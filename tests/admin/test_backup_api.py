@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import threading
 import zipfile
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -213,3 +216,31 @@ async def test_a_restored_secret_key_needs_a_restart(gw: Gateway) -> None:
     assert body["secret_key_changed"] is True and body["restart_required"] is True
     assert any("secret.key" in reason for reason in body["restart_reasons"])
     assert key_file.read_bytes() == original and oct(key_file.stat().st_mode & 0o777) == "0o600"
+
+
+async def test_a_download_cancelled_while_its_file_opens_closes_the_file(tmp_path, monkeypatch) -> None:
+    """The open runs in a thread and cannot be cancelled: when the client leaves during it, the file it opened
+    is closed once the thread is done, not dropped unclosed (a ResourceWarning, and an fd until collected)."""
+    path = tmp_path / "backup.zip"
+    path.write_bytes(b"zip")
+    opened: list[Any] = []
+    release = threading.Event()
+    real_open = Path.open
+
+    def slow_open(self: Path, *args: Any, **kwargs: Any) -> Any:
+        release.wait(10)
+        opened.append(real_open(self, *args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(Path, "open", slow_open)
+    task = asyncio.ensure_future(backup_api._open_for_reading(path))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(200):  # bounded: the thread's result reaches the loop within a few iterations
+        if opened and opened[0].closed:
+            break
+        await asyncio.sleep(0.01)
+    assert opened and opened[0].closed

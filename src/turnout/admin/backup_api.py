@@ -68,6 +68,22 @@ async def list_persistence(request: web.Request) -> web.Response:
     return json_response({"data_dir": str(paths.data_dir), "store": paths.store, "entries": entries})
 
 
+async def _open_for_reading(path: Path) -> IO[bytes]:
+    """Open in a worker thread; a cancel during the open (the client left) closes the file once it is open,
+    instead of dropping it unclosed."""
+    opening = asyncio.ensure_future(asyncio.to_thread(path.open, "rb"))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_result)
+        raise
+
+
+def _close_result(opened: asyncio.Future[IO[bytes]]) -> None:
+    if not opened.cancelled() and opened.exception() is None:
+        opened.result().close()
+
+
 async def download_backup(request: web.Request) -> web.StreamResponse:
     query = parse_input(BackupQuery, request.query)
     settings = request.app[SETTINGS]
@@ -82,7 +98,7 @@ async def download_backup(request: web.Request) -> web.StreamResponse:
             )
         except BackupError as exc:
             raise TurnoutError(f"the backup could not be made: {exc}", code="backup_failed") from None
-        handle = await asyncio.to_thread(created.path.open, "rb")
+        handle = await _open_for_reading(created.path)
     finally:  # the open handle keeps the file readable; nothing is left in the data dir, however the send ends
         await asyncio.to_thread(shutil.rmtree, workdir, True)
     with handle:
