@@ -71,7 +71,7 @@ async def list_persistence(request: web.Request) -> web.Response:
 async def _open_for_reading(path: Path) -> IO[bytes]:
     """Open in a worker thread; a cancel during the open (the client left) closes the file once it is open,
     instead of dropping it unclosed."""
-    opening = asyncio.ensure_future(asyncio.to_thread(path.open, "rb"))
+    opening: asyncio.Future[IO[bytes]] = asyncio.ensure_future(asyncio.to_thread(path.open, "rb"))
     try:
         return await asyncio.shield(opening)
     except asyncio.CancelledError:
