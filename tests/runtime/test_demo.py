@@ -181,6 +181,12 @@ async def test_the_demo_model_answers_on_every_route_of_every_client_api(gateway
         for path in ("/api/ps", "/api/version"):
             async with http.get(gw.url + path) as r:
                 assert r.status == 200, path
+        # what a request that sets no sampling (Claude Code's, the banner's curl) gets: the model card's, not
+        # llama-server's 0.8, at which the small model rambles for thousands of tokens
+        engine = str(gw.app[FLEET].bindings[MODEL].config.url).rstrip("/")
+        async with http.get(f"{engine}/props") as r:
+            params = (await r.json())["default_generation_settings"]["params"]
+        assert (round(params["temperature"], 3), round(params["top_p"], 3)) == (0.2, 0.9), params
 
 
 CLAUDE_CODE_FIRST = (

@@ -43,7 +43,10 @@ CONTEXT = 8192  # SmolLM2-135M-Instruct's trained context (its GGUF's llama.cont
 # 1,024 tokens when the request sets no max_tokens (the banner's curl sets none; without this a rambling answer of
 # the small model runs until the context is full, minutes on one thread; a request's own max_tokens still wins);
 # embeddings on, mean-pooled (the model has no pooling of its own: one vector per input on /v1/embeddings, as an
-# embedding model would give; chat keeps working).
+# embedding model would give; chat keeps working); the sampling of the model card's example (HuggingFaceTB/
+# SmolLM2-135M-Instruct: temperature 0.2, top_p 0.9) for requests that set none, as Claude Code's and the banner's
+# curl do: at llama-server's own 0.8 the small model rambles, one question running to thousands of tokens (a
+# request's own temperature and top_p still win).
 ENGINE_ARGS = {
     "--threads": "1",
     "--threads-batch": "1",
@@ -53,6 +56,8 @@ ENGINE_ARGS = {
     "--predict": "1024",
     "--embedding": "",
     "--pooling": "mean",
+    "--temp": "0.2",
+    "--top-p": "0.9",
 }
 
 
