@@ -1,5 +1,6 @@
 """The occupancy's keepers follow one set of rules (turnout.core.admission, turnout.core.prefix.match_of): the same
-tables run against the memory keeper and against Redis (a real redis-server), then what only Redis does: leases that
+tables run against the memory keeper, the supervisor's (``serve --workers N``: asked over its wire format) and Redis
+(a real redis-server), then what only Redis does: leases that
 expire with their replica, a waiter on one replica woken by a slot given back on another, and Redis going away and
 coming back."""
 
@@ -14,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.support.services import redis_server
@@ -22,6 +24,7 @@ from turnout.core.prefix import PrefixIndex, prompt_of
 from turnout.gateway import redis_occupancy
 from turnout.gateway.occupancy import Grant, LocalOccupancy, Occupancy, Ticket, next_id
 from turnout.gateway.redis_occupancy import RedisOccupancy
+from turnout.gateway.supervised import OccupancyKeeper, SupervisedOccupancy
 
 TENANT_CAPS = {"capped": 1}
 NO_CAPS = Caps()
@@ -32,10 +35,37 @@ def indexes() -> Callable[[str], PrefixIndex | None]:
     return lambda worker: made.setdefault(worker, PrefixIndex(1000, 100))
 
 
-@pytest.fixture(params=["local", "redis"])
+class Wire:
+    """A process's channel to the supervisor's keeper, in one event loop: each message as the wire carries it."""
+
+    def __init__(self) -> None:
+        self.process: SupervisedOccupancy | None = None
+        self.keeper = OccupancyKeeper(self._to_process, tenant_caps=TENANT_CAPS, blocks=1000, ttl_s=600)
+        self._n = 0
+
+    def _to_process(self, fd: int, message: list[Any]) -> None:
+        assert self.process is not None and message[1] == "occ.wake"
+        self.process.woken(message[2])
+
+    async def ask(self, op: str, *fields: Any) -> list[Any]:
+        self._n += 1
+        answer = self.keeper.apply(7, orjson.loads(orjson.dumps([self._n, op, *fields])))
+        assert answer is not None
+        return orjson.loads(orjson.dumps(answer))  # type: ignore[no-any-return]
+
+    def tell(self, op: str, *fields: Any) -> None:
+        self.keeper.apply(7, orjson.loads(orjson.dumps([0, op, *fields])))
+
+
+@pytest.fixture(params=["local", "supervised", "redis"])
 async def keeper(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[Occupancy]:
     if request.param == "local":
         yield LocalOccupancy(indexes(), clock=time.monotonic, tenant_caps=TENANT_CAPS)
+        return
+    if request.param == "supervised":
+        wire = Wire()
+        wire.process = SupervisedOccupancy(wire)  # type: ignore[arg-type]
+        yield wire.process
         return
     occupancy = redis_keeper(redis_url)
     await occupancy.start()
@@ -67,8 +97,9 @@ def grant(
     ticket: Ticket | None = None,
     prompt: Any = None,
     work: float | None = None,
+    seen: int | None = None,
 ) -> Grant:
-    return Grant(next_id("l"), worker, model, tenant, priority, caps, prompt, ticket, work)
+    return Grant(next_id("l"), worker, model, tenant, priority, caps, prompt, ticket, work, seen)
 
 
 @pytest.mark.parametrize(
@@ -90,6 +121,31 @@ async def test_caps(keeper: Occupancy, caps: Caps, held: list[Grant], refused: s
         keeper.give(held[-1])
         await settle(keeper)
         assert await keeper.take(asked) is None
+
+
+async def test_a_worker_that_took_requests_since_the_view_is_refused_as_moved(keeper: Occupancy) -> None:
+    """A decision is taken only on the counts it was made on: a worker with more requests in flight than its router
+    saw (another replica's take landed first) refuses with ``moved``, so the request is routed again; fewer, the same,
+    or nothing to check (one candidate) take it."""
+    seen = (await keeper.view("m", "", ["w1", "w2"], None, None, {})).workers
+    assert seen == {"w1": 0, "w2": 0}
+    other = grant("w1")
+    assert await keeper.take(other) is None  # another request's take lands between this one's view and take
+    assert await keeper.take(grant("w1", seen=seen["w1"])) == "moved"
+    assert await keeper.take(grant("w1", seen=seen["w1"], caps=Caps(worker=1))) == "moved"  # before any cap
+    assert await keeper.take(grant("w2", seen=seen["w2"])) is None
+    assert await keeper.take(grant("w1", seen=1)) is None  # the counts it saw still hold
+    keeper.give(other)
+    await settle(keeper)
+    assert await keeper.take(grant("w1", seen=2)) is None  # one fewer than it saw: taken
+    assert await keeper.take(grant("w1")) is None  # nothing to check
+
+
+async def test_of_two_takes_made_on_one_view_the_second_is_moved(keeper: Occupancy) -> None:
+    """Two requests routed on the same counts at the same moment (in Redis, taken in one script): the first is
+    taken, the second routes again."""
+    first, second = grant("w1", seen=0), grant("w1", seen=0)
+    assert await asyncio.gather(keeper.take(first), keeper.take(second)) == [None, "moved"]
 
 
 async def test_batch_takes_at_most_its_share_of_a_worker(keeper: Occupancy) -> None:

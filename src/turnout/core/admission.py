@@ -35,6 +35,7 @@ __all__ = [
     "Waiter",
     "fair_tag",
     "first",
+    "moved",
     "queue_score",
     "refusal",
 ]
@@ -90,6 +91,13 @@ def refusal(counts: Counts, caps: Caps) -> str | None:
         if cap is not None and count >= cap:
             return name
     return None
+
+
+def moved(seen: int | None, count: int) -> bool:
+    """Whether a worker took requests since its router counted ``seen`` of them in flight there: the decision was
+    made on counts that no longer hold (another replica's take, or another of this replica's, landed between the
+    view and the take), so it is made again on the new ones. None: nothing was ranked (one candidate)."""
+    return seen is not None and count > seen
 
 
 def fair_tag(last: float | None, virtual: float, weight: int) -> float:

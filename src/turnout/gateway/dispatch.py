@@ -136,6 +136,9 @@ class Lease:
 
 _NOTHING_HELD = Held(0, 0, 0, {}, {}, False)  # a view not asked for: the take checks every cap
 HOLD_RECHECK_S = 0.5  # a held request looks again this often (a wake missed costs at most this)
+# Times a request is routed again when the worker it chose took other requests before its own take (replicas routing
+# at the same moment); the last decision is then taken as it is, so a busy fleet never loops.
+REROUTES = 2
 MAX_PEAKS = 4096  # models whose other traffic's peak is kept (a bound: a model name is the client's)
 RECENTLY_S = 60.0  # a worker healthy this recently and down now is restarting: requests for it are held
 
@@ -310,7 +313,31 @@ class Dispatcher:
         priority: Priority,
         ticket: Ticket | None,
     ) -> tuple[Lease | None, str]:
-        """One attempt: a lease, or (None, why it must wait). No-route answers other than saturation raise."""
+        """One attempt: a lease, or (None, why it must wait). No-route answers other than saturation raise.
+
+        A worker chosen on counts that no longer hold when its slot is taken (it took requests in between: another
+        replica routed at the same moment, :func:`turnout.core.admission.moved`) is chosen again on the new counts,
+        at most :data:`REROUTES` times; then the last choice is taken as it is."""
+        for left in range(REROUTES, -1, -1):
+            outcome = await self._attempt(model, exclude, tenant, ask, priority, ticket, check=left > 0)
+            if outcome is not None:
+                return outcome
+            self.metrics.routing.labels("moved").inc()
+        raise AssertionError("the last attempt checks nothing, so it is never moved")
+
+    async def _attempt(
+        self,
+        model: str,
+        exclude: frozenset[str],
+        tenant: str,
+        ask: Ask | None,
+        priority: Priority,
+        ticket: Ticket | None,
+        *,
+        check: bool,
+    ) -> tuple[Lease | None, str] | None:
+        """:meth:`_try`'s one view, decision and take; None: the worker moved (``check``: the take checks that its
+        requests in flight are still those the decision saw)."""
         candidates = self.fleet.candidates(model)
         choice = len(candidates) > 1
         prompt, demand = self._demand(model, ask) if choice else (None, NO_DEMAND)
@@ -359,8 +386,11 @@ class Dispatcher:
                 caps = caps._replace(worker_batch=mine, model_batch=together)
             recorded = prompt if choice else None
             work = best.work if choice else None
-            grant = Grant(next_id("l"), best.worker, model, tenant, priority, caps, recorded, ticket, work)
+            seen = held.workers.get(best.worker) if choice and check else None
+            grant = Grant(next_id("l"), best.worker, model, tenant, priority, caps, recorded, ticket, work, seen)
             refused = await occupancy.take(grant)
+            if refused == "moved":
+                return None
             if refused == "worker_batch" and choice:
                 full.add(best.worker)
                 continue

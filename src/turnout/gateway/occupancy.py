@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
-from turnout.core.admission import Caps, Counts, Priority, Waiter, fair_tag, first, queue_score, refusal
+from turnout.core.admission import Caps, Counts, Priority, Waiter, fair_tag, first, moved, queue_score, refusal
 from turnout.core.prefix import Match, Prompt
 from turnout.core.routing import NO_BACKLOG, Backlog
 
@@ -55,8 +55,9 @@ class Held(NamedTuple):
 
 class Grant(NamedTuple):
     """A slot to take: its id, where, for what (the model as requested), whose, its class and caps, the prompt to
-    record in the worker's prefix index, the ticket it waited with (None: it did not wait), and the work its router
-    expected of it there (seconds; None: not ranked, a single candidate)."""
+    record in the worker's prefix index, the ticket it waited with (None: it did not wait), the work its router
+    expected of it there (seconds; None: not ranked, a single candidate), and the worker's requests in flight its
+    router saw (None: nothing to check; more now: refused ``moved``, :func:`turnout.core.admission.moved`)."""
 
     lease: str
     worker: str
@@ -67,6 +68,7 @@ class Grant(NamedTuple):
     prompt: Prompt | None
     ticket: Ticket | None = None
     work: float | None = None
+    seen: int | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -97,8 +99,9 @@ class Occupancy(Protocol):
     ) -> Held: ...
 
     async def take(self, grant: Grant) -> str | None:
-        """Take the slot: None, or why not (``total``, ``model``, ``tenant``, ``worker``, ``worker_batch``,
-        ``model_batch``: that count is at its cap; ``ahead``: a waiter that can go is ahead of it)."""
+        """Take the slot: None, or why not (``moved``: the worker took requests since the view; ``total``, ``model``,
+        ``tenant``, ``worker``, ``worker_batch``, ``model_batch``: that count is at its cap; ``ahead``: a waiter that
+        can go is ahead of it)."""
         ...
 
     def give(self, grant: Grant) -> None: ...
@@ -277,6 +280,8 @@ class LocalOccupancy:
     def take_now(self, grant: Grant) -> str | None:
         """:meth:`take`, without awaiting: atomic in one event loop."""
         batch = grant.priority is Priority.BATCH
+        if moved(grant.seen, self.workers.get(grant.worker, 0)):
+            return "moved"
         counts = Counts(
             self.total,
             self.models.get(grant.model, 0),

@@ -206,6 +206,7 @@ class RedisOccupancy:
             args += [grant.lease, grant.model, grant.tenant, grant.worker, 1 if grant.priority is Priority.BATCH else 0]
             args += [*(_cap(c) for c in grant.caps), self._ticket_id(grant.ticket), keys]
             args += [0 if grant.prompt is None else grant.prompt.size, session, _work_ms(grant)]
+            args.append(-1 if grant.seen is None else grant.seen)
         try:
             replies = await self._take(args=args)
         except Exception as exc:
@@ -238,7 +239,8 @@ class RedisOccupancy:
 
     def _take_here(self, grant: Grant) -> str | None:
         share = self._share(grant.caps)
-        refused = self.local.take_now(grant._replace(caps=share, ticket=self._local_ticket(grant.ticket)))
+        local = grant._replace(caps=share, ticket=self._local_ticket(grant.ticket), seen=None)  # (seen: Redis's)
+        refused = self.local.take_now(local)
         if refused is None:
             self._here.add(grant.lease)
             self._mine[grant.lease] = grant

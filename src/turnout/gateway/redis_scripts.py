@@ -140,10 +140,12 @@ return out
 
 # ARGV: P, lease_ms, band, max_blocks, max_sessions, ttl_ms, then per grant TAKE_FIELDS fields: lease, model, tenant,
 #       worker, batch (0/1), caps x6 (-1: none), ticket ('' none), packed keys ('' none), bytes, session ('' none),
-#       expected work (ms, -1: not ranked). The grants are taken in order, each against what the ones before it took;
-#       one answer each ('ok' or the count at its cap, or 'ahead'), then the number of live replicas (each one's
-#       share of a cap, Redis away), then Redis's time (ms: when the ones taken started).
-TAKE_FIELDS = 16
+#       expected work (ms, -1: not ranked), the worker's leases its router saw (-1: nothing to check). The grants are
+#       taken in order, each against what the ones before it took; one answer each ('ok', 'moved': the worker has
+#       more leases than its router saw, :func:`turnout.core.admission.moved`; the count at its cap, or 'ahead'), then
+#       the number of live replicas (each one's share of a cap, Redis away), then Redis's time (ms: when the ones
+#       taken started).
+TAKE_FIELDS = 17
 TAKE = (
     _COMMON
     + """
@@ -200,9 +202,10 @@ local function take(a)
   local lease, model, tenant, worker = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local batch = ARGV[a + 4] == '1'
   local ticket, packed, size, session = ARGV[a + 11], ARGV[a + 12], ARGV[a + 13], ARGV[a + 14]
-  local work = ARGV[a + 15]
+  local work, seen = ARGV[a + 15], tonumber(ARGV[a + 16])
   local keys = {P .. ':l:all', P .. ':l:m:' .. model, P .. ':l:t:' .. tenant,
                 P .. ':l:w:' .. worker, P .. ':l:b:' .. worker, P .. ':l:mb:' .. model}
+  if seen >= 0 and live(keys[4], now) > seen then return 'moved' end
   for i = 1, 6 do
     local cap = tonumber(ARGV[a + 4 + i])
     if cap >= 0 and (i < 5 or batch) and live(keys[i], now) >= cap then return names[i] end

@@ -36,8 +36,8 @@ def _prompt(raw: Any) -> Prompt | None:
 
 
 def _grant(raw: list[Any]) -> tuple[Grant, str]:
-    lease, worker, model, tenant, priority, caps, prompt, ticket, work = raw
-    grant = Grant(lease, worker, model, tenant, Priority(priority), Caps(*caps), _prompt(prompt), None, work)
+    lease, worker, model, tenant, priority, caps, prompt, ticket, work, seen = raw
+    grant = Grant(lease, worker, model, tenant, Priority(priority), Caps(*caps), _prompt(prompt), None, work, seen)
     return grant, ticket
 
 
@@ -170,7 +170,7 @@ class SupervisedOccupancy:
         raw_prompt = None if prompt is None else [list(prompt.keys), prompt.size, prompt.block, prompt.session]
         ticket_id = "" if grant.ticket is None else grant.ticket.id
         raw = [grant.lease, grant.worker, grant.model, grant.tenant, grant.priority.value, list(grant.caps)]
-        answer = await self._channel.ask("occ.take", [*raw, raw_prompt, ticket_id, grant.work])
+        answer = await self._channel.ask("occ.take", [*raw, raw_prompt, ticket_id, grant.work, grant.seen])
         refused: str | None = answer[1]
         if refused is None and grant.ticket is not None:
             self._tickets.pop(grant.ticket.id, None)
