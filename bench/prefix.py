@@ -493,10 +493,30 @@ def main() -> None:
             if proc is not None:
                 stop(proc)
         if replicas is not None:
+            moved = routing_outcomes([r.url for r in replicas.replicas])
             replicas.close()
         for engine in engines:
             engine.stop()
     report(args, results, routers, scenarios, learning, cost, (started, load_before))
+    if replicas is not None:
+        print(f"\nthe replicas' routing decisions made again (moved: another replica took the worker first): {moved}")
+
+
+def routing_outcomes(urls: list[str]) -> str:
+    """``turnout_routing_decisions_total{outcome="moved"}`` summed over the replicas, and their routed requests."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    moved = routed = 0.0
+    for url in urls:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "turnout_routing_decisions_total" and sample.labels.get("outcome") == "moved":
+                    moved += sample.value
+                if sample.name == "turnout_route_reasons_total":
+                    routed += sample.value
+    return f"{moved:.0f} of {routed:.0f} routed requests"
 
 
 def report(
