@@ -110,6 +110,7 @@ class Result:
     evaluated: float = 0.0
     per_worker: dict[str, int] = field(default_factory=dict)
     why: dict[str, int] = field(default_factory=dict)
+    trace: list[dict[str, Any]] = field(default_factory=list)  # each request of the last pass (--trace)
 
 
 # -- the workload -------------------------------------------------------------------------------------------------
@@ -285,7 +286,9 @@ async def run_pass(
                     continue
                 turn = pending[index].pop(0)
                 url, engine = pick(turn)
+                sent = time.perf_counter() - started
                 ttft, routed = await send(http, url, turn, max_tokens, hints)
+                why = "-"
                 if routed is not None:
                     engine, _, why = routed.partition("; ")
                     kind = why.split()[0] if why.split() and why.split()[0] in ("prefix", "history") else why
@@ -293,6 +296,10 @@ async def run_pass(
                 if engine is not None:
                     result.per_worker[engine] = result.per_worker.get(engine, 0) + 1
                 result.ttft.append(ttft)
+                result.trace.append(
+                    {"group": turn.group, "session": turn.session, "turn": turn.turn, "engine": engine, "why": why}
+                    | {"sent_s": round(sent, 3), "ttft_s": round(ttft, 3)}
+                )
                 left -= 1
                 if pending[index]:
                     ready.put_nowait(index)
@@ -377,6 +384,7 @@ def arguments() -> argparse.Namespace:
     )
     parser.add_argument("--routers", default="turnout,declared,oracle,round-robin")
     parser.add_argument("--processes", type=int, default=1, help="turnout serve --workers N")
+    parser.add_argument("--trace", type=Path, help="append each request (where it went, why, TTFT) as JSON lines")
     parser.add_argument("--replicas", type=int, default=0, help="N replicas behind nginx, as the router 'replicas'")
     parser.add_argument("--session-hints", action="store_true", help="clients name their conversation (user)")
     parser.add_argument("--routing", default="{}", help="JSON merged into Turnout's routing section")
@@ -475,8 +483,15 @@ def main() -> None:
                             engine = engines[next(counter) % len(engines)].url
                             return engine, names[engine]
 
+                    result.trace = []
                     asyncio.run(run_pass(convos, pick, args.concurrency, args.max_tokens, args.session_hints, result))
                     reused, evaluated = engine_counts(engines, before)
+                    if args.trace is not None:
+                        with args.trace.open("a") as out:
+                            share = reused / max(reused + evaluated, 1)
+                            for line in result.trace:
+                                where = {"round": round_ + 1, "scenario": scenario, "router": router}
+                                out.write(json.dumps(where | {"pass_reused": round(share, 3)} | line) + "\n")
                     result.reused += reused
                     result.evaluated += evaluated
                     if router in gateways:
