@@ -455,6 +455,13 @@ def test_a_group_held_nowhere_goes_back_to_where_it_was() -> None:
     # ... and never over a worker that holds some of it
     held = [w("a", slots=1, cached=800), w("b", slots=1, history=4000)]
     assert ranked(route(M, held, demand=PROMPT))[0] == "a"
+    # ... while holding a little of it too never ranks the one it was sent lower (it did: a block held, and the
+    # quicker worker went first by least expected time; hypothesis found it, test_a_longer_held_prefix_never_...)
+    for cached, why in ((0, "history 1.00"), (256, "history 1.00"), (1024, "prefix 0.26")):
+        sent = [w("a", slots=1, history=4000, prefill_rate=90.0, prefill_samples=9, cached=cached)]
+        sent.append(w("b", slots=1, prefill_rate=100.0, prefill_samples=9))
+        decision = route(M, sent, demand=PROMPT)
+        assert ranked(decision) == ["a", "b"] and isinstance(decision, Route) and decision.why == why, cached
 
 
 def test_a_new_conversation_goes_where_it_pushes_nothing_out() -> None:

@@ -46,7 +46,7 @@ answers had taught the mean (:func:`credible_rate`); a worker that is really slo
 answers say so.
 
 The decision says why (:attr:`Route.why`): ``prefix 0.83`` (the first holds the largest share of the prompt,
-0.83 of it), ``session`` (it holds the client's session), ``history 0.70`` (no candidate holds any of it, and the
+0.83 of it), ``session`` (it holds the client's session), ``history 0.70`` (the quickest holds none of it, and the
 first was sent 0.70 of it recently: see :data:`HISTORY_SLACK`; only candidates with a free slot, where any has
 one), ``free slot`` (step 6 put it first), ``load guard``, ``least expected time`` (no held prefix decided it), or
 ``only candidate``.
@@ -104,10 +104,10 @@ W_EVICT = 0.5
 # come back soon): halved for every this many seconds. So a new conversation takes the slot of the prompt sent
 # longest ago, as llama.cpp's server itself picks the least recently used slot.
 EVICT_HALF_LIFE_S = 60.0
-# Where no candidate holds any of the prompt, one that was sent its beginning recently (its slot since reused) is
-# preferred when it is expected to take at most this share longer than the quickest: conversation groups keep to
-# the engines they were on, so each engine's slots keep holding their groups' prefixes instead of every group
-# pushing every other out of every engine.
+# Where the quickest candidate holds none of the prompt, one that was sent its beginning recently (its slot since
+# reused, or holding part of it) is preferred when it is expected to take at most this share longer than the
+# quickest: conversation groups keep to the engines they were on, so each engine's slots keep holding their groups'
+# prefixes instead of every group pushing every other out of every engine.
 HISTORY_SLACK = 0.25
 # A learned rate counts as if this many answers at the candidates' mean rate had been folded in with it.
 PRIOR_SAMPLES = 4.0
@@ -527,7 +527,7 @@ def _rank(free: list[tuple[WorkerView, str]], rotation: int, demand: Demand, gua
         return Route(tuple(item.candidate for item in scored), Reason.LOAD_GUARD)
     ranked = tuple(item.candidate for item in scored)
     best = ranked[0]
-    if not any(w.cached for w, _ in free):
+    if not best.cached:
         returning = _returning(scored, free, demand)
         if returning is not None:
             return returning
@@ -557,9 +557,10 @@ def _conserve_work(scored: list[_Scored]) -> bool:
 
 
 def _returning(scored: list[_Scored], free: list[tuple[WorkerView, str]], demand: Demand) -> Route | None:
-    """Nothing of the prompt is held anywhere: the candidate that was sent the most of it recently, among those
-    expected within :data:`HISTORY_SLACK` of the quickest (and with a free slot where any candidate has one),
-    first (None when none was sent any of it)."""
+    """The first holds none of the prompt: the candidate that was sent the most of it recently, among those expected
+    within :data:`HISTORY_SLACK` of the quickest (and with a free slot where any candidate has one), first (None
+    when none was sent any of it). Another candidate holding some of it does not stop this: holding more of a prompt
+    must never rank a candidate lower than having been sent it."""
     history = {w.name: w.history for w, _ in free}
     limit = scored[0].expected.seconds * (1 + HISTORY_SLACK)
     near = [item for item in scored if item.expected.seconds <= limit]
