@@ -248,6 +248,22 @@ def test_a_click_outvotes_an_exact_config_deny_and_the_next_restores_it(model: s
     assert toggle_rule(baseline, model).denied == ()
 
 
+def test_two_clicks_undo_each_other_where_the_override_dropped_the_configs_exact_rules() -> None:
+    """A config that names gemma4 both allowed and denied (the deny decides), an override without either: the
+    first click puts the config's rules back (blocked), the second flips it (allowed). Before, the first click
+    wrote an exact deny, the second took it for a UI exception and put the config's rules back: still blocked
+    (tests/admin/test_matrix_agrees.py's property found it)."""
+    baseline = rules("allow_all", ["gemma4"], ["gemma4"])
+    dropped = rules("allow_all")
+    once = toggle_rule(dropped, "gemma4", baseline=baseline)
+    assert once == baseline and not resolve_placement(once, "gemma4").allowed
+    twice = toggle_rule(once, "gemma4", baseline=baseline)
+    assert resolve_placement(twice, "gemma4").allowed
+    # where the config's rules would not flip it, the opposite exact rule is written, as on any cell
+    agrees = rules("allow_all", ["gemma4"])
+    assert toggle_rule(dropped, "gemma4", baseline=agrees).denied == rules("allow_all", [], ["gemma4"]).denied
+
+
 def test_toggle_twice_with_baseline_restores() -> None:
     baselines = [SEED, rules("whitelist", ["a", "b:*"], ["b:1", "c"]), rules("allow_all", ["x"], ["x", "y*"])]
     for baseline in baselines:

@@ -196,7 +196,9 @@ def toggle_rule(rules: PlacementRules, model: str, *, baseline: PlacementRules |
     back, whatever the verdict then is: an exception that agreed with the rest of the rules (an exact allow on
     an ``allow_all`` worker) is removed and the cell keeps its verdict, now from the config file. Anywhere else
     the click flips the cell: the exact rule for the opposite verdict replaces whatever exact rules ``rules``
-    hold for ``model``, so an exact config rule is outvoted by the override, as any config rule is."""
+    hold for ``model``, so an exact config rule is outvoted by the override, as any config rule is; where
+    ``rules`` hold no exact rule for ``model`` but the baseline does and putting those back flips the cell, they
+    are put back (so that the next click, over no exception, flips it again: two clicks undo each other)."""
     target = parse_pattern(model)
     if not target.exact:
         raise ValueError(f"toggle needs an exact model name, got pattern {model!r}")
@@ -207,7 +209,18 @@ def toggle_rule(rules: PlacementRules, model: str, *, baseline: PlacementRules |
         if baseline is not None:
             allowed, denied = _restore(allowed, baseline.allowed, name), _restore(denied, baseline.denied, name)
         return PlacementRules(mode=rules.mode, allowed=allowed, denied=denied)
-    if resolve_placement(rules, model).allowed:
+    verdict = resolve_placement(rules, model).allowed
+    if baseline is not None and theirs != (False, False) and _exact_lists(rules, name) == (False, False):
+        # the override dropped the config's exact rules for it: where putting them back flips the cell, that is the
+        # click (and the next click, over no exception, flips it back)
+        restored = PlacementRules(
+            mode=rules.mode,
+            allowed=_restore(allowed, baseline.allowed, name),
+            denied=_restore(denied, baseline.denied, name),
+        )
+        if resolve_placement(restored, model).allowed is not verdict:
+            return restored
+    if verdict:
         return PlacementRules(mode=rules.mode, allowed=allowed, denied=(*denied, target))
     return PlacementRules(mode=rules.mode, allowed=(*allowed, target), denied=denied)
 
