@@ -204,22 +204,23 @@ def toggle_rule(rules: PlacementRules, model: str, *, baseline: PlacementRules |
         raise ValueError(f"toggle needs an exact model name, got pattern {model!r}")
     name = target.prefix
     theirs = (False, False) if baseline is None else _exact_lists(baseline, name)
+    mine = _exact_lists(rules, name)
     allowed, denied = _without_exact(rules.allowed, name), _without_exact(rules.denied, name)
-    if _exact_lists(rules, name) not in ((False, False), theirs):  # a UI exception: the click removes it
-        if baseline is not None:
-            allowed, denied = _restore(allowed, baseline.allowed, name), _restore(denied, baseline.denied, name)
-        return PlacementRules(mode=rules.mode, allowed=allowed, denied=denied)
-    verdict = resolve_placement(rules, model).allowed
-    if baseline is not None and theirs != (False, False) and _exact_lists(rules, name) == (False, False):
-        # the override dropped the config's exact rules for it: where putting them back flips the cell, that is the
-        # click (and the next click, over no exception, flips it back)
+    restored = None  # ``rules`` with the baseline's exact rules for the model in place of their own
+    if baseline is not None:
         restored = PlacementRules(
             mode=rules.mode,
             allowed=_restore(allowed, baseline.allowed, name),
             denied=_restore(denied, baseline.denied, name),
         )
-        if resolve_placement(restored, model).allowed is not verdict:
-            return restored
+    if mine not in ((False, False), theirs):  # a UI exception: the click removes it
+        return restored if restored is not None else PlacementRules(mode=rules.mode, allowed=allowed, denied=denied)
+    verdict = resolve_placement(rules, model).allowed
+    # the override dropped the config's exact rules for it: where putting them back flips the cell, that is the
+    # click (and the next click, over no exception, flips it back)
+    dropped = mine == (False, False) and theirs != (False, False)
+    if dropped and restored is not None and resolve_placement(restored, model).allowed is not verdict:
+        return restored
     if verdict:
         return PlacementRules(mode=rules.mode, allowed=allowed, denied=(*denied, target))
     return PlacementRules(mode=rules.mode, allowed=(*allowed, target), denied=denied)
