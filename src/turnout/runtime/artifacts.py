@@ -168,6 +168,13 @@ def _objects(s3: S3Client, url: str, bucket: str, key: str) -> list[tuple[str, i
 def _download(s3: S3Client, url: str, bucket: str, key: str, target: Path, progress: Progress) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
+    bodies: list[Any] = []  # the answers' streams, each closed at the end: a stopped one's connection with it
+
+    def keep(parsed: dict[str, Any], **_: Any) -> None:
+        if (body := parsed.get("Body")) is not None:
+            bodies.append(body)
+
+    s3.meta.events.register("after-call.s3.GetObject", keep)
     try:
         s3.download_file(bucket, key, str(target), Callback=progress.add)
     except (ClientError, BotoCoreError) as exc:
@@ -176,6 +183,10 @@ def _download(s3: S3Client, url: str, bucket: str, key: str, target: Path, progr
         raise
     except OSError as exc:
         raise ArtifactError(f"{url}: cannot write {target}: {exc.strerror or exc}") from None
+    finally:
+        s3.meta.events.unregister("after-call.s3.GetObject", keep)
+        for body in bodies:  # a download stopped midway leaves its answer half read, its connection out of
+            body.close()  # the pool (s3.close() never sees it): closed now, not when the collector finds it
 
 
 def _status(exc: Any) -> int | None:
