@@ -46,10 +46,10 @@ answers had taught the mean (:func:`credible_rate`); a worker that is really slo
 answers say so.
 
 The decision says why (:attr:`Route.why`): ``prefix 0.83`` (the first holds the largest share of the prompt,
-0.83 of it), ``session`` (it holds the client's session), ``history 0.70`` (the quickest holds none of it, and the
-first was sent 0.70 of it recently: see :data:`HISTORY_SLACK`; only candidates with a free slot, where any has
-one), ``free slot`` (step 6 put it first), ``load guard``, ``least expected time`` (no held prefix decided it), or
-``only candidate``.
+0.83 of it), ``session`` (it holds the client's session), ``history 0.70`` (the quickest holds none of it, no
+candidate but the first holds any, and the first was sent 0.70 of it recently: see :data:`HISTORY_SLACK`; only
+candidates with a free slot, where any has one), ``free slot`` (step 6 put it first), ``load guard``, ``least
+expected time`` (no held prefix decided it), or ``only candidate``.
 """
 
 from __future__ import annotations
@@ -104,10 +104,13 @@ W_EVICT = 0.5
 # come back soon): halved for every this many seconds. So a new conversation takes the slot of the prompt sent
 # longest ago, as llama.cpp's server itself picks the least recently used slot.
 EVICT_HALF_LIFE_S = 60.0
-# Where the quickest candidate holds none of the prompt, one that was sent its beginning recently (its slot since
-# reused, or holding part of it) is preferred when it is expected to take at most this share longer than the
-# quickest: conversation groups keep to the engines they were on, so each engine's slots keep holding their groups'
-# prefixes instead of every group pushing every other out of every engine.
+# Where the quickest candidate holds none of the prompt and no other holds any (but the one chosen here), one that
+# was sent its beginning recently (its slot since reused, or holding part of it) is preferred when it is expected to
+# take at most this share longer than the quickest: conversation groups keep to the engines they were on, so each
+# engine's slots keep holding their groups' prefixes instead of every group pushing every other out of every
+# engine. Where another candidate holds part of the prompt (a sibling conversation's system prompt on a busy
+# engine), the expected time decides: sending it back to where it was, within the slack, would push out a prompt
+# that engine still holds for nothing (measured: spread reused 39 % against 47 % with that, bench/README.md).
 HISTORY_SLACK = 0.25
 # A learned rate counts as if this many answers at the candidates' mean rate had been folded in with it.
 PRIOR_SAMPLES = 4.0
@@ -529,7 +532,7 @@ def _rank(free: list[tuple[WorkerView, str]], rotation: int, demand: Demand, gua
     best = ranked[0]
     if not best.cached:
         returning = _returning(scored, free, demand)
-        if returning is not None:
+        if returning is not None and not any(c.cached for c in returning.candidates[1:]):
             return returning
     if promoted:
         return Route(ranked, Reason.FREE_SLOT)
@@ -559,8 +562,8 @@ def _conserve_work(scored: list[_Scored]) -> bool:
 def _returning(scored: list[_Scored], free: list[tuple[WorkerView, str]], demand: Demand) -> Route | None:
     """The first holds none of the prompt: the candidate that was sent the most of it recently, among those expected
     within :data:`HISTORY_SLACK` of the quickest (and with a free slot where any candidate has one), first (None
-    when none was sent any of it). Another candidate holding some of it does not stop this: holding more of a prompt
-    must never rank a candidate lower than having been sent it."""
+    when none was sent any of it). The caller takes it only where no other candidate holds any of the prompt; the
+    one chosen may hold some (holding more of a prompt must never rank a candidate lower than having been sent it)."""
     history = {w.name: w.history for w, _ in free}
     limit = scored[0].expected.seconds * (1 + HISTORY_SLACK)
     near = [item for item in scored if item.expected.seconds <= limit]
