@@ -530,10 +530,9 @@ def _rank(free: list[tuple[WorkerView, str]], rotation: int, demand: Demand, gua
         return Route(tuple(item.candidate for item in scored), Reason.LOAD_GUARD)
     ranked = tuple(item.candidate for item in scored)
     best = ranked[0]
-    if not best.cached:
-        returning = _returning(scored, free, demand)
-        if returning is not None and not any(c.cached for c in returning.candidates[1:]):
-            return returning
+    returning = _returning(scored, free, demand)
+    if returning is not None:
+        return returning
     if promoted:
         return Route(ranked, Reason.FREE_SLOT)
     if best.cached and best.cached == max(c.cached for c in ranked):
@@ -560,10 +559,13 @@ def _conserve_work(scored: list[_Scored]) -> bool:
 
 
 def _returning(scored: list[_Scored], free: list[tuple[WorkerView, str]], demand: Demand) -> Route | None:
-    """The first holds none of the prompt: the candidate that was sent the most of it recently, among those expected
-    within :data:`HISTORY_SLACK` of the quickest (and with a free slot where any candidate has one), first (None
-    when none was sent any of it). The caller takes it only where no other candidate holds any of the prompt; the
-    one chosen may hold some (holding more of a prompt must never rank a candidate lower than having been sent it)."""
+    """The history rule, whole: where the first holds none of the prompt, the candidate that was sent the most of it
+    recently, among those expected within :data:`HISTORY_SLACK` of the quickest (and with a free slot where any
+    candidate has one), first; None where the first holds some, where none was sent any of it, or where a candidate
+    other than the one chosen holds some. The one chosen may hold some (holding more of a prompt must never rank a
+    candidate lower than having been sent it)."""
+    if scored[0].candidate.cached:
+        return None
     history = {w.name: w.history for w, _ in free}
     limit = scored[0].expected.seconds * (1 + HISTORY_SLACK)
     near = [item for item in scored if item.expected.seconds <= limit]
@@ -573,9 +575,9 @@ def _returning(scored: list[_Scored], free: list[tuple[WorkerView, str]], demand
         return None
     chosen = max(near, key=lambda item: history[item.candidate.worker])  # the first of equals: the quickest
     seen = history[chosen.candidate.worker]
-    if not seen:
-        return None
     rest = tuple(item.candidate for item in scored if item is not chosen)
+    if not seen or any(c.cached for c in rest):
+        return None
     share = min(seen / demand.prompt_bytes, 1.0) if demand.prompt_bytes else 1.0
     return Route((chosen.candidate, *rest), Reason.HISTORY, share)
 
