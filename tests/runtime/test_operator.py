@@ -354,7 +354,14 @@ async def test_operator_reconciles_claims_on_a_real_api_server(
         # every answer from the de-route to the re-route is the claim's own 503 (no race with the status)
         seen = await through_the_transition(gw, "tiny")
         assert "model_waking" in {c for _, c in seen}
-        status = get("tiny")["status"]
+
+        # The gateway woke the claim through its agent; the operator writes the claim's status on its next pass,
+        # so the status may still say Sleeping (port 0) when the first 200 comes back.
+        async def active() -> dict[str, Any] | None:
+            st = get("tiny").get("status") or {}
+            return st if st.get("phase") == "Active" and st.get("port") else None
+
+        status = await eventually(active, "tiny Active again after the wake")
 
         # A restarted operator picks up where the last one stopped: same engine, same port, no relaunch.
         pid = agent.app[SUPERVISOR].engines["tiny"].pid
