@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import EmulatorFactory, Engine, GatewayFactory, create_key, eventually, worker
+from tests.support.raw_worker import RawWorker, Reply, sse
 from turnout.gateway.keys import METRICS
 
 _METRIC = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a token (RFC 9110), the metric's name
@@ -87,6 +88,56 @@ async def test_a_stream_header_carries_what_is_known_before_its_body(
     assert re.search(
         r'turnout_request_phase_seconds_count\{model="tiny",phase="ttft",stream="true",worker="llama"\} 1\.0', text
     ), text
+
+
+async def test_a_translated_stream_whose_tokens_make_no_text_still_has_its_ttft(
+    gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model whose tokens decode to no text yet: llama-server holds back the bytes of an unfinished UTF-8
+    character and, when the answer ends on one, streams only its last chunk, with no content (what it sent for 3
+    tokens forced to the byte 0xE2, ``"logit_bias": {"231": 100}``, on the tiny model; the tiny model's random
+    sampling does it to about 1 short answer in 20). The ``ttft`` of a stream translated into another dialect is
+    still the worker's first event, not missing because no text went out before the end (an ``/api/chat``
+    answer of 3 tokens once had no ``ttft=`` in its access line)."""
+    final = {
+        "choices": [{"finish_reason": "length", "index": 0, "delta": {}}],
+        "created": 1796488193,
+        "id": "chatcmpl-fpshT0VYKkCkSVcEve5YHe4Vfnk1z0xh",
+        "model": "tiny",
+        "system_fingerprint": "b0-unknown",
+        "object": "chat.completion.chunk",
+        "timings": {"cache_n": 0, "prompt_n": 21, "prompt_ms": 0.856, "predicted_n": 3, "predicted_ms": 0.218},
+        "usage": {"completion_tokens": 3, "prompt_tokens": 21, "total_tokens": 24},
+    }
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+    raw = RawWorker(models=["tiny"], default=Reply([head, sse(final), sse(b"[DONE]")], close=True, gap_s=0.05))
+    url = await raw.start()
+    try:
+        gw = await gateway([worker("llama", url, type="openai")])
+        calls = [
+            ("/api/chat", {"model": "tiny", "messages": CHAT["messages"], "options": {"num_predict": 3}}),
+            ("/v1/messages", {"model": "tiny", "messages": CHAT["messages"], "max_tokens": 3}),
+            ("/v1/responses", {"model": "tiny", "input": "hello there", "max_output_tokens": 3}),
+        ]
+        async with aiohttp.ClientSession() as http:
+            with caplog.at_level(logging.INFO, logger="aiohttp.access"):
+                for path, body in calls:
+                    async with http.post(f"{gw.url}{path}", json={**body, "stream": True}) as r:
+                        assert r.status == 200, await r.text()
+                        await r.read()
+
+                async def logged() -> list[logging.LogRecord]:
+                    lines = [rec for rec in caplog.records if rec.name == "aiohttp.access"]
+                    return lines if len(lines) == len(calls) else []
+
+                records = await eventually(logged, "the access lines", limit_s=10)
+    finally:
+        await raw.stop()
+    for record in records:
+        line = record.getMessage()
+        assert " tokens=21+3 " in line, line  # the engine made 3 tokens, none of them text yet
+        # the worker's one event came after the pause the worker took (50 ms)
+        assert re.search(r" ttft=\d+\.\dms", line) and record.ttft_ms >= 40, line  # type: ignore[attr-defined]
 
 
 async def test_errors_the_gateway_makes_carry_the_phases_they_went_through(

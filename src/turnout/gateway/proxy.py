@@ -604,14 +604,15 @@ class Proxy:
                         lease.answering(now)
                 data = b""
                 if watch.frames:
+                    if not first_ns:  # the worker's first frame, whether or not it translates into anything the
+                        # client is sent yet (tokens that decode to no text: llama-server then sends only its last)
+                        first_ns = time.perf_counter_ns() - started
+                        phases.first_byte(time.perf_counter())
                     if now - stamped >= 0.001:
                         stamp, stamped = iso_time(), now
                     events = _translate_events(translator, watch.frames, stamp, worker.name)
                     data = b"".join(map(translation.frame, events))
                     watch.frames.clear()
-                    if data and not first_ns:
-                        first_ns = time.perf_counter_ns() - started
-                        phases.first_byte(time.perf_counter())
                 if watch.ended:  # this chunk's frames go out with the last ones, in one write
                     up.finish_later(_DRAIN_S)
                     await self._finish_translated(
