@@ -18,6 +18,7 @@
   function clearResult() {
     el("ep-result").hidden = true;
     el("ep-result-summary").textContent = "";
+    el("ep-result-summary").className = "";  // "Testing…" is no result: not shown as the last one's ok or error
     el("ep-result-models").textContent = "";
     el("ep-url-warning").textContent = "";
   }
