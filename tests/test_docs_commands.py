@@ -265,6 +265,16 @@ def script_for(
     return "".join(parts), consoles
 
 
+def _served_logs(run_dir: Path, tail: int = 3000) -> str:
+    """The end of each gateway's and background command's log of the run (``__serve``, ``__background``): the
+    next document's run deletes them, so a timed-out run says here what its gateways were doing."""
+    parts = []
+    for log in sorted(run_dir.glob("*.log"), key=lambda p: p.stat().st_mtime):
+        if log.name != "output.log":
+            parts.append(f"\n--- {log.name} (last {tail} characters)\n{log.read_text(errors='replace')[-tail:]}")
+    return "".join(parts)
+
+
 def _port_free(port: int, wait_s: float = 180) -> bool:
     """Whether nothing listens on the port, waiting (bounded) for another run of these tests to finish with it."""
     deadline = time.monotonic() + wait_s
@@ -391,7 +401,10 @@ def run_doc(
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, _ = proc.communicate(timeout=30)
-        pytest.fail(f"{doc_blocks[0].doc}: the commands did not finish within {DOC_TIMEOUT_S} s:\n{stdout[-4000:]}")
+        pytest.fail(
+            f"{doc_blocks[0].doc}: the commands did not finish within {DOC_TIMEOUT_S} s:\n{stdout[-4000:]}"
+            + _served_logs(run_dir)
+        )
     result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, "")
     output = result.stdout + result.stderr
     (run_dir / "output.log").write_text(output)  # what the commands printed, for a look after a run
