@@ -21,6 +21,7 @@ from aiohttp import web
 
 from tests.conftest import eventually, free_port
 from tests.runtime.conftest import AgentStarter
+from turnout.runtime import supervisor as supervisor_module
 from turnout.runtime.agent import SUPERVISOR
 
 
@@ -306,3 +307,58 @@ async def test_a_woken_engine_whose_port_was_taken_starts_on_a_free_one(agent: A
             assert (await eventually(restarted, "beta restarted on its own port", 30))["port"] == pinned
     finally:
         squatter.close()
+
+
+async def test_a_port_taken_between_the_agents_check_and_the_engines_bind_is_never_taken_for_the_engine(
+    start_agent: AgentStarter, emulator_python: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two agents on one host (two `turnout serve` with the demo model) pick from the same range, and an engine
+    binds its port only once its interpreter is up (vLLM: after its imports, seconds; SGLang: after loading the
+    model). Another process can take the port in between; the engine's bind then fails, but until it exits the
+    other process answered its health checks, and the engine was taken as active there: its gateway's requests
+    went to someone else's server. The agent now counts a health check only from a port its own engine listens
+    on; the engine fails, and is started again on a free port. (The vLLM stand-in binds at once, as vLLM does,
+    after its interpreter started: tests/support/engine_emulator.py.)"""
+    url, agent_runner = await start_agent(engine_python={"vllm": emulator_python})
+    a = Agent(url, agent_runner)
+    port = agent_runner.app[SUPERVISOR].port_range[0]
+    seen: list[str] = []
+
+    async def other(request: web.Request) -> web.Response:  # the other agent's engine, answering everything
+        seen.append(request.path)
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", other)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    real_spawn = supervisor_module._spawn_session
+    taken: list[socket.socket] = []
+
+    def bound_meanwhile(*args: Any) -> int:  # after every check of the agent's, before the engine binds
+        if not taken:
+            taken.append(socket.create_server(("127.0.0.1", port)))
+        return real_spawn(*args)
+
+    monkeypatch.setattr(supervisor_module, "_spawn_session", bound_meanwhile)
+    vllm = {"model_name": "v", "artifact_url": "hf://org/tiny", "engine": "vllm"}
+    try:
+        status, _ = await a.call("POST", "/v1/runtime/models/activate", vllm)
+        assert status == 200 and taken
+        await web.SockSite(runner, taken[0]).start()
+        phases: list[tuple[str, int]] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            engine = await a.engine("v")
+            phases.append((engine["phase"], engine["port"]))
+            if engine["phase"] == "active":
+                break
+            await asyncio.sleep(0.05)
+        assert ("active", port) not in phases, phases
+        assert engine["phase"] == "active" and engine["port"] != port, engine
+        assert engine["restart_count"] == 1 and await chat(engine["port"], "v") == 200
+        assert "/health" in seen and not [p for p in seen if p != "/health"]  # probed, never sent a request
+    finally:
+        await runner.cleanup()
+        for sock in taken:
+            sock.close()

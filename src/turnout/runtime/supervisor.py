@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -50,6 +49,7 @@ from turnout.runtime import kvcached
 from turnout.runtime.artifacts import ArtifactError, Progress, fetch_s3
 from turnout.runtime.cache import write_served_marker
 from turnout.runtime.launch import Launch, connect_host, launch_command
+from turnout.runtime.ports import listens_on, port_free
 from turnout.upstream.client import UpstreamClient
 
 __all__ = ["EngineRecord", "Supervisor", "host_port", "parse_registry", "process_start_time"]
@@ -174,6 +174,7 @@ class Supervisor:
         self.poll_s = poll_s  # liveness, and readiness while booting
         self.state_poll_s = state_poll_s  # the sleep state of a settled (ready or sleeping) engine
         self._state_checked: dict[str, float] = {}  # model -> monotonic time of its last sleep-state check
+        self._foreign_port: dict[str, int] = {}  # model -> the engine pid whose port another process holds
         self.engines: dict[str, EngineRecord] = {}
         self._exit_codes: dict[str, int] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -260,7 +261,7 @@ class Supervisor:
         low, high = self.port_range
         taken = {e.port for e in self.engines.values()}
         port = pick_port(req.port, low, high, taken)
-        while not req.port and not _port_free(self.host, port):  # something else listens there: skip it
+        while not req.port and not port_free(self.host, port):  # something else listens there: skip it
             taken.add(port)
             port = pick_port(0, low, high, taken)
         ipc = ipc_name(req.ipc_name, req.model_name, [e.ipc_name for e in self.engines.values()])
@@ -469,7 +470,7 @@ class Supervisor:
     def _free_port(self, record: EngineRecord) -> None:
         """Before a start: an engine whose port something else took meanwhile moves to a free port of the range
         (see the module's docstring); one whose activation named its port, or with no free port left, stays."""
-        if record.port_pinned or _port_free(self.host, record.port):
+        if record.port_pinned or port_free(self.host, record.port):
             return
         low, high = self.port_range
         taken = {e.port for e in self.engines.values()}
@@ -479,7 +480,7 @@ class Supervisor:
             except NoCapacity:
                 log.warning("%s: port %d is taken and no other is free; started on it", record.model_name, record.port)
                 return
-            if _port_free(self.host, port):
+            if port_free(self.host, port):
                 break
             taken.add(port)
         log.warning("%s: port %d is taken by another process; started on %d", record.model_name, record.port, port)
@@ -620,15 +621,29 @@ class Supervisor:
         return f"http://{host_port(reach, record.port)}{path}"
 
     async def _healthy(self, record: EngineRecord) -> bool:
+        """Its health check answers 200, from its own process: a port that another process bound between the
+        agent's check and the engine's bind answers for someone else (:mod:`turnout.runtime.ports`)."""
         launch = self.launch(record)
         try:
             async with self.client.request(
                 "GET", self.url(record, launch.health_path), label=record.model_name, timeout_s=launch.health_timeout_s
             ) as resp:
                 await resp.read()
-                return resp.status == 200
+                if resp.status != 200:
+                    return False
         except Exception:  # any failure to answer means not ready
             return False
+        if record.pid is None or listens_on(record.pid, record.port) is not False:
+            return True
+        if self._foreign_port.get(record.model_name) != record.pid:  # said once per process
+            self._foreign_port[record.model_name] = record.pid
+            log.warning(
+                "%s: port %d answers, but another process listens there, not the engine (pid %d); not ready",
+                record.model_name,
+                record.port,
+                record.pid,
+            )
+        return False
 
     async def _sleep_state(self, record: EngineRecord) -> bool | None:
         """vLLM's ``GET /is_sleeping`` (``{"is_sleeping": bool}``); None when the engine has no such route or
@@ -700,19 +715,6 @@ def _spawn_session(argv: list[str], log_path: Path, env: dict[str, str]) -> int:
         )
     finally:
         os.close(fd)
-
-
-def _port_free(host: str, port: int) -> bool:
-    """Whether a server could listen on ``host:port`` now: as servers do, with ``SO_REUSEADDR`` (the engine's own
-    connections still in TIME_WAIT after it stopped do not hold its port; another listener does)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _kill_group(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
