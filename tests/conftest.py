@@ -41,6 +41,30 @@ if TYPE_CHECKING:
     from tests.support.otlp_collector import Collector
 
 
+# When the suite runs in several processes (scripts/test: pytest-xdist with ``--dist loadgroup``), each file goes whole
+# to one process, as ``--dist loadfile`` would send it, except that the files in one group here share a process, so
+# they never run at the same time: they use the same things of the host (fixed ports: the docs' 8080 and 11434; the
+# demo's engine ports, 20000 on; or a whole core each: the real vLLM).
+SHARED_PROCESS = {
+    "tests/test_docs_commands.py": "host-ports",
+    "tests/runtime/test_demo.py": "host-ports",
+    "tests/test_cli.py": "host-ports",
+    "tests/runtime/test_vllm_engine.py": "vllm",
+    "tests/runtime/test_vllm_tracing.py": "vllm",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not getattr(config.option, "loadgroup", False):
+        return
+    root = Path(__file__).resolve().parents[1]
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            path = item.path.resolve().relative_to(root).as_posix()
+            item.add_marker(pytest.mark.xdist_group(SHARED_PROCESS.get(path, path)))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run when a process a test started outlived the session (every fixture is torn down by now):
     each is named with its command line, then stopped, so that one run's leftovers never reach the next."""

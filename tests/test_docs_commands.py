@@ -529,6 +529,16 @@ def test_scripts_test_is_exactly_what_ci_runs() -> None:
     assert any(SCRIPTS_TEST.match(line) for line in readme), "the README's quick start no longer runs ./scripts/test"
 
 
+def test_the_files_that_share_a_test_process_exist() -> None:
+    """scripts/test runs the suite in two processes; tests/conftest.py names the files that must share one. A file
+    renamed or moved would silently run beside the others again."""
+    from tests.conftest import SHARED_PROCESS
+
+    assert [path for path in SHARED_PROCESS if not (ROOT / path).is_file()] == []
+    script = (ROOT / "scripts" / "test").read_text()
+    assert "--dist loadgroup" in script  # the groups are read only then (loadfile ignores them)
+
+
 # -- the docs ----------------------------------------------------------------------------------------------
 
 
