@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.gateway.test_fuzz import FUZZ, WORKER_FUZZ, json_values, raw_bodies, start_workers, worker_replies
-from tests.support.raw_worker import RawWorker, Reply
+from tests.support.raw_worker import RawWorker, Reply, http
 from tests.support.threaded_gateway import Client, threaded_gateway
 
 ROUTES = ["/v1/messages", "/v1/messages?beta=true", "/v1/messages/count_tokens"]
@@ -200,13 +200,54 @@ def worker_gateway() -> Iterator[tuple[Client, dict[str, RawWorker]]]:
 
         return entries, stop
 
-    # failed answers take neither the model nor the worker out (100 in a row would), so every example reaches it
+    # polls never take a worker out; failed answers take a model out after 100 in a row, which each example's valid
+    # answer first (answered_once) never lets happen, so every example reaches its worker
     health = {"interval_s": 3600, "timeout_s": 2, "failures_to_down": 100, "request_failures_to_down": 100}
     with (
         tempfile.TemporaryDirectory() as tmp,
         threaded_gateway(Path(tmp), start, health=health) as (_, client),  # type: ignore[arg-type]
     ):
         yield client, raws
+
+
+# A valid answer from each worker, in its own API (the Messages route reaches "ol" on Ollama's /api/chat).
+VALID = {
+    "oa": {
+        "id": "c",
+        "object": "chat.completion",
+        "model": "o:1",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    },
+    "ol": {
+        "model": "l:1",
+        "message": {"role": "assistant", "content": "ok"},
+        "done": True,
+        "done_reason": "stop",
+        "prompt_eval_count": 1,
+        "eval_count": 1,
+    },
+    "na": {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "n:1",
+        "content": [{"type": "text", "text": "ok"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+    },
+}
+
+
+def answered_once(client: Client, name: str, target: RawWorker) -> None:
+    """One valid answer from the worker before the fuzzed one: a failure streak of
+    ``health.request_failures_to_down`` (100 at most) would take the model out on its worker, and the next examples
+    would not reach it (the native worker's random answers fail in nearly every example)."""
+    target.default = Reply([http(200, orjson.dumps(VALID[name]))])
+    body = {"model": target.models[0], "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    status, _, payload = client.post("/v1/messages", orjson.dumps(body))
+    assert status == 200, (name, status, payload[:300])
 
 
 @WORKER_FUZZ
@@ -217,6 +258,7 @@ def test_worker_answers_never_reach_the_client_malformed(
     client, raws = worker_gateway
     name = data.draw(st.sampled_from(["oa", "ol", "na"]))
     target = raws[name]
+    answered_once(client, name, target)
     target.default = data.draw(native_replies() if name == "na" else worker_replies(name == "ol"))
     stream = data.draw(st.booleans())
     body = {
