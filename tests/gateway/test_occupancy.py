@@ -292,7 +292,12 @@ async def test_leases_go_with_their_replica(redis_url: str, monkeypatch: pytest.
         await dead.close()
 
 
-async def test_a_slot_given_back_on_one_replica_wakes_a_waiter_on_another(redis_url: str) -> None:
+async def test_a_slot_given_back_on_one_replica_wakes_a_waiter_on_another(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Woken by the other replica's publish: the recheck that would also wake it is put 60 s off, so no timing is
+    judged (a 0.5 s bound failed once on this busy 2-core machine)."""
+    monkeypatch.setattr(redis_occupancy, "RECHECK_S", 60.0)
     prefix = f"t{uuid.uuid4().hex[:8]}"
     a, b = redis_keeper(redis_url, prefix), redis_keeper(redis_url, prefix)
     await a.start()
@@ -303,11 +308,9 @@ async def test_a_slot_given_back_on_one_replica_wakes_a_waiter_on_another(redis_
         ticket = await b.join("m", "", 1, Priority.STANDARD, 100)
         assert ticket is not None
         await asyncio.sleep(0.2)  # b is subscribed
-        waiting = asyncio.ensure_future(b.wait(ticket, 5.0))
-        started = time.monotonic()
+        waiting = asyncio.ensure_future(b.wait(ticket, 60.0))
         a.give(held)
-        await asyncio.wait_for(waiting, 5.0)
-        assert time.monotonic() - started < 0.5  # woken by the publish, not the recheck
+        await asyncio.wait_for(waiting, 20.0)  # woken by the publish (nothing else comes within 60 s)
         assert await b.take(grant(caps=Caps(worker=1), ticket=ticket)) is None
     finally:
         await a.close()
