@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.gateway.test_fuzz import FUZZ, WORKER_FUZZ, json_values, raw_bodies, start_workers, worker_replies
+from tests.gateway.test_fuzz import ANSWER, FUZZ, WORKER_FUZZ, json_values, raw_bodies, start_workers, worker_replies
 from tests.support.raw_worker import RawWorker, Reply, http
 from tests.support.threaded_gateway import Client, threaded_gateway
 
@@ -212,13 +212,7 @@ def worker_gateway() -> Iterator[tuple[Client, dict[str, RawWorker]]]:
 
 # A valid answer from each worker, in its own API (the Messages route reaches "ol" on Ollama's /api/chat).
 VALID = {
-    "oa": {
-        "id": "c",
-        "object": "chat.completion",
-        "model": "o:1",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-    },
+    "oa": ANSWER,  # test_fuzz.py's, the OpenAI-style worker's answer there too
     "ol": {
         "model": "l:1",
         "message": {"role": "assistant", "content": "ok"},

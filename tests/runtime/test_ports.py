@@ -24,7 +24,7 @@ def test_a_listener_is_found_in_the_process_or_its_children_and_nowhere_else() -
             idle.kill()
             idle.wait(timeout=10)
     code = (
-        "import socket, subprocess, sys, time\n"
+        "import socket, time\n"
         "s = socket.create_server(('127.0.0.1', 0)); print(s.getsockname()[1], flush=True); time.sleep(30)\n"
     )
     parent = subprocess.Popen(
