@@ -295,6 +295,16 @@ def figures(url: str) -> str:
     return ", ".join(out)
 
 
+def preempted(url: str) -> float:
+    """Batch lines the gateway has stopped for other requests so far (``turnout_preempted_requests_total``)."""
+    request = urllib.request.Request(url + "/metrics", headers=admin_headers())
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("turnout_preempted_requests_total "):
+                return float(line.split()[1])
+    return 0.0
+
+
 def make_key(url: str, app: str, priority: str) -> str:
     """A key through the admin API (the bench gateway's admin token), at ``priority``."""
     body = json.dumps({"app": app, "priority": priority}).encode()
@@ -356,7 +366,7 @@ def main() -> None:
                 for engine in engines:
                     engine.flush(args.parallel)
                 at, gateway, its_keys = gateways.get(kind, (url, proc, keys))
-                before, began = gauges(engines, gateway.pid), time.perf_counter()
+                before, began, stopped = gauges(engines, gateway.pid), time.perf_counter(), preempted(at)
                 one = asyncio.run(scenario(kind, at, its_keys, data, args, seed=round_))
                 one.span_s = time.perf_counter() - began
                 busy, cpu, gateway_cpu, *tokens = (
@@ -369,7 +379,8 @@ def main() -> None:
                 print(
                     f"round {round_ + 1} {kind:11} {one.batch_s or one.interactive_s:6.1f} s  "
                     f"interactive {len(one.ttft)} turns  batch {one.batch_tokens:.0f} tokens  "
-                    f"tokens per engine {' '.join(f'{t:.0f}' for t in tokens)}  taken to run: {figures(url)}",
+                    f"tokens per engine {' '.join(f'{t:.0f}' for t in tokens)}  "
+                    f"lines stopped {preempted(at) - stopped:.0f}  taken to run: {figures(url)}",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -184,6 +184,12 @@ class Routing(_Model):
         "worker's slots (what its engine runs at once; at least one), so an interactive request finds a free slot "
         "instead of waiting behind a long batch generation; 1: no headroom",
     )
+    preempt_batch: bool = Field(
+        True,
+        description="an interactive or standard request that finds every slot it could use taken stops a batch "
+        "request running there (the one that started last; each Batch API line at most once, sent again at once), "
+        "instead of waiting for it to end; false: batch requests always run to their end",
+    )
     explain_header: bool = Field(
         False,
         description="answer every routed request with an X-Turnout-Route header: the worker and why it was chosen "

@@ -259,6 +259,12 @@ class Metrics:
             registry=self.registry,
         )
         self.queued = Gauge("turnout_queued_requests", "requests waiting for a free slot", registry=self.registry)
+        self.preempted = Counter(
+            "turnout_preempted_requests",
+            "batch requests stopped in flight for a waiting interactive or standard request (each sent again; a "
+            "Batch API line at most once)",
+            registry=self.registry,
+        )
         self._shared_up: Gauge | None = None  # registered with storage.redis_url only (shared_state)
         self.upstream_errors = Counter(
             "turnout_upstream_errors", "failed upstream attempts", ["worker", "kind"], registry=self.registry

@@ -308,12 +308,20 @@ class Accountant:
         return Ticket(key, reserved, admitted, started, prompt)
 
     async def finish(
-        self, ticket: Ticket, call: Call, outcome: Outcome, status: int, *, batch_id: str | None = None
+        self,
+        ticket: Ticket,
+        call: Call,
+        outcome: Outcome,
+        status: int,
+        *,
+        batch_id: str | None = None,
+        record: bool = True,
     ) -> UsageRow:
         """Settle the limits and queue the usage row (returned: the access log writes it too). For a request
         that succeeded, a prompt count the worker did not report is the ticket's estimate (a completion count,
         0); a failed one is refunded and recorded with the counts reported, else zero. ``batch_id``: the Batch API
-        batch whose line this was (in the usage row)."""
+        batch whose line this was (in the usage row). ``record`` False: the row is returned, not written (a batch
+        request stopped for another, and sent again: :mod:`turnout.gateway.preemption`)."""
         failed = outcome.failed or status >= 400
         prompt, completion = outcome.prompt_tokens, outcome.completion_tokens
         if not failed:
@@ -341,7 +349,8 @@ class Accountant:
             alias=call.alias,
             batch_id=batch_id,
         )
-        self.usage.add(row)
+        if record:
+            self.usage.add(row)
         return row
 
     async def start(self) -> None:

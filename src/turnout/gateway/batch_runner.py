@@ -18,9 +18,14 @@ What a line's answer makes the runner do is :func:`turnout.core.batches.verdict`
 file, any other answer in the error file), wait and send it again (429: the key's daily tokens are spent, until
 they renew; 503: no capacity now), or try again (a worker that failed, up to ``batches.max_attempts`` times).
 Waiting never outlives the batch's completion window: when it passes, every line without an answer gets the
-error line ``batch_expired`` and the batch is ``expired``. A cancel stops new lines at once (in this process
-when the cancel came here; within half a second in the one that runs the batch otherwise); lines in flight end, and
-the lines never sent get ``batch_cancelled``.
+error line ``batch_expired`` and the batch is ``expired``.
+
+A line in flight may be stopped once for an interactive or standard request that finds no free slot
+(:mod:`turnout.core.preemption`, :mod:`turnout.gateway.preemption`): it is sent again at once, behind that request
+in the queue; the stopped attempt is not an attempt (``max_attempts``), has no answer and no usage row.
+
+A cancel stops new lines at once (in this process when the cancel came here; within half a second in the one that
+runs the batch otherwise); lines in flight end, and the lines never sent get ``batch_cancelled``.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from turnout.gateway.access import USAGE_ROW
 from turnout.gateway.aliases import Aliases
 from turnout.gateway.batch_lease import Leases
 from turnout.gateway.calls import call_of
+from turnout.gateway.preemption import STOPPABLE, Stoppable
 from turnout.gateway.serving import answer
 from turnout.gateway.timing import PHASES, Phases
 from turnout.store.batches import BatchFile, BatchRecord, BatchStore, Result
@@ -339,10 +345,16 @@ class BatchRunner:
             self._keep(run, line, exc.status, orjson.loads(api(dialect).error_body(exc)), None)
             return
         attempt = waits = 0
+        stoppable = True  # a line is stopped for a request of a higher class at most once (core.preemption)
         try:
             while not run.stop.is_set():
                 attempt += 1
-                status, body, retry_after, request = await self._send(run, call)
+                sent = await self._send(run, call, stoppable)
+                if sent is None:  # stopped for another request: sent again at once (queued behind it), not an attempt
+                    stoppable = False
+                    attempt -= 1
+                    continue
+                status, body, retry_after, request = sent
                 decided = verdict(status, attempt, self.settings.max_attempts)
                 if decided is Verdict.RECORD:
                     self._keep(run, line, status, body, request)
@@ -357,12 +369,26 @@ class BatchRunner:
         except _Stop:
             return
 
-    async def _send(self, run: _Run, call: Call) -> tuple[int, Any, int | None, LineRequest]:
-        """One attempt: (status, answer body, Retry-After, the request it was sent as)."""
+    async def _send(self, run: _Run, call: Call, stoppable: bool) -> tuple[int, Any, int | None, LineRequest] | None:
+        """One attempt: (status, answer body, Retry-After, the request it was sent as); None: it was stopped for a
+        request of a higher class (``stoppable``: it may be, :mod:`turnout.gateway.preemption`)."""
         request = LineRequest(self.app)
+        stop = Stoppable() if stoppable else None
+        if stop is not None:
+            request[STOPPABLE] = stop
         try:
             key = await self._key(run)
-            response = await answer(cast(web.Request, request), key, call, priority=Priority.BATCH, batch_id=run.id)
+            sending = asyncio.ensure_future(
+                answer(cast(web.Request, request), key, call, priority=Priority.BATCH, batch_id=run.id)
+            )
+            if stop is not None:
+                stop.task = sending
+            response = await sending
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if stop is None or not stop.stopped or (current is not None and current.cancelling()):
+                raise  # the run itself is stopping
+            return None
         except TurnoutError as exc:
             return exc.status, orjson.loads(api(call.dialect).error_body(exc)), exc.retry_after, request
         body = response.body if isinstance(response, web.Response) else None

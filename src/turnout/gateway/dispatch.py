@@ -29,10 +29,12 @@ from turnout.core.admission import Caps, Priority
 from turnout.core.headroom import QUIET_S, RecentPeak, batch_caps
 from turnout.core.parallelism import Span
 from turnout.core.patterns import best_value
+from turnout.core.preemption import PREEMPTORS, Running, victim
 from turnout.core.prefix import BYTES_PER_TOKEN, PrefixIndex, Prompt, prompt_of
 from turnout.core.routing import (
     DEFAULT_OUTPUT_TOKENS,
     NO_DEMAND,
+    Backlog,
     Capacity,
     Demand,
     LoadGuard,
@@ -115,6 +117,8 @@ class Lease:
     first_at: float | None = None
     last_at: float = 0.0
     grant: Grant | None = None  # the slot it holds in the occupancy's counts
+    stop: Callable[[], None] | None = None  # stops the batch request holding it (:mod:`turnout.core.preemption`)
+    seen: int | None = None  # its worker runs batch requests it may stop, and ran this many requests before it
 
     def answering(self, now: float) -> None:
         """Events of its answer (not keep-alive comments) arrived from the worker: the engine is working on it."""
@@ -171,6 +175,7 @@ class Dispatcher:
         for reason in Reason:
             self._reasons[reason.value] = 0
         self._guard = LoadGuard(routing.load_guard_absolute, routing.load_guard_relative)
+        self._stoppable: dict[str, tuple[Running, Lease]] = {}  # batch requests a waiting request may stop
 
     def _index(self, worker: str) -> PrefixIndex | None:
         state = self.fleet.workers.get(worker)
@@ -199,28 +204,32 @@ class Dispatcher:
         ticket: Ticket | None = None,
         hold_s: float = 0.0,
         phases: Phases | None = None,
+        stop: Callable[[], None] | None = None,
     ) -> Lease:
         """A slot for ``model``. ``ticket``: its place in the queue, kept from a hold (:meth:`hold`); ``hold_s``: how
         long it may wait for workers that are down for a moment (healthy within :data:`RECENTLY_S`: a restart),
         instead of the 503 at once; that wait is the request's ``hold`` phase (``phases``, the request's timing:
-        :mod:`turnout.gateway.timing`) and counts in ``turnout_held_requests``."""
+        :mod:`turnout.gateway.timing`) and counts in ``turnout_held_requests``. ``stop``: a batch request that may
+        be stopped while it holds its slot, for a request of a higher class that waits for one
+        (:func:`turnout.core.preemption.victim`); called at most once, before the slot is given back."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self.routing.queue_timeout_s
         held_until = started + hold_s
         holding: Holding | None = None  # while it is held (its workers expected back)
+        stopped = False  # it stopped a batch request (at most one)
         if ticket is not None:
             self.metrics.queued.inc()  # (the hold gave its count back with the ticket)
         try:
             while True:
                 try:
-                    lease, message = await self._try(model, exclude, tenant, ask, priority, ticket)
+                    lease, message, why = await self._try(model, exclude, tenant, ask, priority, ticket)
                 except Unavailable as exc:
                     if exc.code != NoRouteReason.NO_HEALTHY.value or not self._coming_back(model):
                         raise
                     if loop.time() >= held_until:
                         raise
-                    lease, message, deadline = None, exc.message, held_until  # held: a worker is coming back
+                    lease, message, why, deadline = None, exc.message, "", held_until  # a worker is coming back
                     if holding is None:
                         holding = Holding(phases, self.metrics).begin()
                 else:
@@ -235,7 +244,13 @@ class Dispatcher:
                 if lease is not None:
                     if ticket is not None:
                         self.metrics.queue_wait.observe(loop.time() - started)
+                    if stop is not None and priority is Priority.BATCH and lease.grant is not None:
+                        self._stoppable_now(lease, stop)
+                    if lease.seen is not None and not stopped:
+                        self._stop_where(lease, lease.seen)
                     return lease
+                if not stopped:
+                    stopped = self._preempt(model, exclude, priority, why)
                 remaining = deadline - loop.time()
                 if ticket is None and remaining > 0:
                     ticket = await self.occupancy.join(
@@ -312,8 +327,10 @@ class Dispatcher:
         ask: Ask | None,
         priority: Priority,
         ticket: Ticket | None,
-    ) -> tuple[Lease | None, str]:
-        """One attempt: a lease, or (None, why it must wait). No-route answers other than saturation raise.
+    ) -> tuple[Lease | None, str, str]:
+        """One attempt: (a lease, "", ""), or (None, why it must wait, that reason's count: ``tenant``, ``ahead``,
+        ``worker_batch``, ``model_batch``, ``total``, ``model``, ``worker``, or the router's ``saturated``). No-route
+        answers other than saturation raise.
 
         A worker chosen on counts that no longer hold when its slot is taken (it took requests in between: another
         replica routed at the same moment, :func:`turnout.core.admission.moved`) is chosen again on the new counts,
@@ -335,7 +352,7 @@ class Dispatcher:
         ticket: Ticket | None,
         *,
         check: bool,
-    ) -> tuple[Lease | None, str] | None:
+    ) -> tuple[Lease | None, str, str] | None:
         """:meth:`_try`'s one view, decision and take; None: the worker moved (``check``: the take checks that its
         requests in flight are still those the decision saw)."""
         candidates = self.fleet.candidates(model)
@@ -350,13 +367,20 @@ class Dispatcher:
             slots = {s.name: s.parallelism(model, now).slots for s in candidates} if prompt is not None else {}
             held = await occupancy.view(model, tenant, names, prompt, ticket, slots)
             if cap is not None and held.tenant >= cap:
-                return None, self._refused("tenant", model, tenant)
+                return None, self._refused("tenant", model, tenant), "tenant"
             if held.ahead:
-                return None, self._refused("ahead", model, tenant)
+                return None, self._refused("ahead", model, tenant), "ahead"
         else:  # one candidate, counts kept elsewhere: the take checks every cap (one round trip, not two)
             held = _NOTHING_HELD
         matches = held.matches if prompt is not None else None
         views = self.fleet.views(model, prompt, candidates, held.workers, matches, held.backlogs)
+        stoppable = self._stoppable_here(model, priority)
+        if stoppable and choice:
+            if _all_busy(model, views, exclude):  # ranked as if they were stopped: they are, where it goes
+                counts, backlogs = _without(stoppable, held.workers, held.backlogs)
+                views = self.fleet.views(model, prompt, candidates, counts, matches, backlogs)
+            else:  # a slot is free: nothing is stopped
+                stoppable = {}
         capacity = Capacity(held.total, self.routing.max_concurrent, held.model, model_max)
         full: set[str] = set()  # workers whose batch share is taken: a batch request tries the next one
         headroom = self._headroom(model, views, exclude, held, priority, choice)
@@ -372,11 +396,11 @@ class Dispatcher:
             )
             if isinstance(decision, NoRoute):
                 if full:  # every other candidate is busy or out: it waits for a batch slot
-                    return None, self._refused("worker_batch", model, tenant, next(iter(full)))
+                    return None, self._refused("worker_batch", model, tenant, next(iter(full))), "worker_batch"
                 if decision.reason is not NoRouteReason.SATURATED:
                     self.metrics.routing.labels(decision.reason.value).inc()
                     raise no_route_error(decision, self.retry_after_s)
-                return None, decision.message
+                return None, decision.message, "saturated"
             best = decision.best
             worker = self.fleet.workers[best.worker]
             caps = Caps(self.routing.max_concurrent, model_max, cap, worker.config.max_concurrent)
@@ -395,15 +419,17 @@ class Dispatcher:
                 full.add(best.worker)
                 continue
             if refused is not None:
-                return None, self._refused(refused, model, tenant, best.worker)
+                return None, self._refused(refused, model, tenant, best.worker), refused
             break
         self._routed.inc()
         self._reasons[decision.reason] += 1
         self._rotation += 1
         lease = self._take(worker, best.model, grant)
+        if best.worker in stoppable:  # (acquire stops one there when the engine is full: _stop_where)
+            lease.seen = held.workers.get(best.worker, 0)
         if choice:  # (even when only one of them was free just now)
             self._placed(lease, decision, prompt, time.monotonic())
-        return lease, ""
+        return lease, "", ""
 
     def _headroom(
         self,
@@ -497,7 +523,61 @@ class Dispatcher:
         now = time.monotonic()
         return Lease(worker, upstream_model, grant.model, grant.tenant, self, grant=grant, sent_at=now)
 
+    def _stoppable_now(self, lease: Lease, stop: Callable[[], None]) -> None:
+        """``lease``'s batch request may be stopped from now until its slot is given back."""
+        grant = lease.grant
+        assert grant is not None
+        lease.stop = stop
+        self._stoppable[grant.lease] = (Running(grant.lease, grant.worker, grant.model, lease.sent_at), lease)
+
+    def _stoppable_here(self, model: str, priority: Priority) -> dict[str, list[Lease]]:
+        """Per worker not capped by ``max_concurrent``, the batch requests for ``model`` a request of ``priority``
+        would stop where it goes (none when it stops none: :data:`turnout.core.preemption.PREEMPTORS`,
+        ``routing.preempt_batch``)."""
+        if not self._stoppable or priority not in PREEMPTORS or not self.routing.preempt_batch:
+            return {}
+        here: dict[str, list[Lease]] = {}
+        for running, lease in self._stoppable.values():
+            # (on a worker capped by max_concurrent a request that finds it full waits in the gateway's queue, and
+            # stops one from there: acquire)
+            if running.model == model and lease.worker.config.max_concurrent is None:
+                here.setdefault(running.worker, []).append(lease)
+        return here
+
+    def _stop_where(self, lease: Lease, seen: int) -> None:
+        """``lease``'s request went to a worker that runs a batch request it may stop: stop one when the worker's
+        engine runs no more at once than it holds now (``seen``: its requests in flight before this one, every
+        replica's), so that this request starts at once instead of waiting in the engine's queue."""
+        worker, grant = lease.worker, lease.grant
+        assert grant is not None
+        slots = self._slots(worker, grant.model)
+        if slots is not None and max(seen + 1, worker.in_flight) > slots:
+            self._preempt(grant.model, frozenset(), grant.priority, "worker", {worker.name})
+
+    def _preempt(
+        self, model: str, exclude: frozenset[str], priority: Priority, why: str, workers: set[str] | None = None
+    ) -> bool:
+        """A request of ``priority`` waits for a slot because ``why``: stop the batch request
+        :func:`turnout.core.preemption.victim` names, if any (True: one was stopped), on ``workers`` (else any
+        candidate not in ``exclude``). Its slot is given back as its request ends, which wakes the queue's first
+        waiter."""
+        if not self._stoppable or not self.routing.preempt_batch:
+            return False
+        if workers is None:
+            workers = {s.name for s in self.fleet.candidates(model)} - exclude
+        chosen = victim((r for r, _ in self._stoppable.values()), priority, why, model, workers)
+        if chosen is None:
+            return False
+        _, lease = self._stoppable.pop(chosen.lease)
+        stop, lease.stop = lease.stop, None
+        assert stop is not None
+        self.metrics.preempted.inc()
+        stop()
+        return True
+
     def _release(self, lease: Lease) -> None:
+        if lease.grant is not None:
+            self._stoppable.pop(lease.grant.lease, None)
         worker = lease.worker
         if lease.first_at is not None:
             worker.ran(lease.requested, Span(lease.sent_at, lease.first_at, lease.last_at), time.monotonic())
@@ -508,6 +588,36 @@ class Dispatcher:
 
     def _saturated_retry_after(self) -> int:
         return max(1, math.ceil(min(self.routing.queue_timeout_s, 10) / 2))
+
+
+def _all_busy(model: str, views: list[WorkerView], exclude: frozenset[str]) -> bool:
+    """Every worker that may serve ``model`` (healthy, allowed, holding it) runs as many requests as its engine
+    runs at once (known)."""
+    every = route(model, [v._replace(max_concurrent=None) for v in views], exclude=exclude)
+    if isinstance(every, NoRoute):
+        return False
+    by_name = {v.name: v for v in views}
+    return all(
+        (slots := by_name[c.worker].slots) is not None and by_name[c.worker].in_flight >= slots
+        for c in every.candidates
+    )
+
+
+def _without(
+    stoppable: Mapping[str, list[Lease]], counts: Mapping[str, int], backlogs: Mapping[str, Backlog]
+) -> tuple[dict[str, int], dict[str, Backlog]]:
+    """Requests in flight and backlogs per worker less the batch requests that would be stopped there."""
+    fewer, lighter = dict(counts), dict(backlogs)
+    for name, leases in stoppable.items():
+        if name in fewer:
+            fewer[name] = max(0, fewer[name] - len(leases))
+        backlog = lighter.get(name)
+        if backlog is not None:
+            works = [g.work for g in (x.grant for x in leases) if g is not None and g.work is not None]
+            lighter[name] = backlog._replace(
+                work_s=max(0.0, backlog.work_s - sum(works)), ranked=max(0, backlog.ranked - len(works))
+            )
+    return fewer, lighter
 
 
 def no_route_error(decision: NoRoute, retry_after_s: int) -> TurnoutError:

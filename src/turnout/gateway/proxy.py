@@ -74,6 +74,7 @@ from turnout.gateway.hold import HOLDABLE, hold_limit
 from turnout.gateway.inspection import COUNT_SOURCE, Inspector
 from turnout.gateway.learning import AnswerLearner
 from turnout.gateway.occupancy import Ticket
+from turnout.gateway.preemption import STOPPABLE, Whole, made_whole, whole_answer
 from turnout.gateway.timing import PHASES, Phases, model_label, unrouted_label
 from turnout.gateway.trace_context import passed_on
 from turnout.metrics import Metrics
@@ -229,6 +230,8 @@ class Proxy:
         phases = request[PHASES]
         counts = self.metrics.classes[priority]  # waiting and running requests of the class (scraped, Overview)
         hold_s = hold_limit(request.headers, routing.hold_s)
+        stoppable = request.get(STOPPABLE)
+        stop = None if stoppable is None else stoppable.stop
         for _ in range(routing.max_attempts):
             held = 0.0 if phases.holds is None else phases.hold  # (a hold inside acquire is its own phase)
             counts.waiting += 1
@@ -243,6 +246,7 @@ class Proxy:
                     ticket=ticket,
                     hold_s=hold_s,
                     phases=phases,
+                    stop=stop,
                 )
                 ticket = None
             except TurnoutError as exc:
@@ -340,7 +344,10 @@ class Proxy:
             body = orjson.dumps({**parse_object(call.body), "model": upstream, "priority": rank})
         elif upstream != call.model:
             body = orjson.dumps({**call.payload, "model": upstream})
-        return await self._passthrough(request, call, lease, body, outcome, trace, rank)
+        whole = whole_answer(call, lease)
+        if whole is not None:  # asked as a stream, answered in one piece (gateway.preemption)
+            body = orjson.dumps({**parse_object(body), "stream": True, "stream_options": {"include_usage": True}})
+        return await self._passthrough(request, call, lease, body, outcome, trace, rank, whole)
 
     # -- same dialect ----------------------------------------------------------------------------
     async def _passthrough(
@@ -352,8 +359,11 @@ class Proxy:
         outcome: Outcome,
         trace: dict[str, str] | None,
         rank: int | None = None,
+        whole: Whole | None = None,
     ) -> web.StreamResponse:
-        """``lease.model``: the name the worker knows it by (its failures and successes are counted under it)."""
+        """``lease.model``: the name the worker knows it by (its failures and successes are counted under it).
+        ``whole``: the call was sent as a stream that its client did not ask for; this makes its frames the answer
+        in one piece (:mod:`turnout.dialects.openai_whole`)."""
         worker, model = lease.worker, lease.model
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
@@ -372,7 +382,10 @@ class Proxy:
                 return self.answers.worker_error(call, worker, model, up.status, await up.read(), loop.time())
             if not _streaming(call, up):
                 phases.first_byte(up.head_at)
-                data = await up.read()
+                if whole is not None and up.content_type != "application/json":
+                    data = await made_whole(up, lease, whole, _DRAIN_S)
+                else:
+                    data = await up.read()
                 answer = self.answers.checked(worker, model, data, loop.time())
                 self.learner.learn(lease, call, answer, started, None, outcome)
                 if outcome.keep is not None:

@@ -19,6 +19,7 @@ from turnout.errors import TurnoutError
 from turnout.gateway.access import USAGE_ROW
 from turnout.gateway.accounting import Outcome, Ticket
 from turnout.gateway.keys import ACCOUNTANT, PROXY, STORED
+from turnout.gateway.preemption import STOPPABLE
 from turnout.store.keys import KeyRecord
 
 __all__ = ["answer"]
@@ -58,6 +59,7 @@ async def answer(
     if endpoint is Endpoint.RESPONSES:
         outcome.keep = app[STORED].keeper(key, call)
     status = 500
+    stopped = False  # a batch request stopped for another (gateway.preemption): no usage row, it is sent again
     try:
         response = await app[PROXY].serve(request, call, outcome, "" if key is None else key.tenant, priority)
         status = response.status
@@ -67,7 +69,11 @@ async def answer(
         raise
     except BaseException:  # client gone (cancelled) or a bug: refund the reservation
         outcome.failed = True
+        stoppable = request.get(STOPPABLE)
+        stopped = stoppable is not None and stoppable.stopped
         raise
     finally:
         if endpoint is not Endpoint.SHOW:
-            request[USAGE_ROW] = await accountant.finish(ticket, call, outcome, status, batch_id=batch_id)
+            request[USAGE_ROW] = await accountant.finish(
+                ticket, call, outcome, status, batch_id=batch_id, record=not stopped
+            )

@@ -1,0 +1,61 @@
+"""Preemption: which running batch request a waiting request of a higher class stops, decided once, here.
+
+Headroom (:mod:`turnout.core.headroom`) keeps batch requests off some slots beforehand; it cannot keep every
+interactive request from finding every slot taken (three clients on three one-slot engines, one of them running a
+batch line: bench/batch_fleet.py, waited p90 0.02 -> 0.21 s). Then the only way to start it at once is to stop a
+batch request that holds a slot it could use:
+
+- only a request that is not ``batch`` itself stops one (:data:`PREEMPTORS`), and only when it waits for a slot a
+  running request holds: in the gateway's queue (:data:`SLOT_HELD`: every worker busy, the gateway's or the model's
+  cap), never for its tenant's cap or behind another waiter (stopping a batch request would not start it); or, on
+  engines with no cap in the gateway, in the engine's own queue, when every worker that may serve it runs as many
+  requests as its engine runs at once (the dispatcher then ranks the workers as if their batch requests were
+  stopped, and stops one where the request goes: ``why`` is ``worker`` and ``workers`` that one);
+- the batch request stopped is one of the same model, on a worker this request may be sent to, that may be stopped
+  (:class:`Running` ``stoppable``: each Batch API line is stopped at most once, so a batch always progresses and
+  the work thrown away is at most one partial answer per line), the one that started last (the least work lost);
+- each waiting request stops at most one (the slot it frees wakes the queue's first waiter, which a request of a
+  higher class is: :func:`turnout.core.admission.queue_score`).
+
+Pure: no I/O, no clock (times are parameters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from typing import NamedTuple
+
+from turnout.core.admission import Priority
+
+__all__ = ["PREEMPTORS", "SLOT_HELD", "Running", "victim"]
+
+PREEMPTORS = frozenset({Priority.INTERACTIVE, Priority.STANDARD})
+# Why a request waits (the dispatcher's refusal counts, :func:`turnout.core.admission.refusal`, and the router's
+# saturation) when what it waits for is a slot a running request holds.
+SLOT_HELD = frozenset({"worker", "model", "total", "saturated"})
+
+
+class Running(NamedTuple):
+    """A batch request in flight in this process that may be stopped: its lease, worker, model (as requested) and
+    when it took its slot (monotonic seconds)."""
+
+    lease: str
+    worker: str
+    model: str
+    since: float
+
+
+def victim(
+    running: Iterable[Running], priority: Priority, why: str, model: str, workers: Collection[str]
+) -> Running | None:
+    """The batch request a request of ``priority`` for ``model``, waiting because ``why``, stops (None: none).
+    ``workers``: those it may be sent to (placement's candidates less those it already failed on)."""
+    if priority not in PREEMPTORS or why not in SLOT_HELD:
+        return None
+    best: Running | None = None
+    for run in running:
+        if run.model != model or run.worker not in workers:
+            continue
+        if best is None or (run.since, run.lease) > (best.since, best.lease):
+            best = run
+    return best
