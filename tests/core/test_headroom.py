@@ -29,7 +29,9 @@ def test_batch_room(slots: list[int | None], share: float, room: int | None) -> 
 @pytest.mark.parametrize(
     ("worker", "fleet", "others", "caps"),
     [
-        (1, [1, 1, 1], 0, (None, None)),  # nothing else wanted the model lately: batch takes it all
+        (1, [1, 1, 1], 0, (1, None)),  # nothing else wanted the model lately: batch takes it all (its slots)
+        (2, [2, 2, 2], 0, (2, None)),  # ... never more than a worker's slots (none queues in the engine)
+        (None, [None, 4], 0, (None, None)),  # a batching engine of unknown capacity: no cap
         (1, [1, 1, 1], 1, (1, 2)),  # the others needed one slot at most: batch may hold the other two
         (1, [1, 1, 1], 3, (1, 1)),  # they needed all: the share (at least one)
         (1, [1, 1, 1], 5, (1, 1)),
@@ -43,6 +45,11 @@ def test_batch_caps(
     worker: int | None, fleet: list[int | None] | None, others: int, caps: tuple[int | None, int | None]
 ) -> None:
     assert batch_caps(worker, fleet, 0.5, others) == caps
+
+
+@pytest.mark.parametrize(("worker", "others"), [(1, 0), (1, 3), (4, 2), (None, 2)])
+def test_a_whole_share_is_every_slot_and_no_more(worker: int | None, others: int) -> None:
+    assert batch_caps(worker, [worker, 1], 1.0, others) == (worker, None)
 
 
 def test_recent_peak_forgets_after_its_window() -> None:

@@ -195,3 +195,24 @@ async def test_a_batch_request_takes_another_worker_when_the_first_choice_has_no
     assert first_route.startswith(holder)
     assert not route.startswith(holder), route  # the other worker, not a wait for the holder's batch slot
     assert took < first_took + 1.0, (took, first_took)  # its own 2 s, not the holder's answer first (4 s)
+
+
+@pytest.mark.parametrize("share", [0.5, 1.0])
+async def test_a_batch_request_never_waits_in_an_engines_own_queue(
+    emulator: EmulatorFactory, gateway: GatewayFactory, share: float
+) -> None:
+    """Nothing else wanted the model lately, or no headroom at all (share 1): batch takes every slot, and no more.
+    A batch request beyond them waits in the gateway's queue (where a later interactive request goes first), not in
+    the engine's (bench/batch_fleet.py with batch_share 1: interactive requests waited 1.4 s behind lines queued in
+    the engines)."""
+    emus = [await emulator(name, [MODEL]) for name in "ab"]
+    gw = await gateway(
+        [worker(e.name, e.url, slots=1) for e in emus], routing={"batch_share": share, "queue_timeout_s": 0.2}
+    )
+    dispatcher = gw.app[DISPATCHER]
+    held = [await dispatcher.acquire(MODEL, priority=Priority.BATCH) for _ in range(2)]
+    assert {lease.worker.name for lease in held} == {"a", "b"}
+    with pytest.raises(Unavailable, match="batch requests hold their share"):
+        await dispatcher.acquire(MODEL, priority=Priority.BATCH)
+    for lease in held:
+        lease.release()

@@ -10,8 +10,13 @@ off some slots beforehand:
   one request at a time a worker's share is the whole engine; the fleet's share is what keeps some engines free.
 - **nothing else wanted the model lately** (no interactive or standard request for it in flight over
   :data:`QUIET_S`, a gateway just started included): batch takes every slot. The first request after a quiet
-  spell may wait for one batch request to end (on an engine that runs one at a time); from then on the slots it
-  needed are kept free as the batch requests holding them end.
+  spell finds them all taken (it stops a Batch API line: :mod:`turnout.core.preemption`); from then on the slots
+  it needed are kept free as the batch requests holding them end.
+- **never more than a worker's slots**, whatever the share (where its engine says how many it runs at once): a
+  batch request beyond them would wait in the engine's own queue, where no later request can pass it or stop it
+  before it starts (bench/batch_fleet.py with ``batch_share`` 1: eight lines on three one-slot engines, and
+  interactive requests waited 1.4 s for the lines queued ahead of them in the engines). It waits in the
+  gateway's queue instead, behind every other class.
 
 Pure: no I/O, no clock (times are parameters).
 """
@@ -45,11 +50,11 @@ def batch_room(slots: Iterable[int | None], share: float) -> int | None:
 def batch_caps(
     worker: int | None, fleet: list[int | None] | None, share: float, others: int
 ) -> tuple[int | None, int | None]:
-    """What batch requests may hold of one worker's slots (``worker``: what its engine runs at once) and of the
-    model's workers' slots together (``fleet``: each one's; None: not asked, a single candidate). ``others``: the
-    model's other traffic's peak in flight over :data:`QUIET_S`. (None: no cap.)"""
-    if others == 0:
-        return None, None
+    """What batch requests may hold of one worker's slots (``worker``: what its engine runs at once; None: not
+    known) and of the model's workers' slots together (``fleet``: each one's; None: not asked, a single
+    candidate). ``others``: the model's other traffic's peak in flight over :data:`QUIET_S`. (None: no cap.)"""
+    if others == 0 or share >= 1:
+        return worker, None
     mine = batch_room([worker], share)
     if fleet is None:
         return mine, None
