@@ -70,8 +70,11 @@ async def test_on_engines_that_run_one_at_a_time_the_request_goes_where_it_stops
     lease = await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE)
     stopped = [n for n, held in enumerate(batch) if held.worker.name == lease.worker.name]
     assert stops.calls == [str(stopped[0])]
-    standard = await dispatcher.acquire(MODEL)  # a standard request stops one too
-    assert len(stops.calls) == min(2, workers) and standard.worker.name != lease.worker.name or workers == 1
+    standard = await dispatcher.acquire(MODEL)  # a standard request stops one too, on another engine
+    if workers == 1:  # the one line was stopped already: nothing left to stop (it waits in the engine's queue)
+        assert len(stops.calls) == 1
+    else:
+        assert len(stops.calls) == 2 and standard.worker.name != lease.worker.name
     for held in (*batch, lease, standard):
         held.release()
 
