@@ -88,7 +88,7 @@ async def test_batch_takes_what_the_other_traffic_has_not_needed_lately(
     day = await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE)  # the others need one slot at once now
     held = [await dispatcher.acquire(MODEL, priority=Priority.BATCH) for _ in range(2)]
     assert day.worker.name not in {x.worker.name for x in held}
-    with pytest.raises(Unavailable, match="share of the slots"):
+    with pytest.raises(Unavailable, match="is busy"):  # (and none is free: a batch request goes only to a free slot)
         await dispatcher.acquire(MODEL, priority=Priority.BATCH)  # 3 slots, 1 needed by the others: 2 for batch
     for lease in [day, *held]:
         lease.release()
@@ -212,7 +212,10 @@ async def test_a_batch_request_never_waits_in_an_engines_own_queue(
     dispatcher = gw.app[DISPATCHER]
     held = [await dispatcher.acquire(MODEL, priority=Priority.BATCH) for _ in range(2)]
     assert {lease.worker.name for lease in held} == {"a", "b"}
-    with pytest.raises(Unavailable, match="batch requests hold their share"):
+    with pytest.raises(Unavailable, match="is busy"):
         await dispatcher.acquire(MODEL, priority=Priority.BATCH)
-    for lease in held:
+    interactive = await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE)  # (it would wait in an engine)
+    with pytest.raises(Unavailable, match="is busy"):  # a slot given back goes to no batch request while it is busy
+        await dispatcher.acquire(MODEL, priority=Priority.BATCH)
+    for lease in [*held, interactive]:
         lease.release()

@@ -177,7 +177,9 @@ async def test_an_engine_not_said_to_schedule_by_priority_is_sent_nothing(
     gateway: GatewayFactory, vllm: VllmFactory
 ) -> None:
     """Without priority_scheduling the body goes as the client sent it and the engine's queue is first come,
-    first served whatever the classes (vLLM's fcfs; an old vLLM refuses a priority it does not schedule by)."""
+    first served whatever the classes (vLLM's fcfs; an old vLLM refuses a priority it does not schedule by); so the
+    gateway keeps a batch request out of that queue while the engine's one sequence is taken (it waits in the
+    gateway's, behind the interactive request that came after it)."""
     url, engine = await vllm(policy="priority", max_num_seqs=1)
     gw = await gateway([worker("v", url, type="openai")], auth={"open": False})
     _, web_key = create_key(gw, app="web")
@@ -185,13 +187,13 @@ async def test_an_engine_not_said_to_schedule_by_priority_is_sent_nothing(
     async with aiohttp.ClientSession() as http:
         tasks = [asyncio.create_task(chat(http, gw, web_key, "first"))]
         await eventually(lambda: _true(len(engine.running) == 1), "the first request running")
-        for label, key in [("b1", web_key), ("i1", agent)]:
-            header = "batch" if label == "b1" else None
-            tasks.append(asyncio.create_task(chat(http, gw, key, label, header)))
-            waiting = len(tasks) - 1
-            await eventually(lambda n=waiting: _true(len(engine.waiting) == n), f"{waiting} in the engine's queue")
+        tasks.append(asyncio.create_task(chat(http, gw, web_key, "b1", "batch")))
+        await eventually(lambda: _true(gw.app[DISPATCHER].waiting == 1), "the batch request in the gateway's queue")
+        tasks.append(asyncio.create_task(chat(http, gw, agent, "i1")))
+        await eventually(lambda: _true(len(engine.waiting) == 1), "the interactive request in the engine's queue")
+        assert gw.app[DISPATCHER].waiting == 1  # (the batch request still in the gateway's)
         await drain(engine, tasks)
-    assert labels(engine) == ["first", "b1", "i1"]
+    assert labels(engine) == ["first", "i1", "b1"]
     assert all((e["header"], e["body"]) == (None, None) for e in engine.started_log), engine.started_log
 
 

@@ -16,7 +16,8 @@ off some slots beforehand:
   batch request beyond them would wait in the engine's own queue, where no later request can pass it or stop it
   before it starts (bench/batch_fleet.py with ``batch_share`` 1: eight lines on three one-slot engines, and
   interactive requests waited 1.4 s for the lines queued ahead of them in the engines). It waits in the
-  gateway's queue instead, behind every other class.
+  gateway's queue instead, behind every other class. (The dispatcher goes further: a batch request goes only to a
+  worker with a free slot, whatever holds the others, except where the engine orders its own queue by priority.)
 
 Pure: no I/O, no clock (times are parameters).
 """

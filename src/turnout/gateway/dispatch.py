@@ -384,6 +384,8 @@ class Dispatcher:
         capacity = Capacity(held.total, self.routing.max_concurrent, held.model, model_max)
         full: set[str] = set()  # workers whose batch share is taken: a batch request tries the next one
         headroom = self._headroom(model, views, exclude, held, priority, choice)
+        if headroom is not None:  # a batch request goes only where a slot is free (never into an engine's queue),
+            views = [_slots_capped(v, self.fleet.workers[v.name]) for v in views]  # unless it orders its queue
         while True:
             decision = route(
                 model,
@@ -406,7 +408,10 @@ class Dispatcher:
             caps = Caps(self.routing.max_concurrent, model_max, cap, worker.config.max_concurrent)
             if headroom is not None:
                 fleet, others = headroom
-                mine, together = batch_caps(self._slots(worker, model), fleet, self.routing.batch_share, others)
+                runs = self._slots(worker, model)
+                mine, together = batch_caps(runs, fleet, self.routing.batch_share, others)
+                if not worker.config.priority_scheduling:
+                    caps = caps._replace(worker=_least(caps.worker, runs))
                 caps = caps._replace(worker_batch=mine, model_batch=together)
             recorded = prompt if choice else None
             work = best.work if choice else None
@@ -588,6 +593,20 @@ class Dispatcher:
 
     def _saturated_retry_after(self) -> int:
         return max(1, math.ceil(min(self.routing.queue_timeout_s, 10) / 2))
+
+
+def _least(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _slots_capped(view: WorkerView, worker: WorkerState) -> WorkerView:
+    """``view`` as a batch request is routed: its worker capped at what its engine runs at once (where known), so
+    that it waits in the gateway's queue, behind every other class, rather than in the engine's, where no later
+    request passes it; except on an engine that orders its own queue by priority (``priority_scheduling``)."""
+    if worker.config.priority_scheduling:
+        return view
+    capped = _least(view.max_concurrent, view.slots)
+    return view if capped == view.max_concurrent else view._replace(max_concurrent=capped)
 
 
 def _all_busy(model: str, views: list[WorkerView], exclude: frozenset[str]) -> bool:
