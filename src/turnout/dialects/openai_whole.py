@@ -17,7 +17,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = ["whole_chat", "whole_completion"]
@@ -28,41 +28,41 @@ _TOP = ("id", "created", "model", "system_fingerprint", "service_tier")  # a chu
 
 def whole_chat(frames: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The ``chat.completion`` of a stream of ``chat.completion.chunk`` frames."""
-    top: dict[str, Any] = {}
-    choices: dict[int, _Choice] = {}
-    for frame in frames:
-        _top(frame, top)
-        for choice in _choices(frame):
-            index = _index(choice)
-            state = choices.setdefault(index, _Choice())
-            delta = choice.get("delta")
-            if delta is not None:
-                state.delta(_object(delta, "a choice's delta"))
-            state.finish(choice)
-    return {
-        **_head(top, "chat.completion"),
-        "choices": [choices[i].message(i) for i in sorted(choices)],
-        **_tail(top),
-    }
+    top, choices = _read(frames, _delta)
+    return {**_head(top, "chat.completion"), "choices": [choices[i].message(i) for i in sorted(choices)], **_tail(top)}
 
 
 def whole_completion(frames: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The ``text_completion`` of a stream of ``text_completion`` frames."""
+    top, choices = _read(frames, _text)
+    return {**_head(top, "text_completion"), "choices": [choices[i].text(i) for i in sorted(choices)], **_tail(top)}
+
+
+def _read(
+    frames: Iterable[dict[str, Any]], part: Callable[[_Choice, dict[str, Any]], None]
+) -> tuple[dict[str, Any], dict[int, _Choice]]:
+    """The top-level fields and each choice of a stream; ``part`` reads a choice's own piece of one frame."""
     top: dict[str, Any] = {}
     choices: dict[int, _Choice] = {}
     for frame in frames:
         _top(frame, top)
         for choice in _choices(frame):
             state = choices.setdefault(_index(choice), _Choice())
-            text = choice.get("text")
-            if text is not None:
-                state.texts["content"].append(_string(text, "a choice's text"))
+            part(state, choice)
             state.finish(choice)
-    return {
-        **_head(top, "text_completion"),
-        "choices": [choices[i].text(i) for i in sorted(choices)],
-        **_tail(top),
-    }
+    return top, choices
+
+
+def _delta(state: _Choice, choice: dict[str, Any]) -> None:
+    delta = choice.get("delta")
+    if delta is not None:
+        state.delta(_object(delta, "a choice's delta"))
+
+
+def _text(state: _Choice, choice: dict[str, Any]) -> None:
+    text = choice.get("text")
+    if text is not None:
+        state.texts["content"].append(_string(text, "a choice's text"))
 
 
 class _Choice:
