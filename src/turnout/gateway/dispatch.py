@@ -459,9 +459,7 @@ class Dispatcher:
             return None
         fleet = None
         if choice:
-            every = route(model, [v._replace(max_concurrent=None) for v in views], exclude=exclude)
-            workers = [] if isinstance(every, NoRoute) else [self.fleet.workers[c.worker] for c in every.candidates]
-            fleet = [self._slots(w, model) for w in workers]
+            fleet = [self._slots(self.fleet.workers[w], model) for w in _eligible(model, views, exclude) or []]
         return fleet, 0 if peak is None else peak.peak(now)
 
     def _slots(self, worker: WorkerState, model: str) -> int | None:
@@ -612,14 +610,17 @@ def _slots_capped(view: WorkerView, worker: WorkerState) -> WorkerView:
 def _all_busy(model: str, views: list[WorkerView], exclude: frozenset[str]) -> bool:
     """Every worker that may serve ``model`` (healthy, allowed, holding it) runs as many requests as its engine
     runs at once (known)."""
-    every = route(model, [v._replace(max_concurrent=None) for v in views], exclude=exclude)
-    if isinstance(every, NoRoute):
+    eligible = _eligible(model, views, exclude)
+    if eligible is None:
         return False
     by_name = {v.name: v for v in views}
-    return all(
-        (slots := by_name[c.worker].slots) is not None and by_name[c.worker].in_flight >= slots
-        for c in every.candidates
-    )
+    return all((slots := by_name[w].slots) is not None and by_name[w].in_flight >= slots for w in eligible)
+
+
+def _eligible(model: str, views: list[WorkerView], exclude: frozenset[str]) -> list[str] | None:
+    """The workers that may serve ``model`` now (healthy, allowed, holding it), busy or not; None: no route."""
+    every = route(model, [v._replace(max_concurrent=None) for v in views], exclude=exclude)
+    return None if isinstance(every, NoRoute) else [c.worker for c in every.candidates]
 
 
 def _without(
