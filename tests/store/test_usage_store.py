@@ -4,9 +4,11 @@ report percentiles within [min, max] (also over rows written before 0004)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -173,6 +175,35 @@ async def test_batcher_logs_counts_and_drops_only_the_refused_row(
     batcher.add(row(model="later"))
     await batcher.flush()  # the refused row is not retried, nothing blocks the next batch
     assert dropped == [1] and len(stored(db)) == 10
+
+
+async def test_a_flush_returns_only_once_a_write_under_way_has_landed(db: Database) -> None:
+    """A reader flushes before it reads (a key's last use): while the loop's write holds the rows, that flush waits
+    for it, where it had found nothing left to write and returned before the rows were in the database."""
+    store = UsageStore(db)
+    entered, release = threading.Event(), threading.Event()
+    insert = store.insert_rollups
+
+    def slow_insert(groups: Any) -> Any:
+        entered.set()
+        assert release.wait(10)
+        return insert(groups)
+
+    store.insert_rollups = slow_insert  # type: ignore[method-assign]
+    batcher = UsageBatcher(store)
+    batcher.add(row(key_id=1))
+    first = asyncio.create_task(batcher.flush())  # as the loop's would
+    try:
+        assert await asyncio.to_thread(entered.wait, 10)
+        second = asyncio.create_task(batcher.flush())  # as a reader's would
+        await asyncio.sleep(0.1)
+        assert not second.done()
+        release.set()
+        await asyncio.wait_for(second, 10)
+        assert store.last_used() == {1: NOW // 60 * 60}
+    finally:
+        release.set()
+        await first
 
 
 def test_a_row_refused_for_its_text_is_kept_as_ascii(db: Database) -> None:

@@ -76,6 +76,7 @@ class UsageBatcher:
         self._groups: dict[tuple[Any, ...], Rollup] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._writing = asyncio.Lock()  # one write at a time: a flush returns once what came before is written
         self.on_dropped: Callable[[int], None] = lambda _count: None  # roll-ups the database refused
 
     def add(self, row: UsageRow) -> None:
@@ -93,6 +94,12 @@ class UsageBatcher:
         self._task = asyncio.create_task(self._loop(), name="turnout-usage")
 
     async def flush(self) -> None:
+        """Write what has been added. Waits for a write already under way (the loop's), which may hold rows added
+        before this call: a reader that flushes first (a key's last use) then sees every row added before."""
+        async with self._writing:
+            await self._write()
+
+    async def _write(self) -> None:
         groups, self._groups = self._groups, {}
         if not groups:
             return
