@@ -32,7 +32,7 @@ from turnout.core.health import Event, Health, ModelHealth, after, model_after, 
 from turnout.core.names import lookup
 from turnout.core.parallelism import Evidence, Parallelism, Span, depth, effective, waited
 from turnout.core.placement import PlacementRules
-from turnout.core.prefix import BYTES_PER_TOKEN, Match, PrefixIndex, Prompt
+from turnout.core.prefix import BYTES_PER_TOKEN, NO_MATCH, Match, PrefixIndex, Prompt
 from turnout.core.routing import NO_BACKLOG, Backlog, WorkerView
 from turnout.core.signals import Sample, pool, smooth, speeds
 from turnout.dialects.base import WorkerAPI
@@ -513,59 +513,75 @@ class Fleet:
         choice = len(candidates) > 1
         now = time.monotonic() if choice or any(state.models for state in candidates) else 0.0
         # (routing compares parallelism, speeds and held prefixes only where there is a choice of workers)
-        if choice:
-            routing = self.settings.routing
-            ttl_s, prefix_ttl_s = routing.speed_ttl_s, routing.prefix_ttl_s
+        ttls = (self.settings.routing.speed_ttl_s, self.settings.routing.prefix_ttl_s)
         out = []
         for state in candidates:
             rules, _ = self.rules(state.name)
-            parallelism = state.parallelism(model, now) if choice else None
-            slots = state.config.slots if parallelism is None else parallelism.slots
             view = WorkerView(
-                name=state.name,
-                healthy=state.healthy,
-                rules=rules,
-                inventory=state.inventory,
-                loaded=state.loaded,
-                in_flight=state.in_flight if in_flight is None else in_flight.get(state.name, state.in_flight),
-                max_concurrent=state.config.max_concurrent,
-                gpu_util=state.gpu_util,
-                vram_pressure=state.vram_pressure,
-                down_reason=None if state.healthy else state.down_reason,
-                model_out=state.model_out(model, now) if state.models else None,
-                slots=slots,
+                state.name,
+                state.healthy,
+                rules,
+                state.inventory,
+                state.loaded,
+                state.in_flight if in_flight is None else in_flight.get(state.name, state.in_flight),
+                state.config.max_concurrent,
+                state.gpu_util,
+                state.vram_pressure,
+                None if state.healthy else state.down_reason,
+                state.model_out(model, now) if state.models else None,
+                state.config.slots,
             )
-            if choice:
-                learned = state.learned.get(model)
-                prefill, prefill_n, decode, decode_n, service = (
-                    (None, 0, None, 0, None) if learned is None else learned.pooled(now, ttl_s)
-                )
-                # a batching engine (no slots) keeps a shared cache; the others one prompt per slot
-                match = None
-                if prompt is not None:
-                    match = matches.get(state.name) if matches is not None else None
-                    if match is None and matches is None:
-                        match = state.prefix.match(prompt, now, prefix_ttl_s, slots)
-                # what its requests in flight are expected to take, as the occupancy's keeper counts them (none
-                # given: a view for placement or metadata, which prices each in flight at the learned service time)
-                backlog = NO_BACKLOG if backlogs is None else backlogs.get(state.name, NO_BACKLOG)
-                view = view._replace(
-                    busy_s=backlog.busy_s,
-                    prefill_rate=prefill,
-                    decode_rate=decode,
-                    prefill_samples=prefill_n,
-                    decode_samples=decode_n,
-                    service_s=service,
-                    backlog_s=backlog.work_s,
-                    ranked=backlog.ranked,
-                    cached=0 if match is None else match.cached,
-                    by_session=match is not None and match.by_session,
-                    evicts=0 if match is None else match.evicts,
-                    history=0 if match is None else match.history,
-                    evicts_age_s=0.0 if match is None else match.evicts_age_s,
-                )
+            if choice:  # one tuple built, not a copy made per figure (this runs per worker on every request)
+                view = self._ranked(view, state, model, now, ttls, prompt, matches, backlogs)
             out.append(view)
         return out
+
+    @staticmethod
+    def _ranked(
+        view: WorkerView,
+        state: WorkerState,
+        model: str,
+        now: float,
+        ttls: tuple[float, float],
+        prompt: Prompt | None,
+        matches: Mapping[str, Match] | None,
+        backlogs: Mapping[str, Backlog] | None,
+    ) -> WorkerView:
+        """``view`` with what ranking it against the others needs: what its engine runs at once, its learned
+        rates, what it is expected to hold of ``prompt`` and the backlog of its requests in flight."""
+        slots = state.parallelism(model, now).slots
+        learned = state.learned.get(model)
+        prefill, prefill_n, decode, decode_n, service = (
+            (None, 0, None, 0, None) if learned is None else learned.pooled(now, ttls[0])
+        )
+        # a batching engine (no slots) keeps a shared cache; the others one prompt per slot
+        match = None
+        if prompt is not None:
+            match = matches.get(state.name) if matches is not None else None
+            if match is None and matches is None:
+                match = state.prefix.match(prompt, now, ttls[1], slots)
+        # what its requests in flight are expected to take, as the occupancy's keeper counts them (none given: a
+        # view for placement or metadata, which prices each in flight at the learned service time)
+        backlog = NO_BACKLOG if backlogs is None else backlogs.get(state.name, NO_BACKLOG)
+        if match is None:
+            match = NO_MATCH
+        return WorkerView(
+            *view[:11],
+            slots,
+            backlog.busy_s,
+            prefill,
+            decode,
+            prefill_n,
+            decode_n,
+            service,
+            backlog.work_s,
+            backlog.ranked,
+            match.cached,
+            match.by_session,
+            match.evicts,
+            match.evicts_age_s,
+            match.history,
+        )
 
     def endpoint_for(self, model: str) -> WorkerState | None:
         """The external endpoint a namespaced model name ("<endpoint>/<model>") belongs to."""
