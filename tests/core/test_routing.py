@@ -608,3 +608,11 @@ def test_a_down_worker_never_listed_may_hold_the_model(
     assert isinstance(decision, NoRoute), decision
     assert decision.reason is reason
     assert fragment in decision.message, decision.message
+
+
+def test_no_workers_for_a_model_the_gateway_serves_elsewhere_is_an_unknown_model() -> None:
+    """Only claims and endpoints (none of them this model's): an unknown model (404), never "no workers"."""
+    decision = route(M, [], served_elsewhere=True)
+    assert isinstance(decision, NoRoute) and decision.reason is NoRouteReason.UNKNOWN_MODEL
+    assert M in decision.message
+    assert route(M, [], served_elsewhere=False).reason is NoRouteReason.NO_WORKERS  # type: ignore[union-attr]

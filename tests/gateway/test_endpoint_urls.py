@@ -191,3 +191,20 @@ async def test_registration_answer_names_both_urls(emulator: EmulatorFactory, ga
         "shared_openai": f"{gw.url}/v1",
         "shared_ollama": gw.url,
     }
+
+
+async def test_an_unknown_model_with_only_endpoints_is_a_404_not_an_empty_fleet(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    """A gateway whose models all come from endpoints (or claims: the quick start's demo model) has no worker for
+    un-namespaced names: an unknown one is a 404 ``model_not_found``, not a 503 saying nothing is configured (which
+    sent a batch line to wait for its window)."""
+    mac = await emulator("mac", ["qwen2.5:7b"])
+    gw = await gateway([], env=PRIVATE_OK)
+    assert (await admin(gw, "POST", "/admin/api/endpoints", {"name": "mac", "url": mac.url, "api": "ollama"}))[0] == 201
+    body = {"model": "nope", "messages": [{"role": "user", "content": "hi"}]}
+    status, answer, _ = await call(gw, "POST", "/v1/chat/completions", body=body)
+    assert status == 404 and answer["error"]["code"] == "model_not_found", answer
+    assert "nope" in answer["error"]["message"]
+    status, _, _ = await call(gw, "POST", "/v1/chat/completions", body={**body, "model": "mac/qwen2.5:7b"})
+    assert status == 200

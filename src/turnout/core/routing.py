@@ -271,10 +271,15 @@ def route(
     rotation: int = 0,
     demand: Demand = NO_DEMAND,
     guard: LoadGuard = DEFAULT_GUARD,
+    served_elsewhere: bool = False,
 ) -> Route | NoRoute:
     """Choose workers for ``model``. ``rotation`` breaks ties round-robin (the caller advances it); ``demand``:
-    the request's prompt and answer; ``guard``: the load guard's thresholds."""
+    the request's prompt and answer; ``guard``: the load guard's thresholds. ``served_elsewhere``: the gateway
+    serves models, but none of the workers that serve un-namespaced names (its claims and endpoints do): with no
+    ``workers``, an unknown model rather than an empty fleet."""
     if not workers:
+        if served_elsewhere:
+            return _unknown_model(model)
         return NoRoute(NoRouteReason.NO_WORKERS, 'no workers are configured; add one under "workers" in the config')
 
     healthy = [w for w in workers if w.healthy and w.model_out is None and w.name not in exclude]

@@ -395,6 +395,7 @@ class Dispatcher:
                 rotation=self._rotation,
                 demand=demand,
                 guard=self._guard,
+                served_elsewhere=not candidates and bool(self.fleet.workers),
             )
             if isinstance(decision, NoRoute):
                 if full:  # every other candidate is busy or out: it waits for a batch slot
