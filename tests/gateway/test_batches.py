@@ -322,6 +322,64 @@ async def test_the_completion_window_expires_the_lines_left(emulator: EmulatorFa
     assert (done.request_counts.completed, done.request_counts.failed) == (len(ok), len(errors))
 
 
+async def test_a_cancel_sends_none_of_the_lines_waiting_for_a_slot(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    """Lines in flight that still wait in the gateway's queue for the worker's one slot are never sent after a
+    cancel (they had each run in turn, one full answer after another, while the batch said cancelling)."""
+    emu = await emulator("slow", ["m:latest"], token_delay_s=0.1)
+    gw = await gateway(
+        [worker("slow", emu.url, max_concurrent=1)], auth={"open": False}, batches={**FAST, "lines_in_flight": 8}
+    )
+    _, key = create_key(gw, app="evals")
+    lines = [chat_line(f"l{n}", model="m") for n in range(20)]
+    async with client(gw, key) as oa:
+        uploaded = await oa.files.create(file=("r.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+        batch = await oa.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+
+        async def one_done() -> bool:
+            got = await oa.batches.retrieve(batch.id)
+            return bool(got.request_counts and got.request_counts.completed >= 1)
+
+        await eventually(one_done, "a line answered")
+        sent_before = emu.served("/v1/chat/completions")
+        await oa.batches.cancel(batch.id)
+        done = await finished(oa, batch.id)
+        assert (await oa.batches.cancel(batch.id)).status == "cancelled"  # sent again: answered as it is
+        named = {(await oa.files.retrieve(f)).filename for f in (done.output_file_id, done.error_file_id) if f}
+    assert named <= {f"{batch.id}_output.jsonl", f"{batch.id}_error.jsonl"} and named, named
+    assert done.status == "cancelled"
+    assert emu.served("/v1/chat/completions") <= sent_before + 1  # the one at work may have been sent as it came
+    assert done.request_counts.completed <= sent_before + 1 and done.request_counts.total == 20
+
+
+async def test_the_windows_end_stops_the_lines_at_work(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
+    """At the window's end a line still generating is stopped, not waited for: the batch is expired within about
+    a second of ``expires_at``, and that line's answer is ``batch_expired`` (none after the window is kept)."""
+    emu = await emulator("slow", ["m:latest"], token_delay_s=0.2, tokens=60)  # 12 s an answer: none ends in time
+    gw = await gateway([worker("slow", emu.url)], auth={"open": False}, batches={**FAST, "lines_in_flight": 2})
+    _, key = create_key(gw, app="evals")
+    lines = [chat_line(f"l{n}", model="m") for n in range(4)]
+    async with client(gw, key) as oa:
+        uploaded = await oa.files.create(file=("r.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+        batch = await oa.batches.create(
+            input_file_id=uploaded.id,
+            endpoint="/v1/chat/completions",
+            completion_window="2s",  # type: ignore[arg-type]
+        )
+        await eventually(lambda: _served(emu, 1), "a line at work", limit_s=5)
+        done = await finished(oa, batch.id, limit_s=8)
+        errors = await lines_of(oa, done.error_file_id)
+    assert done.status == "expired" and done.expired_at is not None
+    assert done.expired_at - batch.expires_at <= 2, (done.expired_at, batch.expires_at)
+    assert [e["custom_id"] for e in errors] == [f"l{n}" for n in range(4)]
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+    assert emu.served("/v1/chat/completions") <= 2  # those at work (stopped), none after the window
+    assert sum(r["requests"] for r in await usage_rows(gw, batch=batch.id)) == 0  # stopped: nobody was answered
+
+
 async def test_daily_tokens_count_and_the_rate_does_not_stall_the_batch(
     engine: Engine, gateway: GatewayFactory
 ) -> None:

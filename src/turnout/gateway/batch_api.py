@@ -346,7 +346,8 @@ async def create_batch(request: web.Request) -> web.Response:
         named = ", ".join(f"line {line.number} ({line.url})" for line in other[:10])
         more = f" and {len(other) - 10} more" if len(other) > 10 else ""
         raise BadRequest(
-            f"every line of the input file must go to the batch's endpoint {endpoint}: {named}{more} do not",
+            f"every line of the input file must go to the batch's endpoint {endpoint}; these go elsewhere: "
+            f"{named}{more}",
             code="mismatched_endpoint",
         )
     record = BatchRecord(
@@ -428,7 +429,8 @@ async def cancel_batch(request: web.Request) -> web.Response:
         return json_response(batch_object(record))
     if not can_cancel(record.status):
         raise Conflict(
-            f"batch {record.id} is {record.status}: only a validating or in_progress batch can be cancelled",
+            f"batch {record.id} is {record.status}: only a validating or in_progress batch can be cancelled (a "
+            "cancelling or cancelled one is answered as it is)",
             code="batch_not_cancellable",
         )
     after = await _store(request.app[BATCH_STORE].request_cancel, record.id, time.time())

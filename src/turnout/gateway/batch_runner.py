@@ -124,6 +124,7 @@ class _Run:
         self.key: KeyRecord | None = None
         self.key_read = -_KEY_S
         self.task: asyncio.Task[None] | None = None
+        self.attempts: dict[int, Stoppable] = {}  # each line in flight's current attempt, by line number
 
     def halt(self, why: str) -> None:
         if not self.stop.is_set():
@@ -326,8 +327,7 @@ class BatchRunner:
                     break
                 task = asyncio.create_task(self._line(run, line))
                 in_flight.add(task)
-            if in_flight:
-                await asyncio.gather(*in_flight)
+            await self._drain(run, in_flight)
         finally:
             for task in in_flight:
                 task.cancel()
@@ -335,6 +335,25 @@ class BatchRunner:
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
+
+    @staticmethod
+    async def _drain(run: _Run, in_flight: set[asyncio.Task[None]]) -> None:
+        """Wait for the lines in flight. Once the run stops, a line still waiting for a slot ends unsent (a cancel
+        starts no line, OpenAI's "no new requests"); at the window's end a line at work is stopped too (expired:
+        an answer after the window is not kept); otherwise it ends (a cancel lets it finish)."""
+        stopped: asyncio.Future[Any] = asyncio.ensure_future(run.stop.wait())
+        try:
+            pending: set[asyncio.Future[Any]] = set(in_flight)
+            while pending and not run.stop.is_set():
+                _, pending = await asyncio.wait([*pending, stopped], return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(stopped)
+            if pending:
+                for attempt in list(run.attempts.values()):
+                    if run.why == "expire" or not attempt.sent:
+                        attempt.stop()
+                await asyncio.gather(*pending)
+        finally:
+            stopped.cancel()
 
     async def _line(self, run: _Run, line: Line) -> None:
         """Send one line until it has an answer to record (or the run stops: it is left to whoever goes on)."""
@@ -345,13 +364,14 @@ class BatchRunner:
             self._keep(run, line, exc.status, orjson.loads(api(dialect).error_body(exc)), None)
             return
         attempt = waits = 0
-        stoppable = True  # a line is stopped for a request of a higher class at most once (core.preemption)
+        preemptible = True  # a line is stopped for a request of a higher class at most once (core.preemption)
         try:
             while not run.stop.is_set():
                 attempt += 1
-                sent = await self._send(run, call, stoppable)
+                stop = run.attempts[line.number] = Stoppable(preemptible=preemptible)
+                sent = await self._send(run, call, stop)
                 if sent is None:  # stopped for another request: sent again at once (queued behind it), not an attempt
-                    stoppable = False
+                    preemptible = False  # (or by this run, which has stopped: the loop ends)
                     attempt -= 1
                     continue
                 status, body, retry_after, request = sent
@@ -368,25 +388,26 @@ class BatchRunner:
                 await run.pause(min(retry_wait_s(retry_after, waits - 1), left))
         except _Stop:
             return
+        finally:
+            run.attempts.pop(line.number, None)
 
-    async def _send(self, run: _Run, call: Call, stoppable: bool) -> tuple[int, Any, int | None, LineRequest] | None:
-        """One attempt: (status, answer body, Retry-After, the request it was sent as); None: it was stopped for a
-        request of a higher class (``stoppable``: it may be, :mod:`turnout.gateway.preemption`)."""
+    async def _send(self, run: _Run, call: Call, stop: Stoppable) -> tuple[int, Any, int | None, LineRequest] | None:
+        """One attempt: (status, answer body, Retry-After, the request it was sent as); None: it was stopped (for a
+        request of a higher class, :mod:`turnout.gateway.preemption`, or by the run: :meth:`_drain`)."""
         request = LineRequest(self.app)
-        stop = Stoppable() if stoppable else None
-        if stop is not None:
-            request[STOPPABLE] = stop
+        request[STOPPABLE] = stop
         try:
             key = await self._key(run)
+            if run.stop.is_set():
+                return None  # stopped while its key was read: never sent
             sending = asyncio.ensure_future(
                 answer(cast(web.Request, request), key, call, priority=Priority.BATCH, batch_id=run.id)
             )
-            if stop is not None:
-                stop.task = sending
+            stop.task = sending
             response = await sending
         except asyncio.CancelledError:
             current = asyncio.current_task()
-            if stop is None or not stop.stopped or (current is not None and current.cancelling()):
+            if not stop.stopped or (current is not None and current.cancelling()):
                 raise  # the run itself is stopping
             return None
         except TurnoutError as exc:
@@ -472,7 +493,7 @@ class BatchRunner:
             await asyncio.to_thread(self.store.set_status, run.id, "finalizing", now, only_from=("in_progress",))
         output_keep = record.output_expires_s or self.settings.retention_days * 86_400
         output, errors = (
-            BatchFile(_file_id(), record.app, purpose, f"batch_{record.id}_{kind}.jsonl", 0, 0, now, now + output_keep)
+            BatchFile(_file_id(), record.app, purpose, f"{record.id}_{kind}.jsonl", 0, 0, now, now + output_keep)
             for purpose, kind in (("batch_output", "output"), ("batch_error", "error"))
         )
         ended = await asyncio.to_thread(self.store.end, run.id, status, self.clock(), (output, errors))

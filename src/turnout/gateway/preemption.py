@@ -1,13 +1,15 @@
 """A batch request that may be stopped while it holds a slot (which one is stopped, and when:
 :mod:`turnout.core.preemption`).
 
-The Batch API's runner sends such a line as a task, with a :class:`Stoppable` in the request
+The Batch API's runner sends each line as a task, with a :class:`Stoppable` in the request
 (``request[STOPPABLE]``); the proxy hands :meth:`Stoppable.stop` to :meth:`Dispatcher.acquire`, which calls it when
-a waiting request of a higher class needs the slot. Stopping cancels the task: the worker's connection is closed
-(llama-server then frees its slot at its next token when the request was sent as a stream, which the proxy does for
-such a request on llama.cpp: :mod:`turnout.dialects.openai_whole`), the slot is given back, the limits it reserved
-are refunded and no usage row is written for it (nobody was answered); the runner sends the line again
-(:mod:`turnout.gateway.batch_runner`).
+a waiting request of a higher class needs the slot (a line not stopped for another before: ``preemptible``).
+Stopping cancels the task: the worker's connection is closed (llama-server then frees its slot at its next token
+when the request was sent as a stream, which the proxy does for such a request on llama.cpp:
+:mod:`turnout.dialects.openai_whole`), the slot is given back, the limits it reserved are refunded and no usage row
+is written for it (nobody was answered); the runner sends the line again (:mod:`turnout.gateway.batch_runner`).
+The runner stops a line itself, for good, when its batch is cancelled while the line waits for a slot, or when the
+batch's window ends.
 """
 
 from __future__ import annotations
@@ -34,13 +36,17 @@ WHOLE: dict[Endpoint, Whole] = {Endpoint.CHAT: whole_chat, Endpoint.COMPLETIONS:
 
 
 class Stoppable:
-    """One attempt at a batch request, run as ``task``; ``stopped``: :meth:`stop` cancelled it."""
+    """One attempt at a batch request, run as ``task``; ``stopped``: :meth:`stop` cancelled it. ``preemptible``:
+    the dispatcher may stop it for a request of a higher class (else only its runner does: a cancel, the window's
+    end); ``sent``: it was given a slot (the proxy sets it), so a cancel lets it end where it waited unsent."""
 
-    __slots__ = ("stopped", "task")
+    __slots__ = ("preemptible", "sent", "stopped", "task")
 
-    def __init__(self) -> None:
+    def __init__(self, *, preemptible: bool = True) -> None:
         self.task: asyncio.Task[object] | None = None
         self.stopped = False
+        self.preemptible = preemptible
+        self.sent = False
 
     def stop(self) -> None:
         if not self.stopped and self.task is not None and not self.task.done():

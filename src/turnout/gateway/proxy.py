@@ -231,7 +231,7 @@ class Proxy:
         counts = self.metrics.classes[priority]  # waiting and running requests of the class (scraped, Overview)
         hold_s = hold_limit(request.headers, routing.hold_s)
         stoppable = request.get(STOPPABLE)
-        stop = None if stoppable is None else stoppable.stop
+        stop = stoppable.stop if stoppable is not None and stoppable.preemptible else None
         for _ in range(routing.max_attempts):
             held = 0.0 if phases.holds is None else phases.hold  # (a hold inside acquire is its own phase)
             counts.waiting += 1
@@ -259,6 +259,8 @@ class Proxy:
             finally:
                 counts.waiting -= 1
             phases.queued(asked, time.perf_counter(), held)
+            if stoppable is not None:
+                stoppable.sent = True
             counts.running += 1
             worker = lease.worker
             phases.model, phases.worker = model_label(worker, lease.model), worker.name
