@@ -25,9 +25,10 @@ __all__ = ["API", "MESSAGE_EXTRA", "OpenAIChat", "error_body"]
 
 
 def error_body(err: TurnoutError, *, field: bool = False) -> bytes:
-    """OpenAI's error object; ``field``: with the bad field of a 422 (the admin API's form of it)."""
-    body: dict[str, object] = {"message": err.message, "type": err.type, "code": err.code}
+    """OpenAI's error object (``param``: the bad field where one is named, else null, as OpenAI's); ``field``: with
+    the bad field of a 422 (the admin API's form of it)."""
     bad = getattr(err, "field", None)
+    body: dict[str, object] = {"message": err.message, "type": err.type, "param": bad, "code": err.code}
     if field and bad:  # a 422's field, for the admin UI to show the message next to it
         body["field"] = bad
     return orjson.dumps({"error": body})
