@@ -477,3 +477,17 @@ def test_ids_are_unique_across_processes_and_forks() -> None:
     os.close(read)
     made.add(next_id("l"))
     assert len(made) == 4, made
+
+
+async def test_a_tenants_waiting_batch_does_not_put_its_interactive_requests_behind_others(keeper: Occupancy) -> None:
+    """Fair queueing keeps its tags per class: tenant a's four waiting batch requests do not tag its interactive
+    request behind tenant b's three later interactive ones (it was served after all three when one tag per tenant
+    ran across the classes)."""
+    for _ in range(4):
+        assert await keeper.join("m", "a", 1, Priority.BATCH, 100) is not None
+    mine = await keeper.join("m", "a", 1, Priority.INTERACTIVE, 100)
+    theirs = [await keeper.join("m", "b", 1, Priority.INTERACTIVE, 100) for _ in range(3)]
+    assert mine is not None and all(t is not None for t in theirs)
+    for ticket in theirs:
+        assert await keeper.take(grant(tenant="b", ticket=ticket)) == "ahead"
+    assert await keeper.take(grant(tenant="a", ticket=mine)) is None

@@ -12,8 +12,10 @@ worker); each count with a cap must be under it. What batch requests may hold is
 **The queue** is ordered by a score (:func:`queue_score`): the priority class first (``interactive`` before
 ``standard`` before ``batch``; a batch request that has waited :data:`BATCH_AGEING_S` is served as a standard one,
 so batch never starves), then, within a class, weighted fair queueing between tenants (:func:`fair_tag`, start-time
-fair queueing): a tenant's next request is tagged one over its weight past the later of its own last tag and the
-queue's virtual time (the tag of the last request that left the queue). Tenants that keep requests waiting are
+fair queueing): a tenant's next request is tagged one over its weight past the later of its own last tag in that
+class and the class's virtual time (the tag of the last request of the class that left the queue). Each class keeps
+its own tags: a tenant's waiting batch requests never put its interactive ones behind later interactive ones of
+other tenants. Tenants that keep requests waiting are
 served in proportion to their weights; one that arrives later is not put behind another's whole burst; within a
 tenant, first come first served. The first waiter whose tenant is under its cap goes first (:func:`first`).
 

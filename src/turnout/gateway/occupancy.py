@@ -169,8 +169,11 @@ class _Queue:
 
     def __init__(self) -> None:
         self.tickets: dict[str, Ticket] = {}
-        self.virtual = 0.0  # the tag of the last ticket that left for a slot
-        self.last: dict[str, float] = {}  # tenant -> its last tag
+        # per class (its rank): the tag of the last ticket of that class that left for a slot; and (rank, tenant)
+        # -> its last tag. Each class queues fairly on its own: a tenant's waiting batch requests never put its
+        # interactive ones behind other tenants' later interactive ones.
+        self.virtual: dict[int, float] = {}
+        self.last: dict[tuple[int, str], float] = {}
 
 
 class LocalOccupancy:
@@ -352,8 +355,9 @@ class LocalOccupancy:
         queue = self._queues.get(model)
         if queue is None:
             queue = self._queues[model] = _Queue()
-        tag = fair_tag(queue.last.get(tenant), queue.virtual, weight)
-        queue.last[tenant] = tag
+        rank = priority.rank
+        tag = fair_tag(queue.last.get((rank, tenant)), queue.virtual.get(rank, 0.0), weight)
+        queue.last[rank, tenant] = tag
         ticket = Ticket(ticket_id, model, tenant, priority, tag, self._clock())
         queue.tickets[ticket.id] = ticket
         self._waiting += 1
@@ -371,7 +375,8 @@ class LocalOccupancy:
             return
         self._waiting -= 1
         if served:
-            queue.virtual = max(queue.virtual, ticket.tag)
+            rank = ticket.priority.rank
+            queue.virtual[rank] = max(queue.virtual.get(rank, 0.0), ticket.tag)
         if not queue.tickets:
             del self._queues[ticket.model]
         else:

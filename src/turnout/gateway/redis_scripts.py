@@ -11,8 +11,8 @@ Keys under a prefix ``P`` (``storage.redis_prefix``):
   (batch): sorted sets of
   leases (member: the lease id, score: when it expires); a replica renews its own every few seconds;
 - ``P:q:<model>`` (score: :func:`turnout.core.admission.queue_score`), ``P:qt:<model>`` (ticket -> tenant),
-  ``P:qv:<model>`` (``_v``: the virtual time; ``t:<tenant>``: its last tag), ``P:qx`` (every ticket's expiry),
-  ``P:tcap`` (tenant -> cap);
+  ``P:qv:<model>`` (``_v<rank>``: a class's virtual time; ``t:<rank>:<tenant>``: its last tag in that class),
+  ``P:qx`` (every ticket's expiry), ``P:tcap`` (tenant -> cap);
 - the prefix index of each worker: ``P:px:<worker>`` (block key -> the send that last carried it, its first block
   highest), ``P:ps:<worker>`` (``<send>|<bytes>`` -> when it was sent), ``P:pn:<worker>`` (the last send),
   ``P:pss:<worker>`` (session -> send) and ``P:psz:<worker>`` (session -> bytes);
@@ -188,10 +188,11 @@ local function served(model, ticket)
   local score = redis.call('ZSCORE', q, ticket)
   if score then
     score = tonumber(score)
-    local tag = score - math.floor(score / band) * band
+    local rank = math.floor(score / band)
+    local tag = score - rank * band
     local qv = P .. ':qv:' .. model
-    local v = tonumber(redis.call('HGET', qv, '_v') or '0')
-    if tag > v then redis.call('HSET', qv, '_v', tostring(tag)) end
+    local v = tonumber(redis.call('HGET', qv, '_v' .. rank) or '0')
+    if tag > v then redis.call('HSET', qv, '_v' .. rank, tostring(tag)) end
   end
   redis.call('ZREM', q, ticket)
   redis.call('ZREM', P .. ':qx', ticket)
@@ -252,10 +253,10 @@ local now = now_ms()
 local qx = P .. ':qx'
 if live(qx, now) >= max_queue then return false end
 local qv = P .. ':qv:' .. model
-local v = tonumber(redis.call('HGET', qv, '_v') or '0')
-local last = tonumber(redis.call('HGET', qv, 't:' .. tenant) or '0')
+local v = tonumber(redis.call('HGET', qv, '_v' .. rank) or '0')
+local last = tonumber(redis.call('HGET', qv, 't:' .. rank .. ':' .. tenant) or '0')
 local tag = math.max(last, v) + 1 / math.max(weight, 1)
-redis.call('HSET', qv, 't:' .. tenant, tostring(tag))
+redis.call('HSET', qv, 't:' .. rank .. ':' .. tenant, tostring(tag))
 redis.call('ZADD', P .. ':q:' .. model, rank * band + tag, ticket)
 redis.call('ZADD', qx, now + expires_ms, ticket)
 redis.call('HSET', P .. ':qt:' .. model, ticket, tenant)
