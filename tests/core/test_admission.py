@@ -6,7 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from turnout.core.admission import Caps, Counts, moved, refusal
+from turnout.core.admission import (
+    BATCH_AGEING_S,
+    CLASS_BAND,
+    Caps,
+    Counts,
+    Priority,
+    moved,
+    queue_score,
+    refusal,
+    served_as,
+)
 
 
 @pytest.mark.parametrize(
@@ -40,3 +50,20 @@ def test_moved_is_exactly_more_than_was_seen(seen: int, count: int) -> None:
 )
 def test_the_first_count_at_its_cap_refuses(counts: Counts, caps: Caps, expected: str | None) -> None:
     assert refusal(counts, caps) == expected
+
+
+@pytest.mark.parametrize(
+    ("priority", "waited", "served"),
+    [
+        (Priority.BATCH, 0.0, Priority.BATCH),
+        (Priority.BATCH, BATCH_AGEING_S - 0.001, Priority.BATCH),
+        (Priority.BATCH, BATCH_AGEING_S, Priority.STANDARD),
+        (Priority.INTERACTIVE, 10 * BATCH_AGEING_S, Priority.INTERACTIVE),
+        (Priority.STANDARD, 10 * BATCH_AGEING_S, Priority.STANDARD),
+    ],
+)
+def test_a_batch_request_that_waited_the_ageing_time_is_served_as_standard(
+    priority: Priority, waited: float, served: Priority
+) -> None:
+    assert served_as(priority, waited) is served
+    assert queue_score(priority, 1.0, waited) == served.rank * CLASS_BAND + 1.0

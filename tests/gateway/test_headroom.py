@@ -219,3 +219,29 @@ async def test_a_batch_request_never_waits_in_an_engines_own_queue(
         await dispatcher.acquire(MODEL, priority=Priority.BATCH)
     for lease in [*held, interactive]:
         lease.release()
+
+
+async def test_an_aged_batch_request_takes_a_free_slot_and_holds_no_standard_one_back(
+    emulator: EmulatorFactory, gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch request that has waited the ageing time is served as a standard one: at the head of the queue, no
+    batch share holds it back from a free slot (it had kept a later standard request from that slot until a
+    running request ended), and it routes again as it ages, with nobody to wake it."""
+    from turnout.core import admission
+
+    monkeypatch.setattr(admission, "BATCH_AGEING_S", 0.4)
+    emu = await emulator("a", [MODEL])
+    gw = await gateway([worker("a", emu.url, slots=2, max_concurrent=2)], routing={"queue_timeout_s": 1.5})
+    dispatcher = gw.app[DISPATCHER]
+    (await dispatcher.acquire(MODEL)).release()  # other traffic lately: the batch share (one of two) holds
+    first = await dispatcher.acquire(MODEL, priority=Priority.BATCH)
+    waiting = asyncio.create_task(dispatcher.acquire(MODEL, priority=Priority.BATCH))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()  # its share is taken
+    aged = await asyncio.wait_for(waiting, 2)  # it ages and takes the free slot
+    with pytest.raises(Unavailable):  # both slots taken now: a standard request waits its queue_timeout_s
+        await dispatcher.acquire(MODEL, priority=Priority.STANDARD)
+    first.release()
+    standard = await asyncio.wait_for(dispatcher.acquire(MODEL), 2)  # and goes once a slot is free
+    for lease in (aged, standard):
+        lease.release()

@@ -40,6 +40,7 @@ __all__ = [
     "moved",
     "queue_score",
     "refusal",
+    "served_as",
 ]
 
 # A class's scores lie in a band of this width (a tag grows by at most 1 per request: a billion requests per band).
@@ -107,13 +108,18 @@ def fair_tag(last: float | None, virtual: float, weight: int) -> float:
     return max(last or 0.0, virtual) + 1.0 / max(weight, 1)
 
 
-def queue_score(priority: Priority, tag: float, waited_s: float) -> float:
-    """Where a waiter stands: its class's band (a batch request that has waited :data:`BATCH_AGEING_S`, the
-    standard band), then its tag."""
-    rank = priority.rank
+def served_as(priority: Priority, waited_s: float) -> Priority:
+    """The class a request that has waited ``waited_s`` is served as: a batch request that has waited
+    :data:`BATCH_AGEING_S`, a standard one (its place in the queue, and no batch headroom holds it back: at the head
+    of the queue it would otherwise keep standard requests from a free slot)."""
     if priority is Priority.BATCH and waited_s >= BATCH_AGEING_S:
-        rank = Priority.STANDARD.rank
-    return rank * CLASS_BAND + tag
+        return Priority.STANDARD
+    return priority
+
+
+def queue_score(priority: Priority, tag: float, waited_s: float) -> float:
+    """Where a waiter stands: the band of the class it is served as (:func:`served_as`), then its tag."""
+    return served_as(priority, waited_s).rank * CLASS_BAND + tag
 
 
 class Waiter(NamedTuple):

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from turnout.config import Routing, Tenant
-from turnout.core.admission import Caps, Priority
+from turnout.core import admission
+from turnout.core.admission import Caps, Priority, served_as
 from turnout.core.headroom import QUIET_S, RecentPeak, batch_caps
 from turnout.core.parallelism import Span
 from turnout.core.patterns import best_value
@@ -140,6 +141,7 @@ class Lease:
 
 _NOTHING_HELD = Held(0, 0, 0, {}, {}, False)  # a view not asked for: the take checks every cap
 HOLD_RECHECK_S = 0.5  # a held request looks again this often (a wake missed costs at most this)
+AGED_LATE_S = 0.01  # a batch waiter wakes this long after it ages (served as standard from then: admission)
 # Times a request is routed again when the worker it chose took other requests before its own take (replicas routing
 # at the same moment); the last decision is then taken as it is, so a busy fleet never loops.
 REROUTES = 2
@@ -222,8 +224,10 @@ class Dispatcher:
             self.metrics.queued.inc()  # (the hold gave its count back with the ticket)
         try:
             while True:
+                waited = 0.0 if ticket is None else loop.time() - ticket.since  # (both monotonic seconds)
+                aged = served_as(priority, waited) is not priority  # a batch request served as standard
                 try:
-                    lease, message, why = await self._try(model, exclude, tenant, ask, priority, ticket)
+                    lease, message, why = await self._try(model, exclude, tenant, ask, priority, ticket, aged)
                 except Unavailable as exc:
                     if exc.code != NoRouteReason.NO_HEALTHY.value or not self._coming_back(model):
                         raise
@@ -267,6 +271,8 @@ class Dispatcher:
                         self.metrics.queue_wait.observe(loop.time() - started)
                     self._saturated(message, f"waited {self.routing.queue_timeout_s:g}s")
                 assert ticket is not None
+                if priority is Priority.BATCH and not aged:  # it routes again as it ages (may take a slot then)
+                    remaining = min(remaining, admission.BATCH_AGEING_S - (loop.time() - ticket.since) + AGED_LATE_S)
                 await self.occupancy.wait(ticket, remaining)
         finally:
             if holding is not None:
@@ -327,6 +333,7 @@ class Dispatcher:
         ask: Ask | None,
         priority: Priority,
         ticket: Ticket | None,
+        aged: bool = False,
     ) -> tuple[Lease | None, str, str]:
         """One attempt: (a lease, "", ""), or (None, why it must wait, that reason's count: ``tenant``, ``ahead``,
         ``worker_batch``, ``model_batch``, ``total``, ``model``, ``worker``, or the router's ``saturated``). No-route
@@ -336,7 +343,7 @@ class Dispatcher:
         replica routed at the same moment, :func:`turnout.core.admission.moved`) is chosen again on the new counts,
         at most :data:`REROUTES` times; then the last choice is taken as it is."""
         for left in range(REROUTES, -1, -1):
-            outcome = await self._attempt(model, exclude, tenant, ask, priority, ticket, check=left > 0)
+            outcome = await self._attempt(model, exclude, tenant, ask, priority, ticket, check=left > 0, aged=aged)
             if outcome is not None:
                 return outcome
             self.metrics.routing.labels("moved").inc()
@@ -352,6 +359,7 @@ class Dispatcher:
         ticket: Ticket | None,
         *,
         check: bool,
+        aged: bool = False,
     ) -> tuple[Lease | None, str, str] | None:
         """:meth:`_try`'s one view, decision and take; None: the worker moved (``check``: the take checks that its
         requests in flight are still those the decision saw)."""
@@ -384,6 +392,8 @@ class Dispatcher:
         capacity = Capacity(held.total, self.routing.max_concurrent, held.model, model_max)
         full: set[str] = set()  # workers whose batch share is taken: a batch request tries the next one
         headroom = self._headroom(model, views, exclude, held, priority, choice)
+        if aged:  # waited BATCH_AGEING_S: served as a standard request, which no batch headroom holds back
+            headroom = None
         if headroom is not None:  # a batch request goes only where a slot is free (never into an engine's queue),
             views = [_slots_capped(v, self.fleet.workers[v.name]) for v in views]  # unless it orders its queue
         while True:
