@@ -485,3 +485,43 @@ async def test_any_runner_of_the_app_gets_the_safe_logs(
     assert len(server) == 1 and server[0].exc_info is None and server[0].levelno == logging.INFO
     assert server[0].getMessage().startswith("malformed HTTP request from 127.0.0.1: 400 ")
     _no_secret(caplog.text)
+
+
+async def test_a_client_that_gives_up_in_the_queue_has_its_access_line(
+    gateway: GatewayFactory, emulator: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp writes no line for a request whose handler was cancelled: a client that gave up while its request
+    waited left no trace. It is written as nginx would: 499, ``error=client_gone``, with the model asked for."""
+    import asyncio
+
+    import aiohttp
+
+    from tests.conftest import worker
+
+    emu = await emulator("slow", ["m:latest"], token_delay_s=0.3, tokens=10)  # 3 s an answer
+    gw = await gateway([worker("slow", emu.url, max_concurrent=1)])
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    with caplog.at_level(logging.INFO, logger="aiohttp.access"):
+        async with aiohttp.ClientSession() as http:
+            busy = asyncio.create_task(http.post(f"{gw.url}/v1/chat/completions", json=body))
+            await eventually(lambda: _async(emu.served() >= 1), "the first request at work")
+            with pytest.raises(TimeoutError):  # the second waits for the slot; its client gives up
+                async with http.post(
+                    f"{gw.url}/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=0.5)
+                ) as r:
+                    await r.read()
+
+            async def gone() -> list[str]:
+                lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+                return [line for line in lines if " 499 " in line]
+
+            (line,) = await eventually(gone, "the 499 line", limit_s=10)
+            (await busy).close()
+            async with http.get(f"{gw.url}/metrics") as r:
+                scraped = await r.text()
+    assert re.search(r'turnout_requests_total\{[^}]*status="499"[^}]*\} 1\.0', scraped), scraped[:2000]
+    assert "error=client_gone" in line and " model=m " in line and "priority=standard" in line, line
+
+
+async def _async(value: bool) -> bool:
+    return value

@@ -10,6 +10,7 @@ catching up with the other processes of `turnout serve --workers N`, and the fas
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import secrets
@@ -26,7 +27,7 @@ from turnout.errors import NotFound, TurnoutError
 from turnout.gateway.access import REQUEST_ID
 from turnout.gateway.keys import ADMIN_GATE, METRICS, PEERS, REQUEST_IDS
 from turnout.gateway.timing import PHASES, SERVER_TIMING, Phases
-from turnout.responses import error_response
+from turnout.responses import ERROR_CODE, error_response
 
 __all__ = ["Handler", "fixed_routes", "middleware", "request_handler", "request_ids"]
 
@@ -35,6 +36,7 @@ log = logging.getLogger("turnout.gateway")
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]  # web.Server's request_handler
 
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
+CLIENT_GONE = 499  # the status of a request whose client went away before its answer (nginx's)
 
 
 def request_ids() -> Iterator[str]:
@@ -97,6 +99,10 @@ async def _respond(
         response = _error(dialect, err, request_id)
     except ConnectionResetError:
         raise  # the client went away mid-response: nothing to answer, not a gateway error
+    except asyncio.CancelledError:  # the client went away (handler_cancellation), or the server stops
+        _client_gone(request, started)
+        metrics.request_done(dialect.value, endpoint, CLIENT_GONE, time.perf_counter() - started)
+        raise
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         response = _error(dialect, TurnoutError("internal error; see the gateway log"), request_id)
@@ -130,6 +136,18 @@ async def _respond(
         phases.span.finish(request, response, phases, now)
     metrics.request_done(dialect.value, endpoint, response.status, now - started)
     return response
+
+
+def _client_gone(request: web.Request, started: float) -> None:
+    """The access line of a request whose handler was cancelled: aiohttp writes none for it (a client that gave up
+    in the queue left no trace), so it is written here, as nginx does: status 499, error ``client_gone``."""
+    protocol = request.protocol
+    if protocol is None:
+        return
+    gone = web.Response(status=CLIENT_GONE, reason="Client Closed Request")
+    gone[ERROR_CODE] = "client_gone"
+    since = asyncio.get_running_loop().time() - (time.perf_counter() - started)  # log_access wants loop time
+    protocol.log_access(request, gone, since)
 
 
 def _error(dialect: Dialect, err: TurnoutError, request_id: str | None) -> web.Response:
