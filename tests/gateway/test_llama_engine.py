@@ -31,7 +31,11 @@ async def test_openai_chat_completion(gw_url: str, clients: Clients) -> None:
         model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=6, stream=True
     )
     chunks = [c async for c in stream]
-    assert len(chunks) >= 2 and chunks[-1].choices[0].finish_reason in ("length", "stop")
+    # llama-server sends nothing while its text ends in what may be an unfinished UTF-8 character, and its role
+    # chunk only with the first token's: when the random model's first token is a UTF-8 lead byte, the answer can
+    # stream as its final chunk alone (about 1 in 200; tools/server: validate_utf8, to_json_oaicompat_chat)
+    assert chunks and chunks[-1].choices[0].finish_reason in ("length", "stop")
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
 
 
 async def test_openai_completions_and_embeddings(gw_url: str, clients: Clients) -> None:
