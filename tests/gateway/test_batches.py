@@ -380,6 +380,37 @@ async def test_the_windows_end_stops_the_lines_at_work(emulator: EmulatorFactory
     assert sum(r["requests"] for r in await usage_rows(gw, batch=batch.id)) == 0  # stopped: nobody was answered
 
 
+async def test_a_line_keeps_its_place_in_the_queue_past_queue_timeout(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    """A line waits for a slot as long as its window lasts, in its place (where it ages: core.admission.served_as),
+    not routing.queue_timeout_s and then again from the queue's end, with a 503 in the usage each time."""
+    emu = await emulator("slow", ["m:latest"], token_delay_s=0.25, tokens=8)  # 2 s an answer
+    gw = await gateway(
+        [worker("slow", emu.url, max_concurrent=1)],
+        auth={"open": False},
+        routing={"queue_timeout_s": 0.3},
+        batches=FAST,
+    )
+    _, key = create_key(gw, app="evals")
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hold the slot"}], "stream": False}
+        holding = asyncio.create_task(http.post(f"{gw.url}/v1/chat/completions", json=body))
+        await eventually(lambda: _served(emu, 1), "the slot taken")
+        async with client(gw, key) as oa:
+            uploaded = await oa.files.create(
+                file=("r.jsonl", io.BytesIO(jsonl([chat_line("l0", model="m")]))), purpose="batch"
+            )
+            batch = await oa.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            done = await finished(oa, batch.id)
+        (await holding).close()
+    assert done.status == "completed" and done.request_counts.completed == 1
+    rows = await usage_rows(gw, batch=batch.id)
+    assert sum(r["requests"] for r in rows) == 1, rows  # its answer only: no 503 for each queue_timeout_s
+
+
 async def test_daily_tokens_count_and_the_rate_does_not_stall_the_batch(
     engine: Engine, gateway: GatewayFactory
 ) -> None:

@@ -368,7 +368,11 @@ class BatchRunner:
         try:
             while not run.stop.is_set():
                 attempt += 1
-                stop = run.attempts[line.number] = Stoppable(preemptible=preemptible)
+                left = run.record.expires_at - self.clock()  # it waits for a slot as long as its window lasts
+                if left <= 0:
+                    return  # left unanswered: the run ends it as expired
+                # (a little past the window: at its end the run stops the line, which then leaves no usage row)
+                stop = run.attempts[line.number] = Stoppable(preemptible=preemptible, queue_s=left + 2 * _CHECK_S)
                 sent = await self._send(run, call, stop)
                 if sent is None:  # stopped for another request: sent again at once (queued behind it), not an attempt
                     preemptible = False  # (or by this run, which has stopped: the loop ends)

@@ -207,16 +207,19 @@ class Dispatcher:
         hold_s: float = 0.0,
         phases: Phases | None = None,
         stop: Callable[[], None] | None = None,
+        queue_s: float | None = None,
     ) -> Lease:
         """A slot for ``model``. ``ticket``: its place in the queue, kept from a hold (:meth:`hold`); ``hold_s``: how
         long it may wait for workers that are down for a moment (healthy within :data:`RECENTLY_S`: a restart),
         instead of the 503 at once; that wait is the request's ``hold`` phase (``phases``, the request's timing:
         :mod:`turnout.gateway.timing`) and counts in ``turnout_held_requests``. ``stop``: a batch request that may
         be stopped while it holds its slot, for a request of a higher class that waits for one
-        (:func:`turnout.core.preemption.victim`); called at most once, before the slot is given back."""
+        (:func:`turnout.core.preemption.victim`); called at most once, before the slot is given back. ``queue_s``:
+        how long it may wait in the queue (None: ``routing.queue_timeout_s``; a Batch API line's: its window's)."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        deadline = started + self.routing.queue_timeout_s
+        queue_s = self.routing.queue_timeout_s if queue_s is None else queue_s
+        deadline = started + queue_s
         held_until = started + hold_s
         holding: Holding | None = None  # while it is held (its workers expected back)
         stopped = False  # it stopped a batch request (at most one)
@@ -269,7 +272,7 @@ class Dispatcher:
                 if remaining <= 0:
                     if ticket is not None:
                         self.metrics.queue_wait.observe(loop.time() - started)
-                    self._saturated(message, f"waited {self.routing.queue_timeout_s:g}s")
+                    self._saturated(message, f"waited {queue_s:g}s")
                 assert ticket is not None
                 if priority is Priority.BATCH and not aged:  # it routes again as it ages (may take a slot then)
                     remaining = min(remaining, admission.BATCH_AGEING_S - (loop.time() - ticket.since) + AGED_LATE_S)

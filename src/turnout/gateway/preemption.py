@@ -38,14 +38,18 @@ WHOLE: dict[Endpoint, Whole] = {Endpoint.CHAT: whole_chat, Endpoint.COMPLETIONS:
 class Stoppable:
     """One attempt at a batch request, run as ``task``; ``stopped``: :meth:`stop` cancelled it. ``preemptible``:
     the dispatcher may stop it for a request of a higher class (else only its runner does: a cancel, the window's
-    end); ``sent``: it was given a slot (the proxy sets it), so a cancel lets it end where it waited unsent."""
+    end); ``sent``: it was given a slot (the proxy sets it), so a cancel lets it end where it waited unsent;
+    ``queue_s``: how long it may wait in the gateway's queue for a slot (None: ``routing.queue_timeout_s``). A line
+    waits as long as its batch's window lasts, keeping its place, so that it ages there
+    (:func:`turnout.core.admission.served_as`) rather than rejoining the queue's end every ``queue_timeout_s``."""
 
-    __slots__ = ("preemptible", "sent", "stopped", "task")
+    __slots__ = ("preemptible", "queue_s", "sent", "stopped", "task")
 
-    def __init__(self, *, preemptible: bool = True) -> None:
+    def __init__(self, *, preemptible: bool = True, queue_s: float | None = None) -> None:
         self.task: asyncio.Task[object] | None = None
         self.stopped = False
         self.preemptible = preemptible
+        self.queue_s = queue_s
         self.sent = False
 
     def stop(self) -> None:

@@ -245,6 +245,7 @@ class Proxy:
                     priority=priority,
                     ticket=ticket,
                     hold_s=hold_s,
+                    queue_s=None if stoppable is None else stoppable.queue_s,
                     phases=phases,
                     stop=stop,
                 )
