@@ -411,6 +411,48 @@ async def test_a_line_keeps_its_place_in_the_queue_past_queue_timeout(
     assert sum(r["requests"] for r in rows) == 1, rows  # its answer only: no 503 for each queue_timeout_s
 
 
+async def test_a_gateway_stopped_mid_batch_bills_nobody_for_the_lines_it_stopped(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    """SIGTERM stops the lines at work (the gateway that resumes the batch sends them again): stopped, not failed,
+    so no usage row says 500 for them; and every answer kept has its usage row (written before the answer)."""
+    from sqlalchemy import select
+
+    from turnout.store.db import Database, database_url
+    from turnout.store.schema import usage
+
+    emu = await emulator("slow", ["m:latest"], token_delay_s=0.1, tokens=10)  # 1 s an answer
+    gw = await gateway([worker("slow", emu.url)], auth={"open": False}, batches={**FAST, "lines_in_flight": 3})
+    _, key = create_key(gw, app="evals")
+    lines = [chat_line(f"l{n}", model="m") for n in range(12)]
+    async with client(gw, key) as oa:
+        uploaded = await oa.files.create(file=("r.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+        batch = await oa.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+
+        async def some_done() -> bool:
+            got = await oa.batches.retrieve(batch.id)
+            return bool(got.request_counts and got.request_counts.completed >= 2)
+
+        await eventually(some_done, "two lines answered")
+        await eventually(lambda: _served(emu, 4), "more lines at work")
+    await gw.stop()  # as SIGTERM does
+    db = Database(database_url(None, gw.data_dir))
+    try:
+        query = select(usage.c.status, usage.c.requests).where(usage.c.batch_id == batch.id)
+        with db.begin() as conn:
+            rows = conn.execute(query).all()
+        from turnout.store.batches import BatchStore
+
+        answered = len(BatchStore(db).answered(batch.id))
+    finally:
+        db.close()
+    statuses = {int(status) for status, _ in rows}
+    assert statuses == {200}, rows  # no 500 for a line stopped on the way out
+    assert sum(n for _, n in rows) >= answered >= 2, (rows, answered)  # every answer kept was billed
+
+
 async def test_daily_tokens_count_and_the_rate_does_not_stall_the_batch(
     engine: Engine, gateway: GatewayFactory
 ) -> None:

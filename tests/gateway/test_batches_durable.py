@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -185,6 +186,16 @@ def every_line_once(url: str, key: str, batch: Any) -> None:
         openai.types.chat.ChatCompletion.model_validate(o["response"]["body"])
 
 
+def billed_lines(url: str, batch_id: str) -> int:
+    """Requests with a 200 that the usage API counts for the batch's lines."""
+    request = urllib.request.Request(
+        f"{url}/admin/api/usage?since=1h&batch={batch_id}", headers={"Authorization": "Bearer admin-token"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        rows = json.load(resp)["rows"]
+    return sum(int((r.get("statuses") or {}).get("200", 0)) for r in rows)
+
+
 def test_sigkill_twice_mid_batch_then_every_line_answered_once(engine: Engine, tmp_path: Path) -> None:
     config = write_config(tmp_path, engine)
     key = new_key(config)
@@ -198,6 +209,9 @@ def test_sigkill_twice_mid_batch_then_every_line_answered_once(engine: Engine, t
             started.append(first := Gateway(config, port, tmp_path / "gateway.log"))
         done = wait_for(first.url, key, batch_id, None)
         every_line_once(first.url, key, done)
+        billed = billed_lines(first.url, batch_id)
+    assert billed >= LINES, billed  # every answer kept has its usage row (written before it); a line sent again
+    # after a kill may be billed twice (its engine ran it twice)
     log = (tmp_path / "gateway.log").read_text()
     assert log.count(f"running batch {batch_id}") == 3, log[-3000:]
 

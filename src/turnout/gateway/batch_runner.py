@@ -65,6 +65,7 @@ from turnout.gateway.access import USAGE_ROW
 from turnout.gateway.aliases import Aliases
 from turnout.gateway.batch_lease import Leases
 from turnout.gateway.calls import call_of
+from turnout.gateway.keys import ACCOUNTANT
 from turnout.gateway.preemption import STOPPABLE, Stoppable
 from turnout.gateway.serving import answer
 from turnout.gateway.timing import PHASES, Phases
@@ -180,6 +181,8 @@ class BatchRunner:
         runs = list(self.runs.values())
         for run in runs:
             run.halt("shutdown")
+            for attempt in list(run.attempts.values()):
+                attempt.stop()  # stopped, not failed: no usage row (nobody was answered; it is sent again on resume)
             if run.task is not None:
                 run.task.cancel()
         await asyncio.gather(*(r.task for r in runs if r.task is not None), return_exceptions=True)
@@ -466,7 +469,11 @@ class BatchRunner:
                 log.warning("batch %s: answers not written yet (tried again shortly): %s", run.id, exc)
 
     async def _flush(self, run: _Run) -> None:
-        """Write the answers that arrived (a line is done once its answer is written)."""
+        """Write the answers that arrived (a line is done once its answer is written), their usage rows first: a
+        gateway killed between the two has billed a line it sends again (its engine ran it twice), never kept an
+        answer nobody was billed for."""
+        if run.pending:
+            await self.app[ACCOUNTANT].usage.flush()
         while run.pending:
             batch, run.pending = run.pending[:_FLUSH_LINES], run.pending[_FLUSH_LINES:]
             try:
