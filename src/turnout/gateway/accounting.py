@@ -93,16 +93,17 @@ class UsageBatcher:
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="turnout-usage")
 
-    async def flush(self) -> None:
-        """Write what has been added. Waits for a write already under way (the loop's), which may hold rows added
-        before this call: a reader that flushes first (a key's last use) then sees every row added before."""
+    async def flush(self) -> bool:
+        """Write what has been added; whether all of it is in the database now (False: the database was away, the
+        rows are kept for the next write). Waits for a write already under way (the loop's), which may hold rows
+        added before this call: a reader that flushes first (a key's last use) then sees every row added before."""
         async with self._writing:
-            await self._write()
+            return await self._write()
 
-    async def _write(self) -> None:
+    async def _write(self) -> bool:
         groups, self._groups = self._groups, {}
         if not groups:
-            return
+            return True
         try:
             result = await asyncio.to_thread(self.store.insert_rollups, groups)
         except Exception:  # a bug, not the database: keep the rows, and keep the loop alive
@@ -116,6 +117,7 @@ class UsageBatcher:
             log.warning("could not write %d usage roll-ups (will retry): %s", len(result.unwritten), result.error)
             for key, pending in result.unwritten.items():  # merge back: nothing is lost while the database is down
                 self._groups.setdefault(key, Rollup()).absorb(pending)
+        return not result.unwritten
 
     async def close(self) -> None:
         if self._task is not None:

@@ -472,11 +472,11 @@ class BatchRunner:
         """Write the answers that arrived (a line is done once its answer is written), their usage rows first: a
         gateway killed between the two has billed a line it sends again (its engine ran it twice), never kept an
         answer nobody was billed for."""
-        if run.pending:
-            await self.app[ACCOUNTANT].usage.flush()
         while run.pending:
             batch, run.pending = run.pending[:_FLUSH_LINES], run.pending[_FLUSH_LINES:]
-            try:
+            try:  # (these answers' rows were added before they were kept: this write has them)
+                if not await self.app[ACCOUNTANT].usage.flush():
+                    raise StoreError("their usage rows could not be written yet")
                 await asyncio.to_thread(self.store.record, run.id, batch, self.clock())
             except BaseException:
                 run.pending[:0] = batch  # not written: kept for the next try (or sent again by the next runner)
