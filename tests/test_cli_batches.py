@@ -88,6 +88,11 @@ def test_batch_commands_through_the_gateway_and_on_the_store(tmp_path: Path) -> 
             assert again.returncode == 2 and "completed: only a validating or in_progress batch" in again.stderr
             unknown = run(["batch", "show", "batch_nope", *c], tmp_path)
             assert unknown.returncode == 2 and "no batch batch_nope" in unknown.stderr
+            for command in ("show", "cancel"):  # an empty id names no batch (it was the list's URL)
+                empty = run(["batch", command, " ", *c], tmp_path)
+                assert empty.returncode == 2 and "give the batch's id" in empty.stderr, empty.stderr
+            nobody = run(["batch", "list", "--app", "nobody", *c], tmp_path)
+            assert nobody.returncode == 0 and nobody.stdout.startswith("no batch with app nobody"), nobody.stdout
             third = submit(gateway_url(config), key, 400)
             until(c, tmp_path, third, lambda v: v["done"] >= 2)
         # no gateway: the store (the third batch was left in progress by the stopped gateway)

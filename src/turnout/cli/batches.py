@@ -40,8 +40,15 @@ batch_app = typer.Typer(
 )
 
 
+def _batch_id(given: str) -> str:
+    """The id as given, trimmed; an empty one is refused here (it would name the list, not a batch)."""
+    if not given.strip():
+        fail("give the batch's id (batch_...): turnout batch list shows them")
+    return given.strip()
+
+
 def _path(batch_id: str, action: str = "") -> str:
-    return "/admin/api/batches/" + urllib.parse.quote(batch_id.strip(), safe="") + action
+    return "/admin/api/batches/" + urllib.parse.quote(_batch_id(batch_id), safe="") + action
 
 
 def _store_views(db: Any, *, app: str | None, status: str | None, limit: int) -> list[dict[str, Any]]:
@@ -81,6 +88,11 @@ def batch_list(
             views = _store_views(db, app=query.app, status=query.status, limit=query.limit)
     if as_json:
         echo_json(views)
+        return
+    if not views:
+        filtered = [f"{name} {value}" for name, value in (("app", app), ("state", status)) if value is not None]
+        which = " with " + " and ".join(filtered) if filtered else ""
+        typer.echo(f"no batch{which} (the Batch API's POST /v1/batches makes them)")
         return
     render(batch_table(views))
 
@@ -142,7 +154,7 @@ def batch_show(
         from turnout.store.keys import KeyStore
 
         with open_store(settings) as (_, db):
-            record = BatchStore(db).batch(batch_id.strip())
+            record = BatchStore(db).batch(_batch_id(batch_id))
             if record is None:
                 fail(f"no batch {batch_id} (turnout batch list shows them)")
             assert record is not None
@@ -173,7 +185,7 @@ def batch_cancel(
         now = time.time()
         with open_store(settings) as (_, db):
             store = BatchStore(db)
-            record = store.batch(batch_id.strip())
+            record = store.batch(_batch_id(batch_id))
             if record is None:
                 fail(f"no batch {batch_id} (turnout batch list shows them)")
             assert record is not None
