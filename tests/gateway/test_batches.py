@@ -453,6 +453,38 @@ async def test_a_gateway_stopped_mid_batch_bills_nobody_for_the_lines_it_stopped
     assert sum(n for _, n in rows) >= answered >= 2, (rows, answered)  # every answer kept was billed
 
 
+async def test_lines_that_cannot_go_yet_do_not_hold_the_batch_back(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    """A line answered 503 (here: its model only on a worker that is down) waits to be sent again without holding
+    one of the batch's places: the lines behind it run meanwhile (with one place, none had run)."""
+    from tests.conftest import free_port
+    from tests.gateway.test_endpoints import PRIVATE_OK, admin
+
+    mac = await emulator("mac", ["m:latest"])
+    gone = worker("gone", f"http://127.0.0.1:{free_port()}")  # nothing listens: down, its models unknown
+    gw = await gateway([gone], env=PRIVATE_OK, auth={"open": False}, batches={**FAST, "lines_in_flight": 1})
+    assert (await admin(gw, "POST", "/admin/api/endpoints", {"name": "mac", "url": mac.url, "api": "ollama"}))[0] == 201
+    _, key = create_key(gw, app="evals")
+    lines = [chat_line("stuck", model="nope"), *(chat_line(f"l{n}", model="mac/m") for n in range(6))]
+    async with client(gw, key) as oa:
+        uploaded = await oa.files.create(file=("r.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+        batch = await oa.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+
+        async def others_done() -> bool:
+            got = await oa.batches.retrieve(batch.id)
+            return bool(got.request_counts and got.request_counts.completed == 6)
+
+        await eventually(others_done, "the six lines that can go answered", limit_s=30)
+        await oa.batches.cancel(batch.id)
+        done = await finished(oa, batch.id)
+        errors = await lines_of(oa, done.error_file_id)
+    assert done.status == "cancelled" and done.request_counts.completed == 6
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [("stuck", "batch_cancelled")]
+
+
 async def test_daily_tokens_count_and_the_rate_does_not_stall_the_batch(
     engine: Engine, gateway: GatewayFactory
 ) -> None:

@@ -84,6 +84,7 @@ _UNWRITTEN_MOST = 4 * _FLUSH_LINES  # answers not yet written (the store failing
 _KEY_S = 5.0  # how long a run uses its key's record before reading it again (a revocation reaches it then)
 _PURGE_S = 60.0  # retention is applied at most this often per process
 _RETRY_MOST_S = 10.0  # longest wait before another attempt at a line whose worker failed
+_WAITING_MOST = 4  # lines of a run in its tasks at once, as a multiple of lines_in_flight (the others wait to go)
 
 
 def line_route(url: str) -> tuple[Dialect, Endpoint]:
@@ -126,6 +127,7 @@ class _Run:
         self.key_read = -_KEY_S
         self.task: asyncio.Task[None] | None = None
         self.attempts: dict[int, Stoppable] = {}  # each line in flight's current attempt, by line number
+        self.places = asyncio.Semaphore(1)  # lines at work at once (batches.lines_in_flight: set by _send_all)
 
     def halt(self, why: str) -> None:
         if not self.stop.is_set():
@@ -310,15 +312,20 @@ class BatchRunner:
         done = await asyncio.to_thread(self.store.answered, run.id)
         flusher = asyncio.create_task(self._flusher(run))
         in_flight: set[asyncio.Task[None]] = set()
+        run.places = asyncio.Semaphore(self.settings.lines_in_flight)
         try:
             for line in lines:
                 if line.number in done:
                     continue
-                while len(in_flight) >= self.settings.lines_in_flight and not run.stop.is_set():
+                # a line waiting to be sent again (no worker can take it now) gives its place to the next line,
+                # so a few lines that cannot go never hold the batch back; at most this many lines wait so
+                while len(in_flight) >= _WAITING_MOST * self.settings.lines_in_flight and not run.stop.is_set():
                     stopped = asyncio.ensure_future(run.stop.wait())
                     await asyncio.wait([*in_flight, stopped], return_when=asyncio.FIRST_COMPLETED)
                     stopped.cancel()
                     in_flight = {t for t in in_flight if not t.done()}
+                if not await self._place(run):
+                    break
                 while len(run.pending) >= _UNWRITTEN_MOST and not run.stop.is_set():
                     # the store does not take the answers (down?): no new line until it does
                     run.flushed.clear()
@@ -327,6 +334,7 @@ class BatchRunner:
                     for waiting in waits:
                         waiting.cancel()
                 if run.stop.is_set():
+                    run.places.release()
                     break
                 task = asyncio.create_task(self._line(run, line))
                 in_flight.add(task)
@@ -358,15 +366,37 @@ class BatchRunner:
         finally:
             stopped.cancel()
 
+    @staticmethod
+    async def _place(run: _Run) -> bool:
+        """Take one of the run's places for a line at work (``lines_in_flight`` of them); False: the run stopped
+        first."""
+        acquiring = asyncio.ensure_future(run.places.acquire())
+        stopped = asyncio.ensure_future(run.stop.wait())
+        try:
+            await asyncio.wait([acquiring, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not acquiring.done():
+                acquiring.cancel()
+        if acquiring.cancelled():
+            return False
+        if run.stop.is_set():
+            run.places.release()
+            return False
+        return True
+
     async def _line(self, run: _Run, line: Line) -> None:
-        """Send one line until it has an answer to record (or the run stops: it is left to whoever goes on)."""
+        """Send one line until it has an answer to record (or the run stops: it is left to whoever goes on). It
+        holds one of the run's places (taken by :meth:`_send_all`) except while it waits to be sent again."""
         dialect, endpoint = line_route(line.url)
         try:
             call = call_of(line.body, dialect, endpoint, line.url, aliases=self.aliases.table)
         except TurnoutError as exc:
+            run.places.release()
             self._keep(run, line, exc.status, orjson.loads(api(dialect).error_body(exc)), None)
             return
         attempt = waits = 0
+        held = True  # its place
         preemptible = True  # a line is stopped for a request of a higher class at most once (core.preemption)
         try:
             while not run.stop.is_set():
@@ -392,11 +422,18 @@ class BatchRunner:
                 attempt -= 1  # a wait is not an attempt
                 waits += 1
                 left = run.record.expires_at - self.clock()
+                run.places.release()  # another line works meanwhile
+                held = False
                 await run.pause(min(retry_wait_s(retry_after, waits - 1), left))
+                held = await self._place(run)
+                if not held:
+                    return
         except _Stop:
             return
         finally:
             run.attempts.pop(line.number, None)
+            if held:
+                run.places.release()
 
     async def _send(self, run: _Run, call: Call, stop: Stoppable) -> tuple[int, Any, int | None, LineRequest] | None:
         """One attempt: (status, answer body, Retry-After, the request it was sent as); None: it was stopped (for a
