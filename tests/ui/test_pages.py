@@ -166,3 +166,20 @@ async def test_overview_lists_endpoints_with_state_and_since(page, gateway, emul
     assert "online" in row and "since 20" in row and "UTC" in row
     assert await page.locator("#workers tr[data-worker=mac]").count() == 0  # an endpoint is not listed as a worker
     assert await page.inner_text('[data-stat="endpoints"]') == "1 / 1"
+
+
+async def test_the_placement_editor_takes_a_gateway_gone_quietly(page, gateway, emulator) -> None:
+    """The rules are checked as you type (250 ms after the last key); a gateway that does not answer then (it
+    restarts, or the page closes) leaves the field as it was, never a script error (the page fixture fails on one:
+    a clean-clone CI run caught this 'Failed to fetch' after a test had ended)."""
+    import asyncio
+
+    emu = await emulator("w1", models=["llama3.2:latest"])
+    gw = await gateway([worker("w1", emu.url)])
+    await sign_in(page, gw)
+    await page.goto(f"{gw.url}/admin/placement/workers/w1")
+    await page.focus("#allowed_models")
+    await page.keyboard.type("llama3.2")
+    await gw.stop()  # before the check is sent
+    await asyncio.sleep(0.6)
+    assert await page.input_value("#allowed_models") == "llama3.2"

@@ -165,13 +165,18 @@
   var checkTimers = {};
   async function check(textarea) {
     var field = textarea.dataset.field;
-    var r = await fetch("/admin/placement/check", {
-      method: "POST",
-      credentials: "same-origin",
-      headers: { "Content-Type": "application/json", "X-CSRF-Token": turnout.csrf() },
-      body: JSON.stringify({ field: field, patterns: lines(textarea.value) }),
-    });
-    var answer = await r.json();
+    var answer;
+    try {
+      var r = await fetch("/admin/placement/check", {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "Content-Type": "application/json", "X-CSRF-Token": turnout.csrf() },
+        body: JSON.stringify({ field: field, patterns: lines(textarea.value) }),
+      });
+      answer = await r.json();
+    } catch (err) {
+      return;  // the gateway did not answer (restarting, or the page is closing): no verdict as you type; Save checks
+    }
     fieldError(field, answer.ok ? "" : answer.message);
   }
 
