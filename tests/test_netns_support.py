@@ -62,7 +62,8 @@ def test_the_listener_ends_with_the_command_beside_it(ending: str) -> None:
             time.sleep(0.05)
         namespace = _net_namespace(proc.pid)
         assert namespace is not None and namespace != _net_namespace(os.getpid())
-        while len(listeners := _in_namespace(namespace, but=proc.pid)) > 1:  # the prelude's own wait, ending
+        # the prelude's own wait, ending (more than one), or a /proc scan that missed the listener mid-read (none)
+        while len(listeners := _in_namespace(namespace, but=proc.pid)) != 1:
             assert time.monotonic() < deadline, [Path(f"/proc/{p}/cmdline").read_bytes() for p in listeners]
             time.sleep(0.05)
         assert len(listeners) == 1, listeners
