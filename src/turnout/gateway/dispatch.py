@@ -141,6 +141,9 @@ class Lease:
 
 _NOTHING_HELD = Held(0, 0, 0, {}, {}, False)  # a view not asked for: the take checks every cap
 HOLD_RECHECK_S = 0.5  # a held request looks again this often (a wake missed costs at most this)
+# A waiter routes again at least this often, woken or not: what holds it may change with no slot given back (a
+# worker back up, the batch headroom's window moving on), and a Batch API line waits as long as its window lasts.
+WAIT_RECHECK_S = 5.0
 AGED_LATE_S = 0.01  # a batch waiter wakes this long after it ages (served as standard from then: admission)
 # Times a request is routed again when the worker it chose took other requests before its own take (replicas routing
 # at the same moment); the last decision is then taken as it is, so a busy fleet never loops.
@@ -276,7 +279,7 @@ class Dispatcher:
                 assert ticket is not None
                 if priority is Priority.BATCH and not aged:  # it routes again as it ages (may take a slot then)
                     remaining = min(remaining, admission.BATCH_AGEING_S - (loop.time() - ticket.since) + AGED_LATE_S)
-                await self.occupancy.wait(ticket, remaining)
+                await self.occupancy.wait(ticket, min(remaining, WAIT_RECHECK_S))
         finally:
             if holding is not None:
                 holding.end()
