@@ -74,6 +74,22 @@ async def finished(oa: openai.AsyncOpenAI, batch_id: str, limit_s: float = 60) -
     return await eventually(ended, f"batch {batch_id} to end", limit_s)
 
 
+async def run_chat_batch(oa: openai.AsyncOpenAI, lines: list[dict[str, Any]]) -> Any:
+    """Upload ``lines`` and create their chat completions batch (a 24 h window)."""
+    uploaded = await oa.files.create(file=("r.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+    return await oa.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+
+async def until_answered(oa: openai.AsyncOpenAI, batch_id: str, count: int, what: str, limit_s: float = 60) -> None:
+    """Wait (bounded) until ``count`` of the batch's lines are in its output file."""
+
+    async def enough() -> bool:
+        got = await oa.batches.retrieve(batch_id)
+        return bool(got.request_counts and got.request_counts.completed >= count)
+
+    await eventually(enough, what, limit_s=limit_s)
+
+
 async def lines_of(oa: openai.AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
@@ -170,10 +186,7 @@ async def test_a_line_that_fails_is_its_error_line_and_the_batch_completes(
         chat_line("ok-2"),
     ]
     async with client(gw, key) as oa:
-        uploaded = await oa.files.create(file=("r.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
-        batch = await oa.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
+        batch = await run_chat_batch(oa, lines)
         done = await finished(oa, batch.id)
         assert done.status == "completed"
         assert (done.request_counts.completed, done.request_counts.failed) == (2, 2)
@@ -274,16 +287,9 @@ async def test_cancel_stops_new_lines_at_once(emulator: EmulatorFactory, gateway
     _, key = create_key(gw, app="evals")
     lines = [chat_line(f"l{n}", model="m") for n in range(40)]
     async with client(gw, key) as oa:
-        uploaded = await oa.files.create(file=("r.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
-        batch = await oa.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
+        batch = await run_chat_batch(oa, lines)
 
-        async def some_done() -> bool:
-            got = await oa.batches.retrieve(batch.id)
-            return bool(got.request_counts and got.request_counts.completed >= 2)
-
-        await eventually(some_done, "two lines answered")
+        await until_answered(oa, batch.id, 2, "two lines answered")
         sent_before = emu.served()
         cancelling = await oa.batches.cancel(batch.id)
         assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
@@ -334,16 +340,9 @@ async def test_a_cancel_sends_none_of_the_lines_waiting_for_a_slot(
     _, key = create_key(gw, app="evals")
     lines = [chat_line(f"l{n}", model="m") for n in range(20)]
     async with client(gw, key) as oa:
-        uploaded = await oa.files.create(file=("r.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
-        batch = await oa.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
+        batch = await run_chat_batch(oa, lines)
 
-        async def one_done() -> bool:
-            got = await oa.batches.retrieve(batch.id)
-            return bool(got.request_counts and got.request_counts.completed >= 1)
-
-        await eventually(one_done, "a line answered")
+        await until_answered(oa, batch.id, 1, "a line answered")
         sent_before = emu.served("/v1/chat/completions")
         await oa.batches.cancel(batch.id)
         done = await finished(oa, batch.id)
@@ -426,16 +425,9 @@ async def test_a_gateway_stopped_mid_batch_bills_nobody_for_the_lines_it_stopped
     _, key = create_key(gw, app="evals")
     lines = [chat_line(f"l{n}", model="m") for n in range(12)]
     async with client(gw, key) as oa:
-        uploaded = await oa.files.create(file=("r.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
-        batch = await oa.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
+        batch = await run_chat_batch(oa, lines)
 
-        async def some_done() -> bool:
-            got = await oa.batches.retrieve(batch.id)
-            return bool(got.request_counts and got.request_counts.completed >= 2)
-
-        await eventually(some_done, "two lines answered")
+        await until_answered(oa, batch.id, 2, "two lines answered")
         await eventually(lambda: _served(emu, 4), "more lines at work")
     await gw.stop()  # as SIGTERM does
     db = Database(database_url(None, gw.data_dir))
@@ -468,16 +460,9 @@ async def test_lines_that_cannot_go_yet_do_not_hold_the_batch_back(
     _, key = create_key(gw, app="evals")
     lines = [chat_line("stuck", model="nope"), *(chat_line(f"l{n}", model="mac/m") for n in range(6))]
     async with client(gw, key) as oa:
-        uploaded = await oa.files.create(file=("r.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
-        batch = await oa.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
+        batch = await run_chat_batch(oa, lines)
 
-        async def others_done() -> bool:
-            got = await oa.batches.retrieve(batch.id)
-            return bool(got.request_counts and got.request_counts.completed == 6)
-
-        await eventually(others_done, "the six lines that can go answered", limit_s=30)
+        await until_answered(oa, batch.id, 6, "the six lines that can go answered", limit_s=30)
         await oa.batches.cancel(batch.id)
         done = await finished(oa, batch.id)
         errors = await lines_of(oa, done.error_file_id)
