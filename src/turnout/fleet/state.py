@@ -437,6 +437,26 @@ class WorkerState:
         self.inventory_error = error
 
 
+# Fleet.views fills WorkerView's first 11 fields for every worker; Fleet._ranked appends these by position.
+if WorkerView._fields[11:] != (
+    "slots",
+    "busy_s",
+    "prefill_rate",
+    "decode_rate",
+    "prefill_samples",
+    "decode_samples",
+    "service_s",
+    "backlog_s",
+    "ranked",
+    "cached",
+    "by_session",
+    "evicts",
+    "evicts_age_s",
+    "history",
+):  # pragma: no cover - a reordered WorkerView must fail at import, never route on swapped figures
+    raise ImportError("WorkerView's fields moved: update Fleet._ranked")
+
+
 class Fleet:
     def __init__(self, settings: Settings, placement: PlacementStore) -> None:
         self.settings = settings
@@ -565,7 +585,7 @@ class Fleet:
         backlog = NO_BACKLOG if backlogs is None else backlogs.get(state.name, NO_BACKLOG)
         if match is None:
             match = NO_MATCH
-        return WorkerView(
+        return WorkerView(  # (positional, the fastest build: the order is checked below the class)
             *view[:11],
             slots,
             backlog.busy_s,
