@@ -187,8 +187,8 @@ class Routing(_Model):
     preempt_batch: bool = Field(
         True,
         description="an interactive or standard request that finds every slot it could use taken stops a batch "
-        "request running there (the one that started last; each Batch API line at most once, sent again at once), "
-        "instead of waiting for it to end; false: batch requests always run to their end",
+        "request running there (the one that started last; each Batch API line at most three times, sent again at "
+        "once), instead of waiting for it to end; false: batch requests always run to their end",
     )
     explain_header: bool = Field(
         False,

@@ -262,7 +262,7 @@ class Metrics:
         self.preempted = Counter(
             "turnout_preempted_requests",
             "batch requests stopped in flight for a waiting interactive or standard request (each sent again; a "
-            "Batch API line at most once)",
+            "Batch API line at most three times)",
             registry=self.registry,
         )
         self._shared_up: Gauge | None = None  # registered with storage.redis_url only (shared_state)

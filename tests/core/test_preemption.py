@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from turnout.core.admission import Priority
-from turnout.core.preemption import PREEMPTORS, SLOT_HELD, Running, victim
+from turnout.core.preemption import PREEMPTORS, SLOT_HELD, STOPS_MOST, Running, may_stop, victim
 
 M = "m:1"
 RUNNING = [
@@ -72,3 +72,7 @@ def test_the_victim_is_the_latest_eligible_one(
     else:
         assert chosen in eligible
         assert all((r.since, r.lease) <= (chosen.since, chosen.lease) for r in eligible)
+
+
+def test_a_line_may_be_stopped_until_it_was_stopped_stops_most_times() -> None:
+    assert [may_stop(n) for n in range(STOPS_MOST + 2)] == [True] * STOPS_MOST + [False, False]

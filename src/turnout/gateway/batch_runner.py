@@ -20,7 +20,7 @@ they renew; 503: no capacity now), or try again (a worker that failed, up to ``b
 Waiting never outlives the batch's completion window: when it passes, every line without an answer gets the
 error line ``batch_expired`` and the batch is ``expired``.
 
-A line in flight may be stopped once for an interactive or standard request that finds no free slot
+A line in flight may be stopped (at most three times) for an interactive or standard request that finds no free slot
 (:mod:`turnout.core.preemption`, :mod:`turnout.gateway.preemption`): it is sent again at once, behind that request
 in the queue; the stopped attempt is not an attempt (``max_attempts``), has no answer and no usage row.
 
@@ -58,6 +58,7 @@ from turnout.core.batches import (
     retry_wait_s,
     verdict,
 )
+from turnout.core.preemption import may_stop
 from turnout.dialects import CLIENT_APIS, api
 from turnout.dialects.base import Call, Dialect, Endpoint
 from turnout.errors import TurnoutError, Unauthorized
@@ -397,7 +398,7 @@ class BatchRunner:
             return
         attempt = waits = 0
         held = True  # its place
-        preemptible = True  # a line is stopped for a request of a higher class at most once (core.preemption)
+        stops = 0  # times stopped for a request of a higher class (core.preemption.may_stop)
         try:
             while not run.stop.is_set():
                 attempt += 1
@@ -405,10 +406,10 @@ class BatchRunner:
                 if left <= 0:
                     return  # left unanswered: the run ends it as expired
                 # (a little past the window: at its end the run stops the line, which then leaves no usage row)
-                stop = run.attempts[line.number] = Stoppable(preemptible=preemptible, queue_s=left + 2 * _CHECK_S)
+                stop = run.attempts[line.number] = Stoppable(preemptible=may_stop(stops), queue_s=left + 2 * _CHECK_S)
                 sent = await self._send(run, call, stop)
                 if sent is None:  # stopped for another request: sent again at once (queued behind it), not an attempt
-                    preemptible = False  # (or by this run, which has stopped: the loop ends)
+                    stops += 1  # (or by this run, which has stopped: the loop ends)
                     attempt -= 1
                     continue
                 status, body, retry_after, request = sent
