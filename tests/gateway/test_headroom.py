@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -245,3 +246,61 @@ async def test_an_aged_batch_request_takes_a_free_slot_and_holds_no_standard_one
     standard = await asyncio.wait_for(dispatcher.acquire(MODEL), 2)  # and goes once a slot is free
     for lease in (aged, standard):
         lease.release()
+
+
+async def _three_busy_lately(dispatcher: dispatch.Dispatcher) -> None:
+    busy = [await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE) for _ in range(3)]
+    for lease in busy:  # interactive traffic lately needed three engines at once: the headroom is the share
+        lease.release()
+
+
+async def test_a_batch_request_that_may_be_stopped_takes_any_free_slot(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    """Three one-slot engines, share 0.5, interactive traffic that needed all three lately. A batch request that may
+    be stopped (a Batch API line: ``stop``) in the process that routes every request takes any free engine: an
+    interactive request that finds them all taken stops the one that started last (the least work thrown away) and
+    goes there (headroom would have kept two idle: the batch at 55-70 % of what the interactive load left,
+    bench/batch_fleet.py). A batch request nobody can stop (a batch key's own client) still keeps to the share, and
+    finds no engine while the lines hold all three."""
+    emus = [await emulator(name, [MODEL]) for name in "abc"]
+    gw = await gateway([worker(e.name, e.url, slots=1) for e in emus], routing={"queue_timeout_s": 0.2})
+    dispatcher = gw.app[DISPATCHER]
+    await _three_busy_lately(dispatcher)
+    stopped: list[str] = []
+    lines = [
+        await dispatcher.acquire(MODEL, priority=Priority.BATCH, stop=lambda n=n: stopped.append(f"line{n}"))
+        for n in range(3)
+    ]
+    assert len({x.worker.name for x in lines}) == 3
+    with pytest.raises(Unavailable):  # (every engine runs a line: none for a batch request of any kind)
+        await dispatcher.acquire(MODEL, priority=Priority.BATCH)
+    person = await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE)
+    assert stopped == ["line2"]  # the one that started last (the least work lost), and it goes there
+    assert person.worker.name == lines[2].worker.name
+    for lease in [person, *lines]:
+        lease.release()
+    await _three_busy_lately(dispatcher)
+    direct = await dispatcher.acquire(MODEL, priority=Priority.BATCH)  # nobody can stop it: the share, one engine
+    with pytest.raises(Unavailable, match="share of the slots"):
+        await dispatcher.acquire(MODEL, priority=Priority.BATCH)
+    direct.release()
+
+
+async def test_batch_lines_keep_the_headroom_where_other_processes_route(
+    emulator: EmulatorFactory, gateway: GatewayFactory, redis_url: str, tmp_path: Path
+) -> None:
+    """With the counts shared (Redis: replicas, or ``serve --workers N``) a request routed by another process cannot
+    stop this one's lines, so a line that may be stopped keeps to the headroom like any batch request."""
+    emus = [await emulator(name, [MODEL]) for name in "abc"]
+    storage = {"data_dir": str(tmp_path / "data"), "redis_url": redis_url}
+    gw = await gateway(
+        [worker(e.name, e.url, slots=1) for e in emus], routing={"queue_timeout_s": 0.2}, storage=storage
+    )
+    dispatcher = gw.app[DISPATCHER]
+    assert dispatcher.occupancy.remote
+    await _three_busy_lately(dispatcher)
+    line = await dispatcher.acquire(MODEL, priority=Priority.BATCH, stop=lambda: None)
+    with pytest.raises(Unavailable, match="share of the slots"):
+        await dispatcher.acquire(MODEL, priority=Priority.BATCH, stop=lambda: None)
+    line.release()

@@ -226,6 +226,8 @@ class Dispatcher:
         held_until = started + hold_s
         holding: Holding | None = None  # while it is held (its workers expected back)
         stopped = False  # it stopped a batch request (at most one)
+        # a request that would want its slot may stop it (none is routed elsewhere): no headroom holds it back
+        unheld = stop is not None and self.routing.preempt_batch and not self.occupancy.remote
         if ticket is not None:
             self.metrics.queued.inc()  # (the hold gave its count back with the ticket)
         try:
@@ -233,7 +235,7 @@ class Dispatcher:
                 waited = 0.0 if ticket is None else loop.time() - ticket.since  # (both monotonic seconds)
                 aged = served_as(priority, waited) is not priority  # a batch request served as standard
                 try:
-                    lease, message, why = await self._try(model, exclude, tenant, ask, priority, ticket, aged)
+                    lease, message, why = await self._try(model, exclude, tenant, ask, priority, ticket, aged, unheld)
                 except Unavailable as exc:
                     if exc.code != NoRouteReason.NO_HEALTHY.value or not self._coming_back(model):
                         raise
@@ -340,16 +342,20 @@ class Dispatcher:
         priority: Priority,
         ticket: Ticket | None,
         aged: bool = False,
+        unheld: bool = False,
     ) -> tuple[Lease | None, str, str]:
         """One attempt: (a lease, "", ""), or (None, why it must wait, that reason's count: ``tenant``, ``ahead``,
         ``worker_batch``, ``model_batch``, ``total``, ``model``, ``worker``, or the router's ``saturated``). No-route
-        answers other than saturation raise.
+        answers other than saturation raise. ``unheld``: a batch request that any request wanting its slot may stop,
+        which no headroom holds back (:func:`turnout.core.headroom.batch_caps`).
 
         A worker chosen on counts that no longer hold when its slot is taken (it took requests in between: another
         replica routed at the same moment, :func:`turnout.core.admission.moved`) is chosen again on the new counts,
         at most :data:`REROUTES` times; then the last choice is taken as it is."""
         for left in range(REROUTES, -1, -1):
-            outcome = await self._attempt(model, exclude, tenant, ask, priority, ticket, check=left > 0, aged=aged)
+            outcome = await self._attempt(
+                model, exclude, tenant, ask, priority, ticket, check=left > 0, aged=aged, unheld=unheld
+            )
             if outcome is not None:
                 return outcome
             self.metrics.routing.labels("moved").inc()
@@ -366,6 +372,7 @@ class Dispatcher:
         *,
         check: bool,
         aged: bool = False,
+        unheld: bool = False,
     ) -> tuple[Lease | None, str, str] | None:
         """:meth:`_try`'s one view, decision and take; None: the worker moved (``check``: the take checks that its
         requests in flight are still those the decision saw)."""
@@ -390,8 +397,8 @@ class Dispatcher:
         views = self.fleet.views(model, prompt, candidates, held.workers, matches, held.backlogs)
         stoppable = self._stoppable_here(model, priority)
         if stoppable and choice:
-            if _all_busy(model, views, exclude):  # ranked as if they were stopped: they are, where it goes
-                counts, backlogs = _without(stoppable, held.workers, held.backlogs)
+            if _all_busy(model, views, exclude):  # ranked as if one were stopped: one is, where it goes
+                counts, backlogs = _without(self._least_lost(model, priority, stoppable), held.workers, held.backlogs)
                 views = self.fleet.views(model, prompt, candidates, counts, matches, backlogs)
             else:  # a slot is free: nothing is stopped
                 stoppable = {}
@@ -426,7 +433,7 @@ class Dispatcher:
             if headroom is not None:
                 fleet, others = headroom
                 runs = self._slots(worker, model)
-                mine, together = batch_caps(runs, fleet, self.routing.batch_share, others)
+                mine, together = batch_caps(runs, fleet, self.routing.batch_share, others, unheld)
                 if not worker.config.priority_scheduling:
                     caps = caps._replace(worker=_least(caps.worker, runs))
                 caps = caps._replace(worker_batch=mine, model_batch=together)
@@ -563,6 +570,18 @@ class Dispatcher:
             if running.model == model and lease.worker.config.max_concurrent is None:
                 here.setdefault(running.worker, []).append(lease)
         return here
+
+    def _least_lost(
+        self, model: str, priority: Priority, stoppable: Mapping[str, list[Lease]]
+    ) -> dict[str, list[Lease]]:
+        """Of the batch requests a request of ``priority`` may stop on these workers, the one whose stop throws the
+        least work away (:func:`turnout.core.preemption.victim`: the one that started last). The request is ranked as
+        if only that one were stopped, so it goes there, unless another worker is still expected to answer it first
+        (the prompt it holds), where it stops the line that started last (:meth:`_stop_where`). Ranked as if every
+        line were stopped, it went wherever routing would send it on an idle fleet, and stopped the line there, an
+        old one as often as a new one."""
+        chosen = victim((r for r, _ in self._stoppable.values()), priority, "worker", model, set(stoppable))
+        return {} if chosen is None else {chosen.worker: [self._stoppable[chosen.lease][1]]}
 
     def _stop_where(self, lease: Lease, seen: int) -> None:
         """``lease``'s request went to a worker that runs a batch request it may stop: stop one when the worker's
