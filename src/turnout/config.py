@@ -180,11 +180,9 @@ class Routing(_Model):
         0.5,
         gt=0,
         le=1,
-        description="batch requests that no waiting request can stop (keys of class batch; the Batch API's lines "
-        "where other replicas or processes route too, or with preempt_batch false) may hold at most this share of a "
+        description="batch requests (the Batch API's lines, keys of class batch) may hold at most this share of a "
         "worker's slots (what its engine runs at once; at least one), so an interactive request finds a free slot "
-        "instead of waiting behind a long batch generation; a line that may be stopped takes any free slot; 1: no "
-        "headroom",
+        "instead of waiting behind a long batch generation; 1: no headroom",
     )
     preempt_batch: bool = Field(
         True,

@@ -79,11 +79,3 @@ def test_recent_peak_matches_brute_force() -> None:
             else:
                 want = max((c for t, c in seen if now - t <= window), default=0)
                 assert peak.peak(now) == want
-
-
-@pytest.mark.parametrize(("worker", "others"), [(1, 0), (1, 3), (4, 2), (None, 2), (2, 5)])
-def test_a_request_that_may_be_stopped_takes_any_free_slot_and_no_more(worker: int | None, others: int) -> None:
-    """Whatever the share and the others' need: a worker's slots (it never waits in an engine's queue), no fleet cap."""
-    for share in (0.1, 0.5, 1.0):
-        assert batch_caps(worker, [worker, 1, 1], share, others, stoppable=True) == (worker, None)
-    assert batch_caps(worker, None, 0.5, others, stoppable=True) == (worker, None)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -248,59 +247,24 @@ async def test_an_aged_batch_request_takes_a_free_slot_and_holds_no_standard_one
         lease.release()
 
 
-async def _three_busy_lately(dispatcher: dispatch.Dispatcher) -> None:
-    busy = [await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE) for _ in range(3)]
-    for lease in busy:  # interactive traffic lately needed three engines at once: the headroom is the share
-        lease.release()
-
-
-async def test_a_batch_request_that_may_be_stopped_takes_any_free_slot(
+async def test_an_interactive_request_stops_the_line_that_started_last_and_goes_there(
     emulator: EmulatorFactory, gateway: GatewayFactory
 ) -> None:
-    """Three one-slot engines, share 0.5, interactive traffic that needed all three lately. A batch request that may
-    be stopped (a Batch API line: ``stop``) in the process that routes every request takes any free engine: an
-    interactive request that finds them all taken stops the one that started last (the least work thrown away) and
-    goes there (headroom would have kept two idle: the batch at 55-70 % of what the interactive load left,
-    bench/batch_fleet.py). A batch request nobody can stop (a batch key's own client) still keeps to the share, and
-    finds no engine while the lines hold all three."""
+    """Three one-slot engines, each running a Batch API line (``batch_share`` 1: no headroom). An interactive request
+    with no prompt held anywhere is ranked as if only the line whose stop throws the least work away were stopped
+    (the one that started last), and goes there: ranked as if every line were stopped, it went wherever routing sends
+    it on an idle fleet and stopped the line there, the oldest as often as the newest."""
     emus = [await emulator(name, [MODEL]) for name in "abc"]
-    gw = await gateway([worker(e.name, e.url, slots=1) for e in emus], routing={"queue_timeout_s": 0.2})
+    gw = await gateway([worker(e.name, e.url, slots=1) for e in emus], routing={"batch_share": 1})
     dispatcher = gw.app[DISPATCHER]
-    await _three_busy_lately(dispatcher)
-    stopped: list[str] = []
-    lines = [
-        await dispatcher.acquire(MODEL, priority=Priority.BATCH, stop=lambda n=n: stopped.append(f"line{n}"))
-        for n in range(3)
-    ]
-    assert len({x.worker.name for x in lines}) == 3
-    with pytest.raises(Unavailable):  # (every engine runs a line: none for a batch request of any kind)
-        await dispatcher.acquire(MODEL, priority=Priority.BATCH)
-    person = await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE)
-    assert stopped == ["line2"]  # the one that started last (the least work lost), and it goes there
-    assert person.worker.name == lines[2].worker.name
-    for lease in [person, *lines]:
-        lease.release()
-    await _three_busy_lately(dispatcher)
-    direct = await dispatcher.acquire(MODEL, priority=Priority.BATCH)  # nobody can stop it: the share, one engine
-    with pytest.raises(Unavailable, match="share of the slots"):
-        await dispatcher.acquire(MODEL, priority=Priority.BATCH)
-    direct.release()
-
-
-async def test_batch_lines_keep_the_headroom_where_other_processes_route(
-    emulator: EmulatorFactory, gateway: GatewayFactory, redis_url: str, tmp_path: Path
-) -> None:
-    """With the counts shared (Redis: replicas, or ``serve --workers N``) a request routed by another process cannot
-    stop this one's lines, so a line that may be stopped keeps to the headroom like any batch request."""
-    emus = [await emulator(name, [MODEL]) for name in "abc"]
-    storage = {"data_dir": str(tmp_path / "data"), "redis_url": redis_url}
-    gw = await gateway(
-        [worker(e.name, e.url, slots=1) for e in emus], routing={"queue_timeout_s": 0.2}, storage=storage
-    )
-    dispatcher = gw.app[DISPATCHER]
-    assert dispatcher.occupancy.remote
-    await _three_busy_lately(dispatcher)
-    line = await dispatcher.acquire(MODEL, priority=Priority.BATCH, stop=lambda: None)
-    with pytest.raises(Unavailable, match="share of the slots"):
-        await dispatcher.acquire(MODEL, priority=Priority.BATCH, stop=lambda: None)
-    line.release()
+    for _ in range(2):
+        stopped: list[str] = []
+        lines = [
+            await dispatcher.acquire(MODEL, priority=Priority.BATCH, stop=lambda n=n, s=stopped: s.append(f"line{n}"))
+            for n in range(3)
+        ]
+        assert len({x.worker.name for x in lines}) == 3
+        person = await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE)
+        assert stopped == ["line2"] and person.worker.name == lines[2].worker.name
+        for lease in [person, *lines]:
+            lease.release()

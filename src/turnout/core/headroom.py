@@ -1,14 +1,8 @@
 """Headroom: how many slots batch requests may hold, so that an interactive or standard request starts at once.
 
-Batch requests (the Batch API's lines, keys of class ``batch``) run on what other traffic leaves. A request that
-would want a batch request's slot may stop it where it is a Batch API line and the process running the line routes
-every request for the model (:mod:`turnout.core.preemption`): such a line takes **any free slot** (below: never more
-than a worker's), since an interactive request that finds none stops it and starts at once. Keeping slots free for
-it beforehand left them idle: three one-slot engines, an interactive load that needed all three at its peak and one
-on average, and the batch ran on one engine, 55-70 % of what that load left (bench/batch_fleet.py). For the batch
-requests nobody can stop (a ``batch`` key's own client; a line where other replicas or processes route too: a
-request routed there cannot stop it), the only way to leave an interactive request a free slot is to keep batch off
-some slots beforehand:
+Batch requests (the Batch API's lines, keys of class ``batch``) run on what other traffic leaves. Without
+preempting an engine's running request, the only way to leave an interactive request a free slot is to keep batch
+off some slots beforehand:
 
 - **each worker**: at most ``routing.batch_share`` of the slots its engine runs at once (at least one);
 - **the model's workers together**: at most that share of all their slots (at least one), or more: every slot that
@@ -55,14 +49,12 @@ def batch_room(slots: Iterable[int | None], share: float) -> int | None:
 
 
 def batch_caps(
-    worker: int | None, fleet: list[int | None] | None, share: float, others: int, stoppable: bool = False
+    worker: int | None, fleet: list[int | None] | None, share: float, others: int
 ) -> tuple[int | None, int | None]:
     """What batch requests may hold of one worker's slots (``worker``: what its engine runs at once; None: not
     known) and of the model's workers' slots together (``fleet``: each one's; None: not asked, a single
-    candidate). ``others``: the model's other traffic's peak in flight over :data:`QUIET_S`. ``stoppable``: this
-    request may be stopped for any request that would want its slot (a Batch API line, with every request for the
-    model routed by the process that may stop it): it takes any free slot. (None: no cap.)"""
-    if others == 0 or share >= 1 or stoppable:
+    candidate). ``others``: the model's other traffic's peak in flight over :data:`QUIET_S`. (None: no cap.)"""
+    if others == 0 or share >= 1:
         return worker, None
     mine = batch_room([worker], share)
     if fleet is None:

@@ -226,8 +226,6 @@ class Dispatcher:
         held_until = started + hold_s
         holding: Holding | None = None  # while it is held (its workers expected back)
         stopped = False  # it stopped a batch request (at most one)
-        # a request that would want its slot may stop it (none is routed elsewhere): no headroom holds it back
-        unheld = stop is not None and self.routing.preempt_batch and not self.occupancy.remote
         if ticket is not None:
             self.metrics.queued.inc()  # (the hold gave its count back with the ticket)
         try:
@@ -235,7 +233,7 @@ class Dispatcher:
                 waited = 0.0 if ticket is None else loop.time() - ticket.since  # (both monotonic seconds)
                 aged = served_as(priority, waited) is not priority  # a batch request served as standard
                 try:
-                    lease, message, why = await self._try(model, exclude, tenant, ask, priority, ticket, aged, unheld)
+                    lease, message, why = await self._try(model, exclude, tenant, ask, priority, ticket, aged)
                 except Unavailable as exc:
                     if exc.code != NoRouteReason.NO_HEALTHY.value or not self._coming_back(model):
                         raise
@@ -342,20 +340,16 @@ class Dispatcher:
         priority: Priority,
         ticket: Ticket | None,
         aged: bool = False,
-        unheld: bool = False,
     ) -> tuple[Lease | None, str, str]:
         """One attempt: (a lease, "", ""), or (None, why it must wait, that reason's count: ``tenant``, ``ahead``,
         ``worker_batch``, ``model_batch``, ``total``, ``model``, ``worker``, or the router's ``saturated``). No-route
-        answers other than saturation raise. ``unheld``: a batch request that any request wanting its slot may stop,
-        which no headroom holds back (:func:`turnout.core.headroom.batch_caps`).
+        answers other than saturation raise.
 
         A worker chosen on counts that no longer hold when its slot is taken (it took requests in between: another
         replica routed at the same moment, :func:`turnout.core.admission.moved`) is chosen again on the new counts,
         at most :data:`REROUTES` times; then the last choice is taken as it is."""
         for left in range(REROUTES, -1, -1):
-            outcome = await self._attempt(
-                model, exclude, tenant, ask, priority, ticket, check=left > 0, aged=aged, unheld=unheld
-            )
+            outcome = await self._attempt(model, exclude, tenant, ask, priority, ticket, check=left > 0, aged=aged)
             if outcome is not None:
                 return outcome
             self.metrics.routing.labels("moved").inc()
@@ -372,7 +366,6 @@ class Dispatcher:
         *,
         check: bool,
         aged: bool = False,
-        unheld: bool = False,
     ) -> tuple[Lease | None, str, str] | None:
         """:meth:`_try`'s one view, decision and take; None: the worker moved (``check``: the take checks that its
         requests in flight are still those the decision saw)."""
@@ -433,7 +426,7 @@ class Dispatcher:
             if headroom is not None:
                 fleet, others = headroom
                 runs = self._slots(worker, model)
-                mine, together = batch_caps(runs, fleet, self.routing.batch_share, others, unheld)
+                mine, together = batch_caps(runs, fleet, self.routing.batch_share, others)
                 if not worker.config.priority_scheduling:
                     caps = caps._replace(worker=_least(caps.worker, runs))
                 caps = caps._replace(worker_batch=mine, model_batch=together)
