@@ -84,6 +84,10 @@ def test_batch_commands_through_the_gateway_and_on_the_store(tmp_path: Path) -> 
             end = until(c, tmp_path, slow, lambda v: v["status"] == "cancelled")
             counts = end["request_counts"]
             assert counts["completed"] < 100 and counts["failed"] == 400 - counts["completed"]  # never sent: cancelled
+            assert (end["done"], end["unanswered"]) == (counts["completed"], counts["failed"])
+            shown = run(["batch", "show", slow, *c], tmp_path)
+            answered = f"answered   {end['done']} of 400 ({end['progress']:.0%}): "
+            assert answered in shown.stdout and f"({counts['failed']} of them never answered)" in shown.stdout
             again = run(["batch", "cancel", quick, *c], tmp_path)
             assert again.returncode == 2 and "completed: only a validating or in_progress batch" in again.stderr
             unknown = run(["batch", "show", "batch_nope", *c], tmp_path)

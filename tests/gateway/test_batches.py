@@ -301,6 +301,19 @@ async def test_cancel_stops_new_lines_at_once(emulator: EmulatorFactory, gateway
     assert len(ok) + len(errors) == 40 and len(ok) == done.request_counts.completed
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"} and all(e["response"] is None for e in errors)
     assert sorted(o["custom_id"] for o in ok + errors) == sorted(line["custom_id"] for line in lines)
+    # the admin view counts the lines answered, not the lines given batch_cancelled at the end (was 40 of 40, 100 %)
+    view = await admin_view(gw, batch.id)
+    assert (view["done"], view["unanswered"], view["progress"]) == (len(ok), len(errors), len(ok) / 40)
+
+
+async def admin_view(gw: Gateway, batch_id: str) -> dict[str, Any]:
+    async with (
+        aiohttp.ClientSession(headers=gw.admin_headers) as http,
+        http.get(f"{gw.url}/admin/api/batches/{batch_id}") as r,
+    ):
+        assert r.status == 200, await r.text()
+        view: dict[str, Any] = await r.json()
+    return view
 
 
 async def test_the_completion_window_expires_the_lines_left(emulator: EmulatorFactory, gateway: GatewayFactory) -> None:
@@ -326,6 +339,8 @@ async def test_the_completion_window_expires_the_lines_left(emulator: EmulatorFa
         "message": "This request could not be executed before the completion window expired.",
     }
     assert (done.request_counts.completed, done.request_counts.failed) == (len(ok), len(errors))
+    view = await admin_view(gw, batch.id)  # the lines the window's end left (or stopped) are not answered
+    assert (view["done"], view["unanswered"]) == (len(ok), len(errors))
 
 
 async def test_a_cancel_sends_none_of_the_lines_waiting_for_a_slot(

@@ -58,6 +58,8 @@ async def test_batches_with_progress_and_a_cancel(page: Any, gateway: Any, emula
     page.once("dialog", lambda dialog: dialog.accept())
     await page.click(f"tr[data-batch={slow}] button[data-action=cancel]")
     await page.locator(f"tr[data-batch={slow}][data-status=cancelled]").wait_for(timeout=30_000)
+    progress = await page.locator(f"tr[data-batch={slow}] [data-progress]").inner_text()
+    assert "(100 %)" not in progress and "never answered" in progress  # the lines cancelled are not "answered"
     assert await page.locator(f"tr[data-batch={quick}] button[data-action=cancel]").count() == 0
     # the filters: a state, then back to all
     await page.select_option("#f-status", "cancelled")

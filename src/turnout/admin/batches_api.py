@@ -33,13 +33,17 @@ __all__ = ["add_batch_routes", "batch_view", "list_batch_views"]
 
 
 def batch_view(record: BatchRecord, tenants: dict[str, str]) -> dict[str, Any]:
-    """A batch as the admin API, the UI and the CLI show it (``tenants``: app -> tenant)."""
-    done = record.completed + record.failed
+    """A batch as the admin API, the UI and the CLI show it (``tenants``: app -> tenant): ``done``, its lines
+    answered (in the output file, or in the error file with the answer they got); ``unanswered``, its lines that
+    never got an answer (the batch cancelled, or its window over, first: in the error file with ``batch_cancelled``
+    or ``batch_expired``, and in OpenAI's ``request_counts.failed``)."""
+    done = record.completed + record.failed - record.unanswered
     return {
         **batch_object(record),
         "app": record.app,
         "tenant": tenants.get(record.app or ""),
         "done": done,
+        "unanswered": record.unanswered,
         "progress": done / record.total if record.total else 0.0,
         "runner": record.runner,
     }

@@ -121,7 +121,8 @@ def _show(view: dict[str, Any]) -> list[str]:
         f"endpoint   {view['endpoint']}",
         f"state      {view['status']}" + (f", run by {view['runner']}" if view.get("runner") else ""),
         f"answered   {view['done']} of {counts['total']} ({view['progress']:.0%}): {counts['completed']} in the "
-        f"output file, {counts['failed']} in the error file",
+        f"output file, {counts['failed']} in the error file"
+        + (f" ({view['unanswered']} of them never answered)" if view.get("unanswered") else ""),
         f"tokens     {view['usage']['input_tokens']} in, {view['usage']['output_tokens']} out",
         f"created    {local_time(view['created_at'])}, window {view['completion_window']}",
         f"expires    {local_time(view['expires_at'])}" if ended is None else f"ended      {local_time(ended)}",

@@ -536,7 +536,7 @@ class BatchRunner:
             never = CANCELLED if status == "cancelled" else EXPIRED
             for line in missing:
                 shaped = failed_line(_line_id(), line.custom_id, never)
-                run.pending.append(Result(line.number, False, orjson.dumps(shaped)))
+                run.pending.append(Result(line.number, False, orjson.dumps(shaped), unanswered=True))
             await self._flush(run)
         else:
             await asyncio.to_thread(self.store.set_status, run.id, "finalizing", now, only_from=("in_progress",))

@@ -65,7 +65,8 @@ class BatchRecord:
     expires_at: float
     total: int
     completed: int = 0
-    failed: int = 0
+    failed: int = 0  # lines in the error file: answered with an error, or never answered (``unanswered``)
+    unanswered: int = 0  # of ``failed``, the lines that got no answer (``batch_cancelled``, ``batch_expired``)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     in_progress_at: float | None = None
@@ -87,16 +88,27 @@ class BatchRecord:
 
 class Result:
     """A line's answer as written: the line number, whether it goes to the output file (2xx) or the error file, its
-    JSON line, and the tokens it used."""
+    JSON line, and the tokens it used; ``unanswered``: the line got no answer (its batch was cancelled, or its window
+    ended, first)."""
 
-    __slots__ = ("completion_tokens", "line", "ok", "output", "prompt_tokens")
+    __slots__ = ("completion_tokens", "line", "ok", "output", "prompt_tokens", "unanswered")
 
-    def __init__(self, line: int, ok: bool, output: bytes, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        line: int,
+        ok: bool,
+        output: bytes,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        *,
+        unanswered: bool = False,
+    ) -> None:
         self.line = line
         self.ok = ok
         self.output = output
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = completion_tokens
+        self.unanswered = unanswered
 
 
 _FILE_FIELDS = [f.name for f in fields(BatchFile)]
@@ -290,7 +302,7 @@ class BatchStore:
     def record(self, batch_id: str, results: list[Result], now: float) -> int:
         """Write lines' answers, and add the ones written to the batch's counts, in one transaction; a line that has
         an answer already keeps it (and counts once). Returns how many were written."""
-        completed = failed = prompt = completion = 0
+        completed = failed = unanswered = prompt = completion = 0
         with self.db.begin() as conn:
             for r in results:
                 values = {
@@ -305,6 +317,7 @@ class BatchStore:
                 if conn.execute(self._record_one, values).first() is not None:
                     completed += r.ok
                     failed += not r.ok
+                    unanswered += r.unanswered
                     prompt += r.prompt_tokens
                     completion += r.completion_tokens
             if completed or failed:
@@ -314,6 +327,7 @@ class BatchStore:
                     .values(
                         completed=batches.c.completed + completed,
                         failed=batches.c.failed + failed,
+                        unanswered=batches.c.unanswered + unanswered,
                         prompt_tokens=batches.c.prompt_tokens + prompt,
                         completion_tokens=batches.c.completion_tokens + completion,
                     )

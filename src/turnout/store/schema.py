@@ -271,6 +271,7 @@ batches = Table(
     Column("total", Integer, nullable=False),
     Column("completed", Integer, nullable=False),
     Column("failed", Integer, nullable=False),
+    Column("unanswered", Integer, nullable=False, server_default="0"),  # of failed: never answered (cancelled, expired)
     Column("prompt_tokens", BigInteger, nullable=False),
     Column("completion_tokens", BigInteger, nullable=False),
     Column("output_file_id", String(64), nullable=True),
