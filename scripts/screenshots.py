@@ -139,7 +139,7 @@ async def seed_batches(http: aiohttp.ClientSession, url: str, key: str) -> None:
         await asyncio.sleep(0.1)
 
 
-async def main(out: Path) -> None:
+async def main(out: Path, width: int = 1400) -> None:
     emulators = []
     for name, (models, loaded) in FLEET.items():
         # engines that take their time (a prefill, then 15 ms a token), so the Overview's timing panel shows some
@@ -175,7 +175,7 @@ async def main(out: Path) -> None:
             named = app.router.named_resources()
             async with async_playwright() as pw:
                 browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-                context = await browser.new_context(viewport={"width": 1400, "height": 860}, device_scale_factor=1)
+                context = await browser.new_context(viewport={"width": width, "height": 860}, device_scale_factor=1)
                 page = await context.new_page()
                 await page.goto(f"{url}/admin")
                 await page.screenshot(path=str(out / "signin.png"))
@@ -227,6 +227,8 @@ async def main(out: Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
-    out = parser.parse_args().out
+    parser.add_argument("--width", type=int, default=1400, help="the window's width in CSS pixels (a narrow layout)")
+    args = parser.parse_args()
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    asyncio.run(main(out))
+    asyncio.run(main(out, args.width))
