@@ -511,8 +511,16 @@ class Worker(_Model):
     priority_scheduling: bool = Field(
         False,
         description="its engine schedules by each request's priority (vLLM started with --scheduling-policy "
-        "priority): each request carries its class as vLLM's per-request priority (interactive -1, standard 0, "
-        "batch 1; lower is served first). Only for an engine started so: another may refuse the field",
+        "priority; SGLang with --enable-priority-scheduling): each request carries its class as the engine's "
+        "per-request priority (interactive -1, standard 0, batch 1, lower served first: vLLM's order, and "
+        "SGLang's with --schedule-low-priority-values-first; see priority_high_first). Only for an engine started "
+        "so: another may refuse the field",
+    )
+    priority_high_first: bool = Field(
+        False,
+        description="with priority_scheduling: its engine serves higher priority values first (SGLang started with "
+        "--enable-priority-scheduling and without --schedule-low-priority-values-first), so the classes are sent "
+        "with their signs turned (interactive 1, batch -1)",
     )
 
     @field_validator("native_apis")
@@ -539,6 +547,12 @@ class Worker(_Model):
 
     @model_validator(mode="after")
     def _priority_on_openai(self) -> Self:
+        if self.priority_high_first and not self.priority_scheduling:
+            raise ValueError(
+                "priority_high_first says in which order an engine that schedules by priority serves the values: "
+                'set "priority_scheduling": true as well (SGLang started with --enable-priority-scheduling), or '
+                "remove it"
+            )
         if self.priority_scheduling and self.type is not WorkerType.OPENAI:
             raise ValueError(
                 "priority_scheduling is for an OpenAI-style worker whose engine schedules by priority (vLLM with "

@@ -13,6 +13,7 @@ import pytest
 
 from turnout.core.claims import InvalidClaim, parse_claim_spec
 from turnout.core.engine_args import InvalidEngineArgs, flag_names, judge_engine_args, schedules_by_priority
+from turnout.core.priority import Ordering
 from turnout.core.runtime import ActivateRequest, InvalidRequest, sleeps_in_place
 
 BASE = {"podSelector": {"matchLabels": {"pool": "a"}}, "artifactURL": "hf://org/m"}
@@ -153,27 +154,40 @@ def test_names_of_args_judged_before_are_read_without_judging_values_again() -> 
     assert flag_names("llamacpp", {"--anything": ""}) == frozenset()
 
 
+LOW, HIGH = Ordering.LOW_FIRST, Ordering.HIGH_FIRST
+
+
 @pytest.mark.parametrize(
     ("engine", "args", "expected"),
     [
-        ("vllm", {"--scheduling-policy": "priority"}, True),
-        ("vllm", {"--scheduling_policy": "priority"}, True),  # FlexibleArgumentParser: underscores to dashes
-        ("vllm", {"--scheduling-policy=priority": ""}, True),
-        ("vllm", {"--scheduling_policy=priority": ""}, True),
-        ("vllm", {"--scheduling-pol": "priority"}, True),  # argparse's unambiguous prefix
-        ("vllm", {"--scheduli": "priority"}, True),
-        ("vllm", {"--scheduling-policy": "fcfs"}, False),
-        ("vllm", {}, False),  # vLLM's default: fcfs
-        ("vllm", {"--max-num-seqs": "8", "-tp": "1"}, False),
-        ("vllm", {"--scheduler-cls": "x.Y"}, False),  # a neighbour, not the policy
-        ("vllm", {"--schedul": "priority"}, False),  # ambiguous: vLLM refuses it, so nothing is sent
-        ("vllm", {"--scheduling-policy": "Priority"}, False),  # not one of its choices: refused
-        ("sglang", {"--schedule-policy": "priority"}, False),  # SGLang: not passed on
-        ("llamacpp", {}, False),
+        ("vllm", {"--scheduling-policy": "priority"}, LOW),
+        ("vllm", {"--scheduling_policy": "priority"}, LOW),  # FlexibleArgumentParser: underscores to dashes
+        ("vllm", {"--scheduling-policy=priority": ""}, LOW),
+        ("vllm", {"--scheduling_policy=priority": ""}, LOW),
+        ("vllm", {"--scheduling-pol": "priority"}, LOW),  # argparse's unambiguous prefix
+        ("vllm", {"--scheduli": "priority"}, LOW),
+        ("vllm", {"--scheduling-policy": "fcfs"}, None),
+        ("vllm", {}, None),  # vLLM's default: fcfs
+        ("vllm", {"--max-num-seqs": "8", "-tp": "1"}, None),
+        ("vllm", {"--scheduler-cls": "x.Y"}, None),  # a neighbour, not the policy
+        ("vllm", {"--schedul": "priority"}, None),  # ambiguous: vLLM refuses it, so nothing is sent
+        ("vllm", {"--scheduling-policy": "Priority"}, None),  # not one of its choices: refused
+        ("vllm", {"--enable-priority-scheduling": ""}, None),  # SGLang's switch: not a vLLM flag a rule knows
+        # SGLang (server_args.py): "higher priority integer values will be scheduled first by default"
+        ("sglang", {"--enable-priority-scheduling": ""}, HIGH),
+        ("sglang", {"--enable-priority-sched": ""}, HIGH),  # argparse's unambiguous prefix
+        ("sglang", {"--enable-priority-scheduling": "", "--schedule-low-priority-values-first": ""}, LOW),
+        ("sglang", {"--enable-priority-scheduling": "", "--schedule-low": ""}, LOW),
+        ("sglang", {"--schedule-low-priority-values-first": ""}, None),  # "if specified with" the switch only
+        ("sglang", {"--enable_priority_scheduling": ""}, None),  # SGLang reads dashes only: refused
+        ("sglang", {"--enable-priority-scheduling": "true"}, None),  # a switch takes no value: refused
+        ("sglang", {"--schedule-policy": "priority"}, None),  # its queue policy (lpm, fcfs...), not priority
+        ("sglang", {"--schedule": "lpm"}, None),  # ambiguous: SGLang refuses it
+        ("llamacpp", {}, None),
     ],
 )
 def test_an_engine_started_with_the_priority_policy_in_any_spelling(
-    engine: str, args: dict[str, str], expected: bool
+    engine: str, args: dict[str, str], expected: Ordering | None
 ) -> None:
     assert schedules_by_priority(engine, args) is expected
 
@@ -198,16 +212,17 @@ def test_a_policy_vllm_would_refuse_is_refused_with_the_claim(args: dict[str, st
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
-        ({**BASE, "engine": "vllm", "engineConfig": {"args": {"--scheduling-policy": "priority"}}}, True),
-        ({**BASE, "engineConfig": {"args": {"--scheduling-policy": "priority"}}}, True),  # vllm: the default engine
-        ({**BASE, "engine": "vllm", "engineConfig": {"args": {"--scheduling-policy": None}}}, False),  # "" : refused
-        ({**BASE, "engine": "vllm"}, False),
-        ({**BASE, "engine": "sglang", "engineConfig": {"args": {"--tp-size": "1"}}}, False),
-        ({"engine": "vllm", "engineConfig": {"args": {"--scheduling-policy": "priority"}}}, False),  # not a claim
-        ("not a spec", False),
+        ({**BASE, "engine": "vllm", "engineConfig": {"args": {"--scheduling-policy": "priority"}}}, LOW),
+        ({**BASE, "engineConfig": {"args": {"--scheduling-policy": "priority"}}}, LOW),  # vllm: the default engine
+        ({**BASE, "engine": "vllm", "engineConfig": {"args": {"--scheduling-policy": None}}}, None),  # "" : refused
+        ({**BASE, "engine": "vllm"}, None),
+        ({**BASE, "engine": "sglang", "engineConfig": {"args": {"--tp-size": "1"}}}, None),
+        ({**BASE, "engine": "sglang", "engineConfig": {"args": {"--enable-priority-scheduling": None}}}, HIGH),
+        ({"engine": "vllm", "engineConfig": {"args": {"--scheduling-policy": "priority"}}}, None),  # not a claim
+        ("not a spec", None),
     ],
 )
-def test_a_claims_engine_schedules_by_priority(spec: object, expected: bool) -> None:
+def test_a_claims_engine_schedules_by_priority(spec: object, expected: Ordering | None) -> None:
     from turnout.core.claims import schedules_by_priority as claim_schedules
 
     assert claim_schedules("c", spec) is expected

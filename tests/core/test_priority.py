@@ -11,6 +11,7 @@ from turnout.core.priority import (
     HEADER,
     Chosen,
     InvalidPriority,
+    Ordering,
     engine_priority,
     key_class,
     parse_class,
@@ -120,3 +121,10 @@ def test_the_engine_serves_lower_numbers_first_in_the_classes_order() -> None:
     default 0 (a client of the engine itself ranks with standard traffic)."""
     numbers = [engine_priority(p) for p in (INT, S, B)]
     assert numbers == sorted(numbers) and len(set(numbers)) == 3 and engine_priority(S) == 0
+
+
+def test_an_engine_that_serves_higher_values_first_gets_the_signs_turned() -> None:
+    """SGLang's default order (--enable-priority-scheduling alone): interactive still goes first, standard is 0."""
+    high = [engine_priority(p, Ordering.HIGH_FIRST) for p in (INT, S, B)]
+    assert high == sorted(high, reverse=True) and high[1] == 0
+    assert high == [-engine_priority(p, Ordering.LOW_FIRST) for p in (INT, S, B)]

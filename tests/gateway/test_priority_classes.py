@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -19,6 +20,8 @@ from aiohttp import web
 
 from tests.conftest import EmulatorFactory, Gateway, GatewayFactory, create_key, eventually, serve_app, worker
 from tests.support.engine_emulator import VLLM, Engine, build_app
+from turnout.config import load_settings
+from turnout.config_base import ConfigError
 from turnout.core.admission import Priority
 from turnout.core.reconcile import ANNOTATION_PREFIX
 from turnout.gateway.keys import DISPATCHER, FLEET, KEYS, PROXY
@@ -173,6 +176,36 @@ async def test_an_engine_that_schedules_by_priority_is_sent_the_class(
     assert sent == {"first": ("0", 0, 0), "i1": ("-1", -1, -1), "s1": ("0", 0, 0), "b1": ("1", 1, 1)}
 
 
+async def test_an_engine_that_serves_higher_values_first_is_sent_the_classes_with_their_signs_turned(
+    gateway: GatewayFactory, vllm: VllmFactory
+) -> None:
+    """SGLang started with --enable-priority-scheduling alone serves higher priority values first (its server_args.py):
+    with priority_high_first an interactive request is sent 1 and a batch request -1, standard still 0. (The engine
+    here is the vLLM emulator, which only records what it is sent.)"""
+    url, engine = await vllm(policy="priority", max_num_seqs=4)
+    gw = await gateway(
+        [worker("s", url, type="openai", priority_scheduling=True, priority_high_first=True)],
+        auth={"open": False},
+    )
+    _, nightly = create_key(gw, app="nightly", priority=Priority.BATCH)
+    _, web_key = create_key(gw, app="web")
+    _, agent = create_key(gw, app="agent", priority=Priority.INTERACTIVE)
+    async with aiohttp.ClientSession() as http:
+        for label, key in [("b1", nightly), ("s1", web_key), ("i1", agent)]:
+            task = asyncio.create_task(chat(http, gw, key, label))
+            await drain(engine, [task])
+    sent = {entry["label"]: (entry["header"], entry["body"]) for entry in engine.started_log}
+    assert sent == {"b1": ("-1", -1), "s1": ("0", 0), "i1": ("1", 1)}
+
+
+def test_priority_high_first_without_priority_scheduling_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    entry = {"name": "s", "url": "http://127.0.0.1:30000", "type": "openai", "priority_high_first": True}
+    path.write_text(json.dumps({"workers": [entry]}))
+    with pytest.raises(ConfigError, match='set "priority_scheduling": true as well'):
+        load_settings(path)
+
+
 async def test_an_engine_not_said_to_schedule_by_priority_is_sent_nothing(
     gateway: GatewayFactory, vllm: VllmFactory
 ) -> None:
@@ -323,12 +356,15 @@ async def test_a_class_set_through_the_admin_api_applies_to_the_next_request(
 async def test_a_claim_whose_vllm_args_schedule_by_priority_is_sent_the_class(
     gateway: GatewayFactory, vllm: VllmFactory
 ) -> None:
-    """Two vLLM claims on a pool, routed (the controller's status and routing annotation written as a tick would
-    leave them): the one whose engineConfig.args hold --scheduling_policy=priority (vLLM's own spelling rules) gets
-    each call's class; the other gets nothing. The gateway learns it from the claim as the local controller reads
-    it, when the claims change."""
+    """Two vLLM claims and an SGLang one on a pool, routed (the controller's status and routing annotation written as
+    a tick would leave them): the one whose engineConfig.args hold --scheduling_policy=priority (vLLM's own spelling
+    rules) gets each call's class; the SGLang one started with --enable-priority-scheduling alone (higher values
+    first) gets it with its sign turned; the other gets nothing. The gateway learns it from the claim as the local
+    controller reads it, when the claims change. (Every engine here is the vLLM emulator, recording what it is
+    sent.)"""
     ranked_url, ranked = await vllm(hold=False)
     plain_url, plain = await vllm(hold=False)
+    high_url, high = await vllm(hold=False)
     labels = {"pool": "gpu", "pool.aibrix.ai/enabled": "true"}
     gw = await gateway(
         [],
@@ -339,15 +375,16 @@ async def test_a_claim_whose_vllm_args_schedule_by_priority_is_sent_the_class(
     assert claims is not None
     await claims.stop()  # the test writes what a tick would
     controller = claims.source.controller  # type: ignore[attr-defined]
-    for name, url, args in (
-        ("ranked", ranked_url, {"--scheduling_policy=priority": "", "--max-num-seqs": "8"}),
-        ("plain", plain_url, {"--max-num-seqs": "8"}),
+    for name, url, engine, args in (
+        ("ranked", ranked_url, "vllm", {"--scheduling_policy=priority": "", "--max-num-seqs": "8"}),
+        ("plain", plain_url, "vllm", {"--max-num-seqs": "8"}),
+        ("high", high_url, "sglang", {"--enable-priority-scheduling": ""}),
     ):
         spec = {
             "modelName": name,
             "podSelector": {"matchLabels": {"pool": "gpu"}},
             "artifactURL": "hf://org/tiny",
-            "engine": "vllm",
+            "engine": engine,
             "engineConfig": {"args": args},
         }
         controller.files.apply({"metadata": {"name": name}, "spec": spec})
@@ -358,13 +395,14 @@ async def test_a_claim_whose_vllm_args_schedule_by_priority_is_sent_the_class(
     claims.sync()
     _, key = create_key(gw, app="nightly", priority=Priority.BATCH)
     async with aiohttp.ClientSession() as http:
-        for model in ("ranked", "plain"):
+        for model in ("ranked", "plain", "high"):
             body = {"model": model, "messages": [{"role": "user", "content": model}]}
             headers = {"Authorization": f"Bearer {key}"}
             async with http.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers) as resp:
                 assert resp.status == 200, await resp.text()
     assert [(e["header"], e["body"]) for e in ranked.started_log] == [("1", 1)]
     assert [(e["header"], e["body"]) for e in plain.started_log] == [(None, None)]
+    assert [(e["header"], e["body"]) for e in high.started_log] == [("-1", -1)]
 
 
 async def test_a_held_request_counts_as_waiting_in_its_class(

@@ -11,6 +11,7 @@ from turnout.controller.agents import Activity, AgentClient
 from turnout.controller.local import LocalController
 from turnout.controller.status import bound_pod, phase_of
 from turnout.core.claims import ClaimPhase, schedules_by_priority
+from turnout.core.priority import Ordering
 from turnout.core.reconcile import parse_route
 
 __all__ = ["ClaimSource", "ClaimView", "LocalSource", "WakeTarget", "effective_phase", "sleeping_engine"]
@@ -23,7 +24,8 @@ class ClaimView:
     phase: ClaimPhase
     route: tuple[str, int] | None  # (address, port) while the routing annotation has a port
     placed: bool  # bound to a pod (a claim no pod can take stays Scheduling with none)
-    priority_scheduling: bool = False  # its engine schedules by each request's priority (vLLM's args say so)
+    # how its engine orders requests by their own priority (its vLLM or SGLang args say so); None: it does not
+    priority_ordering: Ordering | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from turnout.core.engine_args import EngineArgs, InvalidEngineArgs, judge_engine_args
 from turnout.core.engine_args import schedules_by_priority as _args_schedule_by_priority
+from turnout.core.priority import Ordering
 from turnout.core.runtime import ENGINES, artifact_problem
 from turnout.core.selectors import InvalidSelector, LabelSelector, parse_label_selector
 
@@ -101,13 +102,15 @@ def parse_claim_spec(name: str, spec: Any) -> ClaimSpec:
     return ClaimSpec(model, selector, artifact, engine, 1, dict(args))
 
 
-def schedules_by_priority(name: str, spec: Any) -> bool:
-    """Whether the engine of a claim with ``spec`` schedules by each request's priority (vLLM's
-    ``--scheduling-policy priority`` in its args); False for a spec that is not a valid claim."""
+def schedules_by_priority(name: str, spec: Any) -> Ordering | None:
+    """How the engine of a claim with ``spec`` orders requests by their own priority (vLLM's
+    ``--scheduling-policy priority``, SGLang's ``--enable-priority-scheduling`` in its args:
+    :func:`turnout.core.engine_args.schedules_by_priority`); None: it does not, or a spec that is not a valid
+    claim."""
     try:
         claim = parse_claim_spec(name, spec)
     except InvalidClaim:
-        return False
+        return None
     return _args_schedule_by_priority(claim.engine, claim.args)
 
 

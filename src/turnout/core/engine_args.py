@@ -23,7 +23,10 @@ file that could hide any of the above (``--config``) are refused too.
 vLLM's ``--scheduling-policy`` (``fcfs`` or ``priority``, vllm/config/scheduler.py) is read in every spelling:
 an engine started with ``priority`` schedules by each request's own priority, which the gateway then sends
 (:attr:`EngineArgs.priority_scheduling`, :func:`schedules_by_priority`); another value is refused here, as vLLM
-would refuse it at start.
+would refuse it at start. SGLang's are two switches (python/sglang/srt/server_args.py): ``--enable-priority-scheduling``
+("requests with higher priority integer values will be scheduled first by default") and
+``--schedule-low-priority-values-first`` (lower first, as vLLM); a value given to either is refused, as argparse
+would (:attr:`EngineArgs.priority_high_first`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from turnout.core.llamacpp_flags import InvalidLlamaArgs, LlamaSettings, llama_name, settings
+from turnout.core.priority import Ordering
 
 __all__ = ["EngineArgs", "InvalidEngineArgs", "flag_names", "judge_engine_args", "schedules_by_priority"]
 
@@ -50,7 +54,8 @@ class EngineArgs:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     llama: LlamaSettings | None = None
-    priority_scheduling: bool = False  # vLLM's --scheduling-policy priority
+    priority_scheduling: bool = False  # vLLM's --scheduling-policy priority; SGLang's --enable-priority-scheduling
+    priority_high_first: bool = False  # SGLang's, without --schedule-low-priority-values-first: higher values first
 
     @property
     def gpus(self) -> int:
@@ -107,7 +112,12 @@ _SGLANG = (
     _Option(("--host",), _MANAGED),
     _Option(("--port",), _MANAGED),
     _Option(("--config",), "config"),
+    _Option(("--enable-priority-scheduling",), "priority-switch"),
+    _Option(("--schedule-low-priority-values-first",), "low-first-switch"),
     # neighbours (python/sglang/srt/server_args.py)
+    _Option(("--schedule-policy",)),
+    _Option(("--schedule-conservativeness",)),
+    _Option(("--enable-p2p-check",)),
     _Option(("--pp-max-micro-batch-size",)),
     _Option(("--pp-async-batch-depth",)),
     _Option(("--dcp-size", "--decode-context-parallel-size")),
@@ -203,6 +213,7 @@ def judge_engine_args(engine: str, args: Mapping[str, str]) -> EngineArgs:
     seen: dict[str, str] = {}
     sizes = {"tp": 1, "pp": 1}
     policy = "fcfs"
+    switches: set[str] = set()
     for key, raw in args.items():
         written, value = _split(key, raw)
         option = _resolve(engine, written)
@@ -234,15 +245,33 @@ def judge_engine_args(engine: str, args: Mapping[str, str]) -> EngineArgs:
             if value not in _POLICIES:
                 raise InvalidEngineArgs(f"{said} must be fcfs or priority, got {value!r}")
             policy = value
-    return EngineArgs(engine, frozenset(seen), sizes["tp"], sizes["pp"], priority_scheduling=policy == "priority")
+        if option.rule in ("priority-switch", "low-first-switch"):
+            if value != "":
+                raise InvalidEngineArgs(f'{said} is a switch: give it "" (no value), got {value!r}')
+            switches.add(option.rule)
+    by_priority = policy == "priority" or "priority-switch" in switches
+    high_first = engine == "sglang" and by_priority and "low-first-switch" not in switches
+    return EngineArgs(
+        engine,
+        frozenset(seen),
+        sizes["tp"],
+        sizes["pp"],
+        priority_scheduling=by_priority,
+        priority_high_first=high_first,
+    )
 
 
-def schedules_by_priority(engine: str, args: Mapping[str, str]) -> bool:
-    """Whether an engine started with ``args`` (judged when its claim was accepted) schedules by each request's
-    priority: vLLM's ``--scheduling-policy priority``, in any spelling. False for args it would refuse."""
-    if engine != "vllm":
-        return False
+def schedules_by_priority(engine: str, args: Mapping[str, str]) -> Ordering | None:
+    """How an engine started with ``args`` (judged when its claim was accepted) orders requests by their own
+    priority: vLLM's ``--scheduling-policy priority`` in any spelling, SGLang's ``--enable-priority-scheduling``
+    (higher values first, unless ``--schedule-low-priority-values-first``). None: it does not (or args it would
+    refuse)."""
+    if engine not in _OPTIONS:
+        return None
     try:
-        return judge_engine_args(engine, args).priority_scheduling
+        judged = judge_engine_args(engine, args)
     except InvalidEngineArgs:
-        return False
+        return None
+    if not judged.priority_scheduling:
+        return None
+    return Ordering.HIGH_FIRST if judged.priority_high_first else Ordering.LOW_FIRST

@@ -9,9 +9,11 @@ that is not a class (any case; surrounding spaces are ignored), an empty one, or
 different values, is refused (:class:`InvalidPriority`: the gateway answers 400 ``invalid_priority`` in the API's
 own error shape). The Batch API's lines are always ``batch``.
 
-Where an engine schedules by priority itself (vLLM's ``--scheduling-policy priority``), the class goes on as its
-per-request ``priority`` (:func:`engine_priority`: lower is served first; ``standard`` is vLLM's default 0, so a
-client that talks to the engine directly ranks with standard traffic).
+Where an engine schedules by priority itself (vLLM's ``--scheduling-policy priority``, SGLang's
+``--enable-priority-scheduling``), the class goes on as its per-request ``priority`` (:func:`engine_priority`:
+``standard`` is the engines' default 0, so a client that talks to the engine directly ranks with standard traffic;
+interactive -1 and batch 1 where lower values are served first, vLLM's order and SGLang's with
+``--schedule-low-priority-values-first``; the signs turned where higher values are, SGLang's default).
 
 Pure: no I/O, no clock.
 """
@@ -19,6 +21,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import Enum
 from typing import NamedTuple
 
 from turnout.core.admission import Priority
@@ -28,6 +31,7 @@ __all__ = [
     "HEADER",
     "Chosen",
     "InvalidPriority",
+    "Ordering",
     "engine_priority",
     "key_class",
     "parse_class",
@@ -43,6 +47,13 @@ _NAMES = ", ".join(p.value for p in CLASSES)
 # handling; default: 0"; vllm/v1/request.py orders waiting requests by (priority, arrival time)).
 _ENGINE = {Priority.INTERACTIVE: -1, Priority.STANDARD: 0, Priority.BATCH: 1}
 _SHOWN = 40  # characters of a refused value the message repeats
+
+
+class Ordering(Enum):
+    """Which per-request priority values an engine serves first."""
+
+    LOW_FIRST = "low_first"  # vLLM; SGLang with --schedule-low-priority-values-first
+    HIGH_FIRST = "high_first"  # SGLang's default (--enable-priority-scheduling alone)
 
 
 class InvalidPriority(ValueError):
@@ -93,9 +104,11 @@ def request_class(ceiling: Priority, header: Sequence[str]) -> Chosen:
     return Chosen(wanted, wanted)
 
 
-def engine_priority(priority: Priority) -> int:
-    """The class as vLLM's per-request ``priority`` (lower is served first; standard is its default, 0)."""
-    return _ENGINE[priority]
+def engine_priority(priority: Priority, ordering: Ordering = Ordering.LOW_FIRST) -> int:
+    """The class as an engine's per-request ``priority``, for an engine that serves ``ordering``'s values first
+    (standard is the engines' default, 0)."""
+    value = _ENGINE[priority]
+    return -value if ordering is Ordering.HIGH_FIRST else value
 
 
 def _header_value(text: str) -> Priority:

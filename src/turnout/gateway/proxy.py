@@ -15,9 +15,10 @@ through :mod:`turnout.dialects.base`'s interface).
   the worker's (``tokenizer``) or the gateway's estimate (``estimate``): :mod:`turnout.gateway.inspection`, as
   Ollama's ``/api/show`` is.
 
-A worker whose engine schedules by priority itself (vLLM started with ``--scheduling-policy priority``: a worker's
-``priority_scheduling``, or a ModelClaim whose vLLM args say so) gets each call's class as vLLM's per-request
-``priority`` (:func:`turnout.core.priority.engine_priority`), in the body of the routes whose requests have one
+A worker whose engine schedules by priority itself (vLLM started with ``--scheduling-policy priority``, SGLang with
+``--enable-priority-scheduling``: a worker's ``priority_scheduling``, with ``priority_high_first`` for SGLang's
+default order, or a ModelClaim whose args say so) gets each call's class as the engine's per-request ``priority``
+(:func:`turnout.core.priority.engine_priority`), in the body of the routes whose requests have one
 (chat, completions, embeddings, Responses; the client's own value is replaced) and in vLLM's ``X-Vllm-Priority``
 header (which vLLM reads first, and for its Messages route too). Any other worker gets the body as the client sent
 it.
@@ -47,7 +48,7 @@ from aiohttp import web
 from turnout.config import Settings
 from turnout.core.admission import Priority
 from turnout.core.health import failure_reason
-from turnout.core.priority import engine_priority
+from turnout.core.priority import Ordering, engine_priority
 from turnout.core.signals import Reported, reported
 from turnout.dialects import CLIENT_APIS, NATIVE_HEADERS, api
 from turnout.dialects.base import (
@@ -122,7 +123,7 @@ class Proxy:
         # json_schema response_format for llama-cpp-python's; fields that are not OpenAI's own for OpenAI's API)
         self._alternate_form: set[tuple[str, Dialect]] = set()
         self._explain = settings.routing.explain_header
-        self._claim_priority: frozenset[str] = frozenset()  # claim workers whose vLLM schedules by priority
+        self._claim_priority: dict[str, Ordering] = {}  # claim workers whose engine schedules by priority
         self.learner = AnswerLearner(settings, fleet, metrics)
         self.answers = WorkerAnswers(metrics)
         self.inspector = Inspector(settings, fleet, dispatcher, self.answers, self._post)  # /api/show, count_tokens
@@ -298,19 +299,27 @@ class Proxy:
         raise failure
 
     def claims_changed(self) -> None:
-        """The claims changed: which claim-bound engines schedule by priority (their vLLM args say so)."""
+        """The claims changed: which claim-bound engines schedule by priority, and in which order (their args say)."""
         claims = self.claims
         if claims is not None:
             views = claims.source.views()
-            self._claim_priority = frozenset(claims.worker_name(v.key) for v in views if v.priority_scheduling)
+            self._claim_priority = {
+                claims.worker_name(v.key): v.priority_ordering for v in views if v.priority_ordering is not None
+            }
 
     def _engine_priority(self, lease: Lease) -> int | None:
         """The call's class as its engine's own priority, where the engine schedules by it; else None."""
         worker = lease.worker
-        if not worker.config.priority_scheduling and worker.name not in self._claim_priority:
-            return None
+        config = worker.config
+        if config.priority_scheduling:
+            ordering = Ordering.HIGH_FIRST if config.priority_high_first else Ordering.LOW_FIRST
+        else:
+            claimed = self._claim_priority.get(worker.name)
+            if claimed is None:
+                return None
+            ordering = claimed
         grant = lease.grant
-        return engine_priority(Priority.STANDARD if grant is None else grant.priority)
+        return engine_priority(Priority.STANDARD if grant is None else grant.priority, ordering)
 
     async def _traced(
         self, request: web.Request, call: Call, lease: Lease, outcome: Outcome, phases: Phases
