@@ -122,3 +122,42 @@ def test_the_shared_state_starts_with_the_change_version_at_zero(database_url: s
         assert [tuple(r) for r in rows] == [("changes", 0, None)]
     finally:
         db.close()
+
+
+def test_batches_ended_before_0017_count_their_unanswered_lines(database_url: str) -> None:
+    """A cancelled batch from before migration 0017: its lines given batch_cancelled at its end (no response) are
+    counted as unanswered; a line that failed with an answer (a 400) is not; a completed batch counts none."""
+    db = Database(database_url)
+    try:
+        cfg = AlembicConfig()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        with db.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "0016")
+        never = b'{"id":"l1","custom_id":"a","response":null,"error":{"code":"batch_cancelled","message":"..."}}'
+        answered = b'{"id":"l2","custom_id":"b","response":{"status_code":400,"body":{}},"error":null}'
+        with db.engine.begin() as conn:
+            for batch_id, status in (("batch_c", "cancelled"), ("batch_d", "completed")):
+                conn.execute(
+                    text(
+                        "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, created_at, "
+                        "expires_at, total, completed, failed, prompt_tokens, completion_tokens) VALUES (:id, "
+                        "'/v1/chat/completions', 'file-x', '24h', :status, 0, 1, 4, 1, 3, 0, 0)"
+                    ),
+                    {"id": batch_id, "status": status},
+                )
+            rows = [("batch_c", 1, never), ("batch_c", 2, never), ("batch_c", 3, answered), ("batch_d", 1, answered)]
+            for batch_id, line, output in rows:
+                conn.execute(
+                    text(
+                        "INSERT INTO batch_results (batch_id, line, ok, output, prompt_tokens, completion_tokens, "
+                        "recorded_at) VALUES (:b, :l, :ok, :o, 0, 0, 0)"
+                    ),
+                    {"b": batch_id, "l": line, "ok": False, "o": output},
+                )
+        db.migrate()
+        with db.engine.connect() as conn:
+            counts = dict(conn.execute(text("SELECT id, unanswered FROM batches")).all())
+        assert counts == {"batch_c": 2, "batch_d": 0}
+    finally:
+        db.close()
