@@ -21,6 +21,15 @@ def _revision(db: Database) -> list[str]:
         return list(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
 
 
+def _upgrade_to(db: Database, revision: str) -> None:
+    """The store as a gateway of ``revision`` left it (the migration files up to there)."""
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with db.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
 def test_the_files_head_is_alembics_head() -> None:
     assert migration_head() == head_revision()
 
@@ -28,11 +37,7 @@ def test_the_files_head_is_alembics_head() -> None:
 def test_a_store_behind_the_files_is_still_migrated(database_url: str) -> None:
     db = Database(database_url)
     try:
-        cfg = AlembicConfig()
-        cfg.set_main_option("script_location", str(MIGRATIONS))
-        with db.engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "0004")
+        _upgrade_to(db, "0004")
         assert "admin_sessions" not in inspect(db.engine).get_table_names()
         db.migrate()
         assert _revision(db) == [head_revision()]
@@ -129,11 +134,7 @@ def test_batches_ended_before_0017_count_their_unanswered_lines(database_url: st
     counted as unanswered; a line that failed with an answer (a 400) is not; a completed batch counts none."""
     db = Database(database_url)
     try:
-        cfg = AlembicConfig()
-        cfg.set_main_option("script_location", str(MIGRATIONS))
-        with db.engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "0016")
+        _upgrade_to(db, "0016")
         never = b'{"id":"l1","custom_id":"a","response":null,"error":{"code":"batch_cancelled","message":"..."}}'
         answered = b'{"id":"l2","custom_id":"b","response":{"status_code":400,"body":{}},"error":null}'
         with db.engine.begin() as conn:
