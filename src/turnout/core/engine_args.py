@@ -22,11 +22,11 @@ file that could hide any of the above (``--config``) are refused too.
 
 vLLM's ``--scheduling-policy`` (``fcfs`` or ``priority``, vllm/config/scheduler.py) is read in every spelling:
 an engine started with ``priority`` schedules by each request's own priority, which the gateway then sends
-(:attr:`EngineArgs.priority_scheduling`, :func:`schedules_by_priority`); another value is refused here, as vLLM
+(:attr:`EngineArgs.priority`, :func:`schedules_by_priority`); another value is refused here, as vLLM
 would refuse it at start. SGLang's are two switches (python/sglang/srt/server_args.py): ``--enable-priority-scheduling``
 ("requests with higher priority integer values will be scheduled first by default") and
 ``--schedule-low-priority-values-first`` (lower first, as vLLM); a value given to either is refused, as argparse
-would (:attr:`EngineArgs.priority_high_first`).
+would.
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ class EngineArgs:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     llama: LlamaSettings | None = None
-    priority_scheduling: bool = False  # vLLM's --scheduling-policy priority; SGLang's --enable-priority-scheduling
-    priority_high_first: bool = False  # SGLang's, without --schedule-low-priority-values-first: higher values first
+    # how it orders requests by their own priority (vLLM's --scheduling-policy priority: lower first; SGLang's
+    # --enable-priority-scheduling: higher first, unless --schedule-low-priority-values-first); None: it does not
+    priority: Ordering | None = None
 
     @property
     def gpus(self) -> int:
@@ -249,16 +250,12 @@ def judge_engine_args(engine: str, args: Mapping[str, str]) -> EngineArgs:
             if value != "":
                 raise InvalidEngineArgs(f'{said} is a switch: give it "" (no value), got {value!r}')
             switches.add(option.rule)
-    by_priority = policy == "priority" or "priority-switch" in switches
-    high_first = engine == "sglang" and by_priority and "low-first-switch" not in switches
-    return EngineArgs(
-        engine,
-        frozenset(seen),
-        sizes["tp"],
-        sizes["pp"],
-        priority_scheduling=by_priority,
-        priority_high_first=high_first,
-    )
+    ordering = None
+    if policy == "priority":
+        ordering = Ordering.LOW_FIRST
+    elif "priority-switch" in switches:
+        ordering = Ordering.LOW_FIRST if "low-first-switch" in switches else Ordering.HIGH_FIRST
+    return EngineArgs(engine, frozenset(seen), sizes["tp"], sizes["pp"], priority=ordering)
 
 
 def schedules_by_priority(engine: str, args: Mapping[str, str]) -> Ordering | None:
@@ -269,9 +266,6 @@ def schedules_by_priority(engine: str, args: Mapping[str, str]) -> Ordering | No
     if engine not in _OPTIONS:
         return None
     try:
-        judged = judge_engine_args(engine, args)
+        return judge_engine_args(engine, args).priority
     except InvalidEngineArgs:
         return None
-    if not judged.priority_scheduling:
-        return None
-    return Ordering.HIGH_FIRST if judged.priority_high_first else Ordering.LOW_FIRST
