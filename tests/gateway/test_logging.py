@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,30 +78,45 @@ def _raw(port: int, data: bytes) -> bytes:
     return b"".join(chunks)
 
 
+def _ready(proc: subprocess.Popen[bytes], port: int, key: Callable[[], str | None]) -> bool:
+    """It has exited, or printed its key (after binding its port) and answers /healthz there."""
+    return proc.poll() is not None or (key() is not None and _healthy(port))
+
+
 @contextmanager
 def _serving(
     tmp_path: Path, *flags: str, config: dict[str, Any] | None = None, env: dict[str, str] | None = None
 ) -> Iterator[Served]:
-    """``turnout serve`` as a user runs it (keys required), stderr (its log) to a file; stopped at the end."""
+    """``turnout serve`` as a user runs it (keys required), stderr (its log) to a file; stopped at the end. Ready
+    once it printed its starter key (after it bound its port: the /healthz that answers then is its own, not another
+    test's server on a port free_port handed out twice) and answers /healthz; a port taken meanwhile, another."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"storage": {"data_dir": "state"}, "workers": [], **(config or {})}))
     environ = {k: v for k, v in os.environ.items() if k not in ("TURNOUT_ADMIN_TOKEN", "AIOHTTP_NO_EXTENSIONS")}
-    port = free_port()
     log = tmp_path / "serve.log"
     out = tmp_path / "serve.out"
-    with log.open("wb") as err_file, out.open("wb") as out_file:
-        proc = subprocess.Popen(
-            [*TURNOUT, "serve", "-c", str(path), "--port", str(port), *flags],
-            cwd=tmp_path,
-            stdout=out_file,
-            stderr=err_file,
-            env={**environ, **(env or {})},
-        )
+
+    def key() -> str | None:
+        return next((line.strip() for line in out.read_text().splitlines() if line.strip().startswith("tk_")), None)
+
+    for _ in range(3):
+        port = free_port()
+        with log.open("wb") as err_file, out.open("wb") as out_file:
+            proc = subprocess.Popen(
+                [*TURNOUT, "serve", "-c", str(path), "--port", str(port), *flags],
+                cwd=tmp_path,
+                stdout=out_file,
+                stderr=err_file,
+                env={**environ, **(env or {})},
+            )
+        _until(partial(_ready, proc, port, key), "turnout serve to print its key and answer /healthz")
+        if proc.poll() is None or "cannot listen on" not in log.read_text():
+            break
     try:
-        _until(lambda: proc.poll() is not None or _healthy(port), "turnout serve to answer /healthz")
         assert proc.poll() is None, log.read_text()
-        key = next(line.strip() for line in out.read_text().splitlines() if line.strip().startswith("tk_"))
-        yield Served(port, log, key, proc)
+        starter = key()
+        assert starter is not None
+        yield Served(port, log, starter, proc)
     finally:
         proc.terminate()
         proc.wait(20)
