@@ -30,6 +30,7 @@ from tests.support.ollama_emulator import Behaviour, OllamaEmulator
 from tests.support.replicas import ReplicaFleet
 from tests.support.services import fresh_postgres_database
 from tests.support.tiny_gguf import write_tiny_model
+from tests.support.xdist_groups import FileGroupScheduling
 from turnout.config import Settings, load_settings
 from turnout.gateway.server import start_runner
 from turnout.wiring import create_app
@@ -38,13 +39,15 @@ ADMIN_TOKEN = "test-admin-token"
 _SESSION = leftovers.mark_session()  # everything the tests start carries it (tests/support/leftovers.py)
 
 if TYPE_CHECKING:
+    from xdist.remote import Producer
+
     from tests.support.otlp_collector import Collector
 
 
-# When the suite runs in several processes (scripts/test: pytest-xdist with ``--dist loadgroup``), each file goes whole
-# to one process, as ``--dist loadfile`` would send it, except that the files in one group here share a process, so
-# they never run at the same time: they use the same things of the host (fixed ports: the docs' 8080 and 11434; the
-# demo's engine ports, 20000 on; or a whole core each: the real vLLM).
+# When the suite runs in several processes (scripts/test: pytest-xdist with ``--dist loadfile``), each file goes whole
+# to one process, except that the files in one group here share a process, so they never run at the same time: they
+# use the same things of the host (fixed ports: the docs' 8080 and 11434; the demo's engine ports, 20000 on; or a
+# whole core each: the real vLLM). tests/support/xdist_groups.py schedules them.
 SHARED_PROCESS = {
     "tests/test_docs_commands.py": "host-ports",
     "tests/runtime/test_demo.py": "host-ports",
@@ -54,15 +57,11 @@ SHARED_PROCESS = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not getattr(config.option, "loadgroup", False):
-        return
-    root = Path(__file__).resolve().parents[1]
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            path = item.path.resolve().relative_to(root).as_posix()
-            item.add_marker(pytest.mark.xdist_group(SHARED_PROCESS.get(path, path)))
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which would make its plain loadfile scheduler
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> FileGroupScheduling | None:
+    if config.getvalue("dist") != "loadfile":
+        return None  # another --dist asked for on the command line: xdist's own
+    return FileGroupScheduling(config, log, SHARED_PROCESS)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -536,7 +536,7 @@ def test_the_files_that_share_a_test_process_exist() -> None:
 
     assert [path for path in SHARED_PROCESS if not (ROOT / path).is_file()] == []
     script = (ROOT / "scripts" / "test").read_text()
-    assert "--dist loadgroup" in script  # the groups are read only then (loadfile ignores them)
+    assert "--dist loadfile" in script  # the groups apply only then (tests/conftest.py: pytest_xdist_make_scheduler)
 
 
 # -- the docs ----------------------------------------------------------------------------------------------
