@@ -291,7 +291,7 @@ def _dispatcher(
     if occupancy is None and processes > 1 and limits is not None:  # the supervisor keeps it for every process
         channel = limiter if isinstance(limiter, SharedLimiter) else SharedLimiter(limits)
         supervised = SupervisedOccupancy(channel)
-        channel.on_told = lambda message: supervised.woken(message[2]) if message[1] == "occ.wake" else None
+        channel.on_told = supervised.told
     dispatcher = Dispatcher(
         fleet,
         settings.routing,

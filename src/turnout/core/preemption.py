@@ -48,13 +48,15 @@ def may_stop(stops: int) -> bool:
 
 
 class Running(NamedTuple):
-    """A batch request in flight in this process that may be stopped: its lease, worker, model (as requested) and
-    when it took its slot (monotonic seconds)."""
+    """A batch request in flight that may be stopped (in this process, or in another process or replica that offers
+    it): its lease, worker, model (as requested), when it took its slot (this process's monotonic seconds) and the
+    work its router expected of it there (seconds; None: not ranked)."""
 
     lease: str
     worker: str
     model: str
     since: float
+    work: float | None = None
 
 
 def victim(

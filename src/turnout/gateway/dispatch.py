@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -180,7 +180,9 @@ class Dispatcher:
         for reason in Reason:
             self._reasons[reason.value] = 0
         self._guard = LoadGuard(routing.load_guard_absolute, routing.load_guard_relative)
-        self._stoppable: dict[str, tuple[Running, Lease]] = {}  # batch requests a waiting request may stop
+        self._stoppable: dict[str, tuple[Running, Lease]] = {}  # this process's batch requests that may be stopped
+        # per model, the other processes' batch requests that may be stopped, as the last view saw them
+        self._elsewhere: dict[str, tuple[Running, ...]] = {}
 
     def _index(self, worker: str) -> PrefixIndex | None:
         state = self.fleet.workers.get(worker)
@@ -257,10 +259,10 @@ class Dispatcher:
                     if stop is not None and priority is Priority.BATCH and lease.grant is not None:
                         self._stoppable_now(lease, stop)
                     if lease.seen is not None and not stopped:
-                        self._stop_where(lease, lease.seen)
+                        await self._stop_where(lease, lease.seen)
                     return lease
                 if not stopped:
-                    stopped = self._preempt(model, exclude, priority, why)
+                    stopped = await self._preempt(model, exclude, priority, why)
                 remaining = deadline - loop.time()
                 if ticket is None and remaining > 0:
                     ticket = await self.occupancy.join(
@@ -374,21 +376,14 @@ class Dispatcher:
         prompt, demand = self._demand(model, ask) if choice else (None, NO_DEMAND)
         cap = self._tenant_cap(tenant)
         model_max = best_value(model, self._limits)
-        occupancy = self.occupancy
-        if choice or not occupancy.remote:
-            names = [state.name for state in candidates]
-            now = time.monotonic()
-            slots = {s.name: s.parallelism(model, now).slots for s in candidates} if prompt is not None else {}
-            held = await occupancy.view(model, tenant, names, prompt, ticket, slots)
-            if cap is not None and held.tenant >= cap:
-                return None, self._refused("tenant", model, tenant), "tenant"
-            if held.ahead:
-                return None, self._refused("ahead", model, tenant), "ahead"
-        else:  # one candidate, counts kept elsewhere: the take checks every cap (one round trip, not two)
-            held = _NOTHING_HELD
+        held = await self._view(model, tenant, candidates, prompt, ticket, priority, choice)
+        if cap is not None and held.tenant >= cap:
+            return None, self._refused("tenant", model, tenant), "tenant"
+        if held.ahead:
+            return None, self._refused("ahead", model, tenant), "ahead"
         matches = held.matches if prompt is not None else None
         views = self.fleet.views(model, prompt, candidates, held.workers, matches, held.backlogs)
-        stoppable = self._stoppable_here(model, priority)
+        stoppable = self._stoppable_here(model, priority, held.stoppable)
         if stoppable and choice:
             if _all_busy(model, views, exclude):  # ranked as if one were stopped: one is, where it goes
                 counts, backlogs = _without(self._least_lost(model, priority, stoppable), held.workers, held.backlogs)
@@ -434,7 +429,7 @@ class Dispatcher:
             work = best.work if choice else None
             seen = held.workers.get(best.worker) if choice and check else None
             grant = Grant(next_id("l"), best.worker, model, tenant, priority, caps, recorded, ticket, work, seen)
-            refused = await occupancy.take(grant)
+            refused = await self.occupancy.take(grant)
             if refused == "moved":
                 return None
             if refused == "worker_batch" and choice:
@@ -452,6 +447,29 @@ class Dispatcher:
         if choice:  # (even when only one of them was free just now)
             self._placed(lease, decision, prompt, time.monotonic())
         return lease, "", ""
+
+    async def _view(
+        self,
+        model: str,
+        tenant: str,
+        candidates: list[WorkerState],
+        prompt: Prompt | None,
+        ticket: Ticket | None,
+        priority: Priority,
+        choice: bool,
+    ) -> Held:
+        """What is held on the candidates (every process's), or nothing: one candidate, counts kept elsewhere and
+        nothing this request may stop, where the take checks every cap (one round trip, not two). A single
+        candidate is viewed too when the request may stop another process's batch request (the view lists them)."""
+        occupancy = self.occupancy
+        if not (choice or not occupancy.remote or (priority in PREEMPTORS and self.routing.preempt_batch)):
+            return _NOTHING_HELD
+        names = [state.name for state in candidates]
+        now = time.monotonic()
+        slots = {s.name: s.parallelism(model, now).slots for s in candidates} if prompt is not None else {}
+        held = await occupancy.view(model, tenant, names, prompt, ticket, slots)
+        self._elsewhere[model] = held.stoppable
+        return held
 
     def _headroom(
         self,
@@ -544,39 +562,68 @@ class Dispatcher:
         return Lease(worker, upstream_model, grant.model, grant.tenant, self, grant=grant, sent_at=now)
 
     def _stoppable_now(self, lease: Lease, stop: Callable[[], None]) -> None:
-        """``lease``'s batch request may be stopped from now until its slot is given back."""
+        """``lease``'s batch request may be stopped from now until its slot is given back: by a request this process
+        routes, or (offered through the occupancy) one another process or replica routes."""
         grant = lease.grant
         assert grant is not None
         lease.stop = stop
-        self._stoppable[grant.lease] = (Running(grant.lease, grant.worker, grant.model, lease.sent_at), lease)
+        running = Running(grant.lease, grant.worker, grant.model, lease.sent_at, grant.work)
+        self._stoppable[grant.lease] = (running, lease)
+        if self.routing.preempt_batch:
 
-    def _stoppable_here(self, model: str, priority: Priority) -> dict[str, list[Lease]]:
+            def stopped_elsewhere() -> None:  # (a request another process routes stops it)
+                self._stop(grant.lease)
+
+            self.occupancy.offer(grant, lease.sent_at, stopped_elsewhere)
+
+    def _stop(self, lease_id: str) -> bool:
+        """Stop this process's batch request ``lease_id`` (False: it is not running here, or not stoppable now)."""
+        entry = self._stoppable.pop(lease_id, None)
+        if entry is None:
+            return False
+        lease = entry[1]
+        stop, lease.stop = lease.stop, None
+        if stop is None:
+            return False
+        self.metrics.preempted.inc()
+        stop()
+        return True
+
+    def _running(self, model: str, elsewhere: Iterable[Running] = ()) -> list[Running]:
+        """The batch requests for ``model`` that may be stopped: this process's and ``elsewhere``'s (the other
+        processes', as a view saw them)."""
+        return [r for r, _ in self._stoppable.values() if r.model == model] + [r for r in elsewhere if r.model == model]
+
+    def _stoppable_here(
+        self, model: str, priority: Priority, elsewhere: Iterable[Running] = ()
+    ) -> dict[str, list[Running]]:
         """Per worker not capped by ``max_concurrent``, the batch requests for ``model`` a request of ``priority``
-        would stop where it goes (none when it stops none: :data:`turnout.core.preemption.PREEMPTORS`,
-        ``routing.preempt_batch``)."""
-        if not self._stoppable or priority not in PREEMPTORS or not self.routing.preempt_batch:
+        would stop where it goes (this process's and ``elsewhere``'s; none when it stops none:
+        :data:`turnout.core.preemption.PREEMPTORS`, ``routing.preempt_batch``)."""
+        if priority not in PREEMPTORS or not self.routing.preempt_batch:
             return {}
-        here: dict[str, list[Lease]] = {}
-        for running, lease in self._stoppable.values():
+        here: dict[str, list[Running]] = {}
+        for running in self._running(model, elsewhere):
             # (on a worker capped by max_concurrent a request that finds it full waits in the gateway's queue, and
             # stops one from there: acquire)
-            if running.model == model and lease.worker.config.max_concurrent is None:
-                here.setdefault(running.worker, []).append(lease)
+            state = self.fleet.workers.get(running.worker)
+            if state is not None and state.config.max_concurrent is None:
+                here.setdefault(running.worker, []).append(running)
         return here
 
     def _least_lost(
-        self, model: str, priority: Priority, stoppable: Mapping[str, list[Lease]]
-    ) -> dict[str, list[Lease]]:
+        self, model: str, priority: Priority, stoppable: Mapping[str, list[Running]]
+    ) -> dict[str, list[Running]]:
         """Of the batch requests a request of ``priority`` may stop on these workers, the one whose stop throws the
         least work away (:func:`turnout.core.preemption.victim`: the one that started last). The request is ranked as
         if only that one were stopped, so it goes there, unless another worker is still expected to answer it first
         (the prompt it holds), where it stops the line that started last (:meth:`_stop_where`). Ranked as if every
         line were stopped, it went wherever routing would send it on an idle fleet, and stopped the line there, an
         old one as often as a new one."""
-        chosen = victim((r for r, _ in self._stoppable.values()), priority, "worker", model, set(stoppable))
-        return {} if chosen is None else {chosen.worker: [self._stoppable[chosen.lease][1]]}
+        chosen = victim((r for lines in stoppable.values() for r in lines), priority, "worker", model, set(stoppable))
+        return {} if chosen is None else {chosen.worker: [chosen]}
 
-    def _stop_where(self, lease: Lease, seen: int) -> None:
+    async def _stop_where(self, lease: Lease, seen: int) -> None:
         """``lease``'s request went to a worker that runs a batch request it may stop: stop one when the worker's
         engine runs no more at once than it holds now (``seen``: its requests in flight before this one, every
         replica's), so that this request starts at once instead of waiting in the engine's queue."""
@@ -584,28 +631,29 @@ class Dispatcher:
         assert grant is not None
         slots = self._slots(worker, grant.model)
         if slots is not None and max(seen + 1, worker.in_flight) > slots:
-            self._preempt(grant.model, frozenset(), grant.priority, "worker", {worker.name})
+            await self._preempt(grant.model, frozenset(), grant.priority, "worker", {worker.name})
 
-    def _preempt(
+    async def _preempt(
         self, model: str, exclude: frozenset[str], priority: Priority, why: str, workers: set[str] | None = None
     ) -> bool:
         """A request of ``priority`` waits for a slot because ``why``: stop the batch request
         :func:`turnout.core.preemption.victim` names, if any (True: one was stopped), on ``workers`` (else any
-        candidate not in ``exclude``). Its slot is given back as its request ends, which wakes the queue's first
-        waiter."""
-        if not self._stoppable or not self.routing.preempt_batch:
+        candidate not in ``exclude``), this process's or another's (through the occupancy, which tells the process
+        running it). Its slot is given back as its request ends, which wakes the queue's first waiter."""
+        if not self.routing.preempt_batch:
+            return False
+        running = self._running(model, self._elsewhere.get(model, ()))
+        if not running:
             return False
         if workers is None:
             workers = {s.name for s in self.fleet.candidates(model)} - exclude
-        chosen = victim((r for r, _ in self._stoppable.values()), priority, why, model, workers)
+        chosen = victim(running, priority, why, model, workers)
         if chosen is None:
             return False
-        _, lease = self._stoppable.pop(chosen.lease)
-        stop, lease.stop = lease.stop, None
-        assert stop is not None
-        self.metrics.preempted.inc()
-        stop()
-        return True
+        if chosen.lease in self._stoppable:
+            return self._stop(chosen.lease)
+        self._elsewhere[model] = tuple(r for r in self._elsewhere.get(model, ()) if r.lease != chosen.lease)
+        return await self.occupancy.stop(chosen)
 
     def _release(self, lease: Lease) -> None:
         if lease.grant is not None:
@@ -653,16 +701,16 @@ def _eligible(model: str, views: list[WorkerView], exclude: frozenset[str]) -> l
 
 
 def _without(
-    stoppable: Mapping[str, list[Lease]], counts: Mapping[str, int], backlogs: Mapping[str, Backlog]
+    stoppable: Mapping[str, list[Running]], counts: Mapping[str, int], backlogs: Mapping[str, Backlog]
 ) -> tuple[dict[str, int], dict[str, Backlog]]:
     """Requests in flight and backlogs per worker less the batch requests that would be stopped there."""
     fewer, lighter = dict(counts), dict(backlogs)
-    for name, leases in stoppable.items():
+    for name, lines in stoppable.items():
         if name in fewer:
-            fewer[name] = max(0, fewer[name] - len(leases))
+            fewer[name] = max(0, fewer[name] - len(lines))
         backlog = lighter.get(name)
         if backlog is not None:
-            works = [g.work for g in (x.grant for x in leases) if g is not None and g.work is not None]
+            works = [r.work for r in lines if r.work is not None]
             lighter[name] = backlog._replace(
                 work_s=max(0.0, backlog.work_s - sum(works)), ranked=max(0, backlog.ranked - len(works))
             )

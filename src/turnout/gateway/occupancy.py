@@ -32,6 +32,7 @@ from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
 from turnout.core.admission import Caps, Counts, Priority, Waiter, fair_tag, first, moved, queue_score, refusal
+from turnout.core.preemption import Running
 from turnout.core.prefix import Match, Prompt
 from turnout.core.routing import NO_BACKLOG, Backlog
 
@@ -51,6 +52,9 @@ class Held(NamedTuple):
     ahead: bool  # a waiter for this model that can go now is ahead of this request
     backlogs: Mapping[str, Backlog] = MappingProxyType({})
     model_batch: int = 0  # of ``model``, the batch requests
+    # the batch requests for ``model`` on these workers that other processes (of any replica) offer to stop
+    # (:meth:`Occupancy.offer`; ``since`` in this process's monotonic seconds); this process's own are its dispatcher's
+    stoppable: tuple[Running, ...] = ()
 
 
 class Grant(NamedTuple):
@@ -104,7 +108,21 @@ class Occupancy(Protocol):
         can go is ahead of it)."""
         ...
 
-    def give(self, grant: Grant) -> None: ...
+    def give(self, grant: Grant) -> None:
+        """The request ended: its slot is free (and an offer to stop it withdrawn)."""
+        ...
+
+    def offer(self, grant: Grant, since: float, on_stop: Callable[[], None]) -> None:
+        """This process's batch request (``grant``, which took its slot at ``since``, monotonic seconds) may be
+        stopped by a request of a higher class that another process or replica routes: it is in their views
+        (:attr:`Held.stoppable`) until its slot is given back, and ``on_stop`` is called (at most once) when one of
+        them stops it (:meth:`stop`). Nothing where no other process routes to the same workers."""
+        ...
+
+    async def stop(self, line: Running) -> bool:
+        """Stop another process's batch request (one of :attr:`Held.stoppable`): True when this call stopped it,
+        False when it is no longer offered (given back, or another request stopped it first)."""
+        ...
 
     async def settle(self) -> None:
         """Until the slots given back so far count as free for every replica (a Redis round trip; nothing here):
@@ -322,6 +340,12 @@ class LocalOccupancy:
 
     async def settle(self) -> None:
         return None
+
+    def offer(self, grant: Grant, since: float, on_stop: Callable[[], None]) -> None:
+        return None  # one process: its dispatcher stops its own lines
+
+    async def stop(self, line: Running) -> bool:
+        return False  # (nothing is offered here)
 
     def give(self, grant: Grant) -> None:
         self.total -= 1

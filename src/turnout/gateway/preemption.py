@@ -4,7 +4,8 @@
 The Batch API's runner sends each line as a task, with a :class:`Stoppable` in the request
 (``request[STOPPABLE]``); the proxy hands :meth:`Stoppable.stop` to :meth:`Dispatcher.acquire`, which calls it when
 a waiting request of a higher class needs the slot (a line not stopped too often before: ``preemptible``,
-:func:`turnout.core.preemption.may_stop`).
+:func:`turnout.core.preemption.may_stop`), whichever process or replica routes that request (the dispatcher offers
+the line through its occupancy: :meth:`turnout.gateway.occupancy.Occupancy.offer`).
 Stopping cancels the task: the worker's connection is closed (llama-server then frees its slot at its next token
 when the request was sent as a stream, which the proxy does for such a request on llama.cpp:
 :mod:`turnout.dialects.openai_whole`), the slot is given back, the limits it reserved are refunded and no usage row

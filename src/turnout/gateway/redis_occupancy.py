@@ -6,7 +6,8 @@ queue's order, given back when the request ends, renewed by their replica every 
 queue is one sorted set per model: a slot given back is published (``P:freed``), and each replica's first waiter
 for that model routes again; only the first waiter of all (the fair order) can take it, whichever replica holds it.
 What any replica sends a worker is recorded in that worker's index in Redis, so the next turn of a conversation
-finds it whichever replica it reaches.
+finds it whichever replica it reaches. A batch request a replica offers to stop (:meth:`RedisOccupancy.offer`) is
+in every other replica's view; one that stops it claims it in Redis (once) and its replica hears it on ``P:stop``.
 
 A routed request costs one round trip to read (:meth:`RedisOccupancy.view`: the counts, each candidate's prefix
 index, the queue) and one to take; a request with a single candidate worker only the take (it checks every cap).
@@ -32,10 +33,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from turnout.core.admission import CLASS_BAND, Caps, Priority, queue_score
+from turnout.core.preemption import Running
 from turnout.core.prefix import Match, PrefixIndex, Prompt, match_of
 from turnout.core.routing import Backlog
 from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Ticket, next_id, woken
-from turnout.gateway.redis_scripts import GIVE, GIVE_KEYS, JOIN, TAKE, VIEW
+from turnout.gateway.redis_scripts import GIVE, GIVE_KEYS, JOIN, STOP, TAKE, VIEW
 
 __all__ = ["LEASE_S", "RENEW_S", "RETRY_S", "RedisOccupancy"]
 
@@ -93,6 +95,8 @@ class RedisOccupancy:
         self._take = self._redis.register_script(TAKE)
         self._join = self._redis.register_script(JOIN)
         self._give_script = self._redis.register_script(GIVE)
+        self._stop_script = self._redis.register_script(STOP)
+        self._offered: dict[str, tuple[Grant, Callable[[], None]]] = {}  # this replica's lines others may stop
         self._giving: list[Grant] = []  # given back and not sent to Redis yet (sent together, once a loop turn)
         self._given: asyncio.Future[None] | None = None  # done once the gives of the batch being sent are in Redis
         self._rejoined = -REJOIN_S  # when this replica last came back after an outage (time.monotonic())
@@ -161,7 +165,7 @@ class RedisOccupancy:
         args: list[Any] = [self._p, model, tenant, self._ticket_id(ticket), self._ttl_ms, len(workers)]
         for worker in workers:
             args += [worker, _cap(slots.get(worker))]
-        args += [keys, session]
+        args += [keys, session, "1"]
         try:
             reply = await self._view(args=args)
         except Exception as exc:
@@ -172,13 +176,30 @@ class RedisOccupancy:
         counts: dict[str, int] = {}
         matches: dict[str, Match] = {}
         backlogs: dict[str, Backlog] = {}
-        for worker, entry in zip(workers, reply[6:], strict=False):
+        n = len(workers)
+        for worker, entry in zip(workers, reply[6 : 6 + n], strict=True):
             counts[worker] = int(entry[0])
             work_ms, ranked, oldest = int(entry[1]), int(entry[2]), int(entry[3])
             backlogs[worker] = Backlog(work_ms / 1000, ranked, max(now - oldest, 0) / 1000 if oldest >= 0 else 0.0)
             if prompt is not None and len(entry) > 4:
                 matches[worker] = _match(prompt, entry[4:], slots.get(worker), now)
-        return Held(total, in_model, in_tenant, counts, matches, bool(ahead), backlogs, in_batch)
+        lines = self._offered_elsewhere(model, reply[6 + n] if len(reply) > 6 + n else [], now)
+        return Held(total, in_model, in_tenant, counts, matches, bool(ahead), backlogs, in_batch, lines)
+
+    def _offered_elsewhere(self, model: str, flat: Sequence[Any], now_ms: int) -> tuple[Running, ...]:
+        """The view's batch requests offered to stop (worker, lease, replica, ``<work_ms>|<start_ms>``, flat), less
+        this replica's own (its dispatcher's), with when each started in this process's monotonic seconds."""
+        here = time.monotonic()
+        lines = []
+        for i in range(0, len(flat) - 3, 4):
+            worker, lease, replica, started = (x.decode() if isinstance(x, bytes) else str(x) for x in flat[i : i + 4])
+            if replica == self.replica:
+                continue
+            work_ms, _, start_ms = started.partition("|")
+            age_s = max(now_ms - int(start_ms), 0) / 1000 if int(start_ms) >= 0 else 0.0
+            work = int(work_ms) / 1000 if int(work_ms) >= 0 else None
+            lines.append(Running(lease, worker, model, here - age_s, work))
+        return tuple(lines)
 
     # -- taking and giving back --------------------------------------------------------------------------------
     async def take(self, grant: Grant) -> str | None:
@@ -251,7 +272,34 @@ class RedisOccupancy:
         n = max(self.replicas, 1)
         return Caps(*(None if c is None else max(1, math.floor(c / n)) for c in caps))
 
+    def offer(self, grant: Grant, since: float, on_stop: Callable[[], None]) -> None:
+        self._offered[grant.lease] = (grant, on_stop)
+        if self.up:
+            self._spawn(self._offer(grant))
+
+    async def _offer(self, grant: Grant) -> None:
+        if grant.lease not in self._offered:
+            return  # given back already
+        with contextlib.suppress(Exception):  # (the renewal notices Redis away, and offers it again once back)
+            await self._redis.hset(f"{self._p}:ls:{grant.worker}", grant.lease, f"{self.replica}|{grant.model}")
+
+    async def stop(self, line: Running) -> bool:
+        if not self.up:
+            return False
+        try:
+            return bool(await self._stop_script(args=[self._p, line.worker, line.lease]))
+        except Exception as exc:
+            self._down(exc)
+            return False
+
+    def _stop_asked(self, lease: str) -> None:
+        """Another replica claimed this replica's batch request ``lease`` (``P:stop``): stop it."""
+        offered = self._offered.pop(lease, None)
+        if offered is not None:
+            offered[1]()
+
     def give(self, grant: Grant) -> None:
+        self._offered.pop(grant.lease, None)
         self._mine.pop(grant.lease, None)
         self._started.pop(grant.lease, None)
         if grant.lease in self._here:
@@ -381,6 +429,8 @@ class RedisOccupancy:
         until = int(seconds) * 1000 + int(micros) // 1000 + int(LEASE_S * 1000)
         redis_now = until - int(LEASE_S * 1000)
         async with self._redis.pipeline(transaction=False) as pipe:
+            for grant, _ in self._offered.values():  # (offered meanwhile, Redis away; or lost, Redis restarted)
+                pipe.hset(f"{self._p}:ls:{grant.worker}", grant.lease, f"{self.replica}|{grant.model}")
             for grant in self._mine.values():
                 for key in _lease_keys(self._p, grant):
                     pipe.zadd(key, {grant.lease: until})
@@ -417,15 +467,20 @@ class RedisOccupancy:
             self.wake_all()
 
     async def _listening(self) -> None:
-        """Wake this replica's first waiters when a slot is given back anywhere."""
-        channel = f"{self._p}:freed"
+        """Wake this replica's first waiters when a slot is given back anywhere; stop this replica's batch request
+        that another replica claimed (``P:stop``)."""
+        channel, stops = f"{self._p}:freed", f"{self._p}:stop"
         while True:
             pubsub = self._pubsub_redis.pubsub()
             try:
-                await pubsub.subscribe(channel)
+                await pubsub.subscribe(channel, stops)
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
-                        model = message["data"].decode() if isinstance(message["data"], bytes) else ""
+                        data = message["data"].decode() if isinstance(message["data"], bytes) else ""
+                        if _text(message.get("channel")) == stops:
+                            self._stop_asked(data)
+                            continue
+                        model = data
                         self._wake(model)
                         for other in {t.model for t in self._tickets.values()} - {model}:
                             self._wake(other)
@@ -457,6 +512,10 @@ class RedisOccupancy:
                 self._here.add(lease)
         for ticket in self._tickets.values():
             ticket.woken.set()  # its waiters route again, on this replica's own state
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _lease_keys(prefix: str, grant: Grant) -> list[str]:

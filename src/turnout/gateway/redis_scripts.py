@@ -20,6 +20,9 @@ Keys under a prefix ``P`` (``storage.redis_prefix``):
   it ranked the worker (``-1``: not ranked, a single candidate) and when it was taken, so that every replica prices
   the worker's queue as the one that sent each request did (a lease gone without its give leaves an entry that no
   live lease reads; pruned as they pile up);
+- ``P:ls:<worker>``: the batch requests on the worker that their replica offers to stop (lease -> ``<replica>|<model>``;
+  removed by its give or by the stop that claims it; one whose lease expired is pruned by the next view that reads
+  it); a stop is published on ``P:stop`` (the lease), which every replica hears and the one holding it acts on;
 - ``P:reps``: the live replicas (member: its id, score: until when).
 
 Numbers that may be fractional travel as strings (Redis turns a Lua number reply into an integer).
@@ -27,7 +30,7 @@ Numbers that may be fractional travel as strings (Redis turns a Lua number reply
 
 from __future__ import annotations
 
-__all__ = ["BACKLOG_MAX", "GIVE", "GIVE_KEYS", "JOIN", "TAKE", "TAKE_FIELDS", "VIEW"]
+__all__ = ["BACKLOG_MAX", "GIVE", "GIVE_KEYS", "JOIN", "STOP", "TAKE", "TAKE_FIELDS", "VIEW"]
 
 BACKLOG_MAX = 256  # a worker's leases whose expected work a view adds up (the rest count as unranked)
 
@@ -61,11 +64,13 @@ local function head(model, now)
 end
 """
 
-# ARGV: P, model, tenant, ticket ('' none), ttl_ms, n, then n x (worker, slots or -1), packed keys, session ('' none).
+# ARGV: P, model, tenant, ticket ('' none), ttl_ms, n, then n x (worker, slots or -1), packed keys, session ('' none),
+# whether to list the batch requests offered to stop ('1' or '0').
 # Then: Redis's time (ms), the leases of all, of the model, of the tenant, whether a waiter is ahead, the model's
 # batch leases; per worker: its leases, the work expected of the ranked ones (ms) and how many, when the oldest was
 # taken (ms, -1: none known), then with a prompt what its index holds of it (:func:`turnout.core.prefix.match_of`'s
-# arguments).
+# arguments); last, when asked, the live batch requests of the model offered to stop on these workers, flat: worker,
+# lease, replica, ``<work_ms>|<start_ms>``.
 VIEW = (
     _COMMON
     + """
@@ -73,7 +78,7 @@ local BACKLOG_MAX = """
     + str(BACKLOG_MAX)
     + """
 local model, tenant, ticket, ttl, n = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
-local packed, session = ARGV[7 + 2 * n], ARGV[8 + 2 * n]
+local packed, session, offered = ARGV[7 + 2 * n], ARGV[8 + 2 * n], ARGV[9 + 2 * n]
 local now = now_ms()
 local first = head(model, now)
 local ahead = 0
@@ -133,6 +138,30 @@ for i = 0, n - 1 do
              session_size, sends}
   end
   out[7 + i] = entry
+end
+if offered == '1' then
+  local lines = {}
+  for i = 0, n - 1 do
+    local worker = ARGV[7 + 2 * i]
+    local ls = P .. ':ls:' .. worker
+    local pairs_ = redis.call('HGETALL', ls)
+    for k = 1, #pairs_, 2 do
+      local lease, value = pairs_[k], pairs_[k + 1]
+      local expires = redis.call('ZSCORE', P .. ':l:w:' .. worker, lease)
+      if (not expires) or tonumber(expires) < now then
+        redis.call('HDEL', ls, lease)
+      else
+        local bar = string.find(value, '|', 1, true)
+        if string.sub(value, bar + 1) == model then
+          lines[#lines + 1] = worker
+          lines[#lines + 1] = lease
+          lines[#lines + 1] = string.sub(value, 1, bar - 1)
+          lines[#lines + 1] = redis.call('HGET', P .. ':lw:' .. worker, lease) or '-1|-1'
+        end
+      end
+    end
+  end
+  out[7 + n] = lines
 end
 return out
 """
@@ -281,6 +310,7 @@ for i = 0, n - 1 do
   redis.call('ZREM', P .. ':l:w:' .. worker, lease)
   redis.call('HDEL', P .. ':lw:' .. worker, lease)
   if batch == '1' then
+    redis.call('HDEL', P .. ':ls:' .. worker, lease)
     redis.call('ZREM', P .. ':l:b:' .. worker, lease)
     redis.call('ZREM', P .. ':l:mb:' .. model, lease)
   end
@@ -298,3 +328,15 @@ def GIVE_KEYS(prefix: str, model: str, tenant: str, worker: str, batch: bool) ->
     """The lease sets a lease is in (its give removes it from each)."""
     keys = [f"{prefix}:l:all", f"{prefix}:l:m:{model}", f"{prefix}:l:t:{tenant}", f"{prefix}:l:w:{worker}"]
     return [*keys, f"{prefix}:l:b:{worker}", f"{prefix}:l:mb:{model}"] if batch else keys
+
+
+# ARGV: P, worker, lease -> 1: the lease was offered to stop and this call claimed it (its replica is told on
+# ``P:stop``), 0: it was not (given back, or another request's stop came first).
+STOP = """
+local P, worker, lease = ARGV[1], ARGV[2], ARGV[3]
+if redis.call('HDEL', P .. ':ls:' .. worker, lease) == 1 then
+  redis.call('PUBLISH', P .. ':stop', lease)
+  return 1
+end
+return 0
+"""

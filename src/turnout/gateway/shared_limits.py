@@ -17,7 +17,8 @@ sequence whatever process asked.
 
 The same channel carries each process's ``occ.*`` messages about its requests in flight and its waiters, which the
 keeper hands to its :attr:`LimitKeeper.occupancy` (:mod:`turnout.gateway.supervised`), and the keeper's ``[0,
-"occ.wake", ticket]`` to a process whose waiter goes first (:attr:`SharedLimiter.on_told`). With
+"occ.wake", ticket]`` to a process whose waiter goes first and ``[0, "occ.stop", lease]`` to one whose batch request
+another process stops (:attr:`SharedLimiter.on_told`). With
 ``storage.redis_url`` the limits and the occupancy are Redis's, and the channel carries nothing.
 """
 

@@ -8,6 +8,11 @@ first of the queue once a slot is given back. So every cap is exact across the p
 process whose requests wait takes the slot another process gives back), and the queue is one. A process that ends
 gives its slots back at once (its channel closes). Each process's :class:`SupervisedOccupancy` is what its
 dispatcher asks.
+
+A process's batch request that may be stopped is offered (``occ.offer``): the keeper lists it in the other processes'
+views (``Held.stoppable``), and a process that stops it asks the keeper (``occ.stop``, answered whether it was still
+offered: one stop per line), which tells the process holding it ``occ.stop`` with the lease. An offer ends with its
+lease (given back, or its process gone).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from turnout.core.admission import Caps, Priority
+from turnout.core.preemption import Running
 from turnout.core.prefix import Match, PrefixIndex, Prompt
 from turnout.core.routing import Backlog
 from turnout.gateway.occupancy import Grant, Held, LocalOccupancy, Ticket, next_id, woken
@@ -53,6 +59,7 @@ class OccupancyKeeper:
         )
         self._leases: dict[str, tuple[int, Grant]] = {}  # lease -> (its process's channel, the grant)
         self._tickets: dict[str, tuple[int, Ticket]] = {}  # ticket -> (its process's channel, the ticket)
+        self._offers: dict[str, tuple[int, Running]] = {}  # lease -> (its process's channel, the line it offers)
 
     def _index(self, worker: str) -> PrefixIndex:
         index = self._indexes.get(worker)
@@ -75,6 +82,12 @@ class OccupancyKeeper:
             held = occupancy.held(model, tenant, workers, _prompt(prompt), ticket, slots)
             matches = {w: list(m) for w, m in held.matches.items()}
             backlogs = {w: list(b) for w, b in held.backlogs.items()}
+            named = set(workers)
+            stoppable = [
+                list(line)
+                for owner, line in self._offers.values()
+                if owner != fd and line.model == model and line.worker in named
+            ]
             return [
                 n,
                 held.total,
@@ -85,6 +98,7 @@ class OccupancyKeeper:
                 held.ahead,
                 backlogs,
                 held.model_batch,
+                stoppable,
             ]
         if op == "occ.take":
             grant, ticket_id = _grant(message[2])
@@ -97,9 +111,22 @@ class OccupancyKeeper:
             return [n, refused]
         if op == "occ.give":
             held_lease = self._leases.pop(message[2], None)
+            self._offers.pop(message[2], None)
             if held_lease is not None:
                 occupancy.give(held_lease[1])
             return None
+        if op == "occ.offer":
+            lease, since = message[2], message[3]
+            holder = self._leases.get(lease)
+            if holder is not None and holder[0] == fd:
+                grant = holder[1]
+                self._offers[lease] = (fd, Running(lease, grant.worker, grant.model, since, grant.work))
+            return None
+        if op == "occ.stop":
+            offered = self._offers.pop(message[2], None)
+            if offered is not None:
+                self._send(offered[0], [0, "occ.stop", message[2]])
+            return [n, offered is not None]
         if op == "occ.join":
             model, tenant, weight, priority, max_queue, ticket_id = message[2:]
             ticket = occupancy.join_now(model, tenant, weight, Priority(priority), max_queue, ticket_id)
@@ -122,6 +149,7 @@ class OccupancyKeeper:
         for lease, (owner, grant) in list(self._leases.items()):
             if owner == fd:
                 del self._leases[lease]
+                self._offers.pop(lease, None)
                 self.occupancy.give(grant)
         for ticket_id, (owner, ticket) in list(self._tickets.items()):
             if owner == fd:
@@ -137,10 +165,21 @@ class SupervisedOccupancy:
     def __init__(self, channel: SharedLimiter) -> None:
         self._channel = channel
         self._tickets: dict[str, Ticket] = {}
+        self._offered: dict[str, Callable[[], None]] = {}  # lease -> what stops it (another process asked)
 
     @property
     def waiting(self) -> int:
         return len(self._tickets)
+
+    def told(self, message: list[Any]) -> None:
+        """What the supervisor says unasked: ``occ.wake`` (this process's waiter is first now) or ``occ.stop``
+        (another process stops this process's batch request)."""
+        if message[1] == "occ.wake":
+            self.woken(message[2])
+        elif message[1] == "occ.stop":
+            on_stop = self._offered.pop(message[2], None)
+            if on_stop is not None:
+                on_stop()
 
     def woken(self, ticket_id: str) -> None:
         """The supervisor says this process's waiter is first now."""
@@ -160,10 +199,11 @@ class SupervisedOccupancy:
         raw = None if prompt is None else [list(prompt.keys), prompt.size, prompt.block, prompt.session]
         ticket_id = "" if ticket is None else ticket.id
         answer = await self._channel.ask("occ.view", model, tenant, list(workers), raw, ticket_id, dict(slots))
-        total, in_model, in_tenant, counts, matches, ahead, backlogs, in_batch = answer[1:]
+        total, in_model, in_tenant, counts, matches, ahead, backlogs, in_batch, stoppable = answer[1:]
         found = {w: Match(*m) for w, m in matches.items()}
         queued = {w: Backlog(*b) for w, b in backlogs.items()}
-        return Held(total, in_model, in_tenant, counts, found, ahead, queued, in_batch)
+        lines = tuple(Running(*line) for line in stoppable)  # (one machine: one monotonic clock)
+        return Held(total, in_model, in_tenant, counts, found, ahead, queued, in_batch, lines)
 
     async def take(self, grant: Grant) -> str | None:
         prompt = grant.prompt
@@ -177,7 +217,16 @@ class SupervisedOccupancy:
         return refused
 
     def give(self, grant: Grant) -> None:
+        self._offered.pop(grant.lease, None)
         self._channel.tell("occ.give", grant.lease)
+
+    def offer(self, grant: Grant, since: float, on_stop: Callable[[], None]) -> None:
+        self._offered[grant.lease] = on_stop
+        self._channel.tell("occ.offer", grant.lease, since)
+
+    async def stop(self, line: Running) -> bool:
+        answer = await self._channel.ask("occ.stop", line.lease)
+        return bool(answer[1])
 
     async def settle(self) -> None:
         return None  # a frame to the supervisor, sent in order before this process's next one
