@@ -10,6 +10,7 @@ import logging
 import math
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +205,35 @@ async def test_a_flush_returns_only_once_a_write_under_way_has_landed(db: Databa
     finally:
         release.set()
         await first
+
+
+async def test_a_cancelled_flush_still_writes_its_rows(db: Database) -> None:
+    """A flush cancelled while its rows wait for a thread (every worker thread busy: a batch run's flusher stopped
+    at the run's end on a loaded machine) writes them all the same; the next flush returns once they landed. The
+    thread's work was cancelled with the flush before it began, and the rows, already taken from the batcher, were
+    lost (a completed batch lacked a line's usage row)."""
+    loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(1)  # one worker thread, kept busy: the write waits in its queue
+    loop.set_default_executor(executor)
+    busy, release = threading.Event(), threading.Event()
+    blocker = loop.run_in_executor(executor, lambda: (busy.set(), release.wait(10)))
+    try:
+        assert busy.wait(10)
+        batcher = UsageBatcher(UsageStore(db))
+        batcher.add(row(key_id=1))
+        cancelled = asyncio.create_task(batcher.flush())
+        await asyncio.sleep(0.1)  # its write waits for the busy thread
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        batcher.add(row(key_id=2))
+        release.set()
+        assert await asyncio.wait_for(batcher.flush(), 10)
+        assert UsageStore(db).last_used() == {1: NOW // 60 * 60, 2: NOW // 60 * 60}
+    finally:
+        release.set()
+        await blocker
+        executor.shutdown(wait=False)
 
 
 def test_a_row_refused_for_its_text_is_kept_as_ascii(db: Database) -> None:

@@ -77,6 +77,7 @@ class UsageBatcher:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._writing = asyncio.Lock()  # one write at a time: a flush returns once what came before is written
+        self._write_task: asyncio.Task[bool] | None = None  # the write under way (it outlives a cancelled flush)
         self.on_dropped: Callable[[int], None] = lambda _count: None  # roll-ups the database refused
 
     def add(self, row: UsageRow) -> None:
@@ -98,7 +99,13 @@ class UsageBatcher:
         rows are kept for the next write). Waits for a write already under way (the loop's), which may hold rows
         added before this call: a reader that flushes first (a key's last use) then sees every row added before."""
         async with self._writing:
-            return await self._write()
+            if self._write_task is not None and not self._write_task.done():
+                await asyncio.shield(self._write_task)  # a write whose flush was cancelled: it lands first
+            # Shielded: a flush cancelled while its rows are on their way (a batch run's flusher stopped at the run's
+            # end) must not cancel the write. Its rows are out of ``_groups`` by then, and a thread's work cancelled
+            # before it began never runs: the rows were lost, and a batch whose answers were kept lacked a usage row.
+            task = self._write_task = asyncio.ensure_future(self._write())
+            return await asyncio.shield(task)
 
     async def _write(self) -> bool:
         groups, self._groups = self._groups, {}
