@@ -5,6 +5,7 @@ connection closed: it stops the line at its next token), and the line is answere
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import urllib.request
@@ -123,3 +124,53 @@ async def test_a_line_on_the_one_slot_is_stopped_for_an_interactive_request(
         (line,) = await lines_of(oa, done.output_file_id)
     body = line["response"]["body"]
     assert body["usage"]["completion_tokens"] == 400 and body["choices"][0]["finish_reason"] == "length"
+
+
+async def test_a_stopped_line_is_continued_from_what_it_had_answered(
+    smollm2: Engine, gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The line stopped after it had answered some tokens is sent again as their continuation (a trailing
+    assistant message, max_tokens less what it had): the engine answers only the rest, and the output holds the
+    whole answer, its usage as one request's (all 200 tokens as completion)."""
+    partials: list[preemption.Partial] = []
+    real = preemption.joining
+
+    def spy(whole: Any, partial: preemption.Partial) -> Any:
+        partials.append(partial)
+        return real(whole, partial)
+
+    monkeypatch.setattr(preemption, "joining", spy)
+    gw = await llama_gateway(gateway, smollm2)
+    _, nightly = create_key(gw, app="nightly", priority=Priority.BATCH)
+    _, chat = create_key(gw, app="chat", priority=Priority.INTERACTIVE)
+    dispatcher = gw.app[DISPATCHER]
+    long = {**CHAT, "max_tokens": 200, "ignore_eos": True}
+    async with (
+        openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=nightly, max_retries=0) as oa,
+        openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=chat, max_retries=0) as person,
+    ):
+        url = "/v1/chat/completions"
+        batch = await run_batch(oa, url, [{"custom_id": "long", "method": "POST", "url": url, "body": long}])
+
+        async def answering() -> bool:  # the line runs, and its stream has carried a few tokens
+            running = [entry[1] for entry in dispatcher._stoppable.values()]
+            return bool(running) and (running[0].first_at is not None)
+
+        await eventually(answering, "the line to answer", 30)
+        await asyncio.sleep(0.5)
+        answer = await person.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        )
+        assert answer.choices[0].message.content
+        done = await finished(oa, batch.id, 180)
+        assert done.status == "completed" and done.request_counts is not None
+        (line,) = await lines_of(oa, done.output_file_id)
+    [partial] = partials  # stopped once, continued once
+    assert 1 <= partial.tokens < 200
+    body = line["response"]["body"]
+    content = body["choices"][0]["message"]["content"]
+    assert content.startswith(partial.text) and len(content) > len(partial.text)
+    assert body["usage"]["completion_tokens"] == 200 and body["choices"][0]["finish_reason"] == "length"
+    # the engine answered the rest only: its own count for the continuation
+    assert body["timings"]["predicted_n"] == 200 - partial.tokens
+    assert body["usage"]["prompt_tokens"] == direct(smollm2, url, {**CHAT, "max_tokens": 1})["usage"]["prompt_tokens"]

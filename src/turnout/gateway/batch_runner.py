@@ -67,7 +67,7 @@ from turnout.gateway.aliases import Aliases
 from turnout.gateway.batch_lease import Leases
 from turnout.gateway.calls import call_of
 from turnout.gateway.keys import ACCOUNTANT
-from turnout.gateway.preemption import STOPPABLE, Stoppable
+from turnout.gateway.preemption import STOPPABLE, Partial, Stoppable, partial_of
 from turnout.gateway.serving import answer
 from turnout.gateway.timing import PHASES, Phases
 from turnout.store.batches import BatchFile, BatchRecord, BatchStore, Result
@@ -399,6 +399,7 @@ class BatchRunner:
         attempt = waits = 0
         held = True  # its place
         stops = 0  # times stopped for a request of a higher class (core.preemption.may_stop)
+        partial: Partial | None = None  # what the stopped attempts answered, continued (gateway.preemption)
         try:
             while not run.stop.is_set():
                 attempt += 1
@@ -406,11 +407,14 @@ class BatchRunner:
                 if left <= 0:
                     return  # left unanswered: the run ends it as expired
                 # (a little past the window: at its end the run stops the line, which then leaves no usage row)
-                stop = run.attempts[line.number] = Stoppable(preemptible=may_stop(stops), queue_s=left + 2 * _CHECK_S)
+                stop = run.attempts[line.number] = Stoppable(
+                    preemptible=may_stop(stops), queue_s=left + 2 * _CHECK_S, partial=partial
+                )
                 sent = await self._send(run, call, stop)
                 if sent is None:  # stopped for another request: sent again at once (queued behind it), not an attempt
                     stops += 1  # (or by this run, which has stopped: the loop ends)
                     attempt -= 1
+                    partial = partial_of(stop.frames, partial) if endpoint is Endpoint.CHAT else None
                     continue
                 status, body, retry_after, request = sent
                 decided = verdict(status, attempt, self.settings.max_attempts)

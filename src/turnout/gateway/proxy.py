@@ -75,7 +75,7 @@ from turnout.gateway.hold import HOLDABLE, hold_limit
 from turnout.gateway.inspection import COUNT_SOURCE, Inspector
 from turnout.gateway.learning import AnswerLearner
 from turnout.gateway.occupancy import Ticket
-from turnout.gateway.preemption import STOPPABLE, Whole, made_whole, whole_answer
+from turnout.gateway.preemption import STOPPABLE, Whole, as_stream, made_whole, whole_answer
 from turnout.gateway.timing import PHASES, Phases, model_label, unrouted_label
 from turnout.gateway.trace_context import passed_on
 from turnout.metrics import Metrics
@@ -358,7 +358,8 @@ class Proxy:
             body = orjson.dumps({**call.payload, "model": upstream})
         whole = whole_answer(call, lease)
         if whole is not None:  # asked as a stream, answered in one piece (gateway.preemption)
-            body = orjson.dumps({**parse_object(body), "stream": True, "stream_options": {"include_usage": True}})
+            sent, whole = as_stream(parse_object(body), call.endpoint, whole, request.get(STOPPABLE))
+            body = orjson.dumps(sent)
         return await self._passthrough(request, call, lease, body, outcome, trace, rank, whole)
 
     # -- same dialect ----------------------------------------------------------------------------
@@ -395,7 +396,7 @@ class Proxy:
             if not _streaming(call, up):
                 phases.first_byte(up.head_at)
                 if whole is not None and up.content_type != "application/json":
-                    data = await made_whole(up, lease, whole, _DRAIN_S)
+                    data = await made_whole(up, lease, whole, _DRAIN_S, request.get(STOPPABLE))
                 else:
                     data = await up.read()
                 answer = self.answers.checked(worker, model, data, loop.time())
