@@ -50,6 +50,8 @@ runs = st.lists(
         st.sampled_from("abcd"),
         st.sampled_from([M, "other"]),
         st.floats(0, 100, allow_nan=False),
+        st.none(),
+        st.booleans(),
     ),
     max_size=12,
     unique_by=lambda r: r.lease,
@@ -71,8 +73,25 @@ def test_the_victim_is_the_latest_eligible_one(
         assert chosen is None
     else:
         assert chosen in eligible
-        assert all((r.since, r.lease) <= (chosen.since, chosen.lease) for r in eligible)
+        answering = [r for r in eligible if r.answering]
+        assert chosen.answering or not answering  # one whose answer has begun, if any has
+        assert all((r.since, r.lease) <= (chosen.since, chosen.lease) for r in answering or eligible)
 
 
 def test_a_line_may_be_stopped_until_it_was_stopped_stops_most_times() -> None:
     assert [may_stop(n) for n in range(STOPS_MOST + 2)] == [True] * STOPS_MOST + [False, False]
+
+
+def test_a_line_whose_answer_has_begun_is_stopped_before_one_in_its_prefill() -> None:
+    """A line in its prefill frees its slot only once the prefill ends: the one that started last of those answering
+    is stopped, and one in its prefill only when none answers."""
+    lines = [
+        Running("old", "a", M, 10.0),
+        Running("newer", "b", M, 12.0),
+        Running("newest", "c", M, 14.0, answering=False),  # just sent again: in its prefill
+    ]
+    chosen = victim(lines, Priority.INTERACTIVE, "worker", M, {"a", "b", "c"})
+    assert chosen is not None and chosen.lease == "newer"
+    prefilling = [r._replace(answering=False) for r in lines]
+    chosen = victim(prefilling, Priority.INTERACTIVE, "worker", M, {"a", "b", "c"})
+    assert chosen is not None and chosen.lease == "newest"

@@ -14,7 +14,10 @@ batch request that holds a slot it could use:
 - the batch request stopped is one of the same model, on a worker this request may be sent to, that may be stopped
   (:func:`may_stop`: each Batch API line is stopped at most :data:`STOPS_MOST` times, so a batch always
   progresses and the work thrown away is at most that many partial answers per line), the one that started last
-  (the least work lost: a line stopped and sent again is often that one, and has lost little each time);
+  (the least work lost: a line stopped and sent again is often that one, and has lost little each time), of those
+  whose answer has begun (:attr:`Running.answering`): a line still in its prefill frees its slot only once the
+  prefill ends (llama.cpp decodes a prompt batch uninterrupted), and the line just sent again is often there; of
+  those in their prefill only when none has begun;
 - each waiting request stops at most one (the slot it frees wakes the queue's first waiter, which a request of a
   higher class is: :func:`turnout.core.admission.queue_score`).
 
@@ -57,6 +60,9 @@ class Running(NamedTuple):
     model: str
     since: float
     work: float | None = None
+    # its answer has begun (the engine is past its prefill; unknown, another process's: taken as begun). A request
+    # in its prefill frees its slot only once the prefill ends (llama.cpp decodes a prompt batch uninterrupted)
+    answering: bool = True
 
 
 def victim(
@@ -70,6 +76,6 @@ def victim(
     for run in running:
         if run.model != model or run.worker not in workers:
             continue
-        if best is None or (run.since, run.lease) > (best.since, best.lease):
+        if best is None or (run.answering, run.since, run.lease) > (best.answering, best.since, best.lease):
             best = run
     return best

@@ -590,9 +590,10 @@ class Dispatcher:
         return True
 
     def _running(self, model: str, elsewhere: Iterable[Running] = ()) -> list[Running]:
-        """The batch requests for ``model`` that may be stopped: this process's and ``elsewhere``'s (the other
-        processes', as a view saw them)."""
-        return [r for r, _ in self._stoppable.values() if r.model == model] + [r for r in elsewhere if r.model == model]
+        """The batch requests for ``model`` that may be stopped: this process's (whether each one's answer has begun:
+        its engine past its prefill) and ``elsewhere``'s (the other processes', as a view saw them)."""
+        mine = [r._replace(answering=lease.first_at is not None) for r, lease in self._stoppable.values()]
+        return [r for r in mine if r.model == model] + [r for r in elsewhere if r.model == model]
 
     def _stoppable_here(
         self, model: str, priority: Priority, elsewhere: Iterable[Running] = ()
