@@ -118,7 +118,9 @@ async def test_sigkilled_agent_is_replaced_and_engines_are_readopted(
     for name in ("alpha", "beta"):
         assert after[name]["pid"] == before[name]["pid"], "re-adopted, not restarted"
         assert after[name]["port"] == before[name]["port"] and after[name]["ipc_name"] == before[name]["ipc_name"]
-        assert after[name]["restart_count"] == 0
+        # (not counted again: an engine that had to start again once before, its port taken by another process on
+        # this shared machine between the agent's check and its bind, comes with its count: CI saw 1 here)
+        assert after[name]["restart_count"] == before[name]["restart_count"]
         assert await chat(after[name]["port"], name) == 200
 
     # the new agent supervises what it adopted: a crash of an adopted engine is restarted on the same port
