@@ -356,7 +356,9 @@ async def test_a_port_taken_between_the_agents_check_and_the_engines_bind_is_nev
             await asyncio.sleep(0.05)
         assert ("active", port) not in phases, phases
         assert engine["phase"] == "active" and engine["port"] != port, engine
-        assert engine["restart_count"] == 1 and await chat(engine["port"], "v") == 200
+        # started again (once, or more where its next port was taken too: the ports come from the machine's free ones,
+        # which other processes on this shared machine also use; a clean-clone CI run saw 2)
+        assert engine["restart_count"] >= 1 and await chat(engine["port"], "v") == 200
         # the other server was at most probed, never sent a request. (Whether it was probed at all is the machine's
         # timing: under load the stand-in can fail to bind and exit before the agent's first 0.2 s health check; a
         # clean-clone run saw no probe. The old code failed above, with ('active', port), whenever it probed.)
