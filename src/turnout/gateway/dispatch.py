@@ -462,7 +462,8 @@ class Dispatcher:
         nothing this request may stop, where the take checks every cap (one round trip, not two). A single
         candidate is viewed too when the request may stop another process's batch request (the view lists them)."""
         occupancy = self.occupancy
-        if not (choice or not occupancy.remote or (priority in PREEMPTORS and self.routing.preempt_batch)):
+        may_stop_elsewhere = priority in PREEMPTORS and self.routing.preempt_batch
+        if occupancy.remote and not choice and not may_stop_elsewhere:
             return _NOTHING_HELD
         names = [state.name for state in candidates]
         now = time.monotonic()
@@ -593,7 +594,7 @@ class Dispatcher:
         """The batch requests for ``model`` that may be stopped: this process's (whether each one's answer has begun:
         its engine past its prefill) and ``elsewhere``'s (the other processes', as a view saw them)."""
         mine = [r._replace(answering=lease.first_at is not None) for r, lease in self._stoppable.values()]
-        return [r for r in mine if r.model == model] + [r for r in elsewhere if r.model == model]
+        return [r for r in (*mine, *elsewhere) if r.model == model]
 
     def _stoppable_here(
         self, model: str, priority: Priority, elsewhere: Iterable[Running] = ()

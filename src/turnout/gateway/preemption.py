@@ -167,7 +167,7 @@ def partial_of(frames: list[dict[str, Any]] | None, before: Partial | None) -> P
     is continued: another choice than the first, tool calls or reasoning)."""
     if not frames:
         return before
-    tokens = 0
+    pieces: list[str] = []  # one per content frame: a token each, as llama-server streams them
     for frame in frames:
         for choice in frame.get("choices") or ():
             delta = choice.get("delta") if isinstance(choice, dict) else None
@@ -177,17 +177,17 @@ def partial_of(frames: list[dict[str, Any]] | None, before: Partial | None) -> P
                 return None
             if delta.get("tool_calls") or delta.get("reasoning_content") or delta.get("function_call"):
                 return None
-            if isinstance(delta.get("content"), str) and delta["content"]:
-                tokens += 1
-    if not tokens:
+            content = delta.get("content")
+            if content is not None and not isinstance(content, str):
+                return None
+            if content:
+                pieces.append(content)
+    if not pieces:
         return before
-    try:
-        text = whole_chat(frames)["choices"][0]["message"].get("content") or ""
-    except (ValueError, IndexError, KeyError, TypeError):
-        return None
+    text = "".join(pieces)
     if before is None:
-        return Partial(text, tokens)
-    return Partial(before.text + text, before.tokens + tokens)
+        return Partial(text, len(pieces))
+    return Partial(before.text + text, before.tokens + len(pieces))
 
 
 async def made_whole(
