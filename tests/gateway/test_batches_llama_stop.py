@@ -9,7 +9,8 @@ import asyncio
 import io
 import json
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import openai
@@ -50,6 +51,18 @@ async def llama_gateway(gateway: GatewayFactory, engine: Engine) -> Gateway:
 async def run_batch(oa: openai.AsyncOpenAI, url: str, lines: list[dict[str, Any]]) -> Any:
     uploaded = await oa.files.create(file=("in.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
     return await oa.batches.create(input_file_id=uploaded.id, endpoint=url, completion_window="24h")  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def nightly_and_chat(gw: Gateway) -> AsyncIterator[tuple[openai.AsyncOpenAI, openai.AsyncOpenAI]]:
+    """The official SDK on the gateway twice: with a key of class batch (the batch) and one of class interactive."""
+    _, nightly = create_key(gw, app="nightly", priority=Priority.BATCH)
+    _, chat = create_key(gw, app="chat", priority=Priority.INTERACTIVE)
+    async with (
+        openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=nightly, max_retries=0) as oa,
+        openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=chat, max_retries=0) as person,
+    ):
+        yield oa, person
 
 
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 24}
@@ -96,14 +109,9 @@ async def test_a_line_on_the_one_slot_is_stopped_for_an_interactive_request(
     smollm2: Engine, gateway: GatewayFactory
 ) -> None:
     gw = await llama_gateway(gateway, smollm2)
-    _, nightly = create_key(gw, app="nightly", priority=Priority.BATCH)
-    _, chat = create_key(gw, app="chat", priority=Priority.INTERACTIVE)
     dispatcher = gw.app[DISPATCHER]
     long = {**CHAT, "max_tokens": 400, "ignore_eos": True}
-    async with (
-        openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=nightly, max_retries=0) as oa,
-        openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=chat, max_retries=0) as person,
-    ):
+    async with nightly_and_chat(gw) as (oa, person):
         url = "/v1/chat/completions"
         batch = await run_batch(oa, url, [{"custom_id": "long", "method": "POST", "url": url, "body": long}])
 
@@ -141,14 +149,9 @@ async def test_a_stopped_line_is_continued_from_what_it_had_answered(
 
     monkeypatch.setattr(preemption, "joining", spy)
     gw = await llama_gateway(gateway, smollm2)
-    _, nightly = create_key(gw, app="nightly", priority=Priority.BATCH)
-    _, chat = create_key(gw, app="chat", priority=Priority.INTERACTIVE)
     dispatcher = gw.app[DISPATCHER]
     long = {**CHAT, "max_tokens": 200, "ignore_eos": True}
-    async with (
-        openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=nightly, max_retries=0) as oa,
-        openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=chat, max_retries=0) as person,
-    ):
+    async with nightly_and_chat(gw) as (oa, person):
         url = "/v1/chat/completions"
         batch = await run_batch(oa, url, [{"custom_id": "long", "method": "POST", "url": url, "body": long}])
 

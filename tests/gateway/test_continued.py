@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.dialects.test_openai_whole import chunk
 from turnout.dialects.base import Endpoint
 from turnout.dialects.openai_whole import whole_chat
 from turnout.gateway.preemption import Partial, Stoppable, as_stream, continued, joining, partial_of
@@ -16,16 +17,9 @@ ASK = {"model": "m", "messages": [{"role": "user", "content": "Name three colour
 PARTIAL = Partial("Red, green", 3)
 
 
-def chunk(content: str | None = None, index: int = 0, finish: str | None = None, **delta: Any) -> dict[str, Any]:
-    if content is not None:
-        delta["content"] = content
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "m",
-        "choices": [{"index": index, "delta": delta, "finish_reason": finish}],
-    }
+def said(text: str) -> dict[str, Any]:
+    """A chat stream frame carrying ``text`` (one token, as llama-server streams them)."""
+    return chunk({"content": text})
 
 
 def test_a_plain_request_is_continued_with_the_partial_answer_and_fewer_tokens() -> None:
@@ -59,31 +53,33 @@ def test_what_is_not_continued(change: dict[str, Any], partial: Partial | None) 
 
 
 def test_what_a_stopped_stream_had_answered() -> None:
-    frames = [chunk(role="assistant", content=None), chunk("Red"), chunk(","), chunk(" green"), chunk("")]
+    frames = [chunk({"role": "assistant", "content": None}), said("Red"), said(","), said(" green"), said("")]
     assert partial_of(frames, None) == Partial("Red, green", 3)
-    assert partial_of([chunk(" and"), chunk(" blue")], PARTIAL) == Partial("Red, green and blue", 5)
+    assert partial_of([said(" and"), said(" blue")], PARTIAL) == Partial("Red, green and blue", 5)
     assert partial_of(None, PARTIAL) == PARTIAL  # stopped before it was sent as a stream: what it had
-    assert partial_of([chunk(role="assistant")], PARTIAL) == PARTIAL  # stopped before its first token
-    assert partial_of([chunk(role="assistant")], None) is None
+    assert partial_of([chunk({"role": "assistant"})], PARTIAL) == PARTIAL  # stopped before its first token
+    assert partial_of([chunk({"role": "assistant"})], None) is None
 
 
 @pytest.mark.parametrize(
     "frame",
     [
-        chunk(tool_calls=[{"index": 0, "id": "c", "type": "function", "function": {"name": "f", "arguments": ""}}]),
-        chunk(reasoning_content="let me think"),
-        chunk("other", index=1),
+        chunk(
+            {"tool_calls": [{"index": 0, "id": "c", "type": "function", "function": {"name": "f", "arguments": ""}}]}
+        ),
+        chunk({"reasoning_content": "let me think"}),
+        chunk({"content": "other"}, index=1),
         {"choices": [{"index": 0, "delta": "not an object"}]},
     ],
 )
 def test_a_stream_that_is_not_plain_text_is_started_over(frame: dict[str, Any]) -> None:
-    assert partial_of([chunk("Red"), frame], PARTIAL) is None
+    assert partial_of([said("Red"), frame], PARTIAL) is None
 
 
 def test_a_continuation_is_answered_as_one_request() -> None:
-    frames = [chunk(role="assistant"), chunk(" and"), chunk(" blue"), chunk(finish="length")]
+    frames = [chunk({"role": "assistant"}), said(" and"), said(" blue"), chunk({}, finish="length")]
     usage = {"prompt_tokens": 16, "completion_tokens": 2, "total_tokens": 18}
-    frames.append({**chunk(), "choices": [], "usage": usage})
+    frames.append(chunk(usage=usage) | {"choices": []})
     answer = joining(whole_chat, PARTIAL)(frames)
     assert answer["choices"][0]["message"]["content"] == "Red, green and blue"
     assert answer["choices"][0]["finish_reason"] == "length"

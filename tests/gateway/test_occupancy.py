@@ -35,26 +35,35 @@ def indexes() -> Callable[[str], PrefixIndex | None]:
     return lambda worker: made.setdefault(worker, PrefixIndex(1000, 100))
 
 
-class Wire:
-    """A process's channel to the supervisor's keeper, in one event loop: each message as the wire carries it."""
+class Wires:
+    """Processes' channels to one supervisor's keeper, in one event loop: each message as the wire carries it, and
+    what the keeper tells a process unasked (``occ.wake``, ``occ.stop``) handed to it."""
 
     def __init__(self) -> None:
-        self.process: SupervisedOccupancy | None = None
         self.keeper = OccupancyKeeper(self._to_process, tenant_caps=TENANT_CAPS, blocks=1000, ttl_s=600)
-        self._n = 0
+        self.processes: dict[int, SupervisedOccupancy] = {}
 
     def _to_process(self, fd: int, message: list[Any]) -> None:
-        assert self.process is not None and message[1] == "occ.wake"
-        self.process.woken(message[2])
+        self.processes[fd].told(orjson.loads(orjson.dumps(message)))
+
+    def process(self, fd: int) -> SupervisedOccupancy:
+        """A process on channel ``fd``."""
+        made = self.processes[fd] = SupervisedOccupancy(_Channel(self.keeper, fd))  # type: ignore[arg-type]
+        return made
+
+
+class _Channel:
+    def __init__(self, keeper: OccupancyKeeper, fd: int) -> None:
+        self.keeper, self.fd, self.n = keeper, fd, 0
 
     async def ask(self, op: str, *fields: Any) -> list[Any]:
-        self._n += 1
-        answer = self.keeper.apply(7, orjson.loads(orjson.dumps([self._n, op, *fields])))
+        self.n += 1
+        answer = self.keeper.apply(self.fd, orjson.loads(orjson.dumps([self.n, op, *fields])))
         assert answer is not None
         return orjson.loads(orjson.dumps(answer))  # type: ignore[no-any-return]
 
     def tell(self, op: str, *fields: Any) -> None:
-        self.keeper.apply(7, orjson.loads(orjson.dumps([0, op, *fields])))
+        self.keeper.apply(self.fd, orjson.loads(orjson.dumps([0, op, *fields])))
 
 
 @pytest.fixture(params=["local", "supervised", "redis"])
@@ -63,9 +72,7 @@ async def keeper(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterato
         yield LocalOccupancy(indexes(), clock=time.monotonic, tenant_caps=TENANT_CAPS)
         return
     if request.param == "supervised":
-        wire = Wire()
-        wire.process = SupervisedOccupancy(wire)  # type: ignore[arg-type]
-        yield wire.process
+        yield Wires().process(7)
         return
     occupancy = redis_keeper(redis_url)
     await occupancy.start()

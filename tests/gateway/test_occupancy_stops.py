@@ -11,47 +11,16 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 import pytest
 
 from tests.conftest import eventually
-from tests.gateway.test_occupancy import TENANT_CAPS, grant, indexes, redis_keeper
+from tests.gateway.test_occupancy import TENANT_CAPS, Wires, grant, indexes, redis_keeper
 from turnout.core.admission import Priority
 from turnout.core.preemption import Running
 from turnout.gateway import redis_occupancy
 from turnout.gateway.occupancy import LocalOccupancy, Occupancy
-from turnout.gateway.supervised import OccupancyKeeper, SupervisedOccupancy
 
 WORKERS = ["w1", "w2"]
-
-
-class Wires:
-    """Two processes' channels to one supervisor's keeper, in one event loop: each message as the wire carries it."""
-
-    def __init__(self) -> None:
-        self.keeper = OccupancyKeeper(self._to_process, tenant_caps=TENANT_CAPS, blocks=1000, ttl_s=600)
-        self.processes: dict[int, SupervisedOccupancy] = {}
-
-    def _to_process(self, fd: int, message: list[Any]) -> None:
-        self.processes[fd].told(orjson.loads(orjson.dumps(message)))
-
-    def process(self, fd: int) -> SupervisedOccupancy:
-        wires = self
-
-        class Channel:
-            n = 0
-
-            async def ask(self, op: str, *fields: Any) -> list[Any]:
-                self.n += 1
-                answer = wires.keeper.apply(fd, orjson.loads(orjson.dumps([self.n, op, *fields])))
-                assert answer is not None
-                return orjson.loads(orjson.dumps(answer))  # type: ignore[no-any-return]
-
-            def tell(self, op: str, *fields: Any) -> None:
-                wires.keeper.apply(fd, orjson.loads(orjson.dumps([0, op, *fields])))
-
-        made = self.processes[fd] = SupervisedOccupancy(Channel())  # type: ignore[arg-type]
-        return made
 
 
 @pytest.fixture(params=["supervised", "redis"])
