@@ -10,7 +10,8 @@ finds it whichever replica it reaches. A batch request a replica offers to stop 
 in every other replica's view; one that stops it claims it in Redis (once) and its replica hears it on ``P:stop``.
 
 A routed request costs one round trip to read (:meth:`RedisOccupancy.view`: the counts, each candidate's prefix
-index, the queue) and one to take; a request with a single candidate worker only the take (it checks every cap).
+index, the queue, the batch requests offered to stop) and one to take; a request with a single candidate worker that
+may stop no batch request only the take (it checks every cap).
 Giving back, renewing and the replica's heartbeat are sent off the request's path.
 
 **Redis away or slow** (a reply later than ``storage.redis_timeout_ms``): the replica goes on with a
@@ -192,7 +193,7 @@ class RedisOccupancy:
         here = time.monotonic()
         lines = []
         for i in range(0, len(flat) - 3, 4):
-            worker, lease, replica, started = (x.decode() if isinstance(x, bytes) else str(x) for x in flat[i : i + 4])
+            worker, lease, replica, started = (_text(x) for x in flat[i : i + 4])
             if replica == self.replica:
                 continue
             work_ms, _, start_ms = started.partition("|")
@@ -281,7 +282,12 @@ class RedisOccupancy:
         if grant.lease not in self._offered:
             return  # given back already
         with contextlib.suppress(Exception):  # (the renewal notices Redis away, and offers it again once back)
-            await self._redis.hset(f"{self._p}:ls:{grant.worker}", grant.lease, f"{self.replica}|{grant.model}")
+            await self._redis.hset(*self._offer_entry(grant))
+
+    def _offer_entry(self, grant: Grant) -> tuple[str, str, str]:
+        """Where a batch request offered to stop is kept in Redis: its worker's hash, its lease, ``<replica>|<model>``
+        (what VIEW and STOP read: :mod:`turnout.gateway.redis_scripts`)."""
+        return f"{self._p}:ls:{grant.worker}", grant.lease, f"{self.replica}|{grant.model}"
 
     async def stop(self, line: Running) -> bool:
         if not self.up:
@@ -430,7 +436,7 @@ class RedisOccupancy:
         redis_now = until - int(LEASE_S * 1000)
         async with self._redis.pipeline(transaction=False) as pipe:
             for grant, _ in self._offered.values():  # (offered meanwhile, Redis away; or lost, Redis restarted)
-                pipe.hset(f"{self._p}:ls:{grant.worker}", grant.lease, f"{self.replica}|{grant.model}")
+                pipe.hset(*self._offer_entry(grant))
             for grant in self._mine.values():
                 for key in _lease_keys(self._p, grant):
                     pipe.zadd(key, {grant.lease: until})
@@ -476,7 +482,7 @@ class RedisOccupancy:
                 await pubsub.subscribe(channel, stops)
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
-                        data = message["data"].decode() if isinstance(message["data"], bytes) else ""
+                        data = _text(message["data"])
                         if _text(message.get("channel")) == stops:
                             self._stop_asked(data)
                             continue
