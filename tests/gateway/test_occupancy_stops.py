@@ -57,6 +57,7 @@ async def test_a_line_one_process_offers_is_stopped_once_by_another(pair: tuple[
     assert await _offered(a) == ()  # a's own lines are its dispatcher's
     assert await _offered(b, "other") == ()  # another model's view
     assert (await b.view("m", "", ["w2"], None, None, {})).stoppable == ()  # another worker's
+    assert (await b.view("m", "", WORKERS, None, None, {}, offers=False)).stoppable == ()  # not asked for
     assert await b.stop(seen[0]) is True
     await eventually(lambda: _true(stopped), "a to hear the stop", 5)
     assert stopped == [line.lease]

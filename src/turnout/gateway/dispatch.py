@@ -468,8 +468,9 @@ class Dispatcher:
         names = [state.name for state in candidates]
         now = time.monotonic()
         slots = {s.name: s.parallelism(model, now).slots for s in candidates} if prompt is not None else {}
-        held = await occupancy.view(model, tenant, names, prompt, ticket, slots)
-        self._elsewhere[model] = held.stoppable
+        held = await occupancy.view(model, tenant, names, prompt, ticket, slots, offers=may_stop_elsewhere)
+        if may_stop_elsewhere:  # (a view that read none says nothing of them)
+            self._elsewhere[model] = held.stoppable
         return held
 
     def _headroom(

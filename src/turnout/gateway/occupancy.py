@@ -100,7 +100,12 @@ class Occupancy(Protocol):
         prompt: Prompt | None,
         ticket: Ticket | None,
         slots: Mapping[str, int | None],
-    ) -> Held: ...
+        *,
+        offers: bool = True,
+    ) -> Held:
+        """What is held on ``workers`` (:class:`Held`); ``offers`` False: the batch requests other processes offer to
+        stop are not read (a request that may stop none)."""
+        ...
 
     async def take(self, grant: Grant) -> str | None:
         """Take the slot: None, or why not (``moved``: the worker took requests since the view; ``total``, ``model``,
@@ -253,6 +258,8 @@ class LocalOccupancy:
         prompt: Prompt | None,
         ticket: Ticket | None,
         slots: Mapping[str, int | None],
+        *,
+        offers: bool = True,
     ) -> Held:
         return self.held(model, tenant, workers, prompt, ticket, slots)
 

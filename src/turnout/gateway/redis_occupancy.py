@@ -159,6 +159,8 @@ class RedisOccupancy:
         prompt: Prompt | None,
         ticket: Ticket | None,
         slots: Mapping[str, int | None],
+        *,
+        offers: bool = True,
     ) -> Held:
         if not self.up:
             return self.local.held(model, tenant, workers, prompt, self._local_ticket(ticket), slots)
@@ -166,7 +168,7 @@ class RedisOccupancy:
         args: list[Any] = [self._p, model, tenant, self._ticket_id(ticket), self._ttl_ms, len(workers)]
         for worker in workers:
             args += [worker, _cap(slots.get(worker))]
-        args += [keys, session, "1"]
+        args += [keys, session, "1" if offers else "0"]
         try:
             reply = await self._view(args=args)
         except Exception as exc:

@@ -77,7 +77,7 @@ class OccupancyKeeper:
         n, op = message[0], message[1]
         occupancy = self.occupancy
         if op == "occ.view":
-            model, tenant, workers, prompt, ticket_id, slots = message[2:]
+            model, tenant, workers, prompt, ticket_id, slots, offers = message[2:]
             ticket = self._tickets.get(ticket_id, (0, None))[1] if ticket_id else None
             held = occupancy.held(model, tenant, workers, _prompt(prompt), ticket, slots)
             matches = {w: list(m) for w, m in held.matches.items()}
@@ -86,7 +86,7 @@ class OccupancyKeeper:
             stoppable = [
                 list(line)
                 for owner, line in self._offers.values()
-                if owner != fd and line.model == model and line.worker in named
+                if offers and owner != fd and line.model == model and line.worker in named
             ]
             return [
                 n,
@@ -195,10 +195,12 @@ class SupervisedOccupancy:
         prompt: Prompt | None,
         ticket: Ticket | None,
         slots: Mapping[str, int | None],
+        *,
+        offers: bool = True,
     ) -> Held:
         raw = None if prompt is None else [list(prompt.keys), prompt.size, prompt.block, prompt.session]
         ticket_id = "" if ticket is None else ticket.id
-        answer = await self._channel.ask("occ.view", model, tenant, list(workers), raw, ticket_id, dict(slots))
+        answer = await self._channel.ask("occ.view", model, tenant, list(workers), raw, ticket_id, dict(slots), offers)
         total, in_model, in_tenant, counts, matches, ahead, backlogs, in_batch, stoppable = answer[1:]
         found = {w: Match(*m) for w, m in matches.items()}
         queued = {w: Backlog(*b) for w, b in backlogs.items()}
