@@ -498,10 +498,15 @@ class Fleet:
 
     def rules(self, name: str) -> tuple[PlacementRules, str]:
         """Effective rules for a worker and their source: ``override`` or ``config``."""
-        override = self.placement.get(name)
+        return self.rules_of(self.workers[name])
+
+    def rules_of(self, state: WorkerState) -> tuple[PlacementRules, str]:
+        """:meth:`rules` of a worker's state, which a request may hold after the fleet let it go (a claim's engine
+        unbound while the request waited on the occupancy: it is then refused at its engine, never a KeyError)."""
+        override = self.placement.get(state.name)
         if override is not None:
             return override, "override"
-        return self.workers[name].baseline, "config"
+        return state.baseline, "config"
 
     def candidates(self, model: str) -> list[WorkerState]:
         """The workers that may serve ``model``: its endpoint alone for "<endpoint>/<model>", otherwise the fleet's
@@ -536,7 +541,7 @@ class Fleet:
         ttls = (self.settings.routing.speed_ttl_s, self.settings.routing.prefix_ttl_s)
         out = []
         for state in candidates:
-            rules, _ = self.rules(state.name)
+            rules, _ = self.rules_of(state)
             view = WorkerView(
                 state.name,
                 state.healthy,

@@ -377,6 +377,7 @@ class Dispatcher:
         cap = self._tenant_cap(tenant)
         model_max = best_value(model, self._limits)
         held = await self._view(model, tenant, candidates, prompt, ticket, priority, choice)
+        states = {state.name: state for state in candidates}  # (the fleet may have let one go while this waited)
         if cap is not None and held.tenant >= cap:
             return None, self._refused("tenant", model, tenant), "tenant"
         if held.ahead:
@@ -392,11 +393,11 @@ class Dispatcher:
                 stoppable = {}
         capacity = Capacity(held.total, self.routing.max_concurrent, held.model, model_max)
         full: set[str] = set()  # workers whose batch share is taken: a batch request tries the next one
-        headroom = self._headroom(model, views, exclude, held, priority, choice)
+        headroom = self._headroom(model, views, exclude, held, priority, states)
         if aged:  # waited BATCH_AGEING_S: served as a standard request, which no batch headroom holds back
             headroom = None
         if headroom is not None:  # a batch request goes only where a slot is free (never into an engine's queue),
-            views = [_slots_capped(v, self.fleet.workers[v.name]) for v in views]  # unless it orders its queue
+            views = [_slots_capped(v, states[v.name]) for v in views]  # unless it orders its queue
         while True:
             decision = route(
                 model,
@@ -416,7 +417,7 @@ class Dispatcher:
                     raise no_route_error(decision, self.retry_after_s)
                 return None, decision.message, "saturated"
             best = decision.best
-            worker = self.fleet.workers[best.worker]
+            worker = states[best.worker]
             caps = Caps(self.routing.max_concurrent, model_max, cap, worker.config.max_concurrent)
             if headroom is not None:
                 fleet, others = headroom
@@ -480,7 +481,7 @@ class Dispatcher:
         exclude: frozenset[str],
         held: Held,
         priority: Priority,
-        choice: bool,
+        states: dict[str, WorkerState],
     ) -> tuple[list[int | None] | None, int] | None:
         """Note how many of ``model``'s requests in flight are not batch requests (this one included; every
         replica's); for a batch request, what :func:`turnout.core.headroom.batch_caps` needs: what each worker that
@@ -495,8 +496,8 @@ class Dispatcher:
         if priority is not Priority.BATCH:
             return None
         fleet = None
-        if choice:
-            fleet = [self._slots(self.fleet.workers[w], model) for w in _eligible(model, views, exclude) or []]
+        if len(states) > 1:
+            fleet = [self._slots(states[w], model) for w in _eligible(model, views, exclude) or []]
         return fleet, 0 if peak is None else peak.peak(now)
 
     def _slots(self, worker: WorkerState, model: str) -> int | None:
