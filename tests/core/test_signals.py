@@ -149,6 +149,12 @@ def test_a_warm_answer_does_not_make_a_worker_look_faster() -> None:
             },
             Reported(100, 8, 80, 20, 0.4, 8, 0.2),
         ),
+        # ... and a stream sent without usage (no stream_options.include_usage): the timings count it
+        (
+            {"usage": None, "timings": {"prompt_n": 12, "cache_n": 307, "predicted_n": 6, "predicted_ms": 3.0}},
+            Reported(319, 6, 307, 12, None, 6, 0.003),
+        ),
+        ({"timings": {"prompt_n": 12, "predicted_n": 6}}, Reported(None, 6, None, 12, None, 6, None)),
         # Ollama: prompt_eval_count is the whole prompt, its duration only what was evaluated
         (
             {"prompt_eval_count": 50, "prompt_eval_duration": 2_000_000_000, "eval_count": 10, "eval_duration": 10**9},

@@ -172,24 +172,26 @@ async def test_refusals_and_names_at_column_limits_are_recorded_on_postgres(
     assert next(r for r in rows if r["model"] == "llama3.2")["statuses"] == {"403": 1}
 
 
-async def test_llama_cpp_stream_without_usage_is_charged_the_prompt_estimate(
+async def test_llama_cpp_stream_without_usage_is_charged_the_engines_counts(
     llama_engine: Engine, gateway: GatewayFactory, clients: Clients
 ) -> None:
     """A stream that does not ask for usage (``stream_options.include_usage``) gets none from llama.cpp's server, as
-    from OpenAI's API (llama-cpp-python's server never sent any): the proxy reports no prompt count (None),
-    accounting estimates."""
+    from OpenAI's API: its last frame's timings still say what the engine evaluated and generated, and that is what
+    is charged (before, the prompt was estimated from the body and the completion from the content frames: 0 when
+    the tiny model's tokens were bytes of no whole character, which llama.cpp's server sends no frame for)."""
     gw = await gateway([worker("llama", llama_engine.url, type="openai")], auth={"open": False})
     record, key = make_key(gw, daily_tokens=100_000)
     client = clients.openai(gw.url)
     client.api_key = key
-    stream = await client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "hello " * 50}], max_tokens=6, stream=True
-    )
+    messages: list[Any] = [{"role": "user", "content": "hello " * 50}]
+    stream = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, stream=True)
     chunks = [c async for c in stream]
     assert chunks and all(c.usage is None for c in chunks)  # the worker really reported nothing
     [row] = await usage_rows(gw, key=record.prefix)
-    assert row["statuses"] == {"200": 1} and row["prompt_tokens"] >= 300 // 4  # ~ body bytes / 4
-    assert 1 <= row["completion_tokens"] <= 7
+    direct = await clients.openai(llama_engine.url).chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+    assert direct.usage is not None
+    assert row["statuses"] == {"200": 1} and row["prompt_tokens"] == direct.usage.prompt_tokens
+    assert 1 <= row["completion_tokens"] <= 6
 
 
 # -- what a client is told of its tokens is what it is billed (issue 32, item 10) ------------------------------------

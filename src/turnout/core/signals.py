@@ -84,7 +84,9 @@ def reported(answer: Mapping[str, object]) -> Reported:
     ``prompt_eval_duration`` / ``eval_count`` / ``eval_duration`` (nanoseconds). Its ``prompt_eval_count`` is the
     whole prompt: the runner counts the inputs before loading its cache slot and times only what it then evaluates
     (``runner/ollamarunner/runner.go``). llama-cpp-python's server sends ``usage`` only (``llama_cpp/llama.py``).
-    Fields of the wrong type are absent."""
+    A llama.cpp stream sent without ``stream_options.include_usage`` has no usage, only the last frame's timings:
+    its counts are then ``prompt_n + cache_n`` and ``predicted_n``, those the server's usage reports
+    (``tools/server/server-task.cpp``: ``n_prompt_tokens``, ``n_decoded``). Fields of the wrong type are absent."""
     usage = _mapping(answer.get("usage"))
     timings = _mapping(answer.get("timings"))
     if "prompt_tokens" in usage or "input_tokens" not in usage:
@@ -95,14 +97,16 @@ def reported(answer: Mapping[str, object]) -> Reported:
     else:  # the Responses API's names, or Anthropic's (whose input_tokens leaves out what its cache served)
         prompt, completion, cached = input_counts(usage)
     if timings:
-        cache_n = _count(timings.get("cache_n"))
+        cache_n, prompt_n, predicted_n = (_count(timings.get(k)) for k in ("cache_n", "prompt_n", "predicted_n"))
+        if prompt is None and prompt_n is not None and cache_n is not None:  # a stream without usage: the
+            prompt = prompt_n + cache_n  # engine's own counts (its usage's prompt_tokens is the same sum)
         return Reported(
             prompt,
-            completion,
+            predicted_n if completion is None else completion,
             cached if cache_n is None else cache_n,
-            _count(timings.get("prompt_n")),
+            prompt_n,
             _seconds(timings.get("prompt_ms"), 1e3),
-            _count(timings.get("predicted_n")),
+            predicted_n,
             _seconds(timings.get("predicted_ms"), 1e3),
         )
     eval_count = _count(answer.get("eval_count"))

@@ -50,6 +50,9 @@ class AnswerLearner:
             completion = _first(
                 _count(answer, "eval_count"), _count(usage, "completion_tokens"), _count(usage, "output_tokens")
             )
+            if completion is None and outcome.prompt_tokens is None and "timings" in answer:
+                rep = reported(answer)  # a llama.cpp stream sent without usage: its timings count
+                outcome.prompt_tokens, completion = rep.prompt_tokens, rep.completion_tokens
             outcome.completion_tokens = completion if completion is not None else (stream_events or None)
             return
         rep = reported(answer)
