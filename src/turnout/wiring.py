@@ -69,6 +69,7 @@ from turnout.gateway.keys import (
 )
 from turnout.gateway.limiter import LocalLimiter, RedisLimiter, TokenLimiter
 from turnout.gateway.peers import Peers
+from turnout.gateway.process_metrics import every_process
 from turnout.gateway.proxy import Proxy
 from turnout.gateway.redis_fleet import FleetSync, SharedProbes
 from turnout.gateway.redis_occupancy import RedisOccupancy
@@ -110,7 +111,7 @@ DEMO_TICK_S = 1.0  # the claims tick when only the demo pool runs (no pools sect
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body = request.app[METRICS].render()
+    body = await every_process(request.app)  # (one process's own unless `serve --workers N` runs several)
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 

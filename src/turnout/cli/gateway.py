@@ -302,13 +302,19 @@ def _serve_processes(
     serving: str,
 ) -> Any:
     """`serve --workers N`: the supervisor's side (turnout.gateway.processes says how it works)."""
-    from turnout.gateway import processes, server
+    import shutil
+    import tempfile
+
+    from turnout.gateway import process_metrics, processes, server
     from turnout.gateway.shared_limits import LimitKeeper
     from turnout.gateway.supervised import OccupancyKeeper
     from turnout.wiring import create_app
 
+    run_dir = Path(tempfile.mkdtemp(prefix="turnout-"))  # 0700: each process's metrics socket (process_metrics)
+
     def serve_one(index: int, report: Any, limits: Any) -> None:
         application = create_app(settings, admin_token=token, processes=count, limits=limits)
+        process_metrics.attach(application, process_metrics.ProcessGroup(run_dir, index, count))
         drained = server.run(
             application,
             groups[index],
@@ -343,7 +349,10 @@ def _serve_processes(
             err=True,
         ),
     )
-    code = supervisor.run()
+    try:
+        code = supervisor.run()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
     if code:
         raise typer.Exit(code)
     return supervisor.drained

@@ -1,7 +1,8 @@
 """The Overview page: where proxied requests' time went over the last minutes, workers and endpoints with health
 (and why when down), models, load, requests per minute, each worker's prefix cache hit rate and what its engine runs
-at once (and how that was found), the requests waiting and running by priority class (this process's, as
-``/metrics`` has them), and ModelClaims by phase. The body is a fragment
+at once (and how that was found), the requests waiting and running by priority class and in flight per worker
+(every process's of `serve --workers N`, as ``/metrics`` has them: :mod:`turnout.gateway.process_metrics`), and
+ModelClaims by phase. The body is a fragment
 (``/admin/overview/fragment``) that the page polls with htmx, so it refreshes itself without a reload.
 
 Requests per minute come from the usage store (all replicas' traffic, flushed first): the requests of the
@@ -21,7 +22,9 @@ from aiohttp import web
 
 from turnout.admin.ui.display import ms, number, when
 from turnout.admin.ui.render import page, render
+from turnout.core.priority import CLASSES
 from turnout.gateway.keys import ACCOUNTANT, DISPATCHER, ENDPOINTS, FLEET, METRICS, PROXY, USAGE
+from turnout.gateway.process_metrics import PROCESS_GROUP, every_process_families
 from turnout.gateway.redis_occupancy import RedisOccupancy
 from turnout.phase_stats import VIEWS
 
@@ -76,6 +79,7 @@ async def _requests_per_min(request: web.Request, now: float) -> tuple[dict[str,
 async def overview_state(request: web.Request) -> dict[str, Any]:
     fleet = request.app[FLEET]
     rpm, rpm_total = await _requests_per_min(request, time.time())
+    classes, in_flight = await _counts(request)
     since = {e["name"]: e.get("state_since") for e in request.app[ENDPOINTS].describe()}
     workers, endpoints = [], []
     for state in fleet.workers.values():
@@ -91,7 +95,7 @@ async def overview_state(request: web.Request) -> dict[str, Any]:
             "installed": None if state.inventory is None else len(state.inventory),
             "inventory_error": state.inventory_error if state.inventory_stale else None,
             "loaded": sorted(state.loaded),
-            "in_flight": state.in_flight,
+            "in_flight": in_flight.get(state.name, state.in_flight),
             "max_concurrent": state.config.max_concurrent,
             "rpm": rpm.get(state.name, 0.0),
             # the share of prompt tokens served from its engine's cache: the engine's count, else the index's
@@ -115,9 +119,6 @@ async def overview_state(request: web.Request) -> dict[str, Any]:
     phases: Counter[str] = Counter()
     if bindings is not None:
         phases.update(view.phase.value for view in bindings.source.views())
-    classes = [
-        {"name": p.value, "waiting": c.waiting, "running": c.running} for p, c in request.app[METRICS].classes.items()
-    ]
     return {
         "timing": _timing(request, _window(request)),
         "workers": workers,
@@ -125,13 +126,37 @@ async def overview_state(request: web.Request) -> dict[str, Any]:
         "classes": classes,
         "claims_configured": bindings is not None,
         "phases": sorted(phases.items()),
-        "in_flight": sum(s.in_flight for s in fleet.workers.values()),
+        "in_flight": sum(in_flight.get(s.name, s.in_flight) for s in fleet.workers.values()),
         "rpm_total": rpm_total,
         "workers_up": sum(1 for w in workers if w["healthy"]),
         "endpoints_up": sum(1 for e in endpoints if e["healthy"]),
         "poll_s": POLL_S,
         "shared": _shared_state(request),
     }
+
+
+_CLASS_FAMILIES = {"turnout_priority_waiting_requests": "waiting", "turnout_priority_running_requests": "running"}
+
+
+async def _counts(request: web.Request) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The requests waiting and running by priority class, and those in flight per worker (every process's of
+    `serve --workers N`; this process's own else: the second is then empty, each worker's own count stands)."""
+    if PROCESS_GROUP not in request.app:
+        own = request.app[METRICS].classes.items()
+        return [{"name": p.value, "waiting": c.waiting, "running": c.running} for p, c in own], {}
+    counts: dict[str, Counter[str]] = {"waiting": Counter(), "running": Counter()}
+    in_flight: Counter[str] = Counter()
+    for families in (await every_process_families(request.app)).values():
+        for family in families:
+            column = _CLASS_FAMILIES.get(family.name)
+            if column is not None:
+                counts[column].update({s.labels.get("priority", ""): int(s.value) for s in family.samples})
+            elif family.name == "turnout_worker_in_flight":
+                in_flight.update({s.labels.get("worker", ""): int(s.value) for s in family.samples})
+    classes = [
+        {"name": p.value, "waiting": counts["waiting"][p.value], "running": counts["running"][p.value]} for p in CLASSES
+    ]
+    return classes, dict(in_flight)
 
 
 def _shared_state(request: web.Request) -> dict[str, Any] | None:

@@ -1,0 +1,149 @@
+"""`/metrics` of `turnout serve --workers N`: every process's metrics, whichever process the scrape reaches.
+
+Each process counts its own requests (prometheus_client's registry is per process), and the kernel hands a scrape's
+connection to any one of them, so before this a scrape read one process's counters at random: a rate over them
+jumped between processes. Now each process also answers ``/metrics`` on a private Unix socket (in a 0700 directory
+the supervisor made, ``metrics-<process>.sock``), and the process a scrape reaches reads the others' there and
+answers with every process's samples, each labelled ``process="<n>"`` (1 to N: stable across a process's restart,
+so the series stay few), as Prometheus labels each replica's with ``instance``. ``sum by (...)`` adds them up. A
+process that does not answer within :data:`PEER_TIMEOUT_S` (restarting) is left out and named in a comment line.
+
+The merge parses each text with prometheus_client's own parser and writes it with its own writer, so the output is
+the exposition format prometheus_client writes for one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from turnout.gateway.keys import METRICS
+
+__all__ = ["PROCESS_GROUP", "ProcessGroup", "attach", "every_process", "every_process_families"]
+
+log = logging.getLogger("turnout.gateway")
+
+PEER_TIMEOUT_S = 2.0
+LABEL = "process"
+_SITE: web.AppKey[web.AppRunner] = web.AppKey("process_metrics_site")
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    """Where the processes of one `serve --workers N` answer for their metrics, and which one this is (0-based)."""
+
+    run_dir: Path
+    index: int
+    count: int
+
+    def socket(self, index: int) -> Path:
+        return self.run_dir / f"metrics-{index + 1}.sock"
+
+
+# Where this process and its siblings answer for their metrics; absent where one process serves alone.
+PROCESS_GROUP: web.AppKey[ProcessGroup] = web.AppKey("process_group")
+
+
+def attach(app: web.Application, group: ProcessGroup) -> None:
+    """Serve this process's own metrics on its socket while ``app`` runs (before ``app`` is started)."""
+    app[PROCESS_GROUP] = group
+    app.on_startup.append(_start)
+    app.on_cleanup.append(_stop)
+
+
+async def _start(app: web.Application) -> None:
+    metrics = app[METRICS]
+
+    async def own(_request: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), content_type="text/plain")
+
+    inner = web.Application()
+    inner.router.add_get("/metrics", own)
+    runner = web.AppRunner(inner, access_log=None)
+    await runner.setup()
+    group = app[PROCESS_GROUP]
+    path = group.socket(group.index)
+    path.unlink(missing_ok=True)  # left by this process's predecessor, which crashed
+    await web.UnixSite(runner, str(path)).start()
+    app[_SITE] = runner
+
+
+async def _stop(app: web.Application) -> None:
+    runner = app.get(_SITE)
+    if runner is not None:
+        await runner.cleanup()
+
+
+async def _peer(path: Path) -> str | None:
+    """The metrics text of the process answering on ``path``, or None (not started yet, restarting, too slow)."""
+    timeout = aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)
+    try:
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(path)), timeout=timeout) as http,
+            http.get("http://process/metrics") as reply,
+        ):
+            return await reply.text() if reply.status == 200 else None
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return None
+
+
+async def every_process_families(app: web.Application) -> dict[int, list[Metric]]:
+    """Each answering process's metric families by its number (1-based); this process's own alone without a group."""
+    own = app[METRICS].render().decode()
+    group = app.get(PROCESS_GROUP)
+    if group is None:
+        return {1: list(text_string_to_metric_families(own))}
+    others = [i for i in range(group.count) if i != group.index]
+    texts = dict(zip(others, await asyncio.gather(*(_peer(group.socket(i)) for i in others)), strict=True))
+    texts[group.index] = own
+    out: dict[int, list[Metric]] = {}
+    for index in sorted(texts):
+        text = texts[index]
+        if text is None:
+            continue
+        with contextlib.suppress(ValueError):  # (a process's own writer's text: never expected to fail)
+            out[index + 1] = list(text_string_to_metric_families(text))
+    return out
+
+
+async def every_process(app: web.Application) -> bytes:
+    """The ``/metrics`` body: this process's own, or with a group every answering process's, labelled."""
+    group = app.get(PROCESS_GROUP)
+    if group is None:
+        return app[METRICS].render()
+    families = await every_process_families(app)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged(families))
+    body = generate_latest(registry)
+    missing = [str(n) for n in range(1, group.count + 1) if n not in families]
+    if missing:
+        body += f"# turnout: process {', '.join(missing)} did not answer (starting or restarting)\n".encode()
+    return body
+
+
+class _Merged:
+    """Every process's families, one family per name, each sample labelled with its process."""
+
+    def __init__(self, families: Mapping[int, list[Metric]]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for number, families in self.families.items():
+            for family in families:
+                into = merged.get(family.name)
+                if into is None:
+                    into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                process = str(number)
+                into.samples.extend(s._replace(labels={**s.labels, LABEL: process}) for s in family.samples)
+        yield from merged.values()
