@@ -438,8 +438,7 @@ def create_app(
     --workers N`: its rate and token limits are counted by the supervisor through ``limits`` (its end of the
     supervisor's socket pair) unless Redis is configured, and so are its requests in flight, its wait queue and
     the workers' prefix indexes (through ``limits`` too); admin changes are shared."""
-    database = Database(database_url(settings.storage.database_url, settings.data_dir))
-    database.migrate()
+    database = Database.migrated(database_url(settings.storage.database_url, settings.data_dir))
     shared = SharedState(database)
     placement = SharedPlacementStore(settings.placement_file, shared)
     placement.load()

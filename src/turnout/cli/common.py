@@ -196,8 +196,7 @@ def open_store(config: Path | Settings) -> Iterator[tuple[Settings, Database]]:
 
     try:
         settings = config if isinstance(config, Settings) else load_settings(config)
-        db = Database(database_url(settings.storage.database_url, settings.data_dir))
-        db.migrate()
+        db = Database.migrated(database_url(settings.storage.database_url, settings.data_dir))
     except (ConfigError, StoreError) as exc:
         fail(str(exc))
         raise  # unreachable: fail exits
@@ -254,8 +253,7 @@ def audit_log(database_url: str | None, data_dir: Path, what: str) -> Iterator[D
     from turnout.store.db import database_url as url_of
 
     try:
-        db = Database(url_of(database_url, data_dir))
-        db.migrate()
+        db = Database.migrated(url_of(database_url, data_dir))
     except StoreError as exc:
         fail(f"not changed: every change to {what} is audited, and the store cannot be opened: {exc}")
         raise  # unreachable: fail exits

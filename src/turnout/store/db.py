@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import ConnectionPoolEntry
 
 __all__ = ["Database", "StoreError", "database_url"]
 
@@ -55,6 +56,20 @@ class Database:
             raise StoreError(f"cannot open database {self.safe_url}: {exc}") from None
         if self.dialect == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.closed = False
+        event.listen(self.engine, "checkin", self._given_back)
+
+    @classmethod
+    def migrated(cls, url: str) -> Database:
+        """The store at ``url``, brought to the current schema (:meth:`migrate`); closed again when that fails, so
+        that no pooled connection is left to the garbage collector (psycopg warns of each one it finds open)."""
+        database = cls(url)
+        try:
+            database.migrate()
+        except BaseException:
+            database.close()
+            raise
+        return database
 
     @property
     def safe_url(self) -> str:
@@ -113,7 +128,15 @@ class Database:
             raise StoreError(f"database error: {exc.__class__.__name__}: {str(exc).splitlines()[0]}") from None
 
     def close(self) -> None:
+        """Close the pooled connections. One that a thread still holds (its work outlived the task that awaited it)
+        is closed when given back: SQLAlchemy's dispose closes only the idle ones, and leaves the rest in a pool
+        nothing refers to, for the garbage collector to find open."""
+        self.closed = True
         self.engine.dispose()
+
+    def _given_back(self, _dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        if self.closed:
+            record.invalidate()  # closes it; a later use of the engine opens a new one
 
 
 _REVISION = re.compile(r"^revision(?:\s*:[^=]+)?\s*=\s*['\"]([^'\"]+)['\"]", re.MULTILINE)
