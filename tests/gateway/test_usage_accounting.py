@@ -188,7 +188,9 @@ async def test_llama_cpp_stream_without_usage_is_charged_the_engines_counts(
     chunks = [c async for c in stream]
     assert chunks and all(c.usage is None for c in chunks)  # the worker really reported nothing
     [row] = await usage_rows(gw, key=record.prefix)
-    direct = await clients.openai(llama_engine.url).chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+    direct = await clients.openai(llama_engine.url).chat.completions.create(
+        model="tiny", messages=messages, max_tokens=1
+    )
     assert direct.usage is not None
     assert row["statuses"] == {"200": 1} and row["prompt_tokens"] == direct.usage.prompt_tokens
     assert 1 <= row["completion_tokens"] <= 6
