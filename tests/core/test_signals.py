@@ -147,14 +147,14 @@ def test_a_warm_answer_does_not_make_a_worker_look_faster() -> None:
                 "usage": {"prompt_tokens": 100, "completion_tokens": 8},
                 "timings": {"prompt_n": 20, "cache_n": 80, "prompt_ms": 400.0, "predicted_n": 8, "predicted_ms": 200},
             },
-            Reported(100, 8, 80, 20, 0.4, 8, 0.2),
+            Reported(100, 8, 80, 20, 0.4, 7, 0.2),
         ),
         # ... and a stream sent without usage (no stream_options.include_usage): the timings count it
         (
             {"usage": None, "timings": {"prompt_n": 12, "cache_n": 307, "predicted_n": 6, "predicted_ms": 3.0}},
-            Reported(319, 6, 307, 12, None, 6, 0.003),
+            Reported(319, 6, 307, 12, None, 5, 0.003),
         ),
-        ({"timings": {"prompt_n": 12, "predicted_n": 6}}, Reported(None, 6, None, 12, None, 6, None)),
+        ({"timings": {"prompt_n": 12, "predicted_n": 6}}, Reported(None, 6, None, 12, None, 5, None)),
         # Ollama: prompt_eval_count is the whole prompt, its duration only what was evaluated
         (
             {"prompt_eval_count": 50, "prompt_eval_duration": 2_000_000_000, "eval_count": 10, "eval_duration": 10**9},
@@ -182,3 +182,27 @@ def test_a_warm_answer_does_not_make_a_worker_look_faster() -> None:
 )
 def test_reported_reads_each_engines_counts(answer: dict[str, object], expected: Reported) -> None:
     assert reported(answer) == expected
+
+
+@pytest.mark.parametrize(
+    ("predicted_n", "predicted_ms", "decode"),
+    [
+        (1, 0.004, None),  # the first token is the prompt's last step: no generation time, no rate (was 250,000/s)
+        (2, 25.15, 1 / 0.02515),  # llama.cpp's own log: "25.15 ms / 2 tokens (25.15 ms per token, 39.76 tokens/s)"
+        (16, 329.17, 15 / 0.32917),
+    ],
+)
+def test_a_llama_cpp_answer_teaches_the_decode_rate_of_its_tokens_after_the_first(
+    predicted_n: int, predicted_ms: float, decode: float | None
+) -> None:
+    """A stopped Batch API line continued with a token left to make answers one token: its timings teach no rate. A
+    single one had made an engine look 10,000 times faster for minutes (EWMA), and interactive requests queued on
+    it behind one another rather than stopping a batch line elsewhere (bench/batch_fleet.py, continued lines)."""
+    rep = reported(
+        {"timings": {"prompt_n": 40, "prompt_ms": 400.0, "predicted_n": predicted_n, "predicted_ms": predicted_ms}}
+    )
+    sample = Sample(
+        40, 0, predicted_n, None, 1.0, False, rep.prefill_tokens, rep.prefill_s, rep.decode_tokens, rep.decode_s
+    )
+    learned = speeds(sample, None, None).decode
+    assert learned == (None if decode is None else pytest.approx(decode))

@@ -69,7 +69,7 @@ class Reported(NamedTuple):
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, llama.cpp timings.cache_n
     prefill_tokens: int | None = None  # evaluated: llama.cpp timings.prompt_n; Ollama's count includes its cache
     prefill_s: float | None = None
-    decode_tokens: int | None = None
+    decode_tokens: int | None = None  # generated in decode_s: llama.cpp's predicted_n - 1, Ollama's eval_count
     decode_s: float | None = None
     prefill_counts_cache: bool = False  # prefill_tokens is Ollama's prompt_eval_count (the whole prompt)
 
@@ -106,7 +106,9 @@ def reported(answer: Mapping[str, object]) -> Reported:
             cached if cache_n is None else cache_n,
             prompt_n,
             _seconds(timings.get("prompt_ms"), 1e3),
-            predicted_n,
+            # its generation time starts at the first token (the prompt's last step makes it): the tokens after it
+            # (llama.cpp's log: "eval time = 0.00 ms / 1 tokens", "25.15 ms / 2 tokens (25.15 ms per token)")
+            None if predicted_n is None else max(predicted_n - 1, 0),
             _seconds(timings.get("predicted_ms"), 1e3),
         )
     eval_count = _count(answer.get("eval_count"))
