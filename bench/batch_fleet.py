@@ -78,6 +78,7 @@ from typing import NamedTuple
 
 import aiohttp
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -301,13 +302,17 @@ def figures(url: str) -> str:
 
 
 def preempted(url: str) -> float:
-    """Batch lines the gateway has stopped for other requests so far (``turnout_preempted_requests_total``)."""
+    """Batch lines the gateway has stopped for other requests so far (``turnout_preempted_requests_total``; with
+    ``--processes N`` every process's, which each scrape carries labelled by process)."""
     request = urllib.request.Request(url + "/metrics", headers=admin_headers())
     with urllib.request.urlopen(request, timeout=10) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith("turnout_preempted_requests_total "):
-                return float(line.split()[1])
-    return 0.0
+        text = resp.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "turnout_preempted_requests_total"
+    )
 
 
 def make_key(url: str, app: str, priority: str) -> str:
