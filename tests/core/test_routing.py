@@ -616,3 +616,16 @@ def test_no_workers_for_a_model_the_gateway_serves_elsewhere_is_an_unknown_model
     assert isinstance(decision, NoRoute) and decision.reason is NoRouteReason.UNKNOWN_MODEL
     assert M in decision.message
     assert route(M, [], served_elsewhere=False).reason is NoRouteReason.NO_WORKERS  # type: ignore[union-attr]
+
+
+def test_the_one_free_worker_of_several_is_given_the_work_it_takes() -> None:
+    """A batch request that only one worker has a slot for (the others full: their max_concurrent) still records the
+    work it takes there: its backlog ranks the next requests. With 0 the next interactive request expected that
+    engine to be free at once and queued there behind it (bench/batch_fleet.py)."""
+    one = w("a", prefill_rate=100.0, decode_rate=40.0, slots=1, loaded=frozenset({M}))
+    full = [w("b", in_flight=1, max_concurrent=1), w("c", in_flight=1, max_concurrent=1)]
+    decision = route(M, [one, *full], demand=PROMPT)
+    assert isinstance(decision, Route) and decision.best.worker == "a"
+    assert decision.best.work == pytest.approx(1000 / 100.0 + 16 / 40.0)  # 4000 bytes: 1000 tokens
+    alone = route(M, [one], demand=PROMPT)  # one worker for the model: nothing compares it, nothing is estimated
+    assert isinstance(alone, Route) and alone.best.work == 0.0

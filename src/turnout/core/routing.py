@@ -338,7 +338,7 @@ def route(
         busy = ", ".join(w.name for w, _ in eligible)
         return NoRoute(NoRouteReason.SATURATED, f'every worker for model "{model}" is busy ({busy})')
 
-    return _rank(free, rotation, demand, guard)
+    return _rank(free, rotation, demand, guard, compared=len(workers) > 1)
 
 
 def _why_down(worker: WorkerView, exclude: frozenset[str]) -> str:
@@ -511,10 +511,15 @@ class _Scored(NamedTuple):
         return not self.expected.queued
 
 
-def _rank(free: list[tuple[WorkerView, str]], rotation: int, demand: Demand, guard: LoadGuard) -> Route:
+def _rank(
+    free: list[tuple[WorkerView, str]], rotation: int, demand: Demand, guard: LoadGuard, *, compared: bool = False
+) -> Route:
     if len(free) == 1:  # nothing to compare: skip scoring (the common single-worker-per-model case)
         worker, name = free[0]
-        return Route((Candidate(worker.name, name, 0.0, worker.cached),))
+        # ``compared``: the others are full or out only now, and the work it adds to this one's backlog ranks their
+        # next requests (0 had said its engine would be free at once: they queued there behind it)
+        work = expected_seconds(worker, name, demand, neutral_of([worker])).work if compared else 0.0
+        return Route((Candidate(worker.name, name, 0.0, worker.cached, work),))
     neutral = neutral_of([w for w, _ in free])
     n = len(free)
     scored: list[_Scored] = []
