@@ -158,7 +158,7 @@ def test_a_warm_answer_does_not_make_a_worker_look_faster() -> None:
         # Ollama: prompt_eval_count is the whole prompt, its duration only what was evaluated
         (
             {"prompt_eval_count": 50, "prompt_eval_duration": 2_000_000_000, "eval_count": 10, "eval_duration": 10**9},
-            Reported(50, 10, None, 50, 2.0, 10, 1.0, prefill_counts_cache=True),
+            Reported(50, 10, None, 50, 2.0, 9, 1.0, prefill_counts_cache=True),
         ),
         # the Responses API's usage names
         (

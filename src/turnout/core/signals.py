@@ -69,7 +69,7 @@ class Reported(NamedTuple):
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, llama.cpp timings.cache_n
     prefill_tokens: int | None = None  # evaluated: llama.cpp timings.prompt_n; Ollama's count includes its cache
     prefill_s: float | None = None
-    decode_tokens: int | None = None  # generated in decode_s: llama.cpp's predicted_n - 1, Ollama's eval_count
+    decode_tokens: int | None = None  # generated in decode_s: llama.cpp's predicted_n - 1, Ollama's eval_count - 1
     decode_s: float | None = None
     prefill_counts_cache: bool = False  # prefill_tokens is Ollama's prompt_eval_count (the whole prompt)
 
@@ -121,7 +121,9 @@ def reported(answer: Mapping[str, object]) -> Reported:
         cached,
         prompt_eval,
         _seconds(answer.get("prompt_eval_duration"), 1e9),
-        eval_count,
+        # eval_duration runs from the first token's sampling (runner/ollamarunner/runner.go: startGenerationTime is
+        # set at numPredicted == 1), so it too times the tokens after the first
+        None if eval_count is None else max(eval_count - 1, 0),
         _seconds(answer.get("eval_duration"), 1e9),
         prefill_counts_cache=True,
     )
