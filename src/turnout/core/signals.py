@@ -106,9 +106,8 @@ def reported(answer: Mapping[str, object]) -> Reported:
             cached if cache_n is None else cache_n,
             prompt_n,
             _seconds(timings.get("prompt_ms"), 1e3),
-            # its generation time starts at the first token (the prompt's last step makes it): the tokens after it
             # (llama.cpp's log: "eval time = 0.00 ms / 1 tokens", "25.15 ms / 2 tokens (25.15 ms per token)")
-            None if predicted_n is None else max(predicted_n - 1, 0),
+            _after_first(predicted_n),
             _seconds(timings.get("predicted_ms"), 1e3),
         )
     eval_count = _count(answer.get("eval_count"))
@@ -121,12 +120,17 @@ def reported(answer: Mapping[str, object]) -> Reported:
         cached,
         prompt_eval,
         _seconds(answer.get("prompt_eval_duration"), 1e9),
-        # eval_duration runs from the first token's sampling (runner/ollamarunner/runner.go: startGenerationTime is
-        # set at numPredicted == 1), so it too times the tokens after the first
-        None if eval_count is None else max(eval_count - 1, 0),
+        # (runner/ollamarunner/runner.go: startGenerationTime is set at numPredicted == 1)
+        _after_first(eval_count),
         _seconds(answer.get("eval_duration"), 1e9),
         prefill_counts_cache=True,
     )
+
+
+def _after_first(generated: int | None) -> int | None:
+    """The tokens an engine's generation time covers: llama.cpp and Ollama both start it at the first token, which
+    the prompt's last step makes, so it times those after it (none for a one-token answer)."""
+    return None if generated is None else max(generated - 1, 0)
 
 
 def input_counts(usage: Mapping[str, object]) -> tuple[int | None, int | None, int | None]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +29,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from turnout.gateway.keys import METRICS
 
 __all__ = ["PROCESS_GROUP", "ProcessGroup", "attach", "every_process", "every_process_families"]
-
-log = logging.getLogger("turnout.gateway")
 
 PEER_TIMEOUT_S = 2.0
 LABEL = "process"
@@ -98,11 +95,9 @@ async def _peer(path: Path) -> str | None:
 
 
 async def every_process_families(app: web.Application) -> dict[int, list[Metric]]:
-    """Each answering process's metric families by its number (1-based); this process's own alone without a group."""
+    """Each answering process's metric families by its number (1-based), in an app of a group (:func:`attach`)."""
     own = app[METRICS].render().decode()
-    group = app.get(PROCESS_GROUP)
-    if group is None:
-        return {1: list(text_string_to_metric_families(own))}
+    group = app[PROCESS_GROUP]
     others = [i for i in range(group.count) if i != group.index]
     texts = dict(zip(others, await asyncio.gather(*(_peer(group.socket(i)) for i in others)), strict=True))
     texts[group.index] = own
@@ -140,10 +135,10 @@ class _Merged:
     def collect(self) -> Iterator[Metric]:
         merged: dict[str, Metric] = {}
         for number, families in self.families.items():
+            process = str(number)
             for family in families:
                 into = merged.get(family.name)
                 if into is None:
                     into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
-                process = str(number)
                 into.samples.extend(s._replace(labels={**s.labels, LABEL: process}) for s in family.samples)
         yield from merged.values()
