@@ -166,7 +166,10 @@ async def test_the_claim_status_shows_the_download_as_it_goes(
         async def downloading() -> dict[str, Any] | None:
             await ctl.tick()
             status = ctl.statuses.get("big", {})
-            return status if relay.held.is_set() and "downloading" in str(status.get("message")) else None
+            # boto3 reports in 256 KiB reads, the last of them after the relay has stopped: wait for the count
+            # to settle where the held bytes put it (it is never more: nothing more arrives)
+            settled = "512.0 KiB" in str(status.get("message"))
+            return status if relay.held.is_set() and settled else None
 
         status = await eventually(downloading, "the claim's status to show the download", limit_s=60)
         assert ctl.phase("big") is ClaimPhase.LOADING and status["reason"] == "Downloading", status
