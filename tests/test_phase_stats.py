@@ -17,7 +17,7 @@ from turnout.config import Settings
 from turnout.core.latency import LEGACY_BOUNDS_MS
 from turnout.fleet.state import Fleet
 from turnout.metrics import Metrics
-from turnout.phase_stats import KEEP_MINUTES, PhaseCollector, PhaseStats
+from turnout.phase_stats import KEEP_MINUTES, PhaseCollector, PhaseStats, summarize
 from turnout.state.placement_store import PlacementStore
 
 T0 = 6000.0  # a minute's start (100 * 60)
@@ -175,3 +175,22 @@ def test_many_requests_are_counted_exactly_and_their_percentiles_estimated_from_
     exposed = _exposed(stats)
     count = [v for k, v in exposed.items() if k[0] == "turnout_request_phase_seconds_count" and "phase=total" in k]
     assert count == [len(totals)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.floats(0.001, 50.0), st.integers(0, 6)), min_size=1, max_size=60))
+def test_several_processes_summed_are_one_process_holding_all_their_requests(
+    requests: list[tuple[int, float, int]],
+) -> None:
+    """`serve --workers N`: the Overview adds up each process's counts (summarize); the figures are those of one
+    process that had served every request."""
+    processes = [PhaseStats() for _ in range(3)]
+    alone = PhaseStats()
+    for process, total_s, minutes_ago in sorted(requests, key=lambda r: -r[2]):  # (time runs forward)
+        for stats in (processes[process], alone):
+            _record(stats, total_s, T0 + 30 - minutes_ago * 60, ttft=total_s / 3)
+    for minutes in (1, 5, 15):
+        now = T0 + 45
+        together = summarize(stats.recent_counts(minutes, now) for stats in processes)
+        assert together == alone.recent(minutes, now)
+        assert together["total_whole"]["count"] == sum(1 for _, _, ago in requests if ago < minutes)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import partial
 
 from prometheus_client.core import HistogramMetricFamily
@@ -44,8 +44,10 @@ __all__ = [
     "VIEWS",
     "PhaseCollector",
     "PhaseStats",
+    "Recent",
     "count_coarse",
     "exposed",
+    "summarize",
 ]
 
 PHASE_NAMES = ("queue", "hold", "upstream", "ttft", "total")
@@ -69,6 +71,7 @@ _FOLD_ROWS = 4096  # rows of one label set kept before they are counted (a bound
 _FINE_SAMPLES = 256  # of a batch of rows, at most this many in the Overview's fine buckets
 _Key = tuple[str, str, bool]  # (model, worker, stream)
 _Mark = dict[_Key, tuple[list[list[int]], list[dict[int, int]]]]  # each series' counts, as they were
+Recent = list[tuple[int, dict[int, int]]]  # per view: (requests, sampled fine bucket counts)
 
 
 class _Series:
@@ -155,6 +158,11 @@ class PhaseStats:
         """Per view (:data:`VIEWS`): ``count`` (exact), ``p50`` and ``p90`` in milliseconds (None without samples)
         of the requests of the last ``minutes`` minutes (1 to :data:`KEEP_MINUTES`: this minute so far and the ones
         before it)."""
+        return summarize([self.recent_counts(minutes, now)])
+
+    def recent_counts(self, minutes: int, now: float) -> Recent:
+        """What :meth:`recent` summarizes, per view in :data:`VIEWS`' order: the request count and the sample's
+        fine bucket counts (several processes' add up: :func:`summarize`)."""
         minutes = max(1, min(minutes, KEEP_MINUTES))
         self._roll(now)
         self._fold()
@@ -176,7 +184,7 @@ class PhaseStats:
                     n -= old.get(bucket, 0)
                     if n:
                         into[bucket] = into.get(bucket, 0) + n
-        return {view: _summary(n, fine) for (view, _, _), n, fine in zip(VIEWS, counts, merged, strict=True)}
+        return list(zip(counts, merged, strict=True))
 
     def families(self) -> Iterator[HistogramMetricFamily]:
         self._fold()
@@ -210,6 +218,20 @@ def exposed(counts: list[int], total: float) -> tuple[list[tuple[str, float]], f
         cumulative += n
         buckets.append((le, float(cumulative)))
     return buckets, total
+
+
+def summarize(parts: Iterable[Recent]) -> dict[str, dict[str, float | int | None]]:
+    """:meth:`PhaseStats.recent` of the counts of one or several processes (:meth:`PhaseStats.recent_counts`)
+    added up: each view's count, median and 90th percentile over all of their requests."""
+    counts = [0] * len(VIEWS)
+    merged: list[dict[int, int]] = [{} for _ in VIEWS]
+    for part in parts:
+        for v, (n, fine) in enumerate(part):
+            counts[v] += n
+            into = merged[v]
+            for bucket, k in fine.items():
+                into[bucket] = into.get(bucket, 0) + k
+    return {view: _summary(n, fine) for (view, _, _), n, fine in zip(VIEWS, counts, merged, strict=True)}
 
 
 def _summary(count: int, fine: dict[int, int]) -> dict[str, float | int | None]:

@@ -82,6 +82,45 @@ async def test_every_scrape_counts_both_processes_requests(emulator: EmulatorFac
             assert sum(_requests(text).values()) in before, (before, _requests(text))
 
 
+async def _overview_pages(url: str, count: int) -> list[str]:
+    """The Overview's body ``count`` times, each over a fresh connection (both processes answer some), signed in."""
+    pages = []
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), cookie_jar=jar) as ui:
+        async with ui.get(f"{url}/admin") as r:
+            csrf = r.cookies["turnout_signin"].value
+        form = {"csrf_token": csrf, "token": TOKEN, "next": "/admin"}
+        async with ui.post(f"{url}/admin/signin", data=form, allow_redirects=False) as r:
+            assert r.status == 303, r.status
+        for _ in range(count):
+            async with ui.get(f"{url}/admin/overview/fragment") as r:
+                assert r.status == 200
+                pages.append(await r.text())
+    return pages
+
+
+async def test_where_the_time_went_counts_both_processes_requests(emulator: EmulatorFactory, tmp_path: Path) -> None:
+    emu = await emulator("a", [MODEL])
+    config = _config(tmp_path, workers=[{"name": "a", "url": emu.url}])
+    key = _key(tmp_path)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    answered = re.compile(r'<tr data-phase="total_whole">.*?<td data-count>(\d+)</td>', re.S)
+    with two_processes(config, port) as gateway:
+        await _started(gateway)
+        for _ in range(3):  # until each process has answered some of them (the kernel picks, per connection)
+            statuses = [(await _fresh("POST", f"{url}/v1/chat/completions", key, CHAT))[0] for _ in range(12)]
+            assert statuses == [200] * 12
+            _, text = await _scrape(url)
+            per_process = _requests(text)
+            if len(per_process) == 2 and all(per_process.values()):
+                break
+        assert len(per_process) == 2 and all(per_process.values()), per_process
+        total = int(sum(per_process.values()))
+        for page in await _overview_pages(url, 6):
+            assert (m := answered.search(page)) is not None and int(m[1]) == total, (total, page[:2000])
+
+
 async def test_the_overview_counts_a_request_running_on_either_process(
     emulator: EmulatorFactory, tmp_path: Path
 ) -> None:
@@ -102,18 +141,7 @@ async def test_the_overview_counts_a_request_running_on_either_process(
         ):
             assert stream.status == 200
             await stream.content.readline()  # it runs now
-            pages = []
-            jar = aiohttp.CookieJar(unsafe=True)
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), cookie_jar=jar) as ui:
-                async with ui.get(f"{url}/admin") as r:
-                    csrf = r.cookies["turnout_signin"].value
-                form = {"csrf_token": csrf, "token": TOKEN, "next": "/admin"}
-                async with ui.post(f"{url}/admin/signin", data=form, allow_redirects=False) as r:
-                    assert r.status == 303, r.status
-                for _ in range(8):  # fresh connections: both processes answer some
-                    async with ui.get(f"{url}/admin/overview/fragment") as r:
-                        assert r.status == 200
-                        pages.append(await r.text())
+            pages = await _overview_pages(url, 8)
             for page in pages:
                 assert (m := running.search(page)) is not None and m[1] == "1", page[:2000]
                 assert (m := in_flight.search(page)) is not None and m[1] == "1"

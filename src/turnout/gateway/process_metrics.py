@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +29,16 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from turnout.gateway.keys import METRICS
+from turnout.phase_stats import Recent
 
-__all__ = ["PROCESS_GROUP", "ProcessGroup", "attach", "every_process", "every_process_families"]
+__all__ = [
+    "PROCESS_GROUP",
+    "ProcessGroup",
+    "attach",
+    "every_process",
+    "every_process_families",
+    "every_process_phases",
+]
 
 PEER_TIMEOUT_S = 2.0
 LABEL = "process"
@@ -64,8 +74,14 @@ async def _start(app: web.Application) -> None:
     async def own(_request: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), content_type="text/plain")
 
+    async def phases(request: web.Request) -> web.Response:
+        minutes = int(request.query.get("minutes", "5"))
+        recent = metrics.phases.recent_counts(minutes, time.perf_counter())
+        return web.json_response([[n, list(fine.items())] for n, fine in recent])
+
     inner = web.Application()
     inner.router.add_get("/metrics", own)
+    inner.router.add_get("/phases", phases)
     runner = web.AppRunner(inner, access_log=None)
     await runner.setup()
     group = app[PROCESS_GROUP]
@@ -81,17 +97,35 @@ async def _stop(app: web.Application) -> None:
         await runner.cleanup()
 
 
-async def _peer(path: Path) -> str | None:
-    """The metrics text of the process answering on ``path``, or None (not started yet, restarting, too slow)."""
+async def _peer(path: Path, what: str = "metrics") -> str | None:
+    """What the process answering on ``path`` says at ``/<what>``, or None (not started yet, restarting, too
+    slow)."""
     timeout = aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)
     try:
         async with (
             aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(path)), timeout=timeout) as http,
-            http.get("http://process/metrics") as reply,
+            http.get(f"http://process/{what}") as reply,
         ):
             return await reply.text() if reply.status == 200 else None
     except (aiohttp.ClientError, OSError, TimeoutError):
         return None
+
+
+async def every_process_phases(app: web.Application, minutes: int) -> list[Recent]:
+    """Each answering process's phase counts of the last ``minutes`` (:meth:`PhaseStats.recent_counts`), for the
+    Overview's "where the time went" over all of them (:func:`turnout.phase_stats.summarize`); this process's own
+    alone where it serves alone."""
+    own = app[METRICS].phases.recent_counts(minutes, time.perf_counter())
+    group = app.get(PROCESS_GROUP)
+    if group is None:
+        return [own]
+    others = [group.socket(i) for i in range(group.count) if i != group.index]
+    texts = await asyncio.gather(*(_peer(path, f"phases?minutes={minutes}") for path in others))
+    out = [own]
+    for text in texts:
+        if text is not None:
+            out.append([(int(n), {int(b): int(k) for b, k in fine}) for n, fine in json.loads(text)])
+    return out
 
 
 async def every_process_families(app: web.Application) -> dict[int, list[Metric]]:

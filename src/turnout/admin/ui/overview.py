@@ -6,9 +6,9 @@ ModelClaims by phase. The body is a fragment
 (``/admin/overview/fragment``) that the page polls with htmx, so it refreshes itself without a reload.
 
 Requests per minute come from the usage store (all replicas' traffic, flushed first): the requests of the
-previous and the current minute, scaled to one minute. Where the time went comes from this process's own counts
-(:mod:`turnout.phase_stats`: the median and 90th percentile of each phase over the last 5 or 15 minutes,
-``?window=15``), drawn as bars a person takes in at a glance, the numbers beside them.
+previous and the current minute, scaled to one minute. Where the time went comes from this replica's counts (every
+process's of `serve --workers N`; :mod:`turnout.phase_stats`: the median and 90th percentile of each phase over the
+last 5 or 15 minutes, ``?window=15``), drawn as bars a person takes in at a glance, the numbers beside them.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from turnout.admin.ui.display import ms, number, when
 from turnout.admin.ui.render import page, render
 from turnout.core.priority import CLASSES
 from turnout.gateway.keys import ACCOUNTANT, DISPATCHER, ENDPOINTS, FLEET, METRICS, PROXY, USAGE
-from turnout.gateway.process_metrics import PROCESS_GROUP, every_process_families
+from turnout.gateway.process_metrics import PROCESS_GROUP, every_process_families, every_process_phases
 from turnout.gateway.redis_occupancy import RedisOccupancy
-from turnout.phase_stats import VIEWS
+from turnout.phase_stats import VIEWS, summarize
 
 __all__ = ["POLL_S", "WINDOWS", "add_overview_routes", "overview_state"]
 
@@ -40,9 +40,10 @@ def _window(request: web.Request) -> int:
     return next((w for w in WINDOWS if str(w) == asked), WINDOWS[0])
 
 
-def _timing(request: web.Request, minutes: int) -> dict[str, Any]:
-    """Each phase's median and 90th percentile over the last ``minutes``, with bar lengths on one scale."""
-    recent = request.app[METRICS].phases.recent(minutes, time.perf_counter())
+async def _timing(request: web.Request, minutes: int) -> dict[str, Any]:
+    """Each phase's median and 90th percentile over the last ``minutes`` (every process's requests), with bar
+    lengths on one scale."""
+    recent = summarize(await every_process_phases(request.app, minutes))
     longest = max((float(row["p90"] or 0.0) for row in recent.values()), default=0.0)
     rows = []
     for view, _, _ in VIEWS:
@@ -120,7 +121,7 @@ async def overview_state(request: web.Request) -> dict[str, Any]:
     if bindings is not None:
         phases.update(view.phase.value for view in bindings.source.views())
     return {
-        "timing": _timing(request, _window(request)),
+        "timing": await _timing(request, _window(request)),
         "workers": workers,
         "endpoints": endpoints,
         "classes": classes,
