@@ -3,7 +3,8 @@
 Each process counts its own requests (prometheus_client's registry is per process), and the kernel hands a scrape's
 connection to any one of them, so before this a scrape read one process's counters at random: a rate over them
 jumped between processes. Now each process also answers ``/metrics`` on a private Unix socket (in a 0700 directory
-the supervisor made, ``metrics-<process>.sock``), and the process a scrape reaches reads the others' there and
+the supervisor made, ``metrics-<process>.sock``; and ``/phases?minutes=N``, its counts behind the Overview's "where
+the time went": :func:`every_process_phases`), and the process a scrape reaches reads the others' there and
 answers with every process's samples, each labelled ``process="<n>"`` (1 to N: stable across a process's restart,
 so the series stay few), as Prometheus labels each replica's with ``instance``. ``sum by (...)`` adds them up. A
 process that does not answer within :data:`PEER_TIMEOUT_S` (restarting) is left out and named in a comment line.
@@ -75,7 +76,10 @@ async def _start(app: web.Application) -> None:
         return web.Response(body=metrics.render(), content_type="text/plain")
 
     async def phases(request: web.Request) -> web.Response:
-        minutes = int(request.query.get("minutes", "5"))
+        asked = request.query.get("minutes", "")
+        if not asked.isdigit():
+            raise web.HTTPBadRequest(text="minutes: a whole number")
+        minutes = int(asked)
         recent = metrics.phases.recent_counts(minutes, time.perf_counter())
         return web.json_response([[n, list(fine.items())] for n, fine in recent])
 
