@@ -101,7 +101,7 @@ async def _stop(app: web.Application) -> None:
         await runner.cleanup()
 
 
-async def _peer(path: Path, what: str = "metrics") -> str | None:
+async def _peer(path: Path, what: str) -> str | None:
     """What the process answering on ``path`` says at ``/<what>``, or None (not started yet, restarting, too
     slow)."""
     timeout = aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)
@@ -115,6 +115,14 @@ async def _peer(path: Path, what: str = "metrics") -> str | None:
         return None
 
 
+async def _others(group: ProcessGroup, what: str) -> dict[int, str]:
+    """What each other process of the group answers at ``/<what>``, by its index (0-based), asked at once; those
+    that do not answer left out."""
+    others = [i for i in range(group.count) if i != group.index]
+    texts = await asyncio.gather(*(_peer(group.socket(i), what) for i in others))
+    return {i: text for i, text in zip(others, texts, strict=True) if text is not None}
+
+
 async def every_process_phases(app: web.Application, minutes: int) -> list[Recent]:
     """Each answering process's phase counts of the last ``minutes`` (:meth:`PhaseStats.recent_counts`), for the
     Overview's "where the time went" over all of them (:func:`turnout.phase_stats.summarize`); this process's own
@@ -123,29 +131,21 @@ async def every_process_phases(app: web.Application, minutes: int) -> list[Recen
     group = app.get(PROCESS_GROUP)
     if group is None:
         return [own]
-    others = [group.socket(i) for i in range(group.count) if i != group.index]
-    texts = await asyncio.gather(*(_peer(path, f"phases?minutes={minutes}") for path in others))
     out = [own]
-    for text in texts:
-        if text is not None:
-            out.append([(int(n), {int(b): int(k) for b, k in fine}) for n, fine in json.loads(text)])
+    for text in (await _others(group, f"phases?minutes={minutes}")).values():
+        out.append([(int(n), {int(b): int(k) for b, k in fine}) for n, fine in json.loads(text)])
     return out
 
 
 async def every_process_families(app: web.Application) -> dict[int, list[Metric]]:
     """Each answering process's metric families by its number (1-based), in an app of a group (:func:`attach`)."""
-    own = app[METRICS].render().decode()
     group = app[PROCESS_GROUP]
-    others = [i for i in range(group.count) if i != group.index]
-    texts = dict(zip(others, await asyncio.gather(*(_peer(group.socket(i)) for i in others)), strict=True))
-    texts[group.index] = own
+    texts = await _others(group, "metrics")
+    texts[group.index] = app[METRICS].render().decode()
     out: dict[int, list[Metric]] = {}
     for index in sorted(texts):
-        text = texts[index]
-        if text is None:
-            continue
         with contextlib.suppress(ValueError):  # (a process's own writer's text: never expected to fail)
-            out[index + 1] = list(text_string_to_metric_families(text))
+            out[index + 1] = list(text_string_to_metric_families(texts[index]))
     return out
 
 
