@@ -8,6 +8,7 @@ import os
 import re
 import signal
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -50,12 +51,17 @@ def _requests(text: str) -> dict[str, float]:
     return out
 
 
-async def test_every_scrape_counts_both_processes_requests(emulator: EmulatorFactory, tmp_path: Path) -> None:
-    emu = await emulator("a", [MODEL])
+async def _one_worker(emulator: EmulatorFactory, tmp_path: Path, **pace: Any) -> tuple[Path, str, int, str]:
+    """The config of a gateway with one worker, the Ollama stand-in "a" serving MODEL (``pace``: how it answers), a
+    key, the port to serve on and its URL."""
+    emu = await emulator("a", [MODEL], **pace)
     config = _config(tmp_path, workers=[{"name": "a", "url": emu.url}])
-    key = _key(tmp_path)
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    return config, _key(tmp_path), port, f"http://127.0.0.1:{port}"
+
+
+async def test_every_scrape_counts_both_processes_requests(emulator: EmulatorFactory, tmp_path: Path) -> None:
+    config, key, port, url = await _one_worker(emulator, tmp_path)
     with two_processes(config, port) as gateway:
         await _started(gateway)
         pids = await _pids(url)
@@ -100,11 +106,7 @@ async def _overview_pages(url: str, count: int) -> list[str]:
 
 
 async def test_where_the_time_went_counts_both_processes_requests(emulator: EmulatorFactory, tmp_path: Path) -> None:
-    emu = await emulator("a", [MODEL])
-    config = _config(tmp_path, workers=[{"name": "a", "url": emu.url}])
-    key = _key(tmp_path)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    config, key, port, url = await _one_worker(emulator, tmp_path)
     answered = re.compile(r'<tr data-phase="total_whole">.*?<td data-count>(\d+)</td>', re.S)
     with two_processes(config, port) as gateway:
         await _started(gateway)
@@ -124,11 +126,7 @@ async def test_where_the_time_went_counts_both_processes_requests(emulator: Emul
 async def test_the_overview_counts_a_request_running_on_either_process(
     emulator: EmulatorFactory, tmp_path: Path
 ) -> None:
-    emu = await emulator("a", [MODEL], tokens=200, token_delay_s=0.05)
-    config = _config(tmp_path, workers=[{"name": "a", "url": emu.url}])
-    key = _key(tmp_path)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    config, key, port, url = await _one_worker(emulator, tmp_path, tokens=200, token_delay_s=0.05)
     running = re.compile(r'<tr data-class="standard">.*?<td data-running>(\d+)</td>', re.S)
     in_flight = re.compile(r'data-stat="in-flight">(\d+)<')
     with two_processes(config, port) as gateway:
