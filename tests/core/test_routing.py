@@ -392,6 +392,7 @@ views = st.builds(
     evicts=st.integers(0, 8000),
     evicts_age_s=st.floats(0, 10_000),
     history=st.integers(0, 8000),
+    sharing=st.one_of(st.none(), st.floats(0, 2)),
     prefill_samples=st.integers(0, 50),
     decode_samples=st.integers(0, 50),
     vram_pressure=st.none(),

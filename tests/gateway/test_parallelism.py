@@ -129,3 +129,31 @@ async def test_declared_slots_win(emulator: EmulatorFactory, gateway: GatewayFac
         "source": "declared",
         "why": "workers[].slots in the config",
     }
+
+
+async def test_how_much_an_engines_requests_slow_each_other_is_learned(
+    emulator: EmulatorFactory, gateway: GatewayFactory
+) -> None:
+    """Engines of four slots that run each request as fast together as alone (an emulator's answers take their
+    tokens' time whatever else runs): answers generated alone teach the alone rate, those beside others the sharing,
+    about 0 here (shown in the inventory); before it is learned the engines were taken to share their speed."""
+    a = await emulator("a", [MODEL], num_parallel=4, tokens=10, token_delay_s=0.03)
+    b = await emulator("b", [MODEL], num_parallel=4, tokens=10, token_delay_s=0.03)
+    gw = await gateway([worker("a", a.url, slots=4), worker("b", b.url, slots=4)])
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": False}
+
+    async def one(http: aiohttp.ClientSession) -> None:
+        async with http.post(f"{gw.url}/api/chat", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            await resp.read()
+
+    async with aiohttp.ClientSession() as http:
+        for _ in range(4):  # one at a time: each alone on its engine
+            await one(http)
+        assert not (await inventory(http, gw.url))["a"]["sharing"]
+        for _ in range(6):  # six at once: three beside each other on each engine (shared until learned: spread)
+            await asyncio.gather(*(one(http) for _ in range(6)))
+        figures = await inventory(http, gw.url)
+    learned = {name: figures[name]["sharing"].get(MODEL) for name in ("a", "b")}
+    assert any(value is not None for value in learned.values()), figures
+    assert all(value is None or value < 0.5 for value in learned.values()), learned

@@ -357,6 +357,8 @@ async def inventory(request: web.Request) -> web.Response:
                     # (uncached prompt tokens/s); and the share of prompt tokens served from the engine's cache
                     "tokens_per_s": {m: round(v, 2) for m, v in s.decode_rates(now, ttl_s).items()},
                     "prefill_tokens_per_s": {m: round(v, 2) for m, v in s.prefill_rates(now, ttl_s).items()},
+                    # how much what its engine runs at once slows each (turnout.core.sharing), learned ones only
+                    "sharing": {m: round(v, 3) for m, v in s.sharings(now, ttl_s).items()},
                     "prefix_hit_rate": None if s.hit_rate is None else round(s.hit_rate, 3),
                     # the engine as it names itself (llama.cpp, vLLM, SGLang; None: not named), and what it runs
                     # at once per model (a model not answered yet: "*"), with how that was found

@@ -19,9 +19,12 @@ The order is fixed and each step has its own failure:
 5. rank what is left by the time each would take to answer (:func:`expected_seconds`), the least first:
    the wait in its engine's own queue when every one of its slots is busy (what its requests in flight still have
    to do: their expected work, each estimated when it was ranked, less what its slots have done since the oldest
-   of them was sent; a request without an estimate counts as long as a request holds the worker, learned; spread
-   over its slots), the prefill of the part of the prompt it is not expected to hold in its KV cache
-   (``WorkerView.cached``: from the prefix index or the client's session, at its learned prefill rate), the decode
+   of them was sent; a request without an estimate counts as long as a request holds the worker, learned; worked
+   through at the engine's throughput, and then its own work beside the rest), on an engine with a free slot and
+   requests at work the part of their work that overlaps its own (what an engine runs at once shares its speed:
+   :mod:`turnout.core.sharing`, learned, or shared until learned), the prefill of the part of the prompt it is not
+   expected to hold in its KV cache (``WorkerView.cached``: from the prefix index or the client's session, at its
+   learned prefill rate), the decode
    (at its learned decode rate), the whole work slowed by GPU utilisation and VRAM pressure, a cold load where the
    model is known not to be loaded, and, on an engine whose slots all hold prompts that still count, half the
    prefill of the one this request would push out (so that a new conversation goes to a worker with a free or
@@ -62,6 +65,8 @@ from typing import NamedTuple
 from turnout.core.names import lookup
 from turnout.core.placement import PlacementRules, Verdict, resolve_placement
 from turnout.core.prefix import BYTES_PER_TOKEN
+from turnout.core.sharing import ASSUMED as ASSUMED_SHARING
+from turnout.core.sharing import MAX_SHARING, overlap, throughput
 
 ALLOW_ALL = PlacementRules()  # no rules: every model allowed
 
@@ -176,6 +181,7 @@ class WorkerView(NamedTuple):
     evicts: int = 0  # bytes of a held prompt this one would push out of its slots (an engine with slots)
     evicts_age_s: float = 0.0  # how long ago that prompt was sent there
     history: int = 0  # bytes of this request's prompt sent here recently, whether or not a slot still holds them
+    sharing: float | None = None  # learned: how much what its engine runs at once slows each (turnout.core.sharing)
 
 
 class Capacity(NamedTuple):  # built on every request: a tuple, like WorkerView
@@ -434,6 +440,7 @@ class Neutral(NamedTuple):
     service: float | None
     gpu: float
     vram: float
+    sharing: float = ASSUMED_SHARING
 
 
 def neutral_of(views: Sequence[WorkerView]) -> Neutral:
@@ -444,6 +451,7 @@ def neutral_of(views: Sequence[WorkerView]) -> Neutral:
         _mean([w.service_s for w in views]),
         _mean([w.gpu_util for w in views]) or 0.0,
         _mean([w.vram_pressure for w in views]) or 0.0,
+        _known_or([w.sharing for w in views if w.slots is not None and w.slots > 1], ASSUMED_SHARING),
     )
 
 
@@ -474,7 +482,7 @@ def expected_seconds(view: WorkerView, name: str, demand: Demand, neutral: Neutr
     slowdown = 1.0 + W_GPU * (neutral.gpu if view.gpu_util is None else view.gpu_util)
     slowdown += W_VRAM * (neutral.vram if view.vram_pressure is None else view.vram_pressure)
     decoding = demand.output_tokens / decode * slowdown
-    work = uncached / prefill * slowdown + decoding
+    work = computed = uncached / prefill * slowdown + decoding  # (what sharing the engine slows: not a load)
     cold = demand.prompt_bytes / BYTES_PER_TOKEN / prefill * slowdown + decoding  # this request, nothing held
     if name not in view.loaded:
         work += LOAD_S
@@ -488,10 +496,15 @@ def expected_seconds(view: WorkerView, name: str, demand: Demand, neutral: Neutr
         pending = view.backlog_s + max(view.in_flight - view.ranked, 0) * service
         if slots is None:
             own += pending / SOFT_SLOTS
-        elif queued:  # every slot busy: it waits in the engine's queue for one to free
-            assert slots is not None
-            left = max(pending - slots * view.busy_s, LEFT_FLOOR * pending)
-            own += left / slots
+        elif queued or slots > 1:
+            # what they have left, at the speed the engine runs them together (:mod:`turnout.core.sharing`)
+            sharing = min(max(neutral.sharing if view.sharing is None else view.sharing, 0.0), MAX_SHARING)
+            done = throughput(min(view.in_flight, slots), sharing) * view.busy_s
+            left = max(pending - done, LEFT_FLOOR * pending)
+            if queued:  # every slot busy: it waits in the engine's queue for one to free, then runs beside the rest
+                own += left / throughput(slots, sharing) + sharing * (slots - 1) * computed
+            else:  # a free slot beside requests at work: it shares the engine's speed with them
+                own += overlap(sharing, left, view.in_flight, computed)
     seconds = own
     if view.evicts > view.cached:  # a held prompt pushed out: its prefill again, if its conversation comes back
         weight = W_EVICT * 0.5 ** (max(view.evicts_age_s, 0.0) / EVICT_HALF_LIFE_S)
@@ -590,6 +603,12 @@ def _returning(scored: list[_Scored], free: list[tuple[WorkerView, str]], demand
         return None
     share = min(seen / demand.prompt_bytes, 1.0) if demand.prompt_bytes else 1.0
     return Route((chosen.candidate, *rest), Reason.HISTORY, share)
+
+
+def _known_or(values: list[float | None], default: float) -> float:
+    """The mean of the known values (0 is a value), or ``default`` when none is known."""
+    mean = _mean(values)
+    return default if mean is None else mean
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -34,6 +34,7 @@ from turnout.core.parallelism import Evidence, Parallelism, Span, depth, effecti
 from turnout.core.placement import PlacementRules
 from turnout.core.prefix import BYTES_PER_TOKEN, NO_MATCH, Match, PrefixIndex, Prompt
 from turnout.core.routing import NO_BACKLOG, Backlog, WorkerView
+from turnout.core.sharing import ALONE_BESIDE, taught
 from turnout.core.signals import Sample, pool, smooth, speeds
 from turnout.dialects.base import WorkerAPI
 from turnout.state.placement_store import PlacementStore
@@ -76,6 +77,12 @@ class Learned:
     decode_n: int = 0
     service: float | None = None  # seconds a request held the worker
     service_at: float = 0.0
+    # how much what its engine runs at once slows each (turnout.core.sharing): taught by answers generated beside
+    # others, against ``alone``, the decode rate of those generated with nobody beside them
+    alone: float | None = None
+    alone_at: float = 0.0
+    sharing: float | None = None
+    sharing_at: float = 0.0
     # what it has shown of its parallelism, and its last answers' spans (those that ran together show it)
     parallel: Evidence = field(default_factory=Evidence)
     spans: deque[Span] = field(default_factory=lambda: deque(maxlen=RECENT_SPANS))
@@ -84,12 +91,15 @@ class Learned:
     peers: tuple[float | None, int, float | None, int, float | None] | None = None
     peers_at: float = 0.0
 
-    def learn(self, sample: Sample, now: float, ttl_s: float) -> None:
-        """Fold one answer in: each rate it teaches smoothed into the fresh figure, or replacing a stale one."""
+    def learn(self, sample: Sample, now: float, ttl_s: float, beside: float | None = None) -> None:
+        """Fold one answer in: each rate it teaches smoothed into the fresh figure, or replacing a stale one.
+        ``beside``: how many other requests were in flight there on average while it was (None: not known)."""
         limit = now - ttl_s
         prefill = self.prefill if self.prefill_at >= limit else None
         decode = self.decode if self.decode_at >= limit else None
         learned = speeds(sample, prefill, decode)
+        if beside is not None and learned.decode is not None:
+            self._shared(learned.decode, beside, now, limit)
         if learned.prefill is not None:
             self.prefill_n = 1 if prefill is None else self.prefill_n + 1
             self.prefill, self.prefill_at = smooth(prefill, learned.prefill), now
@@ -99,6 +109,22 @@ class Learned:
         if learned.service_s is not None:
             service = self.service if self.service_at >= limit else None
             self.service, self.service_at = smooth(service, learned.service_s), now
+
+    def _shared(self, rate: float, beside: float, now: float, limit: float) -> None:
+        """One answer's decode ``rate``, generated with ``beside`` others in flight on average: alone, it teaches
+        the alone rate; beside others, the sharing (:func:`turnout.core.sharing.taught`)."""
+        alone = self.alone if self.alone_at >= limit else None
+        if beside < ALONE_BESIDE:
+            self.alone, self.alone_at = smooth(alone, rate), now
+            return
+        sharing = taught(alone, rate, beside)
+        if sharing is not None:
+            previous = self.sharing if self.sharing_at >= limit else None
+            self.sharing, self.sharing_at = smooth(previous, sharing), now
+
+    def fresh_sharing(self, now: float, ttl_s: float) -> float | None:
+        """The sharing learned within ``ttl_s`` of ``now``, or None."""
+        return self.sharing if self.sharing_at >= now - ttl_s else None
 
     def pooled(self, now: float, ttl_s: float) -> tuple[float | None, int, float | None, int, float | None]:
         """(prefill, its answers, decode, its answers, service): this process's fresh figures pooled with the other
@@ -148,6 +174,9 @@ class WorkerState:
     ps: list[dict[str, Any]] = field(default_factory=list)  # raw /api/ps entries
     in_flight: int = 0
     completed: int = 0  # requests finished here (success or not), for idle detection
+    # requests in flight here integrated over (monotonic) time, up to ``flight_at``: an answer's mean company
+    flight_area: float = 0.0
+    flight_at: float = 0.0
     # what the engine says of itself: its family by its model listing (``llamacpp``, ``vllm``, ``sglang``), its
     # llama.cpp ``GET /props`` as the poller last read it (None: not read, or not a llama.cpp server: its slots,
     # modalities and chat template capabilities), and the parallelism read from either
@@ -199,9 +228,11 @@ class WorkerState:
             return memory
         return offload if memory is None else max(offload, memory)
 
-    def observe(self, model: str, sample: Sample, now: float, ttl_s: float) -> None:
-        """What one answer for ``model`` (as requested) taught about this worker's speed."""
-        self.figures(model).learn(sample, now, ttl_s)
+    def observe(self, model: str, sample: Sample, now: float, ttl_s: float, beside: float | None = None) -> None:
+        """What one answer for ``model`` (as requested) taught about this worker's speed (``beside``: the others in
+        flight here on average meanwhile, where its engine runs several at once; None: not known, or one at a
+        time)."""
+        self.figures(model).learn(sample, now, ttl_s, beside)
 
     def figures(self, model: str) -> Learned:
         learned = self.learned.get(model)
@@ -233,6 +264,14 @@ class WorkerState:
                 learned.parallel.observe_wait()
         recent.append(span)
 
+    def flown(self, now: float) -> float:
+        """Requests in flight here integrated over time up to ``now`` (call it before ``in_flight`` changes): the
+        difference between two readings over the time between them is the mean number in flight meanwhile."""
+        if now > self.flight_at:
+            self.flight_area += self.in_flight * (now - self.flight_at)
+            self.flight_at = now
+        return self.flight_area
+
     def restarted(self) -> None:
         """It went down and came back: its engine may have been restarted with other settings, so what was read
         from it or learned of its parallelism is found again."""
@@ -246,6 +285,10 @@ class WorkerState:
     def decode_rates(self, now: float, ttl_s: float) -> dict[str, float]:
         """Fresh decode rates by model (the admin API and UI show them)."""
         return {m: r for m, f in self.learned.items() if (r := f.fresh(now, ttl_s)[1]) is not None}
+
+    def sharings(self, now: float, ttl_s: float) -> dict[str, float]:
+        """Fresh learned sharing by model (the admin API shows it)."""
+        return {m: v for m, f in self.learned.items() if (v := f.fresh_sharing(now, ttl_s)) is not None}
 
     def prefill_rates(self, now: float, ttl_s: float) -> dict[str, float]:
         return {m: r for m, f in self.learned.items() if (r := f.fresh(now, ttl_s)[0]) is not None}
@@ -453,6 +496,7 @@ if WorkerView._fields[11:] != (
     "evicts",
     "evicts_age_s",
     "history",
+    "sharing",
 ):  # pragma: no cover - a reordered WorkerView must fail at import, never route on swapped figures
     raise ImportError("WorkerView's fields moved: update Fleet._ranked")
 
@@ -606,6 +650,7 @@ class Fleet:
             match.evicts,
             match.evicts_age_s,
             match.history,
+            None if learned is None else learned.fresh_sharing(now, ttls[0]),
         )
 
     def endpoint_for(self, model: str) -> WorkerState | None:

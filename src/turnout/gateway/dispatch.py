@@ -120,6 +120,7 @@ class Lease:
     grant: Grant | None = None  # the slot it holds in the occupancy's counts
     stop: Callable[[], None] | None = None  # stops the batch request holding it (:mod:`turnout.core.preemption`)
     seen: int | None = None  # its worker runs batch requests it may stop, and ran this many requests before it
+    flown: float = 0.0  # its worker's requests in flight integrated over time when it was sent (WorkerState.flown)
 
     def answering(self, now: float) -> None:
         """Events of its answer (not keep-alive comments) arrived from the worker: the engine is working on it."""
@@ -132,6 +133,13 @@ class Lease:
         if seconds is not None and seconds > 0 and self.first_at is None:
             self.first_at = max(now - seconds, self.sent_at)
             self.last_at = now
+
+    def beside(self, now: float) -> float | None:
+        """How many other requests were in flight on its worker on average from its sending to ``now`` (None:
+        no time has passed)."""
+        if now <= self.sent_at:
+            return None
+        return max((self.worker.flown(now) - self.flown) / (now - self.sent_at) - 1.0, 0.0)
 
     def release(self) -> None:
         if not self._released:
@@ -560,9 +568,10 @@ class Dispatcher:
         self.metrics.prefix_tokens(worker.name, prompt.size / BYTES_PER_TOKEN, cached / BYTES_PER_TOKEN)
 
     def _take(self, worker: WorkerState, upstream_model: str, grant: Grant) -> Lease:
-        worker.in_flight += 1
         now = time.monotonic()
-        return Lease(worker, upstream_model, grant.model, grant.tenant, self, grant=grant, sent_at=now)
+        flown = worker.flown(now)
+        worker.in_flight += 1
+        return Lease(worker, upstream_model, grant.model, grant.tenant, self, grant=grant, sent_at=now, flown=flown)
 
     def _stoppable_now(self, lease: Lease, stop: Callable[[], None]) -> None:
         """``lease``'s batch request may be stopped from now until its slot is given back: by a request this process
@@ -663,8 +672,10 @@ class Dispatcher:
         if lease.grant is not None:
             self._stoppable.pop(lease.grant.lease, None)
         worker = lease.worker
+        now = time.monotonic()
         if lease.first_at is not None:
-            worker.ran(lease.requested, Span(lease.sent_at, lease.first_at, lease.last_at), time.monotonic())
+            worker.ran(lease.requested, Span(lease.sent_at, lease.first_at, lease.last_at), now)
+        worker.flown(now)
         worker.in_flight -= 1
         worker.completed += 1
         if lease.grant is not None:

@@ -108,7 +108,14 @@ class AnswerLearner:
             rep.decode_tokens,
             rep.decode_s,
         )
-        worker.observe(call.model, sample, time.monotonic(), self.settings.routing.speed_ttl_s)
+        now = time.monotonic()
+        slots = worker.parallelism(call.model, now).slots
+        # where its engine runs several at once, the others beside it teach how much they slow each other
+        beside = None
+        if slots is not None and slots > 1:
+            beside = lease.beside(now)
+            beside = None if beside is None else min(beside, slots - 1.0)
+        worker.observe(call.model, sample, now, self.settings.routing.speed_ttl_s, beside)
 
 
 def _obj(value: object) -> dict[str, Any]:

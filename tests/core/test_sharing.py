@@ -1,0 +1,131 @@
+"""What an engine running several requests at once does to each (turnout.core.sharing), and how routing weighs
+it (turnout.core.routing.expected_seconds): tables and properties."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from turnout.core.placement import PlacementRules
+from turnout.core.routing import Demand, Route, WorkerView, expected_seconds, neutral_of, route
+from turnout.core.sharing import ALONE_BESIDE, MAX_SHARING, SHARED_BESIDE, overlap, taught, throughput
+
+M = "m"
+LOADED = frozenset({M})
+# 100 prompt tokens at the default 300/s, 30 completion tokens at the default 30/s: 1.33 s of work alone
+ASK = Demand(prompt_bytes=400, output_tokens=30)
+
+
+def w(name: str, **kw: object) -> WorkerView:
+    base = WorkerView(name=name, healthy=True, rules=PlacementRules(), inventory=LOADED, loaded=LOADED)
+    return base._replace(**kw)
+
+
+def first(workers: list[WorkerView], demand: Demand = ASK) -> str:
+    decision = route(M, workers, demand=demand)
+    assert isinstance(decision, Route), decision
+    return decision.best.worker
+
+
+@pytest.mark.parametrize(
+    ("alone", "rate", "beside", "expected"),
+    [
+        (100.0, 50.0, 1.0, 1.0),  # half the speed beside one other: time-sharing
+        (100.0, 100.0, 3.0, 0.0),  # the same speed beside three: batching for free
+        (100.0, 40.0, 3.0, 0.5),  # 2.5x slower beside three
+        (100.0, 25.0, 1.0, MAX_SHARING),  # four times slower beside one: kept at the bound
+        (100.0, 200.0, 1.0, 0.0),  # faster together (noise): never below 0
+        (None, 50.0, 1.0, None),  # no alone rate yet: nothing to compare with
+        (100.0, None, 1.0, None),
+        (100.0, 0.0, 1.0, None),
+        (100.0, 50.0, SHARED_BESIDE - 0.01, None),  # hardly anyone beside it: teaches nothing
+    ],
+)
+def test_what_an_answer_teaches(alone: float | None, rate: float | None, beside: float, expected: float | None) -> None:
+    assert taught(alone, rate, beside) == (None if expected is None else pytest.approx(expected))
+
+
+def test_the_alone_and_shared_thresholds_leave_a_gap() -> None:
+    assert 0 < ALONE_BESIDE < SHARED_BESIDE
+
+
+@given(st.integers(1, 64), st.floats(0, 10))
+def test_throughput_is_between_one_and_the_slots(slots: int, sharing: float) -> None:
+    value = throughput(slots, sharing)
+    assert slots / (1 + MAX_SHARING * (slots - 1)) - 1e-9 <= value <= slots + 1e-9
+    assert throughput(slots, 0.0) == slots
+    assert throughput(slots, 1.0) == pytest.approx(1.0)
+    assert throughput(1, sharing) == 1.0
+
+
+@given(st.floats(0, 2), st.floats(0, 100), st.integers(0, 8), st.floats(0, 100))
+@settings(max_examples=300)
+def test_overlap_is_at_most_their_work_and_its_own_per_request(
+    sharing: float, left: float, others: int, own: float
+) -> None:
+    extra = overlap(sharing, left, others, own)
+    assert 0.0 <= extra <= sharing * left + 1e-9
+    assert extra <= sharing * others * own + 1e-9
+    assert overlap(0.0, left, others, own) == 0.0
+    assert overlap(sharing, left, 0, own) == 0.0
+
+
+def test_time_sharing_two_jobs_matches_the_processor_sharing_finish() -> None:
+    """Two jobs on one time-shared engine, one with 3 s left and a new one of 1 s: the new one ends at 2 s (each at
+    half speed for 2 s); with 0.5 s left it ends at 1.5 s (half speed for 1 s, then alone)."""
+    assert 1.0 + overlap(1.0, 3.0, 1, 1.0) == pytest.approx(2.0)
+    assert 1.0 + overlap(1.0, 0.5, 1, 1.0) == pytest.approx(1.5)
+
+
+# -- routing: a free slot beside requests at work is not a free engine ------------------------------------------
+
+
+def test_an_idle_engine_goes_before_one_at_work_with_a_free_slot() -> None:
+    """Four-slot engines, nothing learned (taken to share their speed): the one running a request has a free slot,
+    but its speed is shared, so the idle one is quicker."""
+    busy = w("a", slots=4, in_flight=1, ranked=1, backlog_s=2.0)
+    assert first([busy, w("b", slots=4)]) == "b"
+    assert first([w("b", slots=4), busy]) == "b"
+
+
+def test_an_engine_that_batches_for_free_is_as_quick_with_a_free_slot() -> None:
+    """Learned sharing 0 on both: a request at work costs the newcomer nothing; the held prefix decides."""
+    busy = w("a", slots=4, in_flight=3, ranked=3, backlog_s=6.0, sharing=0.0, cached=200)
+    assert first([busy, w("b", slots=4, sharing=0.0)]) == "a"
+
+
+def test_a_held_prefix_still_wins_beside_a_short_request() -> None:
+    """What it holds saves more than the overlap with a request nearly done costs."""
+    long_prompt = Demand(prompt_bytes=40_000, output_tokens=4)  # 10,000 tokens: 33 s cold at 300/s
+    holder = w("a", slots=4, in_flight=1, ranked=1, backlog_s=0.5, cached=39_000)
+    assert first([holder, w("b", slots=4)], long_prompt) == "a"
+
+
+def test_the_queue_of_a_time_shared_engine_drains_one_request_at_a_time() -> None:
+    """Every slot busy: with the speed shared, four requests of 1 s ahead are 4 s of wait, not 1 s."""
+    neutral_shared = neutral_of([w("x", slots=4, sharing=1.0)])
+    neutral_free = neutral_of([w("x", slots=4, sharing=0.0)])
+    full = w("a", slots=4, in_flight=4, ranked=4, backlog_s=4.0)
+    shared = expected_seconds(full, M, ASK, neutral_shared)
+    free = expected_seconds(full, M, ASK, neutral_free)
+    assert shared.queued and free.queued
+    work = free.work
+    assert free.own == pytest.approx(work + 1.0)
+    assert shared.own == pytest.approx(work + 4.0 + 3 * work)
+
+
+def test_unlearned_engines_take_the_mean_of_those_learned() -> None:
+    views = [w("a", slots=4, sharing=0.2), w("b", slots=4, sharing=0.4), w("c", slots=4), w("d", slots=1, sharing=2)]
+    assert neutral_of(views).sharing == pytest.approx(0.3)  # a one-slot engine's figure is not sharing
+    assert neutral_of([w("a", slots=4)]).sharing == 1.0
+
+
+@given(st.integers(2, 8), st.integers(1, 7), st.floats(0, 2), st.floats(0, 50), st.floats(0, 50))
+@settings(max_examples=300)
+def test_more_at_work_never_makes_an_engine_quicker(
+    slots: int, in_flight: int, sharing: float, backlog: float, busy: float
+) -> None:
+    """One more request in flight (its work added to the backlog) never lowers the expected time, free or queued."""
+    neutral = neutral_of([w("x", slots=slots, sharing=sharing)])
+    view = w("a", slots=slots, in_flight=in_flight, ranked=in_flight, backlog_s=backlog, busy_s=busy)
+    more = view._replace(in_flight=in_flight + 1, ranked=in_flight + 1, backlog_s=backlog + 1.0)
+    assert expected_seconds(more, M, ASK, neutral).own >= expected_seconds(view, M, ASK, neutral).own - 1e-9
