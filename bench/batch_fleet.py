@@ -289,7 +289,8 @@ def admin_headers() -> dict[str, str]:
 
 
 def figures(url: str) -> str:
-    """What the gateway takes each engine to run at once, and why (its inventory's ``parallelism``)."""
+    """What the gateway takes each engine to run at once, and why (its inventory's ``parallelism``), and how much
+    that slows each, where learned (its ``sharing``: :mod:`turnout.core.sharing`)."""
     request = urllib.request.Request(url + "/admin/api/inventory", headers=admin_headers())
     with urllib.request.urlopen(request, timeout=10) as resp:
         workers = json.load(resp)["workers"]
@@ -297,7 +298,9 @@ def figures(url: str) -> str:
     for worker in workers:
         by_model = worker.get("parallelism") or {}
         figure = by_model.get(fleet.ALIAS) or by_model.get("*") or {}
-        out.append(f"{worker['name']} {figure.get('slots')} {figure.get('source')} ({figure.get('why')})")
+        sharing = (worker.get("sharing") or {}).get(fleet.ALIAS)
+        shared = "" if sharing is None else f", sharing {sharing}"
+        out.append(f"{worker['name']} {figure.get('slots')} {figure.get('source')} ({figure.get('why')}{shared})")
     return ", ".join(out)
 
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from turnout.core.placement import PlacementRules
 from turnout.core.routing import Demand, Route, WorkerView, expected_seconds, neutral_of, route
-from turnout.core.sharing import ALONE_BESIDE, MAX_SHARING, SHARED_BESIDE, overlap, taught, throughput
+from turnout.core.sharing import MAX_SHARING, MIN_SPREAD, between, level, overlap, throughput
 
 M = "m"
 LOADED = frozenset({M})
@@ -27,25 +27,38 @@ def first(workers: list[WorkerView], demand: Demand = ASK) -> str:
 
 
 @pytest.mark.parametrize(
-    ("alone", "rate", "beside", "expected"),
+    ("lo", "hi", "expected"),
     [
-        (100.0, 50.0, 1.0, 1.0),  # half the speed beside one other: time-sharing
-        (100.0, 100.0, 3.0, 0.0),  # the same speed beside three: batching for free
-        (100.0, 40.0, 3.0, 0.5),  # 2.5x slower beside three
-        (100.0, 25.0, 1.0, MAX_SHARING),  # four times slower beside one: kept at the bound
-        (100.0, 200.0, 1.0, 0.0),  # faster together (noise): never below 0
-        (None, 50.0, 1.0, None),  # no alone rate yet: nothing to compare with
-        (100.0, None, 1.0, None),
-        (100.0, 0.0, 1.0, None),
-        (100.0, 50.0, SHARED_BESIDE - 0.01, None),  # hardly anyone beside it: teaches nothing
+        ((0.0, 100.0), (1.0, 50.0), 1.0),  # half the speed beside one other: time-sharing
+        ((0.0, 100.0), (3.0, 100.0), 0.0),  # the same speed beside three: batching for free
+        ((0.0, 100.0), (3.0, 40.0), 0.5),  # 2.5x slower beside three
+        ((1.0, 50.0), (3.0, 25.0), 1.0),  # never alone: 1 and 3 beside, time-shared (alone it would do 100)
+        ((1.0, 80.0), (3.0, 60.0), 0.2),  # never alone: 96 / 1.2 and 96 / 1.6 (alone 96, s 0.2)
+        ((0.0, 100.0), (1.0, 25.0), MAX_SHARING),  # four times slower beside one: kept at the bound
+        ((1.0, 100.0), (2.0, 10.0), MAX_SHARING),  # more than the model allows: the bound
+        ((0.0, 100.0), (1.0, 200.0), 0.0),  # faster together (noise): never below 0
+        ((0.0, 100.0), (0.4, 50.0), None),  # too close in company to tell
+        ((0.0, 0.0), (1.0, 50.0), None),
     ],
 )
-def test_what_an_answer_teaches(alone: float | None, rate: float | None, beside: float, expected: float | None) -> None:
-    assert taught(alone, rate, beside) == (None if expected is None else pytest.approx(expected))
+def test_what_two_levels_of_company_say(
+    lo: tuple[float, float], hi: tuple[float, float], expected: float | None
+) -> None:
+    assert between(lo, hi) == (None if expected is None else pytest.approx(expected))
 
 
-def test_the_alone_and_shared_thresholds_leave_a_gap() -> None:
-    assert 0 < ALONE_BESIDE < SHARED_BESIDE
+@given(st.floats(1, 1000), st.floats(0, 2), st.floats(0, 6), st.floats(0.51, 6))
+def test_between_recovers_the_sharing_that_made_the_rates(
+    alone: float, sharing: float, b_lo: float, gap: float
+) -> None:
+    b_hi = b_lo + gap
+    lo, hi = (b_lo, alone / (1 + sharing * b_lo)), (b_hi, alone / (1 + sharing * b_hi))
+    assert between(lo, hi) == pytest.approx(sharing, abs=1e-6)
+
+
+def test_answers_are_filed_by_their_nearest_level_of_company() -> None:
+    assert [level(b) for b in (0.0, 0.49, 0.5, 1.4, 2.6, -1.0)] == [0, 0, 1, 1, 3, 0]
+    assert MIN_SPREAD == 0.5
 
 
 @given(st.integers(1, 64), st.floats(0, 10))

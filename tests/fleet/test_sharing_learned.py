@@ -16,42 +16,51 @@ def answer(rate: float) -> Sample:
     return Sample(decode_tokens=100, decode_s=100 / rate)
 
 
-def test_alone_answers_teach_the_alone_rate_and_shared_ones_the_sharing() -> None:
+def test_answers_alone_and_beside_others_teach_the_sharing() -> None:
     learned = Learned()
-    learned.learn(answer(50.0), 1.0, TTL, beside=0.5)  # beside others before any alone rate: teaches nothing
-    assert learned.sharing is None and learned.alone is None
-    learned.learn(answer(100.0), 2.0, TTL, beside=0.0)
-    assert learned.alone == pytest.approx(100.0) and learned.sharing is None
-    learned.learn(answer(50.0), 3.0, TTL, beside=1.0)  # half the speed beside one: time-shared
-    assert learned.fresh_sharing(3.0, TTL) == pytest.approx(1.0)
-    for t in range(4, 40):  # then it batches for free: the figure follows
-        learned.learn(answer(100.0), float(t), TTL, beside=3.0)
+    learned.learn(answer(100.0), 1.0, TTL, beside=0.0)
+    assert learned.fresh_sharing(1.0, TTL) is None  # one level of company: nothing to compare
+    learned.learn(answer(50.0), 2.0, TTL, beside=1.0)  # half the speed beside one: time-shared
+    assert learned.fresh_sharing(2.0, TTL) == pytest.approx(1.0)
+    for t in range(3, 40):  # then it runs them as fast together: the figure follows
+        learned.learn(answer(100.0), float(t), TTL, beside=1.0)
     assert learned.fresh_sharing(40.0, TTL) == pytest.approx(0.0, abs=0.01)
     assert learned.decode is not None  # the decode rate is learned from every answer, as before
 
 
-def test_a_mostly_alone_answer_teaches_neither() -> None:
+def test_an_engine_never_alone_learns_it_too() -> None:
+    """Under constant load: answers beside one and beside three others, at 100 / (1 + 0.5 b)."""
+    learned = Learned()
+    for t in range(10):
+        learned.learn(answer(100 / 1.5), float(t), TTL, beside=1.0)
+        learned.learn(answer(100 / 2.5), float(t), TTL, beside=3.0)
+    assert learned.fresh_sharing(10.0, TTL) == pytest.approx(0.5)
+
+
+def test_company_too_close_to_tell_teaches_nothing() -> None:
     learned = Learned()
     learned.learn(answer(100.0), 1.0, TTL, beside=0.0)
-    learned.learn(answer(10.0), 2.0, TTL, beside=0.4)
-    assert learned.alone == pytest.approx(100.0) and learned.sharing is None
+    learned.learn(answer(10.0), 2.0, TTL, beside=0.4)  # filed with the answers alone
+    assert learned.fresh_sharing(2.0, TTL) is None
 
 
 def test_no_company_known_teaches_no_sharing() -> None:
     learned = Learned()
     learned.learn(answer(100.0), 1.0, TTL)
-    assert learned.alone is None and learned.sharing is None
+    learned.learn(answer(50.0), 2.0, TTL)
+    assert not learned.company and learned.fresh_sharing(2.0, TTL) is None
 
 
 def test_sharing_goes_stale_with_the_rates() -> None:
     learned = Learned()
     learned.learn(answer(100.0), 0.0, TTL, beside=0.0)
     learned.learn(answer(50.0), 1.0, TTL, beside=1.0)
-    assert learned.fresh_sharing(1.0 + TTL, TTL) == pytest.approx(1.0)
-    assert learned.fresh_sharing(2.0 + TTL, TTL) is None
-    # a stale alone rate teaches nothing: the next shared answer waits for a fresh one
-    learned.learn(answer(10.0), 2.0 + TTL, TTL, beside=1.0)
-    assert learned.fresh_sharing(2.0 + TTL, TTL) is None
+    assert learned.fresh_sharing(TTL, TTL) == pytest.approx(1.0)
+    assert learned.fresh_sharing(0.5 + TTL, TTL) is None  # the answer alone is stale: one level left
+    # a stale level starts again from the next answer there, not smoothed with the old figure
+    learned.learn(answer(25.0), 2.0 + TTL, TTL, beside=0.0)
+    learned.learn(answer(25.0), 2.0 + TTL, TTL, beside=1.0)
+    assert learned.fresh_sharing(2.0 + TTL, TTL) == pytest.approx(0.0)
 
 
 def test_requests_in_flight_integrated_over_time() -> None:

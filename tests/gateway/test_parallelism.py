@@ -135,8 +135,9 @@ async def test_how_much_an_engines_requests_slow_each_other_is_learned(
     emulator: EmulatorFactory, gateway: GatewayFactory
 ) -> None:
     """Engines of four slots that run each request as fast together as alone (an emulator's answers take their
-    tokens' time whatever else runs): answers generated alone teach the alone rate, those beside others the sharing,
-    about 0 here (shown in the inventory); before it is learned the engines were taken to share their speed."""
+    tokens' time whatever else runs): the decode rates of answers alone and of answers beside others say the
+    sharing, about 0 here (shown in the inventory); before it is learned the engines were taken to share their
+    speed."""
     a = await emulator("a", [MODEL], num_parallel=4, tokens=10, token_delay_s=0.03)
     b = await emulator("b", [MODEL], num_parallel=4, tokens=10, token_delay_s=0.03)
     gw = await gateway([worker("a", a.url, slots=4), worker("b", b.url, slots=4)])

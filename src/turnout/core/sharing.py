@@ -11,9 +11,10 @@ bench/README.md, "A free slot is not an idle engine").
 One figure per (worker, model), **sharing** ``s``: a request generated beside ``n`` others runs at its alone speed
 divided by ``1 + s * n``. ``s`` 0: batching costs nothing (each runs at full speed); ``s`` 1: the engine's
 throughput is fixed and shared (time-sharing). It is learned from the answers' own decode rates (tokens after the
-first, per second of generation): those generated with nobody beside them teach the **alone** rate, those
-generated beside others (the mean number in flight there over the answer's time, from the gateway's own count)
-teach ``s = (alone / rate - 1) / beside`` (:func:`taught`). Until it is learned an engine is taken to share its
+first, per second of generation), filed by the company they had (the mean number of others in flight there over
+the answer's time, from the gateway's own count, to the nearest whole number: :func:`level`): the least and the
+most company seen recently say ``s`` (:func:`between`), whether or not any answer was ever alone (an engine under
+constant load learns it too). Until it is learned an engine is taken to share its
 speed (:data:`ASSUMED`: 1), as :mod:`turnout.core.parallelism` takes one at a time until there is evidence: the
 mistake that way spreads requests a little more than needed; the other left an engine idle.
 
@@ -31,19 +32,17 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 __all__ = [
-    "ALONE_BESIDE",
     "ASSUMED",
     "MAX_SHARING",
-    "SHARED_BESIDE",
+    "MIN_SPREAD",
+    "between",
+    "level",
     "overlap",
-    "taught",
     "throughput",
 ]
 
-# An answer teaches the alone rate when fewer than this many others were in flight beside it on average ...
-ALONE_BESIDE = 0.25
-# ... and teaches sharing when at least this many were (in between: neither, it was mostly alone but not quite).
-SHARED_BESIDE = 0.5
+# Two levels of company tell the sharing only when their answers' mean company differs by at least this much.
+MIN_SPREAD = 0.5
 # What an engine whose sharing is not learned is taken to do: share its speed between what it runs at once.
 ASSUMED = 1.0
 # Learned values are kept within [0, MAX_SHARING] (above 1: slower together than in turn, as an engine whose slots
@@ -51,13 +50,25 @@ ASSUMED = 1.0
 MAX_SHARING = 2.0
 
 
-def taught(alone: float | None, rate: float | None, beside: float) -> float | None:
-    """The sharing one answer teaches: generated at ``rate`` tokens/s with ``beside`` others in flight on average,
-    where the engine alone generates at ``alone``; None where it teaches none (no alone rate yet, no rate, or too
-    few beside it)."""
-    if alone is None or not rate or rate <= 0 or alone <= 0 or beside < SHARED_BESIDE:
+def level(beside: float) -> int:
+    """The level an answer with ``beside`` others in flight on average is filed under: the nearest whole number."""
+    return int(max(beside, 0.0) + 0.5)
+
+
+def between(lo: tuple[float, float], hi: tuple[float, float]) -> float | None:
+    """The sharing two levels of company say, each ``(beside, rate)``: the mean number of others in flight beside
+    the answers, and their decode rate (tokens/s). With ``rate = alone / (1 + s * beside)`` at both, ``s`` is
+    ``(r_lo / r_hi - 1) / (b_hi - b_lo * r_lo / r_hi)``: the alone rate is not needed, so an engine never idle
+    learns it too. None where the two are too close in company to tell (:data:`MIN_SPREAD`) or a rate is missing;
+    kept within [0, :data:`MAX_SHARING`]."""
+    (b_lo, r_lo), (b_hi, r_hi) = lo, hi
+    if b_hi - b_lo < MIN_SPREAD or r_lo <= 0 or r_hi <= 0:
         return None
-    return min(max((alone / rate - 1.0) / beside, 0.0), MAX_SHARING)
+    ratio = r_lo / r_hi
+    denominator = b_hi - b_lo * ratio
+    if denominator <= 0:  # far slower with a little more company than the model allows: the bound
+        return MAX_SHARING if ratio > 1 else 0.0
+    return min(max((ratio - 1.0) / denominator, 0.0), MAX_SHARING)
 
 
 def overlap(sharing: float, others_left_s: float, others: int, own_s: float) -> float:

@@ -34,7 +34,7 @@ from turnout.core.parallelism import Evidence, Parallelism, Span, depth, effecti
 from turnout.core.placement import PlacementRules
 from turnout.core.prefix import BYTES_PER_TOKEN, NO_MATCH, Match, PrefixIndex, Prompt
 from turnout.core.routing import NO_BACKLOG, Backlog, WorkerView
-from turnout.core.sharing import ALONE_BESIDE, taught
+from turnout.core.sharing import between, level
 from turnout.core.signals import Sample, pool, smooth, speeds
 from turnout.dialects.base import WorkerAPI
 from turnout.state.placement_store import PlacementStore
@@ -77,12 +77,9 @@ class Learned:
     decode_n: int = 0
     service: float | None = None  # seconds a request held the worker
     service_at: float = 0.0
-    # how much what its engine runs at once slows each (turnout.core.sharing): taught by answers generated beside
-    # others, against ``alone``, the decode rate of those generated with nobody beside them
-    alone: float | None = None
-    alone_at: float = 0.0
-    sharing: float | None = None
-    sharing_at: float = 0.0
+    # how much what its engine runs at once slows each (turnout.core.sharing): by the company its answers had (the
+    # nearest whole number of others in flight beside them), their mean company, decode rate and when last taught
+    company: dict[int, tuple[float, float, float]] = field(default_factory=dict)
     # what it has shown of its parallelism, and its last answers' spans (those that ran together show it)
     parallel: Evidence = field(default_factory=Evidence)
     spans: deque[Span] = field(default_factory=lambda: deque(maxlen=RECENT_SPANS))
@@ -111,20 +108,24 @@ class Learned:
             self.service, self.service_at = smooth(service, learned.service_s), now
 
     def _shared(self, rate: float, beside: float, now: float, limit: float) -> None:
-        """One answer's decode ``rate``, generated with ``beside`` others in flight on average: alone, it teaches
-        the alone rate; beside others, the sharing (:func:`turnout.core.sharing.taught`)."""
-        alone = self.alone if self.alone_at >= limit else None
-        if beside < ALONE_BESIDE:
-            self.alone, self.alone_at = smooth(alone, rate), now
-            return
-        sharing = taught(alone, rate, beside)
-        if sharing is not None:
-            previous = self.sharing if self.sharing_at >= limit else None
-            self.sharing, self.sharing_at = smooth(previous, sharing), now
+        """One answer's decode ``rate``, generated with ``beside`` others in flight on average: folded into its
+        level of company (a stale level starts again)."""
+        at = level(beside)
+        known = self.company.get(at)
+        if known is None or known[2] < limit:
+            self.company[at] = (beside, rate, now)
+        else:
+            self.company[at] = (smooth(known[0], beside), smooth(known[1], rate), now)
 
     def fresh_sharing(self, now: float, ttl_s: float) -> float | None:
-        """The sharing learned within ``ttl_s`` of ``now``, or None."""
-        return self.sharing if self.sharing_at >= now - ttl_s else None
+        """The sharing the least and the most company learned within ``ttl_s`` of ``now`` say
+        (:func:`turnout.core.sharing.between`), or None."""
+        limit = now - ttl_s
+        fresh = sorted((at, b, r) for at, (b, r, when) in self.company.items() if when >= limit)
+        if len(fresh) < 2:
+            return None
+        (_, b_lo, r_lo), (_, b_hi, r_hi) = fresh[0], fresh[-1]
+        return between((b_lo, r_lo), (b_hi, r_hi))
 
     def pooled(self, now: float, ttl_s: float) -> tuple[float | None, int, float | None, int, float | None]:
         """(prefill, its answers, decode, its answers, service): this process's fresh figures pooled with the other
