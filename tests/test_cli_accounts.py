@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from tests.conftest import free_port
 from tests.support.cli import call, gateway_url, run, serving, write_config
 
 
@@ -179,3 +180,26 @@ def test_a_keys_priority_class_through_the_gateway_and_on_the_store(tmp_path: Pa
     assert back.returncode == 0 and "no gateway" in back.stderr
     view = json.loads(back.stdout)
     assert view["priority"] is None and view["effective_priority"] == "batch"  # the tenant's again
+
+
+def test_the_cli_finds_a_gateway_started_on_another_port(tmp_path: Path) -> None:
+    """`turnout serve --port N` where the config says another: the gateway records where it listens in its data dir,
+    the CLI dials that while the gateway holds the data dir, and the record goes with the gateway."""
+    config = write_config(tmp_path / "config.json", auth={"key_cache_s": 300})  # a revocation behind its back lags
+    c = ["--config", str(config)]
+    port = free_port()
+    record = tmp_path / "state" / "gateway.address"
+    with serving(config, "--port", str(port), url=f"http://127.0.0.1:{port}"):
+        assert json.loads(record.read_text())["port"] == port
+        created = run(["key", "create", "--app", "web", *c], tmp_path)
+        assert created.returncode == 0 and "gateway" not in created.stderr, created.stderr
+        key = created.stdout.strip()
+        assert call(f"http://127.0.0.1:{port}/v1/models", key)[0] == 200  # the gateway has it cached now
+        revoked = run(["key", "revoke", key[:10], *c], tmp_path)
+        assert revoked.returncode == 0 and revoked.stderr == "", revoked.stderr
+        assert call(f"http://127.0.0.1:{port}/v1/models", key)[0] == 401  # through the gateway: at once
+    assert not record.exists()
+    # a record left behind (a gateway killed with SIGKILL) counts for nothing once no gateway holds the data dir
+    record.write_text(json.dumps({"host": "127.0.0.1", "port": port, "pid": 1}))
+    listed = run(["key", "list", *c], tmp_path)
+    assert listed.returncode == 0 and f"no gateway at {gateway_url(config)}" in listed.stderr, listed.stderr

@@ -47,10 +47,11 @@ def gateway_url(config: Path) -> str:
 
 
 @contextmanager
-def serving(config: Path, **env: str) -> Iterator[list[str]]:
-    """Run `turnout serve --config CONFIG` until the block ends; yields its output lines (once stopped)."""
+def serving(config: Path, *args: str, url: str | None = None, **env: str) -> Iterator[list[str]]:
+    """Run `turnout serve --config CONFIG [ARGS]` until the block ends (it answers at ``url``, else where the config
+    says); yields its output lines (once stopped)."""
     proc = subprocess.Popen(
-        [*TURNOUT, "serve", "--config", str(config)],
+        [*TURNOUT, "serve", "--config", str(config), *args],
         cwd=config.parent,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -63,7 +64,7 @@ def serving(config: Path, **env: str) -> Iterator[list[str]]:
         while True:
             assert proc.poll() is None, f"turnout serve exited early: {proc.communicate()[0][-2000:]}"
             try:
-                with urllib.request.urlopen(f"{gateway_url(config)}/healthz", timeout=1):
+                with urllib.request.urlopen(f"{url or gateway_url(config)}/healthz", timeout=1):
                     break
             except OSError:
                 assert time.monotonic() < deadline, "turnout serve did not answer in 60 s"

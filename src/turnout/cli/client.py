@@ -51,13 +51,26 @@ class GatewayError(Exception):
 
 
 def gateway_address(settings: Settings) -> tuple[str, int]:
-    """Where a gateway serving ``settings`` listens, as a client on this machine dials it."""
-    host = settings.listen.host.strip("[]")
+    """Where a gateway serving ``settings`` listens, as a client on this machine dials it: where the gateway holding
+    its data dir recorded it listens (``turnout serve --host/--port`` may differ from the config), else ``listen``."""
+    from turnout.state.running import recorded_address
+
+    try:
+        recorded = recorded_address(settings.data_dir)
+    except OSError:
+        recorded = None
+    host, port = recorded if recorded is not None else (settings.listen.host, settings.listen.port)
+    return _dialled(host), port
+
+
+def _dialled(host: str) -> str:
+    """A listening host as a client on this machine dials it (any address: the loopback one)."""
+    host = host.strip("[]")
     if host in ("0.0.0.0", ""):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    return host, settings.listen.port
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
 
 
 def gateway_origin(settings: Settings) -> str:

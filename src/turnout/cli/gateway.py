@@ -191,9 +191,9 @@ def serve(
         typer.echo(" ".join(decision.missing))  # not even imported: it is asked before every start)
         return
     from turnout.gateway import processes, server
-    from turnout.gateway.keys import DATABASE
     from turnout.state.data_dir import data_dir_problem
     from turnout.state.placement_store import PlacementFileError
+    from turnout.state.running import forget_address, record_address
     from turnout.store.db import StoreError
     from turnout.wiring import DEMO, create_app
 
@@ -263,25 +263,11 @@ def serve(
         serving += " + the demo model"
         _announce_demo(agent, settings, bind_host, bind_port, key, started)
     logger = logging.getLogger("turnout.access") if access_log else None
-    if count > 1:
-        application[DATABASE].close()  # each process opens its own
-        drained = _serve_processes(
-            settings, token, groups, count, drain_timeout, logger, f"{serving}, {count} gateway processes)"
-        )
-    else:
-        drained = server.run(
-            application,
-            sockets,
-            drain_timeout_s=drain_timeout,
-            access_log=logger,
-            on_ready=lambda: typer.echo(f"{serving})"),
-            on_stopping=lambda n: typer.echo(
-                f"turnout: stopping: {_count(n, 'request')} in flight, waiting up to {drain_timeout:g} s for them "
-                "to finish"
-                if n
-                else "turnout: stopping"
-            ),
-        )
+    record_address(settings.data_dir, bind_host, bind_port)  # the CLI dials it (a --port the config lacks)
+    try:
+        drained = _run(application, settings, token, groups, sockets, count, drain_timeout, logger, serving)
+    finally:
+        forget_address(settings.data_dir)
     if drained.closed:
         typer.echo(
             f"turnout: stopped; closed {_count(drained.closed, 'request')} still running after {drain_timeout:g} s"
@@ -290,6 +276,40 @@ def serve(
         typer.echo(f"turnout: stopped after the {_count(drained.in_flight, 'request')} in flight finished")
     else:
         typer.echo("turnout: stopped")
+
+
+def _run(
+    application: web.Application,
+    settings: Settings,
+    token: str,
+    groups: list[list[Any]],
+    sockets: list[Any],
+    count: int,
+    drain_timeout: float,
+    access_log: Any,
+    serving: str,
+) -> Any:
+    """Serve until a signal, in this process or in ``count`` processes (:func:`_serve_processes`); what drained."""
+    from turnout.gateway import server
+    from turnout.gateway.keys import DATABASE
+
+    if count > 1:
+        application[DATABASE].close()  # each process opens its own
+        return _serve_processes(
+            settings, token, groups, count, drain_timeout, access_log, f"{serving}, {count} gateway processes)"
+        )
+    return server.run(
+        application,
+        sockets,
+        drain_timeout_s=drain_timeout,
+        access_log=access_log,
+        on_ready=lambda: typer.echo(f"{serving})"),
+        on_stopping=lambda n: typer.echo(
+            f"turnout: stopping: {_count(n, 'request')} in flight, waiting up to {drain_timeout:g} s for them to finish"
+            if n
+            else "turnout: stopping"
+        ),
+    )
 
 
 def _serve_processes(
