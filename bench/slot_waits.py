@@ -21,6 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.prefix import pct
+
 CLOCK = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) ")
 LAUNCH = re.compile(r"launch_slot_: id\s+\d+ \| task (\d+)")
 EVAL = re.compile(r"task (\d+) \|\s+eval time =")
@@ -90,8 +94,8 @@ def main(run: Path) -> None:
     turns = turns_of(run)
     if not turns:
         sys.exit(f"no interactive turn matched an engine task in {run}")
-    waits = sorted(t["slot_wait"] for t in turns)
-    p50, p90 = waits[len(waits) // 2], waits[int(len(waits) * 0.9)]
+    waits = [t["slot_wait"] for t in turns]
+    p50, p90 = pct(waits, 0.5), pct(waits, 0.9)
     print(f"{len(turns)} interactive turns matched: slot wait p50 {p50:.3f} s, p90 {p90:.3f} s")
     slow = collections.Counter(held_by(t) for t in turns if t["slot_wait"] > SLOW_S)
     print(f"waited over {SLOW_S} s: {sum(slow.values())}, behind: {dict(slow)}")

@@ -35,6 +35,7 @@ from playwright.async_api import async_playwright  # noqa: E402
 from tests.conftest import serve_app  # noqa: E402
 from tests.support.ollama_emulator import Behaviour, OllamaEmulator  # noqa: E402
 
+from bench.prefix import pct  # noqa: E402  (every bench's percentiles: one formula)
 from turnout.config import load_settings  # noqa: E402
 from turnout.wiring import create_app  # noqa: E402
 
@@ -59,11 +60,6 @@ TOGGLE = """async ([row, col]) => {
   if (detail.error) throw new Error(detail.error);
   return performance.now() - t0;
 }"""
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def run(models: int, workers: int, loads: int, toggles: int) -> list[tuple[str, str, str]]:
