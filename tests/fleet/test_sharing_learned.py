@@ -75,3 +75,18 @@ def test_requests_in_flight_integrated_over_time() -> None:
     # from 10 to 16 s: 1 for 2 s, 3 for 2 s, 1 for 2 s: a mean of 5/3
     assert (state.flown(16.0) - start) / 6.0 == pytest.approx(10 / 6)
     assert state.flown(15.0) == state.flown(16.0)  # an earlier reading never takes any back
+
+
+def test_an_answers_company_counts_the_other_processes_requests_too() -> None:
+    """This process's requests as they came and went, and the other processes' (their keeper's count when it was
+    sent, less this process's) taken to stay for the answer's time."""
+    from turnout.gateway.dispatch import Lease
+
+    state = WorkerState(Worker(name="w", url="http://127.0.0.1:1"))
+    flown = state.flown(10.0)
+    state.in_flight = 1
+    lease = Lease(state, "m", "m", "t", None, sent_at=10.0, flown=flown, elsewhere=2)  # type: ignore[arg-type]
+    state.flown(11.0)
+    state.in_flight = 2  # another of this process's for the second half
+    assert lease.beside(12.0) == pytest.approx(0.5 + 2)
+    assert lease.beside(10.0) is None

@@ -121,6 +121,7 @@ class Lease:
     stop: Callable[[], None] | None = None  # stops the batch request holding it (:mod:`turnout.core.preemption`)
     seen: int | None = None  # its worker runs batch requests it may stop, and ran this many requests before it
     flown: float = 0.0  # its worker's requests in flight integrated over time when it was sent (WorkerState.flown)
+    elsewhere: int = 0  # other processes' and replicas' requests in flight on its worker when it was sent
 
     def answering(self, now: float) -> None:
         """Events of its answer (not keep-alive comments) arrived from the worker: the engine is working on it."""
@@ -136,10 +137,11 @@ class Lease:
 
     def beside(self, now: float) -> float | None:
         """How many other requests were in flight on its worker on average from its sending to ``now`` (None:
-        no time has passed)."""
+        no time has passed): this process's, counted as they came and went, and the other processes' and replicas'
+        as their keeper counted them when it was sent (taken to stay)."""
         if now <= self.sent_at:
             return None
-        return max((self.worker.flown(now) - self.flown) / (now - self.sent_at) - 1.0, 0.0)
+        return max((self.worker.flown(now) - self.flown) / (now - self.sent_at) - 1.0, 0.0) + self.elsewhere
 
     def release(self) -> None:
         if not self._released:
@@ -451,6 +453,8 @@ class Dispatcher:
         self._reasons[decision.reason] += 1
         self._rotation += 1
         lease = self._take(worker, best.model, grant)
+        # other processes' and replicas' requests there (the keeper's count less this process's): their company
+        lease.elsewhere = max(held.workers.get(best.worker, 0) - (worker.in_flight - 1), 0)
         if best.worker in stoppable:  # (acquire stops one there when the engine is full: _stop_where)
             lease.seen = held.workers.get(best.worker, 0)
         if choice:  # (even when only one of them was free just now)
