@@ -47,6 +47,22 @@ def test_batch_caps(
     assert batch_caps(worker, fleet, 0.5, others) == caps
 
 
+@pytest.mark.parametrize(
+    ("speed", "fleet", "others", "caps"),
+    [
+        (1, [1, 1, 1], 3, (1, 1)),  # four time-shared slots each, counted as one: the interactive peak needs all three
+        (1, [1, 1, 1], 1, (1, 2)),  # ... it needed one engine's worth: batch may hold two engines' worth
+        (1, [1, 1, 1], 0, (4, None)),  # nothing else wanted the model lately: every slot (batch loses nothing)
+        (2, [2, 2], 1, (1, 3)),  # half-shared (two at full speed of four)
+        (None, [4, 4], 2, (2, 6)),  # not learned: the slots
+    ],
+)
+def test_batch_caps_count_what_an_engine_gets_through_at_full_speed(
+    speed: int | None, fleet: list[int | None], others: int, caps: tuple[int | None, int | None]
+) -> None:
+    assert batch_caps(4, fleet, 0.5, others, speed) == caps
+
+
 @pytest.mark.parametrize(("worker", "others"), [(1, 0), (1, 3), (4, 2), (None, 2)])
 def test_a_whole_share_is_every_slot_and_no_more(worker: int | None, others: int) -> None:
     assert batch_caps(worker, [worker, 1], 1.0, others) == (worker, None)

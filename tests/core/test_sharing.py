@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from turnout.core.placement import PlacementRules
 from turnout.core.routing import Demand, Route, WorkerView, expected_seconds, neutral_of, route
-from turnout.core.sharing import MAX_SHARING, MIN_SPREAD, between, level, overlap, throughput
+from turnout.core.sharing import MAX_SHARING, MIN_SPREAD, Company, fitted, full_speed, level, overlap, throughput
 
 M = "m"
 LOADED = frozenset({M})
@@ -38,22 +38,53 @@ def first(workers: list[WorkerView], demand: Demand = ASK) -> str:
         ((1.0, 100.0), (2.0, 10.0), MAX_SHARING),  # more than the model allows: the bound
         ((0.0, 100.0), (1.0, 200.0), 0.0),  # faster together (noise): never below 0
         ((0.0, 100.0), (0.4, 50.0), None),  # too close in company to tell
-        ((0.0, 0.0), (1.0, 50.0), None),
+        ((0.0, 0.0), (1.0, 50.0), None),  # a level without a rate is left out: one left
     ],
 )
 def test_what_two_levels_of_company_say(
     lo: tuple[float, float], hi: tuple[float, float], expected: float | None
 ) -> None:
-    assert between(lo, hi) == (None if expected is None else pytest.approx(expected))
+    got = fitted([Company(*lo, 1), Company(*hi, 1)])
+    assert got == (None if expected is None else pytest.approx(expected))
 
 
-@given(st.floats(1, 1000), st.floats(0, 2), st.floats(0, 6), st.floats(0.51, 6))
-def test_between_recovers_the_sharing_that_made_the_rates(
-    alone: float, sharing: float, b_lo: float, gap: float
+@given(st.floats(1, 1000), st.floats(0, 2), st.lists(st.tuples(st.floats(0, 6), st.integers(1, 20)), min_size=2))
+def test_the_fit_recovers_the_sharing_that_made_the_rates(
+    alone: float, sharing: float, levels: list[tuple[float, int]]
 ) -> None:
-    b_hi = b_lo + gap
-    lo, hi = (b_lo, alone / (1 + sharing * b_lo)), (b_hi, alone / (1 + sharing * b_hi))
-    assert between(lo, hi) == pytest.approx(sharing, abs=1e-6)
+    company = [Company(b, alone / (1 + sharing * b), n) for b, n in levels]
+    spread = max(b for b, _ in levels) - min(b for b, _ in levels)
+    got = fitted(company)
+    if spread < MIN_SPREAD:
+        assert got is None
+    else:
+        assert got == pytest.approx(sharing, abs=1e-6)
+
+
+def test_a_level_of_one_odd_answer_weighs_less_than_levels_of_many() -> None:
+    """Levels 0 and 1 (twenty answers each) say time-shared; one odd answer at level 3 says nearly free. The least
+    and the most company alone would say 0.08; the fit, weighted by answers, stays nearer the many."""
+    levels = [Company(0.0, 100.0, 20), Company(1.0, 50.0, 20), Company(3.0, 80.0, 1)]
+    got = fitted(levels)
+    assert got is not None and got > 0.4
+    assert fitted([levels[0], levels[2]]) == pytest.approx(0.0833, abs=0.001)
+
+
+@pytest.mark.parametrize(
+    ("slots", "sharing", "expected"),
+    [
+        (4, None, 4),  # not learned: its slots
+        (4, 0.0, 4),  # batching for free
+        (4, 0.05, 3),  # nearly: 3.5 rounds to 3 (half to even: 3.48)
+        (4, 1.0, 1),  # time-shared: one at full speed
+        (4, 1.66, 1),  # slower together than in turn: still one
+        (4, 0.5, 2),  # 1.6 requests' worth
+        (1, 1.0, 1),
+        (None, 1.0, None),  # a batching engine of unknown capacity: unknown
+    ],
+)
+def test_what_an_engine_gets_through_at_full_speed(slots: int | None, sharing: float | None, expected: int) -> None:
+    assert full_speed(slots, sharing) == expected
 
 
 def test_answers_are_filed_by_their_nearest_level_of_company() -> None:

@@ -4,7 +4,10 @@ Batch requests (the Batch API's lines, keys of class ``batch``) run on what othe
 preempting an engine's running request, the only way to leave an interactive request a free slot is to keep batch
 off some slots beforehand:
 
-- **each worker**: at most ``routing.batch_share`` of the slots its engine runs at once (at least one);
+- **each worker**: at most ``routing.batch_share`` of the slots its engine runs at once (at least one), counted at
+  full speed: where its slots are learned to share its speed (CPU threads, :mod:`turnout.core.sharing`), a free
+  slot beside batch requests is no headroom, so four time-shared slots count as one (three four-slot one-thread
+  llama.cpp engines kept two slots each free and a turn beside two lines took 1.9x its time alone);
 - **the model's workers together**: at most that share of all their slots (at least one), or more: every slot that
   the model's other traffic has not needed lately (its peak in flight over :data:`QUIET_S`). On engines that run
   one request at a time a worker's share is the whole engine; the fleet's share is what keeps some engines free.
@@ -49,14 +52,16 @@ def batch_room(slots: Iterable[int | None], share: float) -> int | None:
 
 
 def batch_caps(
-    worker: int | None, fleet: list[int | None] | None, share: float, others: int
+    worker: int | None, fleet: list[int | None] | None, share: float, others: int, speed: int | None = None
 ) -> tuple[int | None, int | None]:
     """What batch requests may hold of one worker's slots (``worker``: what its engine runs at once; None: not
-    known) and of the model's workers' slots together (``fleet``: each one's; None: not asked, a single
-    candidate). ``others``: the model's other traffic's peak in flight over :data:`QUIET_S`. (None: no cap.)"""
+    known) and of the model's workers' slots together (``fleet``: each one's, counted at full speed; None: not
+    asked, a single candidate). ``others``: the model's other traffic's peak in flight over :data:`QUIET_S`.
+    ``speed``: what ``worker``'s engine gets through at full speed, where fewer than its slots
+    (:func:`turnout.core.sharing.full_speed`; None: its slots): the shares are of that. (None: no cap.)"""
     if others == 0 or share >= 1:
         return worker, None
-    mine = batch_room([worker], share)
+    mine = batch_room([worker if speed is None else speed], share)
     if fleet is None:
         return mine, None
     together = batch_room(fleet, share)

@@ -34,7 +34,7 @@ from turnout.core.parallelism import Evidence, Parallelism, Span, depth, effecti
 from turnout.core.placement import PlacementRules
 from turnout.core.prefix import BYTES_PER_TOKEN, NO_MATCH, Match, PrefixIndex, Prompt
 from turnout.core.routing import NO_BACKLOG, Backlog, WorkerView
-from turnout.core.sharing import between, level
+from turnout.core.sharing import Company, fitted, level
 from turnout.core.signals import Sample, pool, smooth, speeds
 from turnout.dialects.base import WorkerAPI
 from turnout.state.placement_store import PlacementStore
@@ -46,6 +46,7 @@ log = logging.getLogger("turnout.fleet")
 
 MAX_SESSIONS = 4096  # client sessions each worker's prefix index remembers at most
 RECENT_SPANS = 64  # answers per (worker, model) kept to find the ones that ran at the same time
+MAX_COMPANY_ANSWERS = 20  # a level of company weighs as many answers at most (a busy level never drowns the others)
 
 
 @dataclass(slots=True)
@@ -78,8 +79,9 @@ class Learned:
     service: float | None = None  # seconds a request held the worker
     service_at: float = 0.0
     # how much what its engine runs at once slows each (turnout.core.sharing): by the company its answers had (the
-    # nearest whole number of others in flight beside them), their mean company, decode rate and when last taught
-    company: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    # nearest whole number of others in flight beside them), their mean company, decode rate, how many answers
+    # (at most MAX_COMPANY_ANSWERS: the weight of a level) and when last taught
+    company: dict[int, tuple[float, float, int, float]] = field(default_factory=dict)
     # what it has shown of its parallelism, and its last answers' spans (those that ran together show it)
     parallel: Evidence = field(default_factory=Evidence)
     spans: deque[Span] = field(default_factory=lambda: deque(maxlen=RECENT_SPANS))
@@ -112,20 +114,17 @@ class Learned:
         level of company (a stale level starts again)."""
         at = level(beside)
         known = self.company.get(at)
-        if known is None or known[2] < limit:
-            self.company[at] = (beside, rate, now)
+        if known is None or known[3] < limit:
+            self.company[at] = (beside, rate, 1, now)
         else:
-            self.company[at] = (smooth(known[0], beside), smooth(known[1], rate), now)
+            answers = min(known[2] + 1, MAX_COMPANY_ANSWERS)
+            self.company[at] = (smooth(known[0], beside), smooth(known[1], rate), answers, now)
 
     def fresh_sharing(self, now: float, ttl_s: float) -> float | None:
-        """The sharing the least and the most company learned within ``ttl_s`` of ``now`` say
-        (:func:`turnout.core.sharing.between`), or None."""
+        """The sharing the levels of company learned within ``ttl_s`` of ``now`` say
+        (:func:`turnout.core.sharing.fitted`), or None."""
         limit = now - ttl_s
-        fresh = sorted((at, b, r) for at, (b, r, when) in self.company.items() if when >= limit)
-        if len(fresh) < 2:
-            return None
-        (_, b_lo, r_lo), (_, b_hi, r_hi) = fresh[0], fresh[-1]
-        return between((b_lo, r_lo), (b_hi, r_hi))
+        return fitted(Company(b, r, n) for b, r, n, when in self.company.values() if when >= limit)
 
     def pooled(self, now: float, ttl_s: float) -> tuple[float | None, int, float | None, int, float | None]:
         """(prefill, its answers, decode, its answers, service): this process's fresh figures pooled with the other

@@ -46,6 +46,7 @@ from turnout.core.routing import (
     WorkerView,
     route,
 )
+from turnout.core.sharing import full_speed
 from turnout.dialects import api
 from turnout.dialects.base import Call
 from turnout.errors import Forbidden, NotFound, TurnoutError, Unavailable
@@ -432,7 +433,8 @@ class Dispatcher:
             if headroom is not None:
                 fleet, others = headroom
                 runs = self._slots(worker, model)
-                mine, together = batch_caps(runs, fleet, self.routing.batch_share, others)
+                speed = self._full_speed(worker, model)
+                mine, together = batch_caps(runs, fleet, self.routing.batch_share, others, speed)
                 if not worker.config.priority_scheduling:
                     caps = caps._replace(worker=_least(caps.worker, runs))
                 caps = caps._replace(worker_batch=mine, model_batch=together)
@@ -509,12 +511,20 @@ class Dispatcher:
             return None
         fleet = None
         if len(states) > 1:
-            fleet = [self._slots(states[w], model) for w in _eligible(model, views, exclude) or []]
+            fleet = [self._full_speed(states[w], model) for w in _eligible(model, views, exclude) or []]
         return fleet, 0 if peak is None else peak.peak(now)
 
     def _slots(self, worker: WorkerState, model: str) -> int | None:
         """What ``worker``'s engine runs at once (its ``max_concurrent`` for a batching engine of unknown capacity)."""
         return worker.parallelism(model, time.monotonic()).slots or worker.config.max_concurrent
+
+    def _full_speed(self, worker: WorkerState, model: str) -> int | None:
+        """What ``worker``'s engine gets through at full speed (:func:`turnout.core.sharing.full_speed`: its slots,
+        fewer where they are learned to share its speed): what batch headroom is counted in."""
+        now = time.monotonic()
+        learned = worker.learned.get(model)
+        sharing = None if learned is None else learned.fresh_sharing(now, self.routing.speed_ttl_s)
+        return full_speed(self._slots(worker, model), sharing)
 
     def _refused(self, count: str, model: str, tenant: str, worker: str = "") -> str:
         """Why a request waits, by the count at its cap (:func:`turnout.core.admission.refusal`), in the words of the
