@@ -268,3 +268,41 @@ async def test_an_interactive_request_stops_the_line_that_started_last_and_goes_
         assert stopped == ["line2"] and person.worker.name == lines[2].worker.name
         for lease in [person, *lines]:
             lease.release()
+
+
+@pytest.mark.parametrize(
+    ("company", "quiet", "batch_slots"),
+    [
+        (None, False, 2),  # nothing learned of its sharing: half of its four slots
+        ({0: (0.0, 100.0, 5), 1: (1.0, 50.0, 5)}, False, 1),  # time-shared: one at full speed, batch holds that
+        ({0: (0.0, 100.0, 5), 3: (3.0, 100.0, 5)}, False, 2),  # batching for free: its slots, as before
+        ({0: (0.0, 100.0, 5), 1: (1.0, 50.0, 5)}, True, 4),  # nothing else wanted the model lately: every slot
+    ],
+)
+async def test_batch_headroom_is_counted_at_the_engines_full_speed(
+    emulator: EmulatorFactory,
+    gateway: GatewayFactory,
+    company: dict[int, tuple[float, float, int]] | None,
+    quiet: bool,
+    batch_slots: int,
+) -> None:
+    """A four-slot engine whose slots share its speed (CPU threads, turnout.core.sharing): a free slot beside batch
+    requests is no headroom for an interactive one, so batch_share 0.5 is half of what it gets through at full
+    speed (one request's worth) rather than half of its slots."""
+    from turnout.gateway.keys import FLEET
+
+    emu = await emulator("a", [MODEL], num_parallel=4)
+    gw = await gateway([worker("a", emu.url, slots=4)], routing={"batch_share": 0.5, "queue_timeout_s": 0.2})
+    dispatcher = gw.app[DISPATCHER]
+    if company is not None:
+        now = time.monotonic()
+        figures = gw.app[FLEET].workers["a"].figures(MODEL)
+        figures.company = {at: (*level, now) for at, level in company.items()}
+    if not quiet:
+        (await dispatcher.acquire(MODEL)).release()  # other traffic lately: the shares hold
+    held = [await dispatcher.acquire(MODEL, priority=Priority.BATCH) for _ in range(batch_slots)]
+    with pytest.raises(Unavailable, match="batch requests hold their share|is busy"):
+        await dispatcher.acquire(MODEL, priority=Priority.BATCH)
+    interactive = await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE)
+    for lease in [*held, interactive]:
+        lease.release()
