@@ -301,7 +301,7 @@ async def test_batch_headroom_is_counted_at_the_engines_full_speed(
     if not quiet:
         (await dispatcher.acquire(MODEL)).release()  # other traffic lately: the shares hold
     held = [await dispatcher.acquire(MODEL, priority=Priority.BATCH) for _ in range(batch_slots)]
-    with pytest.raises(Unavailable, match="batch requests hold their share|is busy"):
+    with pytest.raises(Unavailable, match=r"batch requests hold their share|is busy"):
         await dispatcher.acquire(MODEL, priority=Priority.BATCH)
     interactive = await dispatcher.acquire(MODEL, priority=Priority.INTERACTIVE)
     for lease in [*held, interactive]:
