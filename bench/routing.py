@@ -55,7 +55,9 @@ def measure(workers: int, n: int, prompt_tokens: int = 0) -> float:
                 from turnout.fleet.state import Learned
 
                 now = time.monotonic()
-                state.learned[MODEL] = Learned(500.0 + i, now + 3600, 10.0 + i, now + 3600, 1.0, now + 3600)
+                learned = state.learned[MODEL] = Learned(500.0 + i, now + 3600, 10.0 + i, now + 3600, 1.0, now + 3600)
+                if hasattr(learned, "company"):  # how much its slots slow each other, learned (turnout.core.sharing)
+                    learned.company = {0: (0.1, 100.0, 20, now + 3600), 1: (1.0, 55.0, 20, now + 3600)}
         ask = None
         if prompt_tokens and "ask" in inspect.signature(dispatcher.acquire).parameters:
             from turnout.dialects.base import Call, Dialect, Endpoint

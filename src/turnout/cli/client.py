@@ -55,10 +55,7 @@ def gateway_address(settings: Settings) -> tuple[str, int]:
     its data dir recorded it listens (``turnout serve --host/--port`` may differ from the config), else ``listen``."""
     from turnout.state.running import recorded_address
 
-    try:
-        recorded = recorded_address(settings.data_dir)
-    except OSError:
-        recorded = None
+    recorded = recorded_address(settings.data_dir)
     host, port = recorded if recorded is not None else (settings.listen.host, settings.listen.port)
     return _dialled(host), port
 

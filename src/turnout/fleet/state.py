@@ -20,6 +20,7 @@ model taken out on one worker while the worker keeps serving its others (``worke
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -82,6 +83,11 @@ class Learned:
     # nearest whole number of others in flight beside them), their mean company, decode rate, how many answers
     # (at most MAX_COMPANY_ANSWERS: the weight of a level) and when last taught
     company: dict[int, tuple[float, float, int, float]] = field(default_factory=dict)
+    # the last fit of it, and the times between which it holds (no answer since, no level gone stale: every view of
+    # this worker on every routed request reads it, and a fit is a few microseconds)
+    fit: float | None = None
+    fit_from: float = math.inf
+    fit_until: float = -math.inf
     # what it has shown of its parallelism, and its last answers' spans (those that ran together show it)
     parallel: Evidence = field(default_factory=Evidence)
     spans: deque[Span] = field(default_factory=lambda: deque(maxlen=RECENT_SPANS))
@@ -119,12 +125,20 @@ class Learned:
         else:
             answers = min(known[2] + 1, MAX_COMPANY_ANSWERS)
             self.company[at] = (smooth(known[0], beside), smooth(known[1], rate), answers, now)
+        self.fit_from = math.inf  # fitted again at the next reading
 
     def fresh_sharing(self, now: float, ttl_s: float) -> float | None:
         """The sharing the levels of company learned within ``ttl_s`` of ``now`` say
-        (:func:`turnout.core.sharing.fitted`), or None."""
+        (:func:`turnout.core.sharing.fitted`), or None. Fitted once, and again only after an answer was folded in or
+        one of the levels fitted went stale."""
+        if self.fit_from <= now <= self.fit_until:
+            return self.fit
         limit = now - ttl_s
-        return fitted(Company(b, r, n) for b, r, n, when in self.company.values() if when >= limit)
+        fresh = [(b, r, n, when) for b, r, n, when in self.company.values() if when >= limit]
+        self.fit = fitted(Company(b, r, n) for b, r, n, _ in fresh)
+        self.fit_from = now
+        self.fit_until = min((when for *_, when in fresh), default=math.inf) + ttl_s
+        return self.fit
 
     def pooled(self, now: float, ttl_s: float) -> tuple[float | None, int, float | None, int, float | None]:
         """(prefill, its answers, decode, its answers, service): this process's fresh figures pooled with the other
