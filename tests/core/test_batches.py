@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from turnout.core.batches import (
     CANCELLED,
     EXPIRED,
+    UNLISTED_WAIT_S,
     FileProblem,
     Verdict,
     can_cancel,
@@ -147,6 +148,39 @@ def test_bad_windows(text: object) -> None:
 )
 def test_what_an_answer_makes_the_runner_do(status: int, attempt: int, expected: Verdict) -> None:
     assert verdict(status, attempt, 3) is expected
+
+
+@pytest.mark.parametrize(
+    ("status", "unlisted_s", "expected"),
+    [
+        (503, None, Verdict.WAIT),  # capacity, or a worker known to hold the model: the window's end
+        (503, 0.0, Verdict.WAIT),
+        (503, UNLISTED_WAIT_S - 0.1, Verdict.WAIT),
+        (503, UNLISTED_WAIT_S, Verdict.RECORD),  # no worker known to hold the model, for long enough
+        (503, 10 * UNLISTED_WAIT_S, Verdict.RECORD),
+        (429, 10 * UNLISTED_WAIT_S, Verdict.WAIT),  # a spent budget is not a missing model
+        (200, 10 * UNLISTED_WAIT_S, Verdict.RECORD),
+    ],
+)
+def test_a_model_no_worker_is_known_to_hold_is_waited_for_a_while(
+    status: int, unlisted_s: float | None, expected: Verdict
+) -> None:
+    assert verdict(status, 1, 3, unlisted_s=unlisted_s) is expected
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "waits", "unlisted_s", "seconds"),
+    [
+        (None, 0, 0.0, 1),
+        (None, 8, UNLISTED_WAIT_S - 5, 5),  # tried again as the wait for the model ends
+        (3600, 0, UNLISTED_WAIT_S - 5, 5),
+        (None, 8, UNLISTED_WAIT_S + 5, 0),
+    ],
+)
+def test_waits_end_when_the_wait_for_an_unlisted_model_does(
+    retry_after: int | None, waits: int, unlisted_s: float, seconds: float
+) -> None:
+    assert retry_wait_s(retry_after, waits, unlisted_s=unlisted_s) == seconds
 
 
 @pytest.mark.parametrize(

@@ -701,3 +701,64 @@ async def test_open_access_batches(engine: Engine, gateway: GatewayFactory) -> N
         assert [b.id async for b in keyed.batches.list()] == []
         with pytest.raises(openai.NotFoundError):
             await keyed.files.retrieve(uploaded.id)
+
+
+async def test_a_line_for_a_model_no_worker_is_known_to_hold_is_answered_after_a_bounded_wait(
+    emulator: EmulatorFactory, gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model named by mistake while a worker whose models were never listed is down (the starter config's Ollama
+    on a machine without one): the line is answered 503, as a request sent directly is, once
+    ``UNLISTED_WAIT_S`` has passed, and the batch completes; before, it waited for the whole window (24 h)."""
+    from tests.conftest import free_port
+    from tests.gateway.test_endpoints import PRIVATE_OK, admin
+
+    monkeypatch.setattr("turnout.core.batches.UNLISTED_WAIT_S", 1.0)
+    mac = await emulator("mac", ["m:latest"])
+    gone = worker("gone", f"http://127.0.0.1:{free_port()}")  # nothing listens: down, its models never listed
+    gw = await gateway([gone], env=PRIVATE_OK, auth={"open": False}, batches=FAST)
+    assert (await admin(gw, "POST", "/admin/api/endpoints", {"name": "mac", "url": mac.url, "api": "ollama"}))[0] == 201
+    _, key = create_key(gw, app="evals")
+    lines = [chat_line("typo", model="nope"), chat_line("ok", model="mac/m"), chat_line("typo-2", model="nope")]
+    async with client(gw, key) as oa:
+        batch = await run_chat_batch(oa, lines)
+        done = await finished(oa, batch.id, limit_s=30)
+        errors = await lines_of(oa, done.error_file_id)
+    assert done.status == "completed"
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 2)
+    assert [e["custom_id"] for e in errors] == ["typo", "typo-2"]
+    for line in errors:
+        assert line["response"]["status_code"] == 503
+        assert line["response"]["body"]["error"]["code"] == "no_healthy_worker"
+        assert "gone" in line["response"]["body"]["error"]["message"]
+
+
+async def test_a_line_waits_for_a_down_worker_that_listed_its_model(
+    emulator: EmulatorFactory, gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a worker that is down now listed the line's model, the line waits as long as the window lasts (an
+    outage, not a missing model), however short ``UNLISTED_WAIT_S`` is."""
+    monkeypatch.setattr("turnout.core.batches.UNLISTED_WAIT_S", 0.2)
+    box = await emulator("box", ["m:latest"])
+    gw = await gateway(
+        [worker("box", box.url)], auth={"open": False}, batches=FAST, health={"interval_s": 0.2, "timeout_s": 1}
+    )
+    dispatcher = gw.app[DISPATCHER]
+    state = dispatcher.fleet.workers["box"]
+
+    async def listed() -> bool:
+        return state.inventory is not None and state.healthy
+
+    async def down() -> bool:
+        return not state.healthy
+
+    await eventually(listed, "the box listed", 10)
+    await box.stop()
+    await eventually(down, "the box seen down", 20)
+    _, key = create_key(gw, app="evals")
+    async with client(gw, key) as oa:
+        batch = await run_chat_batch(oa, [chat_line("waits", model="m")])
+        await asyncio.sleep(3)  # fifteen times the bound
+        got = await oa.batches.retrieve(batch.id)
+        assert got.status == "in_progress"
+        assert (got.request_counts.completed, got.request_counts.failed) == (0, 0)
+    assert dispatcher.worth_waiting_for("m") and not dispatcher.worth_waiting_for("nope")

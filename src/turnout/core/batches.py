@@ -17,7 +17,11 @@ Python SDK (``openai/types/batch.py``, ``batch_error.py``, ``batch_request_count
 
 What a line's answer means for the batch (:func:`verdict`): a line's failure is its error line, never the batch's
 end; a refusal that says "later" (429: the key's daily token budget; 503: no capacity now) makes the batch wait
-and try the line again, within its completion window; a worker that failed (5xx) is tried again a few times.
+and try the line again, within its completion window; a worker that failed (5xx) is tried again a few times. A
+503 for a model that no worker which may serve it is known to hold (every such worker is down and never listed it,
+nor was it up lately: a model named by mistake while an Ollama box is off) is waited for at most
+:data:`UNLISTED_WAIT_S`, then written as the line's answer, as a request sent directly gets it at once; where a
+down worker's last listing held the model, or it was up lately, the line waits as long as the window lasts.
 
 Limits (:func:`line_limits`, the one place this is decided): a line counts against its key's (and tenant's) daily
 token budget like any request, and never against their requests per minute, so a batch neither stalls on a key's
@@ -44,6 +48,7 @@ __all__ = [
     "MAX_CUSTOM_ID",
     "MAX_METADATA",
     "STATUSES",
+    "UNLISTED_WAIT_S",
     "FileProblem",
     "Line",
     "LineProblem",
@@ -270,9 +275,19 @@ class Verdict(Enum):
     WAIT = "wait"  # later: the key's token budget is spent, or no capacity now; not an attempt
 
 
-def verdict(status: int, attempt: int, max_attempts: int) -> Verdict:
-    """What to do with a line's answer of HTTP ``status``, on its ``attempt`` (1, 2, ...)."""
+# How long a batch's lines wait for a model that no worker which may serve it is known to hold (:func:`verdict`):
+# long enough for a box switched off at a gateway's restart (its listing not yet read again) to come back, short
+# enough that a batch with a line naming a model nobody has ends within minutes, not at its window's end.
+UNLISTED_WAIT_S = 300.0
+
+
+def verdict(status: int, attempt: int, max_attempts: int, *, unlisted_s: float | None = None) -> Verdict:
+    """What to do with a line's answer of HTTP ``status``, on its ``attempt`` (1, 2, ...). ``unlisted_s``: for a
+    503 that no worker can serve the model now, where none that may serve it is known to hold it, how long the
+    batch has been answered that way for that model (None: not that case)."""
     if status < 400:
+        return Verdict.RECORD
+    if status == 503 and unlisted_s is not None and unlisted_s >= UNLISTED_WAIT_S:
         return Verdict.RECORD
     if status in (429, 503):
         return Verdict.WAIT
@@ -281,13 +296,20 @@ def verdict(status: int, attempt: int, max_attempts: int) -> Verdict:
     return Verdict.RECORD
 
 
-def retry_wait_s(retry_after: int | None, waits: int, *, most_s: float = 60.0) -> float:
+def retry_wait_s(
+    retry_after: int | None, waits: int, *, most_s: float = 60.0, unlisted_s: float | None = None
+) -> float:
     """How long to wait before trying a line again: the answer's ``Retry-After`` when it gave one (a daily token
     budget says when it renews), else doubling from one second (``waits``: how many waits before this one), never
-    more than ``most_s``."""
+    more than ``most_s``; and never past the end of :data:`UNLISTED_WAIT_S` where that applies (``unlisted_s``, as
+    :func:`verdict` takes it), so that the line is answered then."""
     if retry_after is not None and retry_after > 0:
-        return float(retry_after)
-    return min(float(2 ** min(waits, 16)), most_s)
+        wait = float(retry_after)
+    else:
+        wait = min(float(2 ** min(waits, 16)), most_s)
+    if unlisted_s is not None:
+        wait = min(wait, max(UNLISTED_WAIT_S - unlisted_s, 0.0))
+    return wait
 
 
 def line_limits(rpm: int | None, daily_tokens: int | None) -> tuple[int | None, int | None]:

@@ -59,6 +59,7 @@ from turnout.core.batches import (
     verdict,
 )
 from turnout.core.preemption import may_stop
+from turnout.core.routing import NoRouteReason
 from turnout.dialects import CLIENT_APIS, api
 from turnout.dialects.base import Call, Dialect, Endpoint
 from turnout.errors import TurnoutError, Unauthorized
@@ -66,7 +67,7 @@ from turnout.gateway.access import USAGE_ROW
 from turnout.gateway.aliases import Aliases
 from turnout.gateway.batch_lease import Leases
 from turnout.gateway.calls import call_of
-from turnout.gateway.keys import ACCOUNTANT
+from turnout.gateway.keys import ACCOUNTANT, DISPATCHER
 from turnout.gateway.preemption import STOPPABLE, Partial, Stoppable, partial_of
 from turnout.gateway.serving import answer
 from turnout.gateway.timing import PHASES, Phases
@@ -129,6 +130,7 @@ class _Run:
         self.task: asyncio.Task[None] | None = None
         self.attempts: dict[int, Stoppable] = {}  # each line in flight's current attempt, by line number
         self.places = asyncio.Semaphore(1)  # lines at work at once (batches.lines_in_flight: set by _send_all)
+        self.unlisted: dict[str, float] = {}  # model -> since when no worker known to hold it could serve it
 
     def halt(self, why: str) -> None:
         if not self.stop.is_set():
@@ -416,8 +418,9 @@ class BatchRunner:
                     attempt -= 1
                     partial = partial_of(stop.frames, partial) if endpoint is Endpoint.CHAT else None
                     continue
-                status, body, retry_after, request = sent
-                decided = verdict(status, attempt, self.settings.max_attempts)
+                status, body, retry_after, request, code = sent
+                unlisted = self._unlisted(run, call, code)
+                decided = verdict(status, attempt, self.settings.max_attempts, unlisted_s=unlisted)
                 if decided is Verdict.RECORD:
                     self._keep(run, line, status, body, request)
                     return
@@ -429,7 +432,7 @@ class BatchRunner:
                 left = run.record.expires_at - self.clock()
                 run.places.release()  # another line works meanwhile
                 held = False
-                await run.pause(min(retry_wait_s(retry_after, waits - 1), left))
+                await run.pause(min(retry_wait_s(retry_after, waits - 1, unlisted_s=unlisted), left))
                 held = await self._place(run)
                 if not held:
                     return
@@ -440,9 +443,22 @@ class BatchRunner:
             if held:
                 run.places.release()
 
-    async def _send(self, run: _Run, call: Call, stop: Stoppable) -> tuple[int, Any, int | None, LineRequest] | None:
-        """One attempt: (status, answer body, Retry-After, the request it was sent as); None: it was stopped (for a
-        request of a higher class, :mod:`turnout.gateway.preemption`, or by the run: :meth:`_drain`)."""
+    def _unlisted(self, run: _Run, call: Call, code: str | None) -> float | None:
+        """For an answer that no worker can serve the line's model now, where none that may serve it is known to
+        hold it (:meth:`Dispatcher.worth_waiting_for`), how long this run has been answered that way for that
+        model; None otherwise (and the clock starts again)."""
+        now = self.clock()
+        if code == NoRouteReason.NO_HEALTHY.value and not self.app[DISPATCHER].worth_waiting_for(call.model):
+            return now - run.unlisted.setdefault(call.model, now)
+        run.unlisted.pop(call.model, None)
+        return None
+
+    async def _send(
+        self, run: _Run, call: Call, stop: Stoppable
+    ) -> tuple[int, Any, int | None, LineRequest, str | None] | None:
+        """One attempt: (status, answer body, Retry-After, the request it was sent as, the gateway's error code when
+        it refused it); None: it was stopped (for a request of a higher class, :mod:`turnout.gateway.preemption`, or
+        by the run: :meth:`_drain`)."""
         request = LineRequest(self.app)
         request[STOPPABLE] = stop
         try:
@@ -460,17 +476,17 @@ class BatchRunner:
                 raise  # the run itself is stopping
             return None
         except TurnoutError as exc:
-            return exc.status, orjson.loads(api(call.dialect).error_body(exc)), exc.retry_after, request
+            return exc.status, orjson.loads(api(call.dialect).error_body(exc)), exc.retry_after, request, exc.code
         body = response.body if isinstance(response, web.Response) else None
         if not isinstance(body, bytes):
             error = TurnoutError("the answer could not be kept (a stream)", code="internal_error")
-            return 500, orjson.loads(api(call.dialect).error_body(error)), None, request
+            return 500, orjson.loads(api(call.dialect).error_body(error)), None, request, None
         try:
             parsed: Any = orjson.loads(body)
         except orjson.JSONDecodeError:
             parsed = body.decode("utf-8", "replace")
         retry = response.headers.get("Retry-After", "")
-        return response.status, parsed, int(retry) if retry.isdigit() else None, request
+        return response.status, parsed, int(retry) if retry.isdigit() else None, request, None
 
     async def _key(self, run: _Run) -> KeyRecord | None:
         """The key the batch runs as: the one that created it, or the key it was rotated to (re-read every few

@@ -44,6 +44,7 @@ from turnout.core.routing import (
     Reason,
     Route,
     WorkerView,
+    installed_name,
     route,
 )
 from turnout.core.sharing import full_speed
@@ -335,6 +336,18 @@ class Dispatcher:
     def _all_coming_back(self, model: str) -> bool:
         """No candidate for ``model`` is healthy, and one is coming back (:meth:`_coming_back`)."""
         return not any(s.healthy for s in self.fleet.candidates(model)) and self._coming_back(model)
+
+    def worth_waiting_for(self, model: str) -> bool:
+        """Whether a worker that may serve ``model`` and cannot now is worth waiting for: its last listing held the
+        model, or it is down, was healthy within :data:`RECENTLY_S` and its models are not known. False where no
+        worker is known to hold it and none is restarting (the model may not exist:
+        :data:`turnout.core.batches.UNLISTED_WAIT_S`)."""
+        now = time.monotonic()
+        return any(
+            installed_name(model, s.inventory) is not None
+            or (not s.healthy and s.inventory is None and s.healthy_at is not None and now - s.healthy_at <= RECENTLY_S)
+            for s in self.fleet.candidates(model)
+        )
 
     def _coming_back(self, model: str) -> bool:
         """A candidate for ``model`` is down but was healthy within :data:`RECENTLY_S` (a restart): worth a wait."""
