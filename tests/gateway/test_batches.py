@@ -704,7 +704,10 @@ async def test_open_access_batches(engine: Engine, gateway: GatewayFactory) -> N
 
 
 async def test_a_line_for_a_model_no_worker_is_known_to_hold_is_answered_after_a_bounded_wait(
-    emulator: EmulatorFactory, gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+    emulator: EmulatorFactory,
+    gateway: GatewayFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A model named by mistake while a worker whose models were never listed is down (the starter config's Ollama
     on a machine without one): the line is answered 503, as a request sent directly is, once
@@ -730,10 +733,15 @@ async def test_a_line_for_a_model_no_worker_is_known_to_hold_is_answered_after_a
         assert line["response"]["status_code"] == 503
         assert line["response"]["body"]["error"]["code"] == "no_healthy_worker"
         assert "gone" in line["response"]["body"]["error"]["message"]
+    told = [r.getMessage() for r in caplog.records if "wait (" in r.getMessage()]
+    assert len(told) == 1 and "'nope'" in told[0] and "answered with that 503 after 1 s" in told[0], told
 
 
 async def test_a_line_waits_for_a_down_worker_that_listed_its_model(
-    emulator: EmulatorFactory, gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+    emulator: EmulatorFactory,
+    gateway: GatewayFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Where a worker that is down now listed the line's model, the line waits as long as the window lasts (an
     outage, not a missing model), however short ``UNLISTED_WAIT_S`` is."""

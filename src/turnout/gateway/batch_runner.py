@@ -43,6 +43,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from turnout.config import Batches
+from turnout.core import batches as batch_rules
 from turnout.core.admission import Priority
 from turnout.core.batches import (
     ACTIVE,
@@ -131,6 +132,7 @@ class _Run:
         self.attempts: dict[int, Stoppable] = {}  # each line in flight's current attempt, by line number
         self.places = asyncio.Semaphore(1)  # lines at work at once (batches.lines_in_flight: set by _send_all)
         self.unlisted: dict[str, float] = {}  # model -> since when no worker known to hold it could serve it
+        self.told: set[tuple[str, bool]] = set()  # (model, unlisted): the waits this run has logged
 
     def halt(self, why: str) -> None:
         if not self.stop.is_set():
@@ -429,6 +431,8 @@ class BatchRunner:
                     continue
                 attempt -= 1  # a wait is not an attempt
                 waits += 1
+                if status == 503:
+                    _tell_waiting(run, call.model, body, unlisted is not None)
                 left = run.record.expires_at - self.clock()
                 run.places.release()  # another line works meanwhile
                 held = False
@@ -587,6 +591,23 @@ def _current_key(keys: KeyStore, key_id: int) -> KeyRecord | None:
     except KeyError:
         return None
     return record
+
+
+def _tell_waiting(run: _Run, model: str, body: Any, unlisted: bool) -> None:
+    """Log, once per run and model, that its lines wait for a worker, and why (an operator's answer to "why does
+    this batch not move")."""
+    if (model, unlisted) in run.told:
+        return
+    run.told.add((model, unlisted))
+    error = body.get("error") if isinstance(body, dict) else None
+    why = error.get("message") if isinstance(error, dict) else None
+    then = (
+        f"no worker that may serve it is known to hold it: they are answered with that 503 after "
+        f"{batch_rules.UNLISTED_WAIT_S:g} s unless one that lists it comes back"
+        if unlisted
+        else "they wait as long as the batch's window lasts"
+    )
+    log.warning("batch %s: lines for model %r wait (%s); %s", run.id, model, why or "503", then)
 
 
 def _line_id() -> str:
