@@ -103,3 +103,13 @@ def test_pod_selector_expressions_pick_pods() -> None:
     ranked, _ = rank_pods(claim, [t4, h100])
     assert [p.name for p in ranked] == ["h100"] and candidates(claim, [t4, h100]) == 1
     assert candidates(claim, [t4]) == 0
+
+
+def test_a_claims_engine_is_its_specs_or_none_for_a_spec_that_is_not_a_claim() -> None:
+    from turnout.core.claims import claim_engine
+
+    spec = {"modelName": "m", "podSelector": {"matchLabels": {"pool": "a"}}, "artifactURL": "hf://org/m"}
+    assert claim_engine("c", spec) == "vllm"  # the default engine
+    assert claim_engine("c", {**spec, "engine": "llamacpp"}) == "llamacpp"
+    assert claim_engine("c", {**spec, "engine": "nope"}) is None
+    assert claim_engine("c", None) is None

@@ -26,7 +26,7 @@ from turnout.core.demo import MODEL
 from turnout.dialects import CLIENT_APIS
 from turnout.dialects.base import Dialect
 from turnout.dialects.streams import StreamKind
-from turnout.gateway.keys import FLEET
+from turnout.gateway.keys import FLEET, POLLER
 from turnout.runtime.agent import SUPERVISOR
 from turnout.runtime.demo_install import missing
 from turnout.wiring import DEMO
@@ -187,6 +187,16 @@ async def test_the_demo_model_answers_on_every_route_of_every_client_api(gateway
         async with http.get(f"{engine}/props") as r:
             params = (await r.json())["default_generation_settings"]["params"]
         assert (round(params["temperature"], 3), round(params["top_p"], 3)) == (0.2, 0.9), params
+    # the gateway knows the engine it runs (its claim says llama.cpp), and asks it what it runs at once: Batch API
+    # lines go to it as streams, which it stops at once for an interactive request (none said so before)
+    bound = gw.app[FLEET].bindings[MODEL]
+    assert bound.engine_family == "llamacpp"
+    await gw.app[POLLER].poll_all()
+    known = bound.engine_parallelism
+    assert known is not None and known.exact and known.slots == 1, known
+    inventory = await admin(gw, "/admin/api/inventory")
+    shown = next(w for w in inventory["workers"] if w["name"] == bound.name)
+    assert shown["engine"] == "llama.cpp" and shown["parallelism"][MODEL]["source"] == "engine", shown
 
 
 CLAUDE_CODE_FIRST = (

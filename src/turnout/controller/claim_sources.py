@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from turnout.controller.agents import Activity, AgentClient
 from turnout.controller.local import LocalController
 from turnout.controller.status import bound_pod, phase_of
-from turnout.core.claims import ClaimPhase, schedules_by_priority
+from turnout.core.claims import ClaimPhase, claim_engine, schedules_by_priority
 from turnout.core.priority import Ordering
 from turnout.core.reconcile import parse_route
 
@@ -26,6 +26,7 @@ class ClaimView:
     placed: bool  # bound to a pod (a claim no pod can take stays Scheduling with none)
     # how its engine orders requests by their own priority (its vLLM or SGLang args say so); None: it does not
     priority_ordering: Ordering | None = None
+    engine: str | None = None  # the engine it runs (its spec's ``engine``: llamacpp, vllm, sglang); None: not known
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +120,8 @@ class LocalSource:
             phase = effective_phase(phase, state, route is not None)
             where = None if route is None else (route[0].address, route[1])
             ranked = schedules_by_priority(claim, doc.get("spec"))
-            out.append(ClaimView(claim, model, phase, where, bound_pod(status) is not None, ranked))
+            engine = claim_engine(claim, doc.get("spec"))
+            out.append(ClaimView(claim, model, phase, where, bound_pod(status) is not None, ranked, engine))
         return out
 
     async def wake_target(self, key: str) -> WakeTarget | None:

@@ -51,6 +51,7 @@ from turnout.core.claims import (
     ClaimSpec,
     InvalidClaim,
     candidates,
+    claim_engine,
     parse_claim_spec,
     schedules_by_priority,
 )
@@ -537,7 +538,8 @@ class KubeRoutes:
                 route = (ip, port) if port and ip else None
                 phase = effective_phase(phase, state, route is not None)
             ranked = schedules_by_priority(meta["name"], claim.get("spec"))
-            views.append(ClaimView(key, model, phase, route, bound_pod(status) is not None, ranked))
+            engine = claim_engine(meta["name"], claim.get("spec"))
+            views.append(ClaimView(key, model, phase, route, bound_pod(status) is not None, ranked, engine))
         self._views, self._bound = views, bound
 
     def views(self) -> list[ClaimView]:

@@ -102,6 +102,15 @@ def parse_claim_spec(name: str, spec: Any) -> ClaimSpec:
     return ClaimSpec(model, selector, artifact, engine, 1, dict(args))
 
 
+def claim_engine(name: str, spec: Any) -> str | None:
+    """The engine a claim with ``spec`` runs (one of :data:`turnout.core.runtime.ENGINES`); None for a spec that
+    is not a valid claim."""
+    try:
+        return parse_claim_spec(name, spec).engine
+    except InvalidClaim:
+        return None
+
+
 def schedules_by_priority(name: str, spec: Any) -> Ordering | None:
     """How the engine of a claim with ``spec`` orders requests by their own priority (vLLM's
     ``--scheduling-policy priority``, SGLang's ``--enable-priority-scheduling`` in its args:

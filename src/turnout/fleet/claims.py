@@ -36,8 +36,10 @@ from typing import Any, Protocol
 from turnout.config import Worker
 from turnout.controller.claim_sources import ClaimSource
 from turnout.core.claims import ClaimPhase
+from turnout.core.engines import FAMILIES
 from turnout.core.lifecycle import RETRY_AFTER_S
 from turnout.errors import TurnoutError, Unavailable
+from turnout.fleet.poller import adopt_family
 from turnout.fleet.state import Fleet
 
 __all__ = ["ClaimBindings"]
@@ -152,6 +154,7 @@ class ClaimBindings:
                 worker = Worker.model_validate({"name": self.worker_name(view.key), "url": url, "type": "openai"})
                 state = self.fleet.state_for(worker, claim=view.key)
                 state.inventory = state.loaded = frozenset({view.model})
+                adopt_family(state, view.engine if view.engine in FAMILIES else None)
                 state.tags = {view.model: {"id": view.model, "object": "model", "owned_by": f"claim/{view.key}"}}
                 self.fleet.workers[state.name] = state
                 self.fleet.bindings[view.model] = state

@@ -106,9 +106,11 @@ class Poller:
         self._task: asyncio.Task[None] | None = None
 
     async def poll_all(self) -> None:
-        # endpoints and claim bindings have their own health (fleet.endpoints, fleet.claims)
+        # endpoints and claim bindings have their own health (fleet.endpoints, fleet.claims); a claim's engine,
+        # known by its claim, is asked what it says of itself (llama.cpp's /props, a batching engine's gauges)
         workers = [s for s in self.fleet.workers.values() if s.external is None and s.claim is None]
-        await asyncio.gather(*(self.poll(state) for state in workers))
+        engines = [s for s in self.fleet.workers.values() if s.claim is not None and s.healthy and s.engine_family]
+        await asyncio.gather(*(self.poll(state) for state in workers), *(self._engine(state) for state in engines))
         self.fleet.placement.refresh()
         if self.on_change is not None:
             self.on_change()
@@ -298,7 +300,13 @@ def apply_openai_models(state: WorkerState, body: Any) -> None:
     if family != state.engine_family:
         if family is not None:
             log.info("%s is %s's server (its model listing says so)", state.label, FAMILIES[family])
-        state.engine_family = family
-        state.engine_props = None
-        # a batching engine batches before its gauges say how much (SGLang serves them only with --enable-metrics)
-        state.engine_parallelism = None if family not in BATCHING else engine_capacity(FAMILIES[family], None, None, 0)
+        adopt_family(state, family)
+
+
+def adopt_family(state: WorkerState, family: str | None) -> None:
+    """``state``'s engine is of ``family`` (a key of :data:`FAMILIES`, or None: not known): what the poller then
+    asks it of itself starts again (llama.cpp's ``/props``), and a batching engine is taken to batch before its
+    gauges say how much (SGLang serves them only with --enable-metrics)."""
+    state.engine_family = family
+    state.engine_props = None
+    state.engine_parallelism = None if family not in BATCHING else engine_capacity(FAMILIES[family], None, None, 0)
