@@ -93,6 +93,235 @@ class _Operations:
             self._done.popitem(last=False)
 
 
+class _Metrics:
+    """The agent's own series (AIBrix's names), in their own registry."""
+
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.resident = Gauge(
+            "aibrix:modelclaim_models_resident", "engines holding their model: active or sleeping", registry=registry
+        )
+        self.kv_used = Gauge("aibrix:modelclaim_kv_used_bytes", "kvcached bytes in use", ["model"], registry=registry)
+        self.kv_total = Gauge("aibrix:modelclaim_kv_total_bytes", "kvcached capacity", ["model"], registry=registry)
+        self.hbm_peak = Gauge(
+            "aibrix:modelclaim_hbm_peak_bytes", "best-effort peak device memory", ["model"], registry=registry
+        )
+        self.restarts = Gauge(
+            "aibrix:modelclaim_engine_restarts", "restarts of the engine", ["model"], registry=registry
+        )
+        self.lifecycle = Counter(
+            "aibrix:modelclaim_lifecycle_operations", "agent operations", ["operation", "result"], registry=registry
+        )
+
+
+def _model_of(body: dict[str, Any]) -> str:
+    name = body.get("model_name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest("model_name is required")
+    return name
+
+
+class _AgentApi:
+    """The handlers of :func:`create_agent_app`, over one supervisor."""
+
+    def __init__(self, supervisor: Supervisor, gpu: Nvml, *, shm_dir: Path, cache_dir: Path | None, mock: bool) -> None:
+        self.supervisor = supervisor
+        self.gpu = gpu
+        self.shm_dir = shm_dir
+        self.cache_dir = cache_dir
+        self.mock = mock
+        self.peaks: dict[str, int] = {}  # model -> highest device memory its process group was seen holding
+        self.ops = _Operations()
+        self.metrics_ = _Metrics()
+
+    # -- what the engines hold and do -----------------------------------------------------------------
+    def peak_of(self, record: EngineRecord, per_pid: dict[int, int]) -> int | None:
+        """Best effort: NVML's per-process memory summed over the engine's process group, kept as a peak."""
+        if not self.gpu.available:
+            return None
+        if record.pid is not None:
+            now = sum(per_pid.get(pid, 0) for pid in group_pids(record.pid))
+            self.peaks[record.model_name] = max(self.peaks.get(record.model_name, 0), now)
+        return self.peaks.get(record.model_name, 0)
+
+    def describe(
+        self,
+        record: EngineRecord,
+        requests: dict[str, int | None] | None = None,
+        per_pid: dict[int, int] | None = None,
+    ) -> dict[str, Any]:
+        download = self.supervisor.downloads.get(record.model_name)
+        return snapshot_model(
+            record,
+            read_usage(record.ipc_name, self.shm_dir),
+            requests or dict(_NO_ACTIVITY),
+            self.peak_of(record, per_pid if per_pid is not None else self.gpu.process_memory()),
+            None if download is None else download.to_json(),
+        )
+
+    async def describe_all(self) -> list[dict[str, Any]]:
+        records = list(self.supervisor.engines.values())
+        activity = await asyncio.gather(*(engine_activity(self.supervisor, r) for r in records))
+        per_pid = self.gpu.process_memory()
+        return [self.describe(r, a, per_pid) for r, a in zip(records, activity, strict=True)]
+
+    # -- operations ------------------------------------------------------------------------------------
+    def operation(
+        self, name: str, fn: Callable[[dict[str, Any], str | None], Awaitable[Any]], *, needs_id: bool = True
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """The handler of one operation: its body checked, a repeated ``operation_id`` answered without carrying
+        it out again, every outcome counted and answered in the agent's error shape."""
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            try:
+                body = orjson.loads(await request.read() or b"{}")
+            except orjson.JSONDecodeError as exc:
+                return error_response(Dialect.ADMIN, BadRequest(f"body is not valid JSON: {exc}"))
+            if not isinstance(body, dict):
+                return error_response(Dialect.ADMIN, BadRequest("body must be a JSON object"))
+            op = body.get("operation_id")
+            if op is not None and not isinstance(op, str):
+                return error_response(Dialect.ADMIN, BadRequest("operation_id must be a string"))
+            if needs_id and not op:
+                return error_response(
+                    Dialect.ADMIN,
+                    BadRequest(f"operation_id is required for {name}: a unique string per operation (AIBrix API)"),
+                )
+            return await self._carry_out(name, fn, body, op, needs_id)
+
+        return handler
+
+    async def _carry_out(
+        self,
+        name: str,
+        fn: Callable[[dict[str, Any], str | None], Awaitable[Any]],
+        body: dict[str, Any],
+        op: str | None,
+        needs_id: bool,
+    ) -> web.StreamResponse:
+        lifecycle = self.metrics_.lifecycle
+        try:
+            key = (name, _model_of(body), op) if op else None
+            remembered = None if key is None else self.ops.get(key)
+            if key is not None and remembered is not None:  # carried out already: not again
+                lifecycle.labels(name, "skipped").inc()
+                if not needs_id:
+                    return json_response(remembered)
+                record = self.supervisor.engines[key[1]]
+                return json_response(operation_result(record.model_name, key[2], False, record.phase))
+            result = await fn(body, op)
+        except InvalidRequest as exc:
+            lifecycle.labels(name, "invalid").inc()
+            return error_response(Dialect.ADMIN, BadRequest(str(exc)))
+        except NoCapacity as exc:  # valid, but not now: never a terminal refusal of the claim
+            lifecycle.labels(name, "refused").inc()
+            return error_response(Dialect.ADMIN, Conflict(str(exc), code="no_capacity"))
+        except KeyError as exc:
+            lifecycle.labels(name, "not_found").inc()
+            return error_response(Dialect.ADMIN, NotFound(f"no engine for model {exc.args[0]!r}"))
+        except TurnoutError as exc:
+            lifecycle.labels(name, "refused").inc()
+            return error_response(Dialect.ADMIN, exc)
+        except (RuntimeError, OSError, ValueError) as exc:
+            lifecycle.labels(name, "failed").inc()
+            return error_response(Dialect.ADMIN, Conflict(str(exc), code="engine_refused"))
+        lifecycle.labels(name, "ok").inc()
+        if key is not None:
+            self.ops.put(key, result)
+        return json_response(result)
+
+    async def activate(self, body: dict[str, Any], op: str | None) -> Any:
+        req = ActivateRequest.parse(body)
+        staged = req.artifact_url.startswith("s3://") and not self.mock
+        if staged and req.model_name not in self.supervisor.engines and (missing := boto3_missing()) is not None:
+            raise InvalidRequest(missing)
+        record = await self.supervisor.activate(req)
+        # as AIBrix's runtime does: the weights stay cached after deactivation (a download is marked once complete)
+        if self.cache_dir is not None and not staged:
+            write_served_marker(self.cache_dir, record.model_name, record.artifact_url)
+        return activate_result(record)
+
+    async def deactivate(self, body: dict[str, Any], op: str | None) -> Any:
+        name = _model_of(body)
+        mode = body.get("mode", "stop")
+        if mode != "stop":
+            raise InvalidRequest(f'mode must be "stop" (the only deactivation there is), got {mode!r}')
+        await self.supervisor.deactivate(name)
+        self.peaks.pop(name, None)  # a later engine of the same name starts its own peak
+        return {"status": "success", "model_name": name, "deactivated": True}
+
+    async def sleep(self, body: dict[str, Any], op: str | None) -> Any:
+        name = _model_of(body)
+        level = body.get("level", 1)
+        if level not in (1, 2) or isinstance(level, bool):
+            raise InvalidRequest("level must be 1 or 2")
+        record = self.supervisor.engines[name]
+        if record.phase not in (EnginePhase.ACTIVE.value, EnginePhase.SLEEPING.value):
+            raise Conflict(f"{name} is {record.phase}; only an active engine can sleep", code="engine_not_active")
+        applied = record.phase != EnginePhase.SLEEPING.value
+        record = await self.supervisor.sleep(name, int(level))
+        return operation_result(name, str(op), applied, record.phase)
+
+    async def wake(self, body: dict[str, Any], op: str | None) -> Any:
+        name = _model_of(body)
+        record = self.supervisor.engines[name]
+        if record.phase == EnginePhase.FAILED.value:
+            raise Conflict(
+                f"{name} failed ({record.last_error}); deactivate and activate it again", code="engine_failed"
+            )
+        applied = record.phase == EnginePhase.SLEEPING.value
+        record = await self.supervisor.wake(name)
+        return operation_result(name, str(op), applied, record.phase)
+
+    async def kv_limit(self, body: dict[str, Any], op: str | None) -> Any:
+        name = _model_of(body)
+        limit = body.get("limit_bytes")
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise InvalidRequest("limit_bytes must be a non-negative integer")
+        record = self.supervisor.engines[name]
+        if isinstance(self.supervisor, MockSupervisor):
+            # no kvcached segment: remembered, as AIBrix's MockKVController does
+            self.supervisor.kv_limits[name] = limit
+        else:
+            apply_limit(record.ipc_name, limit, self.shm_dir)
+        return operation_result(name, str(op), True, record.phase)
+
+    # -- reads -----------------------------------------------------------------------------------------
+    async def models(self, request: web.Request) -> web.Response:
+        return json_response({"models": [list_entry(m) for m in await self.describe_all()]})
+
+    async def snapshot(self, request: web.Request) -> web.Response:
+        models = await self.describe_all()
+        return json_response(
+            {
+                "observed_at": iso(time.time()),
+                "accelerators": self.gpu.accelerators(),  # [] without NVML
+                "models": models,
+                "cached_artifacts": [] if self.cache_dir is None else cached_artifacts(self.cache_dir),
+            }
+        )
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return json_response({"status": "ok", "engines": len(self.supervisor.engines), "mock": self.mock})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        m = self.metrics_
+        held = (EnginePhase.ACTIVE.value, EnginePhase.SLEEPING.value)
+        m.resident.set(sum(1 for r in self.supervisor.engines.values() if r.phase in held))
+        for gauge in (m.kv_used, m.kv_total, m.hbm_peak, m.restarts):
+            gauge.clear()  # a deactivated engine's series go with it
+        for record in self.supervisor.engines.values():
+            usage = read_usage(record.ipc_name, self.shm_dir)
+            m.restarts.labels(record.model_name).set(record.restarts)
+            peak = self.peaks.get(record.model_name)
+            if peak is not None:
+                m.hbm_peak.labels(record.model_name).set(peak)
+            if usage is not None:
+                m.kv_used.labels(record.model_name).set(usage.used + usage.prealloc)
+                m.kv_total.labels(record.model_name).set(usage.total)
+        return web.Response(body=generate_latest(m.registry), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
 def create_agent_app(
     *,
     registry_path: Path,
@@ -127,203 +356,19 @@ def create_agent_app(
         gpus=len(gpu.accelerators()),
         cache_dir=cache_dir,
     )
-    peaks: dict[str, int] = {}  # model -> highest device memory its process group was seen holding
-    ops = _Operations()
-    registry = CollectorRegistry()
-    resident = Gauge(
-        "aibrix:modelclaim_models_resident", "engines holding their model: active or sleeping", registry=registry
-    )
-    kv_used = Gauge("aibrix:modelclaim_kv_used_bytes", "kvcached bytes in use", ["model"], registry=registry)
-    kv_total = Gauge("aibrix:modelclaim_kv_total_bytes", "kvcached capacity", ["model"], registry=registry)
-    hbm_peak = Gauge("aibrix:modelclaim_hbm_peak_bytes", "best-effort peak device memory", ["model"], registry=registry)
-    restarts = Gauge("aibrix:modelclaim_engine_restarts", "restarts of the engine", ["model"], registry=registry)
-    lifecycle = Counter(
-        "aibrix:modelclaim_lifecycle_operations", "agent operations", ["operation", "result"], registry=registry
-    )
-
-    def peak_of(record: EngineRecord, per_pid: dict[int, int]) -> int | None:
-        """Best effort: NVML's per-process memory summed over the engine's process group, kept as a peak."""
-        if not gpu.available:
-            return None
-        if record.pid is not None:
-            now = sum(per_pid.get(pid, 0) for pid in group_pids(record.pid))
-            peaks[record.model_name] = max(peaks.get(record.model_name, 0), now)
-        return peaks.get(record.model_name, 0)
-
-    def describe(
-        record: EngineRecord, requests: dict[str, int | None] | None = None, per_pid: dict[int, int] | None = None
-    ) -> dict[str, Any]:
-        download = supervisor.downloads.get(record.model_name)
-        return snapshot_model(
-            record,
-            read_usage(record.ipc_name, shm_dir),
-            requests or dict(_NO_ACTIVITY),
-            peak_of(record, per_pid if per_pid is not None else gpu.process_memory()),
-            None if download is None else download.to_json(),
-        )
-
-    async def describe_all() -> list[dict[str, Any]]:
-        records = list(supervisor.engines.values())
-        activity = await asyncio.gather(*(engine_activity(supervisor, r) for r in records))
-        per_pid = gpu.process_memory()
-        return [describe(r, a, per_pid) for r, a in zip(records, activity, strict=True)]
-
-    def operation(
-        name: str, fn: Callable[[dict[str, Any], str | None], Awaitable[Any]], *, needs_id: bool = True
-    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-        async def handler(request: web.Request) -> web.StreamResponse:
-            try:
-                body = orjson.loads(await request.read() or b"{}")
-            except orjson.JSONDecodeError as exc:
-                return error_response(Dialect.ADMIN, BadRequest(f"body is not valid JSON: {exc}"))
-            if not isinstance(body, dict):
-                return error_response(Dialect.ADMIN, BadRequest("body must be a JSON object"))
-            op = body.get("operation_id")
-            if op is not None and not isinstance(op, str):
-                return error_response(Dialect.ADMIN, BadRequest("operation_id must be a string"))
-            if needs_id and not op:
-                return error_response(
-                    Dialect.ADMIN,
-                    BadRequest(f"operation_id is required for {name}: a unique string per operation (AIBrix API)"),
-                )
-            try:
-                key = (name, model_of(body), op) if op else None
-                remembered = None if key is None else ops.get(key)
-                if key is not None and remembered is not None:  # carried out already: not again
-                    lifecycle.labels(name, "skipped").inc()
-                    if not needs_id:
-                        return json_response(remembered)
-                    record = supervisor.engines[key[1]]
-                    return json_response(operation_result(record.model_name, key[2], False, record.phase))
-                result = await fn(body, op)
-            except InvalidRequest as exc:
-                lifecycle.labels(name, "invalid").inc()
-                return error_response(Dialect.ADMIN, BadRequest(str(exc)))
-            except NoCapacity as exc:  # valid, but not now: never a terminal refusal of the claim
-                lifecycle.labels(name, "refused").inc()
-                return error_response(Dialect.ADMIN, Conflict(str(exc), code="no_capacity"))
-            except KeyError as exc:
-                lifecycle.labels(name, "not_found").inc()
-                return error_response(Dialect.ADMIN, NotFound(f"no engine for model {exc.args[0]!r}"))
-            except TurnoutError as exc:
-                lifecycle.labels(name, "refused").inc()
-                return error_response(Dialect.ADMIN, exc)
-            except (RuntimeError, OSError, ValueError) as exc:
-                lifecycle.labels(name, "failed").inc()
-                return error_response(Dialect.ADMIN, Conflict(str(exc), code="engine_refused"))
-            lifecycle.labels(name, "ok").inc()
-            if key is not None:
-                ops.put(key, result)
-            return json_response(result)
-
-        return handler
-
-    def model_of(body: dict[str, Any]) -> str:
-        name = body.get("model_name")
-        if not isinstance(name, str) or not name:
-            raise InvalidRequest("model_name is required")
-        return name
-
-    async def activate(body: dict[str, Any], op: str | None) -> Any:
-        req = ActivateRequest.parse(body)
-        staged = req.artifact_url.startswith("s3://") and not mock
-        if staged and req.model_name not in supervisor.engines and (missing := boto3_missing()) is not None:
-            raise InvalidRequest(missing)
-        record = await supervisor.activate(req)
-        # as AIBrix's runtime does: the weights stay cached after deactivation (a download is marked once complete)
-        if cache_dir is not None and not staged:
-            write_served_marker(cache_dir, record.model_name, record.artifact_url)
-        return activate_result(record)
-
-    async def deactivate(body: dict[str, Any], op: str | None) -> Any:
-        name = model_of(body)
-        mode = body.get("mode", "stop")
-        if mode != "stop":
-            raise InvalidRequest(f'mode must be "stop" (the only deactivation there is), got {mode!r}')
-        await supervisor.deactivate(name)
-        peaks.pop(name, None)  # a later engine of the same name starts its own peak
-        return {"status": "success", "model_name": name, "deactivated": True}
-
-    async def sleep(body: dict[str, Any], op: str | None) -> Any:
-        name = model_of(body)
-        level = body.get("level", 1)
-        if level not in (1, 2) or isinstance(level, bool):
-            raise InvalidRequest("level must be 1 or 2")
-        record = supervisor.engines[name]
-        if record.phase not in (EnginePhase.ACTIVE.value, EnginePhase.SLEEPING.value):
-            raise Conflict(f"{name} is {record.phase}; only an active engine can sleep", code="engine_not_active")
-        applied = record.phase != EnginePhase.SLEEPING.value
-        record = await supervisor.sleep(name, int(level))
-        return operation_result(name, str(op), applied, record.phase)
-
-    async def wake(body: dict[str, Any], op: str | None) -> Any:
-        name = model_of(body)
-        record = supervisor.engines[name]
-        if record.phase == EnginePhase.FAILED.value:
-            raise Conflict(
-                f"{name} failed ({record.last_error}); deactivate and activate it again", code="engine_failed"
-            )
-        applied = record.phase == EnginePhase.SLEEPING.value
-        record = await supervisor.wake(name)
-        return operation_result(name, str(op), applied, record.phase)
-
-    async def kv_limit(body: dict[str, Any], op: str | None) -> Any:
-        name = model_of(body)
-        limit = body.get("limit_bytes")
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise InvalidRequest("limit_bytes must be a non-negative integer")
-        record = supervisor.engines[name]
-        if isinstance(supervisor, MockSupervisor):
-            supervisor.kv_limits[name] = limit  # no kvcached segment: remembered, as AIBrix's MockKVController does
-        else:
-            apply_limit(record.ipc_name, limit, shm_dir)
-        return operation_result(name, str(op), True, record.phase)
-
-    async def models(request: web.Request) -> web.Response:
-        return json_response({"models": [list_entry(m) for m in await describe_all()]})
-
-    async def snapshot(request: web.Request) -> web.Response:
-        models = await describe_all()
-        return json_response(
-            {
-                "observed_at": iso(time.time()),
-                "accelerators": gpu.accelerators(),  # [] without NVML
-                "models": models,
-                "cached_artifacts": [] if cache_dir is None else cached_artifacts(cache_dir),
-            }
-        )
-
-    async def healthz(request: web.Request) -> web.Response:
-        return json_response({"status": "ok", "engines": len(supervisor.engines), "mock": mock})
-
-    async def metrics(request: web.Request) -> web.Response:
-        held = (EnginePhase.ACTIVE.value, EnginePhase.SLEEPING.value)
-        resident.set(sum(1 for r in supervisor.engines.values() if r.phase in held))
-        for gauge in (kv_used, kv_total, hbm_peak, restarts):
-            gauge.clear()  # a deactivated engine's series go with it
-        for record in supervisor.engines.values():
-            usage = read_usage(record.ipc_name, shm_dir)
-            restarts.labels(record.model_name).set(record.restarts)
-            peak = peaks.get(record.model_name)
-            if peak is not None:
-                hbm_peak.labels(record.model_name).set(peak)
-            if usage is not None:
-                kv_used.labels(record.model_name).set(usage.used + usage.prealloc)
-                kv_total.labels(record.model_name).set(usage.total)
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": "text/plain; version=0.0.4"})
-
+    api = _AgentApi(supervisor, gpu, shm_dir=shm_dir, cache_dir=cache_dir, mock=mock)
     app = web.Application(handler_args=handler_args())  # server and access logs that never print a secret
     app[SUPERVISOR] = supervisor
     r = app.router
-    r.add_post("/v1/runtime/models/activate", operation("activate", activate, needs_id=False))
-    r.add_post("/v1/runtime/models/deactivate", operation("deactivate", deactivate, needs_id=False))
-    r.add_post("/v1/runtime/models/sleep", operation("sleep", sleep))
-    r.add_post("/v1/runtime/models/wake", operation("wake", wake))
-    r.add_post("/v1/runtime/models/kv-limit", operation("kv-limit", kv_limit))
-    r.add_get("/v1/runtime/models", models)
-    r.add_get("/v1/runtime/snapshot", snapshot)
-    r.add_get("/healthz", healthz)
-    r.add_get("/metrics", metrics)
+    r.add_post("/v1/runtime/models/activate", api.operation("activate", api.activate, needs_id=False))
+    r.add_post("/v1/runtime/models/deactivate", api.operation("deactivate", api.deactivate, needs_id=False))
+    r.add_post("/v1/runtime/models/sleep", api.operation("sleep", api.sleep))
+    r.add_post("/v1/runtime/models/wake", api.operation("wake", api.wake))
+    r.add_post("/v1/runtime/models/kv-limit", api.operation("kv-limit", api.kv_limit))
+    r.add_get("/v1/runtime/models", api.models)
+    r.add_get("/v1/runtime/snapshot", api.snapshot)
+    r.add_get("/healthz", api.healthz)
+    r.add_get("/metrics", api.metrics)
 
     async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:
         await supervisor.recover()
