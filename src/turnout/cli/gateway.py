@@ -7,10 +7,11 @@ pydantic models) is imported by the command that uses it, so `turnout --help` st
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 
@@ -98,70 +99,77 @@ def _processes(value: str) -> str:
     return text
 
 
+HostOption = Annotated[str | None, typer.Option(callback=valid_host, help="bind address (overrides listen.host)")]
+PortOption = Annotated[int | None, typer.Option(callback=valid_port, help="port (overrides listen.port)")]
+AccessLogOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--access-log/--no-access-log",
+        help="one line per request: key prefix, app, api, model, worker, status, latency, tokens; never a "
+        "header or a key (default: on, or logging.access_log in the config)",
+        show_default=False,
+    ),
+]
+LogFormatOption = Annotated[
+    str | None,
+    typer.Option(
+        callback=valid_log_format,
+        metavar="text|json",
+        help="text, or json: one JSON object per line (default: text, or logging.format in the config)",
+        show_default=False,
+    ),
+]
+DrainTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        callback=_drain_timeout,
+        help="on Ctrl-C or SIGTERM, seconds the requests in flight get to finish before they are closed",
+    ),
+]
+WorkersOption = Annotated[
+    str,
+    typer.Option(
+        "--workers",
+        callback=_processes,
+        metavar="N|auto",
+        help="gateway processes sharing the port (SO_REUSEPORT), restarted when one ends; auto or 0: one per "
+        "core. Limits stay exact across them (counted in the store, or Redis). Not the upstream workers.",
+    ),
+]
+DemoOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--demo/--no-demo",
+        help="the demo model (smollm2-135m on a local llama.cpp engine, CPU): --demo runs it, --no-demo does "
+        "not (default: when the config has a demo entry, or on a first start that writes the starter config "
+        "while nothing answers at its Ollama address)",
+        show_default=False,
+    ),
+]
+DemoNeedsOption = Annotated[
+    bool,
+    typer.Option(
+        "--demo-needs",
+        hidden=True,
+        help="print what the demo model still needs here (engine, model) when this start would run it, and "
+        "exit without changing anything (./scripts/serve installs it)",
+    ),
+]
+
+
 def serve(
     config: OptionalConfigOption = None,
-    host: Annotated[str | None, typer.Option(callback=valid_host, help="bind address (overrides listen.host)")] = None,
-    port: Annotated[int | None, typer.Option(callback=valid_port, help="port (overrides listen.port)")] = None,
+    host: HostOption = None,
+    port: PortOption = None,
     log_level: LogLevelOption = "info",
-    access_log: Annotated[
-        bool | None,
-        typer.Option(
-            "--access-log/--no-access-log",
-            help="one line per request: key prefix, app, api, model, worker, status, latency, tokens; never a "
-            "header or a key (default: on, or logging.access_log in the config)",
-            show_default=False,
-        ),
-    ] = None,
-    log_format: Annotated[
-        str | None,
-        typer.Option(
-            callback=valid_log_format,
-            metavar="text|json",
-            help="text, or json: one JSON object per line (default: text, or logging.format in the config)",
-            show_default=False,
-        ),
-    ] = None,
-    drain_timeout: Annotated[
-        float,
-        typer.Option(
-            callback=_drain_timeout,
-            help="on Ctrl-C or SIGTERM, seconds the requests in flight get to finish before they are closed",
-        ),
-    ] = DRAIN_TIMEOUT_S,
-    workers: Annotated[
-        str,
-        typer.Option(
-            "--workers",
-            callback=_processes,
-            metavar="N|auto",
-            help="gateway processes sharing the port (SO_REUSEPORT), restarted when one ends; auto or 0: one per "
-            "core. Limits stay exact across them (counted in the store, or Redis). Not the upstream workers.",
-        ),
-    ] = "1",
-    demo: Annotated[
-        bool | None,
-        typer.Option(
-            "--demo/--no-demo",
-            help="the demo model (smollm2-135m on a local llama.cpp engine, CPU): --demo runs it, --no-demo does "
-            "not (default: when the config has a demo entry, or on a first start that writes the starter config "
-            "while nothing answers at its Ollama address)",
-            show_default=False,
-        ),
-    ] = None,
-    demo_needs: Annotated[
-        bool,
-        typer.Option(
-            "--demo-needs",
-            hidden=True,
-            help="print what the demo model still needs here (engine, model) when this start would run it, and "
-            "exit without changing anything (./scripts/serve installs it)",
-        ),
-    ] = False,
+    access_log: AccessLogOption = None,
+    log_format: LogFormatOption = None,
+    drain_timeout: DrainTimeoutOption = DRAIN_TIMEOUT_S,
+    workers: WorkersOption = "1",
+    demo: DemoOption = None,
+    demo_needs: DemoNeedsOption = False,
 ) -> None:
     """Run the gateway (Ctrl-C or SIGTERM stops it after the requests in flight)."""
-    import logging
-
-    from turnout.config import STARTER_OLLAMA_URL, ConfigError, DemoWorker, is_loopback, load_settings
     from turnout.redaction import configure_logging
 
     started = time.monotonic()
@@ -172,100 +180,41 @@ def serve(
     else:
         count = int(workers)
     configure_logging(log_level, log_format or "text")
-    creating = config is None and not DEFAULT_CONFIG.exists()
-    settings = None
-    if not creating:
-        try:
-            settings = load_settings(config or DEFAULT_CONFIG)
-        except ConfigError as exc:
-            fail(str(exc))
-            return
-    decision = demo_decision(
-        flag=demo,
-        configured=settings is not None and settings.demo is not None,
-        creating_starter=creating,
-        processes=count,
-        ollama_url=STARTER_OLLAMA_URL,
-    )
-    if demo_needs:  # ./scripts/serve's question: nothing is written, nothing starts (and the gateway's stack is
-        typer.echo(" ".join(decision.missing))  # not even imported: it is asked before every start)
+    chosen = _settings_to_start(config, demo, demo_needs, count)
+    if chosen is None:
         return
-    from turnout.gateway import processes, server
-    from turnout.state.data_dir import data_dir_problem
-    from turnout.state.placement_store import PlacementFileError
-    from turnout.state.running import forget_address, record_address
-    from turnout.store.db import StoreError
-    from turnout.wiring import DEMO, create_app
-
-    if decision.choice.refuse is not None:
-        fail(decision.choice.refuse)
-        return
-    if decision.choice.note is not None:
-        typer.echo(f"turnout: {decision.choice.note}", err=True)
-    path = _resolve_config(config, demo=decision.choice.write_entry)
-    try:
-        settings = load_settings(path)
-    except ConfigError as exc:
-        fail(str(exc))
-        return
-    if decision.choice.run and settings.demo is None:  # --demo: this start only, nothing written
-        settings = settings.model_copy(update={"demo": DemoWorker(name="demo", type="demo")})
-    elif not decision.choice.run and settings.demo is not None:  # --no-demo
-        settings = settings.model_copy(update={"demo": None})
+    settings, path = chosen
     configure_logging(log_level, log_format or settings.logging.format, pid=count > 1)
     # Alembic logs each migration step and (1.16+) each of its plugins at INFO: one line of ours says it instead.
     logging.getLogger("alembic").setLevel(logging.DEBUG if log_level == "debug" else logging.WARNING)
     if access_log is None:
         access_log = settings.logging.access_log
-    bind_host = host or settings.listen.host
-    if settings.auth.open and not is_loopback(bind_host):
-        fail(f"auth.open is set but --host {bind_host} is not a loopback address; open access is loopback-only")
-        return
-    bind_port = port or settings.listen.port
-    problem = processes.processes_problem(settings, count)
-    if problem is not None:
-        fail(problem)
-        return
-    try:  # before anything is written: a busy port changes nothing
-        groups = processes.bind_group(bind_host, bind_port, count) if count > 1 else [server.bind(bind_host, bind_port)]
-    except server.BindError as exc:
-        fail(str(exc))
-        return
-    sockets = [sock for group in groups for sock in group]
-    problem = data_dir_problem(settings.data_dir)
-    if problem is not None:
-        _close(sockets)
-        fail(
-            f"cannot use the data dir {settings.data_dir}: {problem}; point storage.data_dir in {path} at a "
-            "directory this user can read and write"
-        )
-        return
-    try:
-        token = _admin_token(settings)
-        application = create_app(settings, admin_token=token)  # with --workers N: a check; each process builds its own
-        key = _starter_key(application, settings)
-    except PlacementFileError as exc:
-        _close(sockets)
-        fail(f"{exc}\nfix the file or delete it to fall back to the config baseline")
-        return
-    except (StoreError, ConfigError) as exc:
-        _close(sockets)
-        fail(str(exc))
-        return
-    except OSError as exc:
-        _close(sockets)
-        fail(f"cannot use {exc.filename or settings.data_dir}: {exc.strerror or exc}; check its owner and mode")
-        return
-    where = f"[{bind_host}]" if ":" in bind_host else bind_host
-    serving = f"turnout {__version__}: serving on http://{where}:{bind_port} ({_count(len(settings.workers), 'worker')}"
-    agent = application[DEMO]
+    opened = _open(settings, path, host or settings.listen.host, port or settings.listen.port, count)
+    where = f"[{opened.host}]" if ":" in opened.host else opened.host
+    serving = (
+        f"turnout {__version__}: serving on http://{where}:{opened.port} ({_count(len(settings.workers), 'worker')}"
+    )
+    from turnout.state.running import forget_address, record_address
+    from turnout.wiring import DEMO
+
+    agent = opened.application[DEMO]
     if agent is not None and settings.demo is not None:
         serving += " + the demo model"
-        _announce_demo(agent, settings, bind_host, bind_port, key, started)
+        _announce_demo(agent, settings, opened.host, opened.port, opened.key, started)
     logger = logging.getLogger("turnout.access") if access_log else None
-    record_address(settings.data_dir, bind_host, bind_port)  # the CLI dials it (a --port the config lacks)
+    record_address(settings.data_dir, opened.host, opened.port)  # the CLI dials it (a --port the config lacks)
     try:
-        drained = _run(application, settings, token, groups, sockets, count, drain_timeout, logger, serving)
+        drained = _run(
+            opened.application,
+            settings,
+            opened.token,
+            opened.groups,
+            opened.sockets,
+            count,
+            drain_timeout,
+            logger,
+            serving,
+        )
     finally:
         forget_address(settings.data_dir)
     if drained.closed:
@@ -276,6 +225,104 @@ def serve(
         typer.echo(f"turnout: stopped after the {_count(drained.in_flight, 'request')} in flight finished")
     else:
         typer.echo("turnout: stopped")
+
+
+def _settings_to_start(
+    config: Path | None, demo: bool | None, demo_needs: bool, count: int
+) -> tuple[Settings, Path] | None:
+    """The settings this start runs on and the config file they came from (written first when it is the starter
+    config), the demo model in or out as decided; None: ``--demo-needs`` was answered (nothing written)."""
+    from turnout.config import STARTER_OLLAMA_URL, ConfigError, DemoWorker, load_settings
+
+    creating = config is None and not DEFAULT_CONFIG.exists()
+    settings = None
+    if not creating:
+        try:
+            settings = load_settings(config or DEFAULT_CONFIG)
+        except ConfigError as exc:
+            fail(str(exc))
+    decision = demo_decision(
+        flag=demo,
+        configured=settings is not None and settings.demo is not None,
+        creating_starter=creating,
+        processes=count,
+        ollama_url=STARTER_OLLAMA_URL,
+    )
+    if demo_needs:  # ./scripts/serve's question: nothing is written, nothing starts (and the gateway's stack is
+        typer.echo(" ".join(decision.missing))  # not even imported: it is asked before every start)
+        return None
+    if decision.choice.refuse is not None:
+        fail(decision.choice.refuse)
+    if decision.choice.note is not None:
+        typer.echo(f"turnout: {decision.choice.note}", err=True)
+    path = _resolve_config(config, demo=decision.choice.write_entry)
+    try:
+        settings = load_settings(path)
+    except ConfigError as exc:
+        fail(str(exc))
+        raise  # (fail exits)
+    if decision.choice.run and settings.demo is None:  # --demo: this start only, nothing written
+        settings = settings.model_copy(update={"demo": DemoWorker(name="demo", type="demo")})
+    elif not decision.choice.run and settings.demo is not None:  # --no-demo
+        settings = settings.model_copy(update={"demo": None})
+    return settings, path
+
+
+class _Opened(NamedTuple):
+    host: str
+    port: int
+    groups: list[list[Any]]
+    sockets: list[Any]
+    application: web.Application
+    token: str
+    key: str | None  # the starter key, when this start made it
+
+
+def _open(settings: Settings, path: Path, bind_host: str, bind_port: int, count: int) -> _Opened:
+    """The port bound (before anything is written: a busy port changes nothing), the data dir checked, the
+    application built with its admin token and starter key; every refusal exits naming what to change."""
+    from turnout.config import ConfigError, is_loopback
+    from turnout.gateway import processes, server
+    from turnout.state.data_dir import data_dir_problem
+    from turnout.state.placement_store import PlacementFileError
+    from turnout.store.db import StoreError
+    from turnout.wiring import create_app
+
+    if settings.auth.open and not is_loopback(bind_host):
+        fail(f"auth.open is set but --host {bind_host} is not a loopback address; open access is loopback-only")
+    problem = processes.processes_problem(settings, count)
+    if problem is not None:
+        fail(problem)
+    try:
+        groups = processes.bind_group(bind_host, bind_port, count) if count > 1 else [server.bind(bind_host, bind_port)]
+    except server.BindError as exc:
+        fail(str(exc))
+        raise  # (fail exits)
+    sockets = [sock for group in groups for sock in group]
+    problem = data_dir_problem(settings.data_dir)
+    if problem is not None:
+        _close(sockets)
+        fail(
+            f"cannot use the data dir {settings.data_dir}: {problem}; point storage.data_dir in {path} at a "
+            "directory this user can read and write"
+        )
+    try:
+        token = _admin_token(settings)
+        application = create_app(settings, admin_token=token)  # with --workers N: a check; each process builds its own
+        key = _starter_key(application, settings)
+    except PlacementFileError as exc:
+        _close(sockets)
+        fail(f"{exc}\nfix the file or delete it to fall back to the config baseline")
+        raise
+    except (StoreError, ConfigError) as exc:
+        _close(sockets)
+        fail(str(exc))
+        raise
+    except OSError as exc:
+        _close(sockets)
+        fail(f"cannot use {exc.filename or settings.data_dir}: {exc.strerror or exc}; check its owner and mode")
+        raise
+    return _Opened(bind_host, bind_port, groups, sockets, application, token, key)
 
 
 def _run(
