@@ -54,6 +54,7 @@ from turnout.core.batches import (
     Verdict,
     end_status,
     failed_line,
+    kept,
     output_line,
     parse_batch_file,
     retry_wait_s,
@@ -515,7 +516,7 @@ class BatchRunner:
             Result(
                 line.number,
                 200 <= status < 300,
-                orjson.dumps(shaped),
+                kept(orjson.dumps(shaped)),  # it may wait to be written (the store away): its own size
                 row.prompt_tokens if row is not None else 0,
                 row.completion_tokens if row is not None else 0,
             )
@@ -560,7 +561,7 @@ class BatchRunner:
             never = CANCELLED if status == "cancelled" else EXPIRED
             for line in missing:
                 shaped = failed_line(_line_id(), line.custom_id, never)
-                run.pending.append(Result(line.number, False, orjson.dumps(shaped), unanswered=True))
+                run.pending.append(Result(line.number, False, kept(orjson.dumps(shaped)), unanswered=True))
             await self._flush(run)
         else:
             await asyncio.to_thread(self.store.set_status, run.id, "finalizing", now, only_from=("in_progress",))
