@@ -78,6 +78,7 @@ def test_batch_commands_through_the_gateway_and_on_the_store(tmp_path: Path) -> 
             shown = run(["batch", "show", quick, *c], tmp_path)
             assert "answered   3 of 3 (100%): 3 in the output file, 0 in the error file" in shown.stdout
             assert f"output     {done['output_file_id']}" in shown.stdout
+            assert "endpoint   /v1/chat/completions, model m:latest\n" in shown.stdout
             until(c, tmp_path, slow, lambda v: v["done"] >= 2)
             cancelled = run(["batch", "cancel", slow, *c], tmp_path)
             assert cancelled.returncode == 0 and cancelled.stdout.startswith(f"batch {slow}: cancel"), cancelled.stderr

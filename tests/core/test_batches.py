@@ -4,6 +4,7 @@ end of a batch, the limits a line counts against, the output lines' shapes (Open
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -20,6 +21,7 @@ from turnout.core.batches import (
     failed_line,
     line_limits,
     metadata_problem,
+    one_model,
     output_line,
     parse_batch_file,
     parse_window,
@@ -270,3 +272,17 @@ def test_output_lines_are_openais() -> None:
         },
     }
     assert failed_line("r", "c", CANCELLED)["error"]["code"] == "batch_cancelled"
+
+
+def test_a_batchs_model_is_the_one_every_line_names() -> None:
+    def lines(*models: str) -> list[Any]:
+        text = "".join(
+            json.dumps({"custom_id": f"c{n}", "method": "POST", "url": "/v1/embeddings", "body": {"model": m}}) + "\n"
+            for n, m in enumerate(models)
+        )
+        return parse_batch_file(text.encode(), 10)
+
+    assert one_model(lines("a", "a", "a")) == "a"
+    assert one_model(lines("a", "b", "a")) is None
+    assert one_model(lines("gemma4")) == "gemma4"
+    assert one_model([]) is None

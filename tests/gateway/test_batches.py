@@ -140,6 +140,7 @@ async def test_openai_sdk_runs_a_batch_of_every_kind_of_line(engine: Engine, gat
             )
             assert batch.status in ("validating", "in_progress") and batch.request_counts is not None
             assert batch.request_counts.total == len(lines) and batch.metadata == {"suite": "nightly"}
+            assert batch.model == "tiny"  # the model every line names, as OpenAI's batch object says it
             done = await finished(oa, batch.id)
             assert done.status == "completed", done
             assert done.request_counts.completed == len(lines) and done.request_counts.failed == 0
@@ -188,7 +189,7 @@ async def test_a_line_that_fails_is_its_error_line_and_the_batch_completes(
     async with client(gw, key) as oa:
         batch = await run_chat_batch(oa, lines)
         done = await finished(oa, batch.id)
-        assert done.status == "completed"
+        assert done.status == "completed" and done.model is None  # its lines name two models
         assert (done.request_counts.completed, done.request_counts.failed) == (2, 2)
         ok = await lines_of(oa, done.output_file_id)
         errors = await lines_of(oa, done.error_file_id)

@@ -118,7 +118,7 @@ def _show(view: dict[str, Any]) -> list[str]:
     lines = [
         f"batch      {view['id']}",
         f"app        {view['app'] or '-'} (tenant {view['tenant'] or '-'})",
-        f"endpoint   {view['endpoint']}",
+        f"endpoint   {view['endpoint']}" + (f", model {view['model']}" if view.get("model") else ""),
         f"state      {view['status']}" + (f", run by {view['runner']}" if view.get("runner") else ""),
         f"answered   {view['done']} of {counts['total']} ({view['progress']:.0%}): {counts['completed']} in the "
         f"output file, {counts['failed']} in the error file"

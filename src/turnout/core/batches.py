@@ -61,6 +61,7 @@ __all__ = [
     "kept",
     "line_limits",
     "metadata_problem",
+    "one_model",
     "output_line",
     "parse_batch_file",
     "parse_window",
@@ -94,13 +95,14 @@ CANCELLED = Never("batch_cancelled", "This request could not be executed before 
 
 
 class Line(NamedTuple):
-    """One request of an input file: its line number (1-based), ``custom_id``, ``url`` and ``body`` (the JSON
-    object, re-encoded)."""
+    """One request of an input file: its line number (1-based), ``custom_id``, ``url``, ``body`` (the JSON
+    object, re-encoded) and the ``model`` it names."""
 
     number: int
     custom_id: str
     url: str
     body: bytes
+    model: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +218,14 @@ def _line(number: int, raw: bytes, seen: dict[str, int]) -> Line | LineProblem:
         return LineProblem(
             number, 'a batch answers each request whole: leave out "body.stream"', "stream_not_supported", "body.stream"
         )
-    return Line(number, custom_id, url, kept(orjson.dumps(body)))
+    return Line(number, custom_id, url, kept(orjson.dumps(body)), model)
+
+
+def one_model(lines: list[Line]) -> str | None:
+    """The model every line names (its ``body.model``, as written), or None where they name several: OpenAI's Batch
+    object's ``model`` (its API takes one model a batch; Turnout takes several, and says none then)."""
+    models = {line.model for line in lines}
+    return models.pop() if len(models) == 1 else None
 
 
 def kept(encoded: bytes) -> bytes:

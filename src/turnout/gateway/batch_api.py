@@ -23,6 +23,7 @@ from turnout.core.batches import (
     FileProblem,
     can_cancel,
     metadata_problem,
+    one_model,
     parse_batch_file,
     parse_window,
 )
@@ -92,7 +93,7 @@ def batch_object(record: BatchRecord) -> dict[str, Any]:
             "total_tokens": record.prompt_tokens + record.completion_tokens,
         },
         "metadata": record.metadata,
-        "model": None,
+        "model": record.model,
     }
 
 
@@ -363,6 +364,7 @@ async def create_batch(request: web.Request) -> web.Response:
         total=len(lines),
         metadata=body.get("metadata"),
         output_expires_s=output_s,
+        model=one_model(lines),
     )
     await _store(store.add_batch, record)
     request.app[BATCH_RUNNER].nudge()

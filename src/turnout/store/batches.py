@@ -82,6 +82,7 @@ class BatchRecord:
     errors: list[dict[str, Any]] | None = None
     metadata: dict[str, str] | None = None
     output_expires_s: float | None = None
+    model: str | None = None  # the model every line names (None: they name several)
     runner: str | None = None
     lease_until: float | None = None
 

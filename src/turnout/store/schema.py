@@ -279,6 +279,7 @@ batches = Table(
     Column("errors", JSON, nullable=True),  # OpenAI's errors.data of a failed batch
     Column("metadata", JSON, nullable=True),
     Column("output_expires_s", Float, nullable=True),  # output_expires_after.seconds
+    Column("model", String(256), nullable=True),  # the model every line names; null: several, or made before 0018
     Column("runner", String(160), nullable=True),  # who runs it now (host:pid:random), with its lease
     Column("lease_until", Float, nullable=True),
     Index("ix_batches_app_created", "app", "created_at"),
