@@ -50,6 +50,7 @@ async def test_batches_with_progress_and_a_cancel(page: Any, gateway: Any, emula
     await page.wait_for_url(f"{gw.url}/admin/batches")
     row = page.locator(f"tr[data-batch={quick}]")
     assert "app evals · tenant research" in await row.inner_text()
+    assert await row.locator("[data-model]").inner_text() == "m:latest"  # the model its lines name
     await page.locator(f"tr[data-batch={quick}][data-status=completed]").wait_for(timeout=30_000)  # refreshed itself
     assert "2 of 2 lines (100 %)" in await page.locator(f"tr[data-batch={quick}] [data-progress]").inner_text()
     running = page.locator(f"tr[data-batch={slow}][data-status=in_progress]")
