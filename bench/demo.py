@@ -85,6 +85,20 @@ def wait_line(proc: subprocess.Popen[str], pattern: re.Pattern[str] | str, limit
     raise SystemExit(f"no {pattern!r} within {limit_s} s:\n" + "".join(seen[-30:]))
 
 
+def spawn_serve(config: Path, src: Path, cwd: Path) -> subprocess.Popen[str]:
+    """`turnout serve --config CONFIG` as a user runs it, from the source tree ``src``, its output read as text."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNOUT_")}
+    env["PYTHONPATH"] = str(src)
+    return subprocess.Popen(
+        [sys.executable, "-m", "turnout", "serve", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=cwd,
+    )
+
+
 def first_token(curl: str) -> tuple[float, float, str]:
     """Run the banner's curl (as printed); seconds to the first chunk with content, to the end, and the text."""
     started = time.monotonic()
@@ -124,8 +138,6 @@ def later_starts(rounds: int) -> None:
             }
         )
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNOUT_")}
-    env["PYTHONPATH"] = str(ROOT / "src")
     rows: dict[str, list[float]] = {
         "ready (as the banner says)": [],
         "ready (from the process's start)": [],
@@ -137,14 +149,7 @@ def later_starts(rounds: int) -> None:
     print(f"load average before: {load()}")
     for n in range(rounds + 1):  # round 0 makes the store, the admin token and the starter key
         spawned = time.monotonic()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "turnout", "serve", "--config", str(config)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            cwd=work,
-        )
+        proc = spawn_serve(config, ROOT / "src", work)
         seen: list[str] = []
         try:
             ready = wait_line(proc, READY, 180, seen)

@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +37,7 @@ import openai
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.demo import READY, free_port, load, wait_line  # noqa: E402
+from bench.demo import READY, free_port, load, spawn_serve, wait_line  # noqa: E402
 from bench.prefix import pct  # noqa: E402
 
 
@@ -80,16 +78,7 @@ def one_round(src: Path, args: argparse.Namespace, rows: dict[str, list[float]])
             {"listen": {"port": port}, "storage": {"data_dir": "data"}, "workers": [{"name": "demo", "type": "demo"}]}
         )
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNOUT_")}
-    env["PYTHONPATH"] = str(src)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "turnout", "serve", "--config", str(work / "config.json")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=work,
-    )
+    proc = spawn_serve(work / "config.json", src, work)
     seen: list[str] = []
     try:
         wait_line(proc, READY, 180, seen)

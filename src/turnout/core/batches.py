@@ -102,7 +102,7 @@ class Line(NamedTuple):
     custom_id: str
     url: str
     body: bytes
-    model: str = ""
+    model: str
 
 
 @dataclass(frozen=True, slots=True)

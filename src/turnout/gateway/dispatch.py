@@ -344,18 +344,14 @@ class Dispatcher:
         :data:`turnout.core.batches.UNLISTED_WAIT_S`)."""
         now = time.monotonic()
         return any(
-            installed_name(model, s.inventory) is not None
-            or (not s.healthy and s.inventory is None and s.healthy_at is not None and now - s.healthy_at <= RECENTLY_S)
+            installed_name(model, s.inventory) is not None or (s.inventory is None and _restarting(s, now))
             for s in self.fleet.candidates(model)
         )
 
     def _coming_back(self, model: str) -> bool:
         """A candidate for ``model`` is down but was healthy within :data:`RECENTLY_S` (a restart): worth a wait."""
         now = time.monotonic()
-        return any(
-            not s.healthy and s.healthy_at is not None and now - s.healthy_at <= RECENTLY_S
-            for s in self.fleet.candidates(model)
-        )
+        return any(_restarting(s, now) for s in self.fleet.candidates(model))
 
     async def _try(
         self,
@@ -757,6 +753,11 @@ def _without(
                 work_s=max(0.0, backlog.work_s - sum(works)), ranked=max(0, backlog.ranked - len(works))
             )
     return fewer, lighter
+
+
+def _restarting(state: WorkerState, now: float) -> bool:
+    """Down, but healthy within :data:`RECENTLY_S` (monotonic ``now``): a restart, worth a wait."""
+    return not state.healthy and state.healthy_at is not None and now - state.healthy_at <= RECENTLY_S
 
 
 def no_route_error(decision: NoRoute, retry_after_s: int) -> TurnoutError:
